@@ -1,0 +1,42 @@
+# gpucoord developer targets. `make help` lists them.
+GO      ?= go
+PKGS    ?= ./...
+export GOTOOLCHAIN := local
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build the gpucoord binary into bin/
+	$(GO) build -o bin/gpucoord ./cmd/gpucoord
+
+.PHONY: demo
+demo: ## Run the main job on the embedded default: a dry-run plan of an example cluster
+	$(GO) run ./cmd/gpucoord plan --cluster examples/clusters/dgx-h100-32.yaml --model gpt-13b --tp 8 --pp 4 --zero 1
+
+.PHONY: test
+test: ## Run every test with the race detector
+	$(GO) test -race -count=1 -timeout 14m $(PKGS)
+
+.PHONY: lint
+lint: ## gofmt and go vet
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+.PHONY: bench
+bench: ## Run the Go benchmarks (figures go in docs/BENCHMARKS.md)
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+.PHONY: fuzz
+fuzz: ## Fuzz the spec parser and factorisation for 30s each
+	$(GO) test -run '^$$' -fuzz FuzzParseCluster -fuzztime 30s ./topology
+	$(GO) test -run '^$$' -fuzz FuzzParseModel -fuzztime 30s ./topology
+	$(GO) test -run '^$$' -fuzz FuzzFactorize -fuzztime 30s ./topology
+
+.PHONY: tidy
+tidy: ## go mod tidy, failing if go.mod or go.sum change
+	$(GO) mod tidy
+	git diff --exit-code go.mod go.sum

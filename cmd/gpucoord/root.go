@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes scripts may rely on.
+const (
+	exitFailure = 1 // the command failed while running
+	exitUsage   = 2 // invalid input: bad flags, spec or parallel layout
+	exitNoFit   = 3 // plan: the plan is valid but does not fit in memory
+)
+
+// exitError carries a specific process exit code. A nil err prints nothing.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+// usageError marks err as invalid input (exit code 2).
+func usageError(err error) error { return &exitError{code: exitUsage, err: err} }
+
+// run parses args and runs one gpucoord subcommand. It is main without the
+// process: tests call it with their own writers.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	root := &cobra.Command{
+		Use:   "gpucoord",
+		Short: "Plan, launch and benchmark 3D-parallel (tensor, pipeline, data) training",
+		Long: `gpucoord is a topology-aware, elastic training coordinator.
+
+  gpucoord plan      dry-run: rank map, process groups, memory, bubble, traffic
+                     and step time of a parallel layout, before renting GPUs
+`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	for _, add := range subcommands {
+		root.AddCommand(add())
+	}
+	return root.ExecuteContext(ctx)
+}
+
+// subcommands holds the constructors of every subcommand; each lives in its
+// own file and registers itself in an init function.
+var subcommands []func() *cobra.Command

@@ -1,0 +1,24 @@
+// Package gpucoord is a distributed 3D-parallelism training coordinator.
+//
+// This root package holds no code; it is the tour of the module.
+//
+//   - topology: a cluster, a model and a parallel configuration become a
+//     Plan: the rank map, every process group, validation and auto-search.
+//   - topology/estimate: memory, FLOPs, traffic and step time of a Plan, as
+//     pure functions with their formulas cited (docs/PLANNING.md).
+//   - schedule: micro-batch pipeline schedules as data (GPipe, 1F1B,
+//     interleaved 1F1B, ZB-H1), a validator, a simulator and renderers. Both
+//     the planner and the engine read bubbles and in-flight counts from here,
+//     so the dry-run and a real run never disagree.
+//   - sharding: ZeRO stage 0-3 ownership of the flat parameter, gradient and
+//     optimizer buffers, re-sharding across data-parallel degrees and sharded
+//     checkpoints.
+//   - collectives: process groups and ring collectives over a Transport
+//     (collectives/tcp, in-memory, and NCCL loaded at run time).
+//   - worker/engine: a native Go training engine running the schedules with
+//     tensor-parallel layers and ZeRO-sharded Adam.
+//   - cmd/gpucoord: the command line; flags and wiring only.
+//
+// Imports point one way: topology and schedule at the bottom, then sharding
+// and collectives, then worker and coordinator, then cmd.
+package gpucoord
