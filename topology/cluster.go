@@ -1,0 +1,199 @@
+package topology
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// GiB is 2^30 bytes.
+const GiB = 1 << 30
+
+// Cluster describes the hardware a plan is laid out on. Bandwidths are per
+// GPU and per direction, in GB/s (1e9 bytes per second).
+type Cluster struct {
+	// Name labels the cluster in output.
+	Name string `yaml:"name" json:"name"`
+	// Nodes is the number of hosts.
+	Nodes int `yaml:"nodes" json:"nodes"`
+	// GPUsPerNode is the number of GPUs on each host.
+	GPUsPerNode int `yaml:"gpus_per_node" json:"gpus_per_node"`
+	// NVLinkDomain is the number of GPUs in one NVLink domain (all-to-all at
+	// NVLink bandwidth). Zero means one node; it may span nodes (GB200 NVL72
+	// has 72 GPUs on 18 nodes in one domain).
+	NVLinkDomain int `yaml:"nvlink_domain" json:"nvlink_domain"`
+	// GPUMemoryGiB is the memory of one GPU in GiB.
+	GPUMemoryGiB float64 `yaml:"gpu_memory_gib" json:"gpu_memory_gib"`
+	// PeakTFLOPS is one GPU's dense bf16/fp16 tensor-core peak in TFLOP/s.
+	PeakTFLOPS float64 `yaml:"peak_tflops" json:"peak_tflops"`
+	// NVLinkGBps is one GPU's NVLink bandwidth per direction in GB/s.
+	NVLinkGBps float64 `yaml:"nvlink_gbps" json:"nvlink_gbps"`
+	// InterNodeGBps is one GPU's network bandwidth per direction in GB/s
+	// (its share of the node's NICs).
+	InterNodeGBps float64 `yaml:"inter_node_gbps" json:"inter_node_gbps"`
+	// HostMemoryGiB is one node's CPU memory in GiB, used for optimizer offload.
+	HostMemoryGiB float64 `yaml:"host_memory_gib" json:"host_memory_gib"`
+}
+
+// World returns the number of GPUs.
+func (c Cluster) World() int { return c.Nodes * c.GPUsPerNode }
+
+// Domain returns the NVLink domain size in GPUs, resolving the default.
+func (c Cluster) Domain() int {
+	if c.NVLinkDomain == 0 {
+		return c.GPUsPerNode
+	}
+	return c.NVLinkDomain
+}
+
+// CapacityBytes returns one GPU's memory in bytes.
+func (c Cluster) CapacityBytes() float64 { return c.GPUMemoryGiB * GiB }
+
+// Validate names the first field that cannot work.
+func (c Cluster) Validate() error {
+	switch {
+	case c.Nodes < 1:
+		return invalid("cluster nodes %d: must be at least 1", c.Nodes)
+	case c.GPUsPerNode < 1:
+		return invalid("cluster gpus_per_node %d: must be at least 1", c.GPUsPerNode)
+	case c.NVLinkDomain < 0:
+		return invalid("cluster nvlink_domain %d: must be positive (or 0 for one node)", c.NVLinkDomain)
+	case c.GPUMemoryGiB <= 0:
+		return invalid("cluster gpu_memory_gib %g: must be positive", c.GPUMemoryGiB)
+	case c.PeakTFLOPS <= 0:
+		return invalid("cluster peak_tflops %g: must be positive", c.PeakTFLOPS)
+	case c.NVLinkGBps <= 0:
+		return invalid("cluster nvlink_gbps %g: must be positive", c.NVLinkGBps)
+	case c.InterNodeGBps <= 0 && c.Nodes > 1:
+		return invalid("cluster inter_node_gbps %g: must be positive for a multi-node cluster", c.InterNodeGBps)
+	case c.HostMemoryGiB < 0:
+		return invalid("cluster host_memory_gib %g: must not be negative", c.HostMemoryGiB)
+	}
+	d := c.Domain()
+	if d%c.GPUsPerNode != 0 && c.GPUsPerNode%d != 0 {
+		return invalid("cluster nvlink_domain %d: must divide or be a multiple of gpus_per_node %d", d, c.GPUsPerNode)
+	}
+	if d > c.World() && d%c.World() != 0 {
+		return invalid("cluster nvlink_domain %d: larger than the %d GPUs of the cluster", d, c.World())
+	}
+	return nil
+}
+
+// clusterPresets are the built-in clusters. Figures are vendor datasheet
+// values (dense bf16, per-GPU NVLink and NIC bandwidth per direction); see
+// docs/PLANNING.md for the sources.
+var clusterPresets = map[string]Cluster{
+	// DGX A100 80GB: 8x A100-SXM4-80GB, NVLink 3 (600 GB/s bidirectional),
+	// 8x 200 Gb/s HDR InfiniBand, 312 TFLOP/s dense bf16.
+	"dgx-a100": {Name: "dgx-a100", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 80, PeakTFLOPS: 312, NVLinkGBps: 300, InterNodeGBps: 25, HostMemoryGiB: 2048},
+	// DGX H100: 8x H100-SXM5-80GB, NVLink 4 (900 GB/s bidirectional),
+	// 8x 400 Gb/s NDR InfiniBand, 989 TFLOP/s dense bf16.
+	"dgx-h100": {Name: "dgx-h100", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 80, PeakTFLOPS: 989, NVLinkGBps: 450, InterNodeGBps: 50, HostMemoryGiB: 2048},
+	// DGX H200: as DGX H100 with 141 GB HBM3e per GPU.
+	"dgx-h200": {Name: "dgx-h200", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 141, PeakTFLOPS: 989, NVLinkGBps: 450, InterNodeGBps: 50, HostMemoryGiB: 2048},
+	// GB200 NVL72: one rack of 18 compute trays with 4 B200 GPUs each, all 72
+	// in one NVLink 5 domain (1.8 TB/s bidirectional per GPU), 186 GB HBM3e
+	// usable per GPU, 2.5 PFLOP/s dense bf16, one 400 Gb/s NIC per GPU.
+	"gb200-nvl72": {Name: "gb200-nvl72", Nodes: 18, GPUsPerNode: 4, NVLinkDomain: 72, GPUMemoryGiB: 186, PeakTFLOPS: 2500, NVLinkGBps: 900, InterNodeGBps: 50, HostMemoryGiB: 960},
+}
+
+// ClusterPresets returns the names of the built-in clusters, sorted.
+func ClusterPresets() []string { return sortedKeys(clusterPresets) }
+
+// ClusterPreset returns a built-in cluster by name.
+func ClusterPreset(name string) (Cluster, error) {
+	c, ok := clusterPresets[name]
+	if !ok {
+		return Cluster{}, fmt.Errorf("cluster %q: %w (known: %s)", name, ErrUnknownPreset, strings.Join(ClusterPresets(), ", "))
+	}
+	return c, nil
+}
+
+// ParseCluster decodes a YAML cluster spec. A spec may name a preset with
+// `preset:` and override its fields. Unknown fields are an error.
+func ParseCluster(data []byte) (Cluster, error) {
+	c, err := parseWithPreset(data, "cluster", ClusterPreset)
+	if err != nil {
+		return Cluster{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return Cluster{}, err
+	}
+	return c, nil
+}
+
+// LoadCluster resolves a --cluster argument: a preset name, or a YAML file.
+func LoadCluster(nameOrPath string) (Cluster, error) {
+	if c, ok := clusterPresets[nameOrPath]; ok {
+		return c, nil
+	}
+	data, err := os.ReadFile(nameOrPath)
+	if err != nil {
+		if os.IsNotExist(err) && !strings.ContainsAny(nameOrPath, "/.") {
+			return ClusterPreset(nameOrPath)
+		}
+		return Cluster{}, invalid("cluster %q: %v", nameOrPath, err)
+	}
+	c, err := ParseCluster(data)
+	if err != nil {
+		return Cluster{}, fmt.Errorf("%s: %w", nameOrPath, err)
+	}
+	return c, nil
+}
+
+// withPreset is a spec document: an optional preset name whose fields the
+// rest of the document overrides.
+type withPreset[T any] struct {
+	Preset string `yaml:"preset"`
+	Spec   T      `yaml:",inline"`
+}
+
+// parseWithPreset decodes a spec of kind what, starting from the named
+// preset when the document has one.
+func parseWithPreset[T any](data []byte, what string, preset func(string) (T, error)) (T, error) {
+	var doc withPreset[T]
+	if err := decodeStrict(data, &doc); err != nil {
+		return doc.Spec, invalid("%s spec: %v", what, err)
+	}
+	if doc.Preset == "" {
+		return doc.Spec, nil
+	}
+	base, err := preset(doc.Preset)
+	if err != nil {
+		return base, err
+	}
+	// Decode again over the preset: only fields present override it.
+	over := withPreset[T]{Spec: base}
+	if err := decodeStrict(data, &over); err != nil {
+		return base, invalid("%s spec: %v", what, err)
+	}
+	return over.Spec, nil
+}
+
+// decodeStrict decodes one YAML document, rejecting unknown fields.
+func decodeStrict(data []byte, v any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return fmt.Errorf("empty document")
+		}
+		return err
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,101 @@
+package topology
+
+import "strings"
+
+// Recompute is the activation recomputation policy.
+type Recompute string
+
+// Recomputation policies (Korthikanti et al. 2022).
+const (
+	RecomputeNone      Recompute = "none"      // keep every activation
+	RecomputeSelective Recompute = "selective" // recompute the attention core (QK^T, softmax, dropout, xV)
+	RecomputeFull      Recompute = "full"      // keep only each layer's input; rerun its forward
+)
+
+// Precision is the training precision.
+type Precision string
+
+// Precisions. Mixed precision keeps 16-bit weights and gradients and an fp32
+// master copy in the optimizer.
+const (
+	PrecisionBF16 Precision = "bf16" // bf16 mixed precision
+	PrecisionFP16 Precision = "fp16" // fp16 mixed precision
+	PrecisionFP32 Precision = "fp32" // fp32 throughout
+)
+
+// Schedules the planner accepts; the schedule package builds them.
+const (
+	ScheduleGPipe       = "gpipe"
+	Schedule1F1B        = "1f1b"
+	ScheduleInterleaved = "interleaved"
+	ScheduleZBH1        = "zb-h1"
+)
+
+var schedules = []string{ScheduleGPipe, Schedule1F1B, ScheduleInterleaved, ScheduleZBH1}
+
+// Config is the parallel layout and training setup of a plan. Start from
+// DefaultConfig.
+type Config struct {
+	// TP, PP and DP are the tensor-, pipeline- and data-parallel degrees. DP
+	// zero means world / (TP*PP).
+	TP int `json:"tp"`
+	PP int `json:"pp"`
+	DP int `json:"dp"`
+	// VPP is the number of virtual pipeline stages (model chunks) per
+	// pipeline rank; above 1 it needs the interleaved schedule.
+	VPP int `json:"vpp"`
+	// Zero is the ZeRO stage, 0-3.
+	Zero int `json:"zero"`
+	// MicroBatch is the micro-batch size in sequences.
+	MicroBatch int `json:"micro_batch"`
+	// GlobalBatch is the global batch in sequences; zero means 4*PP
+	// micro-batches per data-parallel replica.
+	GlobalBatch int `json:"global_batch"`
+	// Schedule is the pipeline schedule: gpipe, 1f1b, interleaved or zb-h1.
+	Schedule string `json:"schedule"`
+	// Recompute is the activation recomputation policy.
+	Recompute Recompute `json:"recompute"`
+	// SequenceParallel splits layer-norm and dropout activations across the
+	// TP group (Korthikanti et al. 2022).
+	SequenceParallel bool `json:"sequence_parallel"`
+	// FlashAttention avoids materialising the s x s attention scores.
+	FlashAttention bool `json:"flash_attention"`
+	// OffloadOptimizer keeps optimizer state in host memory.
+	OffloadOptimizer bool `json:"offload_optimizer"`
+	// Precision is the training precision.
+	Precision Precision `json:"precision"`
+	// Order is the rank order, fastest axis first (see ParseOrder).
+	Order string `json:"order"`
+}
+
+// DefaultConfig returns the defaults: bf16 mixed precision with Adam, ZeRO 0,
+// 1F1B, micro-batch 1, no recomputation, flash attention on, Megatron order.
+func DefaultConfig() Config {
+	return Config{TP: 1, PP: 1, VPP: 1, MicroBatch: 1, Schedule: Schedule1F1B,
+		Recompute: RecomputeNone, FlashAttention: true, Precision: PrecisionBF16, Order: DefaultOrder}
+}
+
+// validateEnums checks the enumerated fields.
+func (c Config) validateEnums() error {
+	switch c.Recompute {
+	case RecomputeNone, RecomputeSelective, RecomputeFull:
+	default:
+		return invalid("recompute %q: must be none, selective or full", c.Recompute)
+	}
+	switch c.Precision {
+	case PrecisionBF16, PrecisionFP16, PrecisionFP32:
+	default:
+		return invalid("precision %q: must be bf16, fp16 or fp32", c.Precision)
+	}
+	ok := false
+	for _, s := range schedules {
+		ok = ok || s == c.Schedule
+	}
+	if !ok {
+		return invalid("schedule %q: must be one of %s", c.Schedule, strings.Join(schedules, ", "))
+	}
+	if c.Zero < 0 || c.Zero > 3 {
+		return invalid("zero %d: ZeRO stage must be 0, 1, 2 or 3", c.Zero)
+	}
+	return nil
+}

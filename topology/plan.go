@@ -1,0 +1,219 @@
+package topology
+
+// Plan is a validated parallel layout of a model on a cluster: the rank
+// order, every rank's coordinates and placement, and the process groups.
+// A Plan is immutable; its methods may be called concurrently.
+type Plan struct {
+	// Cluster is the hardware the plan is laid out on.
+	Cluster Cluster
+	// Model is the model being trained.
+	Model Model
+	// Config is the resolved configuration: DP, VPP and GlobalBatch set.
+	Config Config
+	// Order is the parsed rank order.
+	Order Order
+
+	sizes map[Axis]int
+}
+
+// New validates a layout and returns its Plan. Every rejection wraps
+// ErrInvalid and names the value and the rule it breaks.
+func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
+	if err := cl.Validate(); err != nil {
+		return nil, err
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.validateEnums(); err != nil {
+		return nil, err
+	}
+	order, err := ParseOrder(cfg.Order)
+	if err != nil {
+		return nil, err
+	}
+	world := cl.World()
+	if cfg.TP < 1 {
+		return nil, invalid("tp %d: must be at least 1", cfg.TP)
+	}
+	if cfg.PP < 1 {
+		return nil, invalid("pp %d: must be at least 1", cfg.PP)
+	}
+	if world%(cfg.TP*cfg.PP) != 0 {
+		return nil, invalid("world size %d (%d nodes x %d GPUs) is not divisible by tp*pp = %d (tp %d x pp %d)",
+			world, cl.Nodes, cl.GPUsPerNode, cfg.TP*cfg.PP, cfg.TP, cfg.PP)
+	}
+	if cfg.DP == 0 {
+		cfg.DP = world / (cfg.TP * cfg.PP)
+	}
+	if cfg.DP < 1 || cfg.TP*cfg.PP*cfg.DP != world {
+		return nil, invalid("dp %d: tp*pp*dp = %d must equal the world size %d (omit --dp to derive it)",
+			cfg.DP, cfg.TP*cfg.PP*cfg.DP, world)
+	}
+	if d := cl.Domain(); cfg.TP > d {
+		return nil, invalid("tp %d is larger than the NVLink domain of %d GPUs: a tensor-parallel group must stay inside one NVLink domain", cfg.TP, d)
+	}
+	if cfg.VPP == 0 {
+		cfg.VPP = 1
+	}
+	if cfg.VPP < 1 {
+		return nil, invalid("vpp %d: must be at least 1", cfg.VPP)
+	}
+	if cfg.VPP > 1 && cfg.Schedule != ScheduleInterleaved {
+		return nil, invalid("vpp %d: virtual pipeline stages need --schedule interleaved (schedule is %s)", cfg.VPP, cfg.Schedule)
+	}
+	if cfg.Schedule == ScheduleInterleaved && cfg.PP < 2 {
+		return nil, invalid("schedule interleaved needs pp of at least 2 (pp is %d)", cfg.PP)
+	}
+	if !m.Bare() {
+		if m.Heads%cfg.TP != 0 {
+			return nil, invalid("heads %d is not divisible by tp %d: each tensor-parallel rank needs whole attention heads", m.Heads, cfg.TP)
+		}
+		if kv := m.KVHeadCount(); kv%cfg.TP != 0 {
+			return nil, invalid("kv_heads %d is not divisible by tp %d: each tensor-parallel rank needs whole key/value heads", kv, cfg.TP)
+		}
+		if m.FFNSize()%cfg.TP != 0 {
+			return nil, invalid("ffn %d is not divisible by tp %d", m.FFNSize(), cfg.TP)
+		}
+		if m.Layers%(cfg.PP*cfg.VPP) != 0 {
+			return nil, invalid("layers %d is not divisible by pp*vpp = %d (pp %d x vpp %d): every model chunk needs the same number of layers",
+				m.Layers, cfg.PP*cfg.VPP, cfg.PP, cfg.VPP)
+		}
+	}
+	if cfg.MicroBatch < 1 {
+		return nil, invalid("micro-batch %d: must be at least 1", cfg.MicroBatch)
+	}
+	if cfg.GlobalBatch == 0 {
+		cfg.GlobalBatch = cfg.MicroBatch * cfg.DP * 4 * cfg.PP
+	}
+	if cfg.GlobalBatch < 1 || cfg.GlobalBatch%(cfg.MicroBatch*cfg.DP) != 0 {
+		return nil, invalid("global batch %d is not divisible by micro-batch*dp = %d (micro-batch %d x dp %d)",
+			cfg.GlobalBatch, cfg.MicroBatch*cfg.DP, cfg.MicroBatch, cfg.DP)
+	}
+	mb := cfg.GlobalBatch / (cfg.MicroBatch * cfg.DP)
+	if cfg.Schedule == ScheduleInterleaved && mb%cfg.PP != 0 {
+		return nil, invalid("interleaved schedule: %d micro-batches per replica (global batch %d / (micro-batch %d x dp %d)) is not a multiple of pp %d",
+			mb, cfg.GlobalBatch, cfg.MicroBatch, cfg.DP, cfg.PP)
+	}
+	p := &Plan{Cluster: cl, Model: m, Config: cfg, Order: order,
+		sizes: map[Axis]int{AxisTP: cfg.TP, AxisPP: cfg.PP, AxisDP: cfg.DP}}
+	if err := p.checkTPDomains(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// World returns the number of ranks.
+func (p *Plan) World() int { return p.Cluster.World() }
+
+// Microbatches returns the number of micro-batches per replica per step.
+func (p *Plan) Microbatches() int {
+	return p.Config.GlobalBatch / (p.Config.MicroBatch * p.Config.DP)
+}
+
+// Coord returns rank r's grid coordinates.
+func (p *Plan) Coord(r Rank) Coord {
+	var c Coord
+	rest := int(r)
+	for _, a := range p.Order {
+		n := p.sizes[a]
+		c.set(a, rest%n)
+		rest /= n
+	}
+	return c
+}
+
+// Rank returns the global rank at grid coordinates c.
+func (p *Plan) Rank(c Coord) Rank {
+	r, stride := 0, 1
+	for _, a := range p.Order {
+		r += c.get(a) * stride
+		stride *= p.sizes[a]
+	}
+	return Rank(r)
+}
+
+// Node returns the node hosting rank r; ranks fill nodes in order.
+func (p *Plan) Node(r Rank) int { return int(r) / p.Cluster.GPUsPerNode }
+
+// LocalGPU returns rank r's GPU index on its node.
+func (p *Plan) LocalGPU(r Rank) int { return int(r) % p.Cluster.GPUsPerNode }
+
+// NVLinkDomain returns the NVLink domain holding rank r.
+func (p *Plan) NVLinkDomain(r Rank) int { return int(r) / p.Cluster.Domain() }
+
+// RankInfo is one row of the rank map.
+type RankInfo struct {
+	Rank     Rank `json:"rank"`
+	Node     int  `json:"node"`
+	LocalGPU int  `json:"local_gpu"`
+	Coord
+}
+
+// RankMap returns every rank's placement and coordinates, by rank.
+func (p *Plan) RankMap() []RankInfo {
+	out := make([]RankInfo, p.World())
+	for i := range out {
+		r := Rank(i)
+		out[i] = RankInfo{Rank: r, Node: p.Node(r), LocalGPU: p.LocalGPU(r), Coord: p.Coord(r)}
+	}
+	return out
+}
+
+// Groups holds every process group of a plan, as lists of global ranks.
+// Each list is ordered by the group rank (the coordinate along the axis).
+type Groups struct {
+	TP [][]Rank `json:"tp"`
+	PP [][]Rank `json:"pp"`
+	DP [][]Rank `json:"dp"`
+}
+
+// Groups returns the TP, PP and DP groups. Groups of one axis are listed in
+// order of their lowest global rank, as Megatron-LM enumerates them.
+func (p *Plan) Groups() Groups {
+	return Groups{TP: p.groups(AxisTP), PP: p.groups(AxisPP), DP: p.groups(AxisDP)}
+}
+
+// Group returns the ranks of r's group along axis a, ordered by group rank.
+func (p *Plan) Group(a Axis, r Rank) []Rank {
+	c := p.Coord(r)
+	out := make([]Rank, p.sizes[a])
+	for i := range out {
+		c.set(a, i)
+		out[i] = p.Rank(c)
+	}
+	return out
+}
+
+// groups enumerates the groups along axis a: one per rank whose coordinate
+// on a is zero, visited in rank order.
+func (p *Plan) groups(a Axis) [][]Rank {
+	n := p.sizes[a]
+	out := make([][]Rank, 0, p.World()/n)
+	for r := 0; r < p.World(); r++ {
+		if p.Coord(Rank(r)).get(a) == 0 {
+			out = append(out, p.Group(a, Rank(r)))
+		}
+	}
+	return out
+}
+
+// checkTPDomains refuses a layout whose TP group spans NVLink domains.
+func (p *Plan) checkTPDomains() error {
+	if p.Config.TP == 1 {
+		return nil
+	}
+	for r := 0; r < p.World(); r++ {
+		if p.Coord(Rank(r)).TP != 0 {
+			continue
+		}
+		g := p.Group(AxisTP, Rank(r))
+		for _, q := range g[1:] {
+			if p.NVLinkDomain(q) != p.NVLinkDomain(g[0]) {
+				return invalid("order %s puts tensor-parallel group %v across NVLink domains %d and %d (domain size %d): TP groups must stay inside one domain; put tp first in --order",
+					p.Order, g, p.NVLinkDomain(g[0]), p.NVLinkDomain(q), p.Cluster.Domain())
+			}
+		}
+	}
+	return nil
+}
