@@ -1,0 +1,81 @@
+package engine
+
+import (
+	"fmt"
+	"log/slog"
+)
+
+// Config configures one run of the engine on a 3D layout. Start from
+// DefaultConfig and override fields.
+type Config struct {
+	// Job is the model, batch, optimizer, steps and seed.
+	Job *Job
+	// TP is the tensor-parallel degree; it must divide model.hidden.
+	TP int
+	// PP is the number of pipeline stages.
+	PP int
+	// DP is the data-parallel degree.
+	DP int
+	// Virtual is the number of model chunks per pipeline rank; above 1 only
+	// with the interleaved schedule.
+	Virtual int
+	// Schedule names the pipeline schedule: gpipe, 1f1b, interleaved, zb-h1.
+	Schedule string
+	// Zero is the ZeRO stage, 0-3.
+	Zero int
+	// Timeline records a span per executed op for bubble measurements.
+	Timeline bool
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns a single-process layout: tp=pp=dp=1, 1F1B, ZeRO 0.
+func DefaultConfig(job *Job) *Config {
+	return &Config{Job: job, TP: 1, PP: 1, DP: 1, Virtual: 1, Schedule: "1f1b"}
+}
+
+// World returns tp*pp*dp.
+func (c *Config) World() int { return c.TP * c.PP * c.DP }
+
+// Microbatches returns the number of micro-batches each pipeline runs per
+// step: global / (micro * dp).
+func (c *Config) Microbatches() int { return c.Job.Batch.Global / (c.Job.Batch.Micro * c.DP) }
+
+// Validate names the first field that cannot work.
+func (c *Config) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidJob, fmt.Sprintf(format, a...))
+	}
+	if c.Job == nil {
+		return bad("no job")
+	}
+	if err := c.Job.Validate(); err != nil {
+		return err
+	}
+	m, b := c.Job.Model, c.Job.Batch
+	switch {
+	case c.TP < 1 || c.PP < 1 || c.DP < 1:
+		return bad("tp %d, pp %d and dp %d must each be at least 1", c.TP, c.PP, c.DP)
+	case c.Virtual < 1:
+		return bad("virtual stages %d must be at least 1", c.Virtual)
+	case c.Zero < 0 || c.Zero > 3:
+		return bad("ZeRO stage %d: want 0, 1, 2 or 3", c.Zero)
+	case m.Hidden%c.TP != 0:
+		return bad("model.hidden %d is not divisible by tp %d", m.Hidden, c.TP)
+	case m.Blocks%(c.PP*c.Virtual) != 0:
+		return bad("model.blocks %d is not divisible by pp*virtual = %d*%d", m.Blocks, c.PP, c.Virtual)
+	case b.Global%(b.Micro*c.DP) != 0:
+		return bad("batch.global %d is not divisible by batch.micro*dp = %d*%d", b.Global, b.Micro, c.DP)
+	}
+	if _, err := buildSchedule(c.Schedule, c.PP, c.Microbatches(), c.Virtual); err != nil {
+		return bad("%v", err)
+	}
+	return nil
+}
+
+func (c *Config) logger() *slog.Logger {
+	if c.Logger == nil {
+		return slog.Default()
+	}
+	return c.Logger
+}

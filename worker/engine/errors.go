@@ -1,0 +1,11 @@
+package engine
+
+import "errors"
+
+// ErrInvalidJob is wrapped by every error about a job file or an engine
+// Config that cannot work: a bad field, a layout that does not divide the
+// model or the batch.
+var ErrInvalidJob = errors.New("engine: invalid job")
+
+// ErrDiverged is returned when a step produces a loss that is not finite.
+var ErrDiverged = errors.New("engine: loss is not finite")

@@ -1,0 +1,579 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"time"
+
+	"gpucoord/collectives"
+	"gpucoord/sharding"
+	"gpucoord/topology"
+)
+
+// Groups are the three process groups one rank belongs to. A nil group is a
+// group of one (the rank alone), which needs no communication.
+type Groups struct {
+	// TP is the tensor-parallel group: the ranks holding pieces of the same
+	// layers, group rank = TP coordinate.
+	TP collectives.Communicator
+	// PP is the pipeline group: one rank per stage, group rank = stage.
+	PP collectives.Communicator
+	// DP is the data-parallel group: the replicas, group rank = DP coordinate.
+	DP collectives.Communicator
+}
+
+func groupRank(c collectives.Communicator) (rank, size int) {
+	if c == nil {
+		return 0, 1
+	}
+	return c.Rank(), c.Size()
+}
+
+// Span is one executed op on a rank's timeline.
+type Span struct {
+	// Op is F, B (input gradient, or full backward), W, send, recv, or step.
+	Op string
+	// MB and Chunk are the micro-batch and local chunk, -1 when not relevant.
+	MB, Chunk int
+	// Start and End are offsets from the start of the step.
+	Start, End time.Duration
+}
+
+// StepStats splits one step's wall time on one rank.
+type StepStats struct {
+	// Wall is the step's wall time.
+	Wall time.Duration
+	// Compute is time in forward, backward and weight passes and the optimizer
+	// update, less the TP collectives inside them.
+	Compute time.Duration
+	// TP is time in tensor-parallel all-reduces.
+	TP time.Duration
+	// DP is time in data-parallel reductions and parameter gathers, and the
+	// loss reduction.
+	DP time.Duration
+	// Send is time in pipeline sends.
+	Send time.Duration
+	// Recv is time blocked in pipeline receives: waiting for the neighbour
+	// stage (bubble) plus the transfer itself.
+	Recv time.Duration
+}
+
+// chunkState is a chunk with its buffers on this rank.
+type chunkState struct {
+	*chunk
+	part     *sharding.Partition
+	owned    sharding.Range // this DP rank's block of the padded flat buffer
+	params   []float32      // full local params (padded); ZeRO-3: nil outside use
+	shard    []float32      // ZeRO-3: the owned block of params
+	grads    []float32      // full local gradients; ZeRO-2/3: nil outside a weight pass
+	gshard   []float32      // ZeRO-1..3: reduced gradients of the owned block
+	m, v     []float32      // Adam moments of the owned range (ZeRO-0: everything)
+	stash    map[int]*mbStash
+	actIn    map[int][]float32
+	gradIn   map[int][]float32
+	actOut   map[int][]float32
+	gradOut  map[int][]float32
+	sendTemp []float32 // all-gather source: a copy of the owned block
+}
+
+// Rank is one process's share of a 3D-parallel training run: the chunks of
+// its pipeline stage, cut for its TP rank and sharded for its DP rank. Its
+// methods must not be called concurrently.
+type Rank struct {
+	cfg     *Config
+	coord   topology.Coord
+	g       Groups
+	ops     []op
+	chunks  []*chunkState
+	teacher *teacher
+	log     *slog.Logger
+	tp, pp  int // group sizes
+	dp      int
+	micro   int
+	step    int
+	loss    float64 // summed per-sample loss of this step on this rank
+	mem     Memory
+	stats   StepStats
+	spans   []Span
+	t0      time.Time
+	x       []float32 // data scratch, micro x Width
+	labels  []int32
+	y       []float32
+}
+
+// NewRank builds the rank at coord with its groups: it cuts its chunks out
+// of the initial model (the same for every layout) and allocates buffers
+// as the ZeRO stage says.
+func NewRank(cfg *Config, coord topology.Coord, g Groups) (*Rank, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	for _, c := range []struct {
+		name       string
+		comm       collectives.Communicator
+		want, size int
+	}{{"tp", g.TP, coord.TP, cfg.TP}, {"pp", g.PP, coord.PP, cfg.PP}, {"dp", g.DP, coord.DP, cfg.DP}} {
+		rank, size := groupRank(c.comm)
+		if size != c.size || rank != c.want {
+			return nil, fmt.Errorf("%w: %s group is rank %d of %d, want %d of %d", ErrInvalidJob, c.name, rank, size, c.want, c.size)
+		}
+	}
+	scheds, err := buildSchedule(cfg.Schedule, cfg.PP, cfg.Microbatches(), cfg.Virtual)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidJob, err)
+	}
+	job := cfg.Job
+	r := &Rank{
+		cfg: cfg, coord: coord, g: g, ops: scheds[coord.PP],
+		teacher: newTeacher(job.Model, job.Seed),
+		log:     cfg.logger().With("component", "engine", "tp", coord.TP, "pp", coord.PP, "dp", coord.DP),
+		tp:      cfg.TP, pp: cfg.PP, dp: cfg.DP, micro: job.Batch.Micro,
+	}
+	r.x = make([]float32, r.micro*job.Model.Width)
+	r.labels = make([]int32, r.micro)
+	r.y = make([]float32, r.micro*job.Model.Outputs)
+	perChunk := job.Model.Blocks / (cfg.PP * cfg.Virtual)
+	nChunks := cfg.PP * cfg.Virtual
+	for k := range cfg.Virtual {
+		idx := k*cfg.PP + coord.PP
+		c := newChunk(job.Model, idx, idx*perChunk, perChunk, idx == nChunks-1, cfg.TP)
+		cs, err := r.newChunkState(c)
+		if err != nil {
+			return nil, err
+		}
+		r.chunks = append(r.chunks, cs)
+	}
+	return r, nil
+}
+
+func (r *Rank) newChunkState(c *chunk) (*chunkState, error) {
+	tensors := make([]sharding.Tensor, len(c.tensors))
+	for i, ti := range c.tensors {
+		rows, cols, _, _ := ti.local(r.coord.TP, r.tp)
+		tensors[i] = sharding.Tensor{Name: ti.name, Shape: []int{rows, cols}}
+	}
+	part, err := sharding.NewPartition(tensors, r.dp, nil)
+	if err != nil {
+		return nil, fmt.Errorf("engine: partition of chunk %d: %w", c.index, err)
+	}
+	owned, err := part.Range(r.coord.DP)
+	if err != nil {
+		return nil, err
+	}
+	cs := &chunkState{
+		chunk: c, part: part, owned: owned,
+		stash: map[int]*mbStash{}, actIn: map[int][]float32{}, gradIn: map[int][]float32{},
+		actOut: map[int][]float32{}, gradOut: map[int][]float32{},
+	}
+	full := make([]float32, part.PaddedLen())
+	for i, ti := range c.tensors {
+		initLocal(ti, r.cfg.Job.Seed, r.coord.TP, r.tp, c.view(full, i))
+	}
+	shardLen := part.ShardLen()
+	if r.cfg.Zero == 0 {
+		shardLen = part.PaddedLen()
+	}
+	cs.m, cs.v = make([]float32, shardLen), make([]float32, shardLen)
+	r.mem.add(MemOptimizer, 2*shardLen)
+	switch r.cfg.Zero {
+	case 0:
+		cs.params, cs.grads = full, make([]float32, len(full))
+		r.mem.add(MemParams, len(full))
+		r.mem.add(MemGrads, len(full))
+	case 1:
+		cs.params, cs.grads = full, make([]float32, len(full))
+		cs.gshard, cs.sendTemp = make([]float32, shardLen), make([]float32, shardLen)
+		r.mem.add(MemParams, len(full)+shardLen)
+		r.mem.add(MemGrads, len(full)+shardLen)
+	case 2:
+		cs.params = full
+		cs.gshard, cs.sendTemp = make([]float32, shardLen), make([]float32, shardLen)
+		r.mem.add(MemParams, len(full)+shardLen)
+		r.mem.add(MemGrads, shardLen)
+	case 3:
+		cs.shard = append([]float32(nil), full[owned.Lo:owned.Hi]...)
+		cs.gshard = make([]float32, shardLen)
+		r.mem.add(MemParams, shardLen)
+		r.mem.add(MemGrads, shardLen)
+	}
+	return cs, nil
+}
+
+// Memory returns the rank's byte accounting so far.
+func (r *Rank) Memory() Memory { return r.mem }
+
+// Spans returns the timeline of the last step (only with Config.Timeline).
+func (r *Rank) Spans() []Span { return r.spans }
+
+// Stats returns the time split of the last step.
+func (r *Rank) Stats() StepStats { return r.stats }
+
+// Step runs optimizer step number step (counting from 0) and returns the
+// mean loss over the global batch, the same on every rank.
+func (r *Rank) Step(ctx context.Context, step int) (float64, error) {
+	r.step, r.loss, r.stats, r.spans = step, 0, StepStats{}, r.spans[:0]
+	r.t0 = time.Now()
+	stepped := false
+	for _, o := range r.ops {
+		if err := r.exec(ctx, o); err != nil {
+			return 0, fmt.Errorf("step %d, %s: %w", step, o, err)
+		}
+		stepped = stepped || o.kind == opStep
+	}
+	if !stepped {
+		if err := r.exec(ctx, op{kind: opStep}); err != nil {
+			return 0, fmt.Errorf("step %d, optimizer: %w", step, err)
+		}
+	}
+	for _, cs := range r.chunks {
+		if n := len(cs.stash) + len(cs.actIn) + len(cs.gradIn) + len(cs.actOut) + len(cs.gradOut); n != 0 {
+			return 0, fmt.Errorf("step %d: schedule left %d buffers of chunk %d unconsumed", step, n, cs.index)
+		}
+	}
+	loss, err := r.reduceLoss(ctx)
+	r.stats.Wall = time.Since(r.t0)
+	if err != nil {
+		return 0, fmt.Errorf("step %d, loss: %w", step, err)
+	}
+	if math.IsNaN(loss) || math.IsInf(loss, 0) {
+		return loss, fmt.Errorf("step %d: %w (%v)", step, ErrDiverged, loss)
+	}
+	return loss, nil
+}
+
+// reduceLoss sums the loss over DP replicas and hands the last stage's value
+// to every stage, then divides by the global batch.
+func (r *Rank) reduceLoss(ctx context.Context) (float64, error) {
+	start := time.Now()
+	defer func() { r.stats.DP += time.Since(start) }()
+	buf := []float64{r.loss}
+	if r.dp > 1 {
+		if err := r.g.DP.AllReduce(ctx, collectives.Float64s(buf), collectives.Sum); err != nil {
+			return 0, err
+		}
+	}
+	if r.pp > 1 {
+		if err := r.g.PP.Broadcast(ctx, collectives.Float64s(buf), r.pp-1); err != nil {
+			return 0, err
+		}
+	}
+	return buf[0] / float64(r.cfg.Job.Batch.Global), nil
+}
+
+func (o op) String() string {
+	name := [...]string{"?", "forward", "backward", "weight-grad", "send-act", "recv-act", "send-grad", "recv-grad", "optimizer"}[o.kind]
+	if o.kind == opStep {
+		return name
+	}
+	return fmt.Sprintf("%s mb %d chunk %d", name, o.mb, o.chunk)
+}
+
+// record appends a span when the timeline is on.
+func (r *Rank) record(name string, mb, chunk int, start time.Time) {
+	if r.cfg.Timeline {
+		r.spans = append(r.spans, Span{Op: name, MB: mb, Chunk: chunk, Start: start.Sub(r.t0), End: time.Since(r.t0)})
+	}
+}
+
+// tpReduce is the TP all-reduce of Megatron's f (backward) and g (forward).
+func (r *Rank) tpReduce(ctx context.Context, buf []float32) error {
+	if r.tp == 1 {
+		return nil
+	}
+	start := time.Now()
+	err := r.g.TP.AllReduce(ctx, collectives.Float32s(buf), collectives.Sum)
+	r.stats.TP += time.Since(start)
+	return err
+}
+
+func (r *Rank) exec(ctx context.Context, o op) error {
+	if o.kind == opStep {
+		start := time.Now()
+		err := r.optimizerStep(ctx)
+		r.record("step", -1, -1, start)
+		return err
+	}
+	if o.chunk < 0 || o.chunk >= len(r.chunks) {
+		return fmt.Errorf("chunk %d outside [0, %d)", o.chunk, len(r.chunks))
+	}
+	cs := r.chunks[o.chunk]
+	start := time.Now()
+	tp0 := r.stats.TP
+	var err error
+	switch o.kind {
+	case opForward:
+		err = r.forward(ctx, cs, o)
+		r.stats.Compute += time.Since(start) - (r.stats.TP - tp0)
+		r.record("F", o.mb, o.chunk, start)
+	case opBackward:
+		err = r.backward(ctx, cs, o)
+		r.stats.Compute += time.Since(start) - (r.stats.TP - tp0)
+		r.record("B", o.mb, o.chunk, start)
+	case opWeight:
+		dp0 := r.stats.DP
+		err = r.weight(ctx, cs, o.mb)
+		r.stats.Compute += time.Since(start) - (r.stats.DP - dp0)
+		r.record("W", o.mb, o.chunk, start)
+	case opSendAct, opSendGrad:
+		box := cs.actOut
+		if o.kind == opSendGrad {
+			box = cs.gradOut
+		}
+		buf, ok := box[o.mb]
+		if !ok {
+			return fmt.Errorf("nothing to send: op order runs a send before its compute")
+		}
+		delete(box, o.mb)
+		if r.pp == 1 {
+			return fmt.Errorf("send to stage %d with a single stage", o.peer)
+		}
+		err = r.g.PP.Send(ctx, collectives.Float32s(buf), o.peer)
+		r.mem.add(MemActivations, -len(buf))
+		r.stats.Send += time.Since(start)
+		r.record("send", o.mb, o.chunk, start)
+	case opRecvAct, opRecvGrad:
+		box := cs.actIn
+		if o.kind == opRecvGrad {
+			box = cs.gradIn
+		}
+		if r.pp == 1 {
+			return fmt.Errorf("receive from stage %d with a single stage", o.peer)
+		}
+		buf := make([]float32, r.micro*cs.spec.Width)
+		r.mem.add(MemActivations, len(buf))
+		err = r.g.PP.Recv(ctx, collectives.Float32s(buf), o.peer)
+		box[o.mb] = buf
+		r.stats.Recv += time.Since(start)
+		r.record("recv", o.mb, o.chunk, start)
+	default:
+		err = fmt.Errorf("unknown op kind %d", o.kind)
+	}
+	return err
+}
+
+// acquire returns the chunk's full local parameters; under ZeRO-3 it
+// all-gathers them across DP first (release frees them again).
+func (r *Rank) acquire(ctx context.Context, cs *chunkState) ([]float32, error) {
+	if r.cfg.Zero != 3 {
+		return cs.params, nil
+	}
+	start := time.Now()
+	defer func() { r.stats.DP += time.Since(start) }()
+	full := make([]float32, cs.part.PaddedLen())
+	r.mem.add(MemParams, len(full))
+	if r.dp == 1 {
+		copy(full, cs.shard)
+		return full, nil
+	}
+	if err := r.g.DP.AllGather(ctx, collectives.Float32s(cs.shard), collectives.Float32s(full)); err != nil {
+		return nil, err
+	}
+	return full, nil
+}
+
+func (r *Rank) release(cs *chunkState, full []float32) {
+	if r.cfg.Zero == 3 {
+		r.mem.add(MemParams, -len(full))
+	}
+}
+
+func (r *Rank) forward(ctx context.Context, cs *chunkState, o op) error {
+	if _, dup := cs.stash[o.mb]; dup {
+		return fmt.Errorf("forward ran twice")
+	}
+	n, w := r.micro, cs.spec.Width
+	var x []float32
+	if cs.index == 0 {
+		x = make([]float32, n*w)
+		r.mem.add(MemActivations, len(x))
+		r.teacher.batch(r.cfg.Job.Seed, r.step, r.first(o.mb), n, x, r.labels, r.y)
+	} else {
+		var ok bool
+		if x, ok = cs.actIn[o.mb]; !ok {
+			return fmt.Errorf("no input activation: op order runs forward before its receive")
+		}
+		delete(cs.actIn, o.mb)
+	}
+	params, err := r.acquire(ctx, cs)
+	if err != nil {
+		return err
+	}
+	defer r.release(cs, params)
+	st := &mbStash{}
+	out, err := cs.forward(ctx, r.tpReduce, params, x, n, st)
+	if err != nil {
+		return err
+	}
+	cs.stash[o.mb] = st
+	r.mem.addBytes(MemActivations, st.bytes()-int64(4*len(x)))
+	if cs.hasHead {
+		r.teacher.batch(r.cfg.Job.Seed, r.step, r.first(o.mb), n, r.x, r.labels, r.y)
+		r.loss += cs.loss(params, out, r.labels, r.y, float32(1/float64(r.cfg.Job.Batch.Global)), st)
+		r.mem.add(MemActivations, n*cs.spec.Outputs)
+		return nil
+	}
+	r.mem.add(MemActivations, len(out))
+	if r.pp == 1 {
+		r.chunks[o.chunk+1].actIn[o.mb] = out
+	} else {
+		cs.actOut[o.mb] = out
+	}
+	return nil
+}
+
+// first returns the global sample index of micro-batch mb of this replica.
+func (r *Rank) first(mb int) int {
+	return (r.coord.DP*r.cfg.Microbatches() + mb) * r.micro
+}
+
+func (r *Rank) backward(ctx context.Context, cs *chunkState, o op) error {
+	st, ok := cs.stash[o.mb]
+	if !ok {
+		return fmt.Errorf("no stash: op order runs backward before forward")
+	}
+	var dOut []float32
+	if !cs.hasHead {
+		if dOut, ok = cs.gradIn[o.mb]; !ok {
+			return fmt.Errorf("no output gradient: op order runs backward before its receive")
+		}
+		delete(cs.gradIn, o.mb)
+	}
+	params, err := r.acquire(ctx, cs)
+	if err != nil {
+		return err
+	}
+	before := st.bytes()
+	dx, err := cs.backwardInput(ctx, r.tpReduce, params, dOut, st)
+	r.release(cs, params)
+	if err != nil {
+		return err
+	}
+	// dOut moved into the stash; z was dropped; dz and the head gradient are new.
+	r.mem.addBytes(MemActivations, st.bytes()-before-int64(4*len(dOut)))
+	if cs.index > 0 {
+		r.mem.add(MemActivations, len(dx))
+		if r.pp == 1 {
+			r.chunks[o.chunk-1].gradIn[o.mb] = dx
+		} else {
+			cs.gradOut[o.mb] = dx
+		}
+	}
+	if o.full {
+		return r.weight(ctx, cs, o.mb)
+	}
+	return nil
+}
+
+// weight runs the weight-gradient pass of (mb, chunk). Under ZeRO-2/3 the
+// micro-batch's gradient is reduce-scattered at once into the owned shard,
+// so no full gradient buffer outlives the pass.
+func (r *Rank) weight(ctx context.Context, cs *chunkState, mb int) error {
+	st, ok := cs.stash[mb]
+	if !ok || st.dlogits == nil && st.blocks[0].dz == nil {
+		return fmt.Errorf("weight pass of micro-batch %d before its backward", mb)
+	}
+	delete(cs.stash, mb)
+	r.mem.addBytes(MemActivations, -st.bytes())
+	if r.cfg.Zero < 2 {
+		cs.backwardWeight(cs.grads, st)
+		return nil
+	}
+	grads := make([]float32, cs.part.PaddedLen())
+	r.mem.add(MemGrads, len(grads))
+	defer r.mem.add(MemGrads, -len(grads))
+	cs.backwardWeight(grads, st)
+	start := time.Now()
+	defer func() { r.stats.DP += time.Since(start) }()
+	if r.dp == 1 {
+		for i, g := range grads {
+			cs.gshard[i] += g
+		}
+		return nil
+	}
+	recv := make([]float32, len(cs.gshard))
+	if err := r.g.DP.ReduceScatter(ctx, collectives.Float32s(grads), collectives.Float32s(recv), collectives.Sum); err != nil {
+		return err
+	}
+	for i, g := range recv {
+		cs.gshard[i] += g
+	}
+	return nil
+}
+
+// optimizerStep reduces gradients across DP as the ZeRO stage says, runs Adam
+// on what this rank owns and, for stages 1 and 2, all-gathers the updated
+// parameters.
+func (r *Rank) optimizerStep(ctx context.Context) error {
+	t := r.step + 1
+	o := r.cfg.Job.Optimizer
+	for _, cs := range r.chunks {
+		dpStart := time.Now()
+		switch r.cfg.Zero {
+		case 0:
+			if r.dp > 1 {
+				if err := r.g.DP.AllReduce(ctx, collectives.Float32s(cs.grads), collectives.Sum); err != nil {
+					return err
+				}
+			}
+			r.stats.DP += time.Since(dpStart)
+			start := time.Now()
+			adamUpdate(o, t, cs.params, cs.grads, cs.m, cs.v)
+			clear(cs.grads)
+			r.stats.Compute += time.Since(start)
+			continue
+		case 1:
+			if r.dp > 1 {
+				if err := r.g.DP.ReduceScatter(ctx, collectives.Float32s(cs.grads), collectives.Float32s(cs.gshard), collectives.Sum); err != nil {
+					return err
+				}
+			} else {
+				copy(cs.gshard, cs.grads)
+			}
+			clear(cs.grads)
+		}
+		r.stats.DP += time.Since(dpStart)
+		start := time.Now()
+		owned := cs.shard
+		if r.cfg.Zero < 3 {
+			owned = cs.sendTemp
+			copy(owned, cs.params[cs.owned.Lo:cs.owned.Hi])
+		}
+		adamUpdate(o, t, owned, cs.gshard, cs.m, cs.v)
+		clear(cs.gshard)
+		r.stats.Compute += time.Since(start)
+		if r.cfg.Zero == 3 {
+			continue
+		}
+		gStart := time.Now()
+		if r.dp > 1 {
+			if err := r.g.DP.AllGather(ctx, collectives.Float32s(owned), collectives.Float32s(cs.params)); err != nil {
+				return err
+			}
+		} else {
+			copy(cs.params, owned)
+		}
+		r.stats.DP += time.Since(gStart)
+	}
+	return nil
+}
+
+// pieces returns this rank's parameter pieces for reassembly, gathering
+// ZeRO-3 shards across DP first.
+func (r *Rank) pieces(ctx context.Context) ([]paramPiece, error) {
+	var out []paramPiece
+	for _, cs := range r.chunks {
+		params, err := r.acquire(ctx, cs)
+		if err != nil {
+			return nil, err
+		}
+		for i, ti := range cs.tensors {
+			rows, cols, row0, col0 := ti.local(r.coord.TP, r.tp)
+			out = append(out, paramPiece{Name: ti.name, Rows: ti.rows, Cols: ti.cols, Row0: row0, Col0: col0,
+				PRows: rows, PCols: cols, Data: append([]float32(nil), cs.view(params, i)...)})
+		}
+		r.release(cs, params)
+	}
+	return out, nil
+}
