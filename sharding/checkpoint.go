@@ -1,0 +1,761 @@
+package sharding
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Checkpoint layout and format constants.
+const (
+	// ManifestFile is the manifest's name inside a step directory. It is
+	// written last: a step directory without it is incomplete.
+	ManifestFile = "manifest.json"
+	// ChunkBytes is the size of the pieces of a shard file that the manifest
+	// checksums one by one, so a reader that needs only part of a file reads
+	// and verifies only the chunks it touches. It is a multiple of 4, so no
+	// float32 straddles two chunks.
+	ChunkBytes = 1 << 20
+
+	manifestFormat = "gpucoord-sharded-checkpoint"
+	formatVersion  = 1
+	shardMagic     = "GCSHARD\x01"
+	stepPrefix     = "step-"
+)
+
+// Manifest describes a complete sharded checkpoint: what was sharded, how,
+// and a checksum of every shard file.
+type Manifest struct {
+	// Format is always "gpucoord-sharded-checkpoint".
+	Format string `json:"format"`
+	// Version is the format version, 1.
+	Version int `json:"version"`
+	// Step is the training step the state belongs to.
+	Step int64 `json:"step"`
+	// Degree is the data-parallel degree the checkpoint was written at.
+	Degree int `json:"degree"`
+	// Align is the partition's alignment in elements.
+	Align int `json:"align"`
+	// Len is the flat length: the total number of tensor elements.
+	Len int `json:"len"`
+	// PaddedLen is Degree times ShardLen.
+	PaddedLen int `json:"padded_len"`
+	// ShardLen is every shard's number of elements per vector.
+	ShardLen int `json:"shard_len"`
+	// Tensors are the tensors, in flat-buffer order.
+	Tensors []Tensor `json:"tensors"`
+	// Vectors are the names of the state vectors, sorted; each shard file
+	// holds them in this order.
+	Vectors []string `json:"vectors"`
+	// ChunkBytes is the chunk size of the per-chunk checksums.
+	ChunkBytes int `json:"chunk_bytes"`
+	// Shards describes each shard file, in rank order.
+	Shards []ShardInfo `json:"shards"`
+}
+
+// ShardInfo describes one written shard file.
+type ShardInfo struct {
+	// Rank is the data-parallel rank the shard belongs to.
+	Rank int `json:"rank"`
+	// Range is the shard's block of the padded flat buffer.
+	Range Range `json:"range"`
+	// File is the file name inside the step directory.
+	File string `json:"file"`
+	// Size is the file size in bytes.
+	Size int64 `json:"size"`
+	// DataOffset is where the first vector starts in the file; the header
+	// comes before it.
+	DataOffset int64 `json:"data_offset"`
+	// SHA256 is the hex SHA-256 of the whole file.
+	SHA256 string `json:"sha256"`
+	// Chunks holds the hex SHA-256 of each ChunkBytes piece of the file,
+	// the last one possibly shorter.
+	Chunks []string `json:"chunks"`
+}
+
+// StepDir returns the directory of step's checkpoint under root:
+// <root>/step-<step>. A model split by tensor or pipeline parallelism has one
+// flat buffer per (tp, pp) position, so each position uses its own root.
+func StepDir(root string, step int64) string {
+	return filepath.Join(root, stepPrefix+strconv.FormatInt(step, 10))
+}
+
+// ShardFile returns the name of rank r's shard file at degree d:
+// shard-<r>-of-<d>.bin.
+func ShardFile(r, d int) string { return fmt.Sprintf("shard-%d-of-%d.bin", r, d) }
+
+// WriteShard writes sh, rank sh.Rank's shard of p, to its file in step's
+// directory under root, atomically: a temporary file is written and
+// fsynced, renamed into place, and the directory fsynced. The returned
+// ShardInfo goes to Commit. Writing into a step that already has a manifest
+// first removes the manifest, so the step reads as incomplete until Commit
+// runs again. Each rank calls WriteShard for its own shard, concurrently if
+// it likes.
+func WriteShard(ctx context.Context, root string, step int64, p *Partition, sh *Shard) (ShardInfo, error) {
+	if step < 0 {
+		return ShardInfo{}, fmt.Errorf("%w: step %d is negative", ErrInvalid, step)
+	}
+	if sh == nil {
+		return ShardInfo{}, fmt.Errorf("%w: nil shard", ErrInvalid)
+	}
+	if err := p.checkRank(sh.Rank); err != nil {
+		return ShardInfo{}, err
+	}
+	slot := make([]*Shard, p.degree)
+	slot[sh.Rank] = sh
+	names, err := checkShards(p, slot, false)
+	if err != nil {
+		return ShardInfo{}, err
+	}
+	if len(names) == 0 {
+		return ShardInfo{}, fmt.Errorf("%w: shard %d has no vectors", ErrInvalid, sh.Rank)
+	}
+	if err := checkVectorNames(names); err != nil {
+		return ShardInfo{}, err
+	}
+	dir := StepDir(root, step)
+	if err := makeDir(root); err != nil {
+		return ShardInfo{}, err
+	}
+	if err := makeDir(dir); err != nil {
+		return ShardInfo{}, err
+	}
+	if err := os.Remove(filepath.Join(dir, ManifestFile)); err == nil {
+		if err := syncDir(dir); err != nil {
+			return ShardInfo{}, err
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return ShardInfo{}, fmt.Errorf("sharding: uncommit step %d: %w", step, err)
+	}
+
+	header := encodeShardHeader(step, p, sh.Rank, names)
+	info := ShardInfo{
+		Rank:       sh.Rank,
+		Range:      sh.Range,
+		File:       ShardFile(sh.Rank, p.degree),
+		DataOffset: int64(len(header)),
+	}
+	var hw *hashWriter
+	err = writeAtomic(dir, info.File, func(w io.Writer) error {
+		hw = newHashWriter(w)
+		if _, err := hw.Write(header); err != nil {
+			return err
+		}
+		buf := make([]byte, 64<<10)
+		for _, n := range names {
+			v := sh.Vectors[n]
+			for len(v) > 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				k := min(len(v), len(buf)/4)
+				for i, x := range v[:k] {
+					binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
+				}
+				if _, err := hw.Write(buf[:4*k]); err != nil {
+					return err
+				}
+				v = v[k:]
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return ShardInfo{}, fmt.Errorf("sharding: write shard %d of step %d: %w", sh.Rank, step, err)
+	}
+	info.Size, info.SHA256, info.Chunks = hw.finish()
+	return info, nil
+}
+
+// Commit writes the manifest of step, made of p and the ShardInfo of every
+// rank, atomically and last: from then on the step is complete. It checks
+// that every shard file is in place with its recorded size and a header that
+// matches, reading only the headers. In a job of
+// several processes one rank commits, with the infos the others sent it or
+// read back with InspectShard.
+func Commit(ctx context.Context, root string, step int64, p *Partition, infos []ShardInfo) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if step < 0 {
+		return fmt.Errorf("%w: step %d is negative", ErrInvalid, step)
+	}
+	if len(infos) != p.degree {
+		return fmt.Errorf("%w: %d shard infos for degree %d", ErrIncomplete, len(infos), p.degree)
+	}
+	infos = slices.Clone(infos)
+	sort.Slice(infos, func(i, j int) bool { return infos[i].Rank < infos[j].Rank })
+	dir := StepDir(root, step)
+	var names []string
+	for i, s := range infos {
+		if s.Rank != i {
+			return fmt.Errorf("%w: no shard info for rank %d", ErrIncomplete, i)
+		}
+		h, err := statShard(dir, s)
+		if err != nil {
+			return fmt.Errorf("shard %d of step %d: %w", i, step, err)
+		}
+		if h.step != step || h.rank != i || h.degree != p.degree || h.lo != s.Range.Lo || h.hi != s.Range.Hi || h.len != p.n {
+			return fmt.Errorf("%w: shard file %s has header step %d rank %d of %d range [%d, %d) length %d, want step %d rank %d of %d range %v length %d",
+				ErrMismatch, s.File, h.step, h.rank, h.degree, h.lo, h.hi, h.len, step, i, p.degree, s.Range, p.n)
+		}
+		if i == 0 {
+			names = h.vectors
+		} else if !slices.Equal(h.vectors, names) {
+			return fmt.Errorf("%w: shard %d holds vectors %q, shard 0 holds %q", ErrMismatch, i, h.vectors, names)
+		}
+	}
+	m := &Manifest{
+		Format: manifestFormat, Version: formatVersion, Step: step,
+		Degree: p.degree, Align: p.align, Len: p.n, PaddedLen: p.PaddedLen(), ShardLen: p.shard,
+		Tensors: p.Tensors(), Vectors: names, ChunkBytes: ChunkBytes, Shards: infos,
+	}
+	if _, err := m.partition(ErrMismatch); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("sharding: encode manifest: %w", err)
+	}
+	err = writeAtomic(dir, ManifestFile, func(w io.Writer) error {
+		_, err := w.Write(append(data, '\n'))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("sharding: commit step %d: %w", step, err)
+	}
+	return nil
+}
+
+// InspectShard reads rank r's shard file of step in full, checks its header
+// against p and step, and returns its ShardInfo with fresh checksums.
+func InspectShard(ctx context.Context, root string, step int64, p *Partition, r int) (ShardInfo, error) {
+	if err := p.checkRank(r); err != nil {
+		return ShardInfo{}, err
+	}
+	name := ShardFile(r, p.degree)
+	f, err := os.Open(filepath.Join(StepDir(root, step), name))
+	if err != nil {
+		return ShardInfo{}, fmt.Errorf("%w: shard %d of step %d: %w", ErrCorrupt, r, step, err)
+	}
+	defer f.Close()
+	hw := newHashWriter(io.Discard)
+	br := bufio.NewReaderSize(io.TeeReader(f, hw), 1<<20)
+	h, err := readShardHeader(br)
+	if err != nil {
+		return ShardInfo{}, fmt.Errorf("%w: shard %d of step %d: %w", ErrCorrupt, r, step, err)
+	}
+	if err := checkVectorNames(h.vectors); err != nil || len(h.vectors) == 0 || !slices.IsSorted(h.vectors) {
+		return ShardInfo{}, fmt.Errorf("%w: shard file %s has vector names %q", ErrCorrupt, name, h.vectors)
+	}
+	if h.step != step || h.rank != r || h.degree != p.degree || h.lo != p.blockOf(r).Lo || h.hi != p.blockOf(r).Hi || h.len != p.n {
+		return ShardInfo{}, fmt.Errorf("%w: shard file %s has header step %d rank %d of %d range [%d, %d) length %d, want step %d rank %d of %d range %v length %d",
+			ErrMismatch, name, h.step, h.rank, h.degree, h.lo, h.hi, h.len, step, r, p.degree, p.blockOf(r), p.n)
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		if err := ctx.Err(); err != nil {
+			return ShardInfo{}, err
+		}
+		_, err := br.Read(buf)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return ShardInfo{}, fmt.Errorf("sharding: read shard %d of step %d: %w", r, step, err)
+		}
+	}
+	info := ShardInfo{Rank: r, Range: p.blockOf(r), File: name, DataOffset: int64(h.size)}
+	info.Size, info.SHA256, info.Chunks = hw.finish()
+	if want := info.DataOffset + int64(len(h.vectors))*int64(p.shard)*4; info.Size != want {
+		return ShardInfo{}, fmt.Errorf("%w: shard file %s has %d bytes, want %d", ErrCorrupt, name, info.Size, want)
+	}
+	return info, nil
+}
+
+// ReadManifest reads and checks step's manifest. A step without one is
+// incomplete (ErrIncomplete); a manifest that does not parse or contradicts
+// itself is ErrCorrupt.
+func ReadManifest(ctx context.Context, root string, step int64) (*Manifest, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(filepath.Join(StepDir(root, step), ManifestFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: step %d has no manifest: %w", ErrIncomplete, step, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sharding: read manifest of step %d: %w", step, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	m := new(Manifest)
+	if err := dec.Decode(m); err != nil {
+		return nil, fmt.Errorf("%w: manifest of step %d: %w", ErrCorrupt, step, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: manifest of step %d has trailing data", ErrCorrupt, step)
+	}
+	if m.Step != step {
+		return nil, fmt.Errorf("%w: manifest in step %d's directory says step %d", ErrCorrupt, step, m.Step)
+	}
+	if _, err := m.partition(ErrCorrupt); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// partition rebuilds the Partition the manifest was written with and checks
+// every field against it, reporting a contradiction as kind.
+func (m *Manifest) partition(kind error) (*Partition, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: manifest of step %d: %s", kind, m.Step, fmt.Sprintf(format, args...))
+	}
+	if m.Format != manifestFormat || m.Version != formatVersion {
+		return nil, bad("format %q version %d, want %q version %d", m.Format, m.Version, manifestFormat, formatVersion)
+	}
+	p, err := NewPartition(m.Tensors, m.Degree, &Config{Align: m.Align})
+	if err != nil {
+		return nil, bad("%v", err)
+	}
+	if m.Len != p.n || m.PaddedLen != p.PaddedLen() || m.ShardLen != p.shard {
+		return nil, bad("lengths %d/%d/%d, the tensors give %d/%d/%d", m.Len, m.PaddedLen, m.ShardLen, p.n, p.PaddedLen(), p.shard)
+	}
+	if err := checkVectorNames(m.Vectors); err != nil || len(m.Vectors) == 0 || !slices.IsSorted(m.Vectors) {
+		return nil, bad("vector names %q are not sorted, unique and short", m.Vectors)
+	}
+	if m.ChunkBytes <= 0 || m.ChunkBytes%4 != 0 {
+		return nil, bad("chunk size %d is not a positive multiple of 4", m.ChunkBytes)
+	}
+	if len(m.Shards) != p.degree {
+		return nil, bad("%d shards for degree %d", len(m.Shards), p.degree)
+	}
+	off := int64(headerLen(m.Vectors))
+	size := off + int64(len(m.Vectors))*int64(p.shard)*4
+	chunks := int((size + int64(m.ChunkBytes) - 1) / int64(m.ChunkBytes))
+	for i, s := range m.Shards {
+		if s.Rank != i || s.Range != p.blockOf(i) || s.File != ShardFile(i, p.degree) {
+			return nil, bad("shard %d is rank %d range %v file %q, want range %v file %q", i, s.Rank, s.Range, s.File, p.blockOf(i), ShardFile(i, p.degree))
+		}
+		if s.DataOffset != off || s.Size != size || len(s.Chunks) != chunks {
+			return nil, bad("shard %d has data offset %d, size %d, %d chunks; want %d, %d, %d", i, s.DataOffset, s.Size, len(s.Chunks), off, size, chunks)
+		}
+		for _, h := range append([]string{s.SHA256}, s.Chunks...) {
+			if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size {
+				return nil, bad("shard %d has checksum %q, not hex SHA-256", i, h)
+			}
+		}
+	}
+	return p, nil
+}
+
+// ReadShard loads rank r's shard of p from step's checkpoint under root,
+// whatever data-parallel degree the checkpoint was written at, as long as it
+// lays out the same tensors. It reads only the chunks of the old shard files
+// that overlap the new shard and verifies each chunk's SHA-256 before using
+// it. Errors: ErrIncomplete without a manifest, ErrCorrupt for a checksum
+// that does not match or a missing or truncated file, ErrMismatch when p
+// lays out other tensors.
+func ReadShard(ctx context.Context, root string, step int64, p *Partition, r int) (*Shard, error) {
+	if err := p.checkRank(r); err != nil {
+		return nil, err
+	}
+	m, err := ReadManifest(ctx, root, step)
+	if err != nil {
+		return nil, err
+	}
+	old, err := m.partition(ErrCorrupt)
+	if err != nil {
+		return nil, err
+	}
+	if err := compatible(old, p); err != nil {
+		return nil, fmt.Errorf("checkpoint step %d: %w", step, err)
+	}
+	out, err := NewShard(p, r, m.Vectors...)
+	if err != nil {
+		return nil, err
+	}
+	dir := StepDir(root, step)
+	buf := make([]byte, m.ChunkBytes)
+	for _, t := range transfersTo(old, p, r) {
+		if err := readRun(ctx, dir, m, t, out, buf); err != nil {
+			return nil, fmt.Errorf("checkpoint step %d: %w", step, err)
+		}
+	}
+	return out, nil
+}
+
+// readRun copies transfer t of every vector out of its old shard file into
+// out, reading and verifying only the chunks it touches. buf holds one chunk.
+func readRun(ctx context.Context, dir string, m *Manifest, t Transfer, out *Shard, buf []byte) error {
+	info := m.Shards[t.Src]
+	f, err := os.Open(filepath.Join(dir, info.File))
+	if err != nil {
+		return fmt.Errorf("%w: shard %d: %w", ErrCorrupt, t.Src, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("sharding: stat shard %d: %w", t.Src, err)
+	}
+	if st.Size() != info.Size {
+		return fmt.Errorf("%w: shard file %s has %d bytes, the manifest says %d (truncated or replaced)", ErrCorrupt, info.File, st.Size(), info.Size)
+	}
+	cb := int64(m.ChunkBytes)
+	loaded := int64(-1)
+	for vi, name := range m.Vectors {
+		lo := info.DataOffset + (int64(vi)*int64(m.ShardLen)+int64(t.SrcOff))*4
+		hi := lo + int64(t.Len)*4
+		dst := out.Vectors[name][t.DstOff : t.DstOff+t.Len]
+		for c := lo / cb; c*cb < hi; c++ {
+			if c != loaded {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				n := min(cb, info.Size-c*cb)
+				if _, err := f.ReadAt(buf[:n], c*cb); err != nil {
+					return fmt.Errorf("%w: shard file %s chunk %d: %w", ErrCorrupt, info.File, c, err)
+				}
+				sum := sha256.Sum256(buf[:n])
+				if hex.EncodeToString(sum[:]) != info.Chunks[c] {
+					return fmt.Errorf("%w: shard file %s chunk %d (bytes %d-%d) fails its SHA-256", ErrCorrupt, info.File, c, c*cb, c*cb+n)
+				}
+				loaded = c
+			}
+			a, b := max(lo, c*cb), min(hi, (c+1)*cb)
+			decodeFloats(dst[(a-lo)/4:(b-lo)/4], buf[a-c*cb:b-c*cb])
+		}
+	}
+	return nil
+}
+
+// Verify reads every shard file of step in full and checks it against the
+// manifest's whole-file SHA-256 and header.
+func Verify(ctx context.Context, root string, step int64) error {
+	m, err := ReadManifest(ctx, root, step)
+	if err != nil {
+		return err
+	}
+	p, err := m.partition(ErrCorrupt)
+	if err != nil {
+		return err
+	}
+	for r, want := range m.Shards {
+		got, err := InspectShard(ctx, root, step, p, r)
+		if err != nil {
+			return err
+		}
+		if got.SHA256 != want.SHA256 {
+			return fmt.Errorf("%w: shard file %s fails its SHA-256", ErrCorrupt, want.File)
+		}
+	}
+	return nil
+}
+
+// LatestComplete returns the highest step under root whose manifest reads
+// and whose shard files are all present with their recorded sizes. Steps
+// without a manifest (a crash mid-write) are skipped. It does not hash the
+// files; ReadShard verifies what it reads, and Verify checks everything.
+func LatestComplete(ctx context.Context, root string) (int64, error) {
+	entries, err := os.ReadDir(root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("%w under %s: %w", ErrNoCheckpoint, root, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("sharding: list %s: %w", root, err)
+	}
+	var steps []int64
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), stepPrefix)
+		if !ok || !e.IsDir() {
+			continue
+		}
+		if n, err := strconv.ParseInt(rest, 10, 64); err == nil && n >= 0 && strconv.FormatInt(n, 10) == rest {
+			steps = append(steps, n)
+		}
+	}
+	slices.Sort(steps)
+	for _, step := range slices.Backward(steps) {
+		m, err := ReadManifest(ctx, root, step)
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if err != nil {
+			continue
+		}
+		complete := true
+		for _, s := range m.Shards {
+			st, err := os.Stat(filepath.Join(StepDir(root, step), s.File))
+			if err != nil || st.Size() != s.Size {
+				complete = false
+				break
+			}
+		}
+		if complete {
+			return step, nil
+		}
+	}
+	return 0, fmt.Errorf("%w under %s", ErrNoCheckpoint, root)
+}
+
+// shardHeader is the decoded header of a shard file.
+type shardHeader struct {
+	step         int64
+	rank, degree int
+	lo, hi, len  int
+	vectors      []string
+	size         int // header bytes, padding included
+}
+
+const fixedHeader = 56 // magic 8, version 4, nvec 4, step 8, rank 4, degree 4, lo 8, hi 8, len 8
+
+// maxVectors bounds the vector count a header may claim, so a corrupt
+// header cannot make a reader allocate without bound.
+const maxVectors = 1 << 10
+
+// headerLen returns the header size for the given vector names: the fixed
+// part, each name with a 2-byte length, padded to a multiple of 8 so the
+// float32 data stays aligned.
+func headerLen(names []string) int {
+	n := fixedHeader
+	for _, s := range names {
+		n += 2 + len(s)
+	}
+	return (n + 7) &^ 7
+}
+
+// encodeShardHeader returns the header of rank r's shard file. All
+// integers are little-endian; so is the float32 data that follows.
+func encodeShardHeader(step int64, p *Partition, r int, names []string) []byte {
+	b := make([]byte, 0, headerLen(names))
+	b = append(b, shardMagic...)
+	b = binary.LittleEndian.AppendUint32(b, formatVersion)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(names)))
+	b = binary.LittleEndian.AppendUint64(b, uint64(step))
+	b = binary.LittleEndian.AppendUint32(b, uint32(r))
+	b = binary.LittleEndian.AppendUint32(b, uint32(p.degree))
+	blk := p.blockOf(r)
+	b = binary.LittleEndian.AppendUint64(b, uint64(blk.Lo))
+	b = binary.LittleEndian.AppendUint64(b, uint64(blk.Hi))
+	b = binary.LittleEndian.AppendUint64(b, uint64(p.n))
+	for _, s := range names {
+		b = binary.LittleEndian.AppendUint16(b, uint16(len(s)))
+		b = append(b, s...)
+	}
+	return b[:headerLen(names)]
+}
+
+// readShardHeader decodes a header from the start of r.
+func readShardHeader(r io.Reader) (shardHeader, error) {
+	fixed := make([]byte, fixedHeader)
+	if _, err := io.ReadFull(r, fixed); err != nil {
+		return shardHeader{}, fmt.Errorf("header: %w", err)
+	}
+	if string(fixed[:8]) != shardMagic {
+		return shardHeader{}, fmt.Errorf("not a shard file (magic %q)", fixed[:8])
+	}
+	le := binary.LittleEndian
+	if v := le.Uint32(fixed[8:]); v != formatVersion {
+		return shardHeader{}, fmt.Errorf("shard format version %d, want %d", v, formatVersion)
+	}
+	nvec := le.Uint32(fixed[12:])
+	if nvec > maxVectors {
+		return shardHeader{}, fmt.Errorf("header claims %d vectors", nvec)
+	}
+	h := shardHeader{
+		step:   int64(le.Uint64(fixed[16:])),
+		rank:   int(le.Uint32(fixed[24:])),
+		degree: int(le.Uint32(fixed[28:])),
+		lo:     int(le.Uint64(fixed[32:])),
+		hi:     int(le.Uint64(fixed[40:])),
+		len:    int(le.Uint64(fixed[48:])),
+	}
+	var l [2]byte
+	for range nvec {
+		if _, err := io.ReadFull(r, l[:]); err != nil {
+			return shardHeader{}, fmt.Errorf("header: %w", err)
+		}
+		name := make([]byte, le.Uint16(l[:]))
+		if _, err := io.ReadFull(r, name); err != nil {
+			return shardHeader{}, fmt.Errorf("header: %w", err)
+		}
+		h.vectors = append(h.vectors, string(name))
+	}
+	h.size = headerLen(h.vectors)
+	pad := h.size - fixedHeader
+	for _, s := range h.vectors {
+		pad -= 2 + len(s)
+	}
+	if _, err := io.ReadFull(r, make([]byte, pad)); err != nil {
+		return shardHeader{}, fmt.Errorf("header: %w", err)
+	}
+	return h, nil
+}
+
+// statShard checks that a written shard file has the size its info says and
+// returns its header.
+func statShard(dir string, s ShardInfo) (shardHeader, error) {
+	f, err := os.Open(filepath.Join(dir, s.File))
+	if err != nil {
+		return shardHeader{}, fmt.Errorf("%w: %w", ErrIncomplete, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return shardHeader{}, err
+	}
+	if st.Size() != s.Size {
+		return shardHeader{}, fmt.Errorf("%w: %s has %d bytes, its info says %d", ErrMismatch, s.File, st.Size(), s.Size)
+	}
+	h, err := readShardHeader(bufio.NewReader(f))
+	if err != nil {
+		return shardHeader{}, fmt.Errorf("%w: %s: %w", ErrCorrupt, s.File, err)
+	}
+	return h, nil
+}
+
+// checkVectorNames accepts unique, non-empty names that fit the header's
+// 2-byte length.
+func checkVectorNames(names []string) error {
+	if len(names) > maxVectors {
+		return fmt.Errorf("%w: %d vectors, at most %d", ErrInvalid, len(names), maxVectors)
+	}
+	seen := make(map[string]bool, len(names))
+	for _, n := range names {
+		if n == "" || len(n) > math.MaxUint16 || seen[n] {
+			return fmt.Errorf("%w: vector name %q is empty, too long or repeated", ErrInvalid, n)
+		}
+		seen[n] = true
+	}
+	return nil
+}
+
+// decodeFloats fills dst from little-endian float32 bytes in src
+// (len(src) == 4*len(dst)).
+func decodeFloats(dst []float32, src []byte) {
+	for i := range dst {
+		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+	}
+}
+
+// hashWriter passes writes through to w and keeps the SHA-256 of everything
+// written and of each ChunkBytes piece.
+type hashWriter struct {
+	w       io.Writer
+	whole   hash.Hash
+	chunk   hash.Hash
+	n       int64
+	inChunk int
+	chunks  []string
+}
+
+func newHashWriter(w io.Writer) *hashWriter {
+	return &hashWriter{w: w, whole: sha256.New(), chunk: sha256.New()}
+}
+
+// Write implements io.Writer.
+func (h *hashWriter) Write(p []byte) (int, error) {
+	n, err := h.w.Write(p)
+	p = p[:n]
+	h.whole.Write(p)
+	h.n += int64(n)
+	for len(p) > 0 {
+		k := min(len(p), ChunkBytes-h.inChunk)
+		h.chunk.Write(p[:k])
+		h.inChunk += k
+		p = p[k:]
+		if h.inChunk == ChunkBytes {
+			h.endChunk()
+		}
+	}
+	return n, err
+}
+
+func (h *hashWriter) endChunk() {
+	h.chunks = append(h.chunks, hex.EncodeToString(h.chunk.Sum(nil)))
+	h.chunk.Reset()
+	h.inChunk = 0
+}
+
+// finish returns the byte count, the whole SHA-256 and the chunk hashes.
+func (h *hashWriter) finish() (int64, string, []string) {
+	if h.inChunk > 0 {
+		h.endChunk()
+	}
+	return h.n, hex.EncodeToString(h.whole.Sum(nil)), h.chunks
+}
+
+// writeAtomic writes name in dir through a temporary file: write, fsync,
+// rename, fsync the directory. On error the temporary file is removed and
+// any earlier file of that name is left as it was.
+func writeAtomic(dir, name string, write func(io.Writer) error) (err error) {
+	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	if err = write(bw); err != nil {
+		return err
+	}
+	if err = bw.Flush(); err != nil {
+		return err
+	}
+	if err = f.Chmod(0o644); err != nil {
+		return err
+	}
+	if err = f.Sync(); err != nil {
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	if err = os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+// makeDir creates dir if needed and fsyncs its parent so the new entry is
+// durable.
+func makeDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("sharding: %w", err)
+	}
+	return syncDir(filepath.Dir(dir))
+}
+
+// syncDir fsyncs a directory, making renames and creations in it durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sharding: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sharding: fsync %s: %w", dir, err)
+	}
+	return nil
+}
