@@ -1,0 +1,273 @@
+package schedule
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+)
+
+// MaxPasses bounds stages*microbatches*virtual, the number of (micro-batch,
+// virtual stage) forward passes in one schedule, so that a typo cannot ask
+// Build for gigabytes of op lists.
+const MaxPasses = 1 << 20
+
+// Schedule is a pipeline schedule as data: for each pipeline rank the ordered
+// list of ops it executes in one training step.
+//
+// Rank r holds model chunks 0..Virtual-1; chunk c of rank r is virtual stage
+// c*Stages + r, so a forward pass visits ranks 0..p-1 for chunk 0, then
+// 0..p-1 again for chunk 1, and so on (Megatron-LM's layout). Every op names
+// its micro-batch and chunk, and sends and receives name their peer rank and
+// the peer's chunk, which is everything an executor needs.
+//
+// A Schedule is plain data: safe for concurrent reads, and callers may build
+// or edit one by hand (Validate then says whether it can run).
+type Schedule struct {
+	// Kind is the schedule's name.
+	Kind Kind
+	// Stages is the pipeline-parallel degree p.
+	Stages int
+	// MicroBatches is the number m of micro-batches per step.
+	MicroBatches int
+	// Virtual is the number v of model chunks per rank (1 unless Interleaved).
+	Virtual int
+	// Ranks holds one op list per pipeline rank, Ranks[r][k] being rank r's
+	// k-th op.
+	Ranks [][]Op
+}
+
+// Build returns the op lists of kind for stages pipeline ranks, microbatches
+// micro-batches and virtual model chunks per rank. virtual must be 1 unless
+// kind is Interleaved, which needs virtual >= 2 and microbatches % stages ==
+// 0. Errors wrap ErrUnknownKind or ErrBadShape and name the value and the
+// rule it breaks.
+//
+// Sends are placed right after the pass that produces the tensor and receives
+// before the pass that consumes it, in an order that is deadlock-free even
+// when every send blocks until its receive is posted (see Validate and
+// docs/SCHEDULES.md). Build's output passes Validate; Build does not call it.
+func Build(kind Kind, stages, microbatches, virtual int) (*Schedule, error) {
+	if err := checkShape(kind, stages, microbatches, virtual); err != nil {
+		return nil, err
+	}
+	s := &Schedule{Kind: kind, Stages: stages, MicroBatches: microbatches, Virtual: virtual}
+	compute := make([][]Op, stages)
+	for r := range compute {
+		compute[r] = computeOrder(kind, r, stages, microbatches, virtual)
+	}
+	ranks, err := placeComm(s, compute)
+	if err != nil {
+		return nil, err
+	}
+	s.Ranks = ranks
+	return s, nil
+}
+
+// checkShape applies Build's rules to (kind, p, m, v).
+func checkShape(kind Kind, p, m, v int) error {
+	switch kind {
+	case GPipe, OneFOneB, Interleaved, ZBH1:
+	default:
+		return fmt.Errorf("%w %q: want one of %s", ErrUnknownKind, string(kind), kindList())
+	}
+	if p < 1 {
+		return fmt.Errorf("%w: stages %d: need at least 1", ErrBadShape, p)
+	}
+	if m < 1 {
+		return fmt.Errorf("%w: microbatches %d: need at least 1", ErrBadShape, m)
+	}
+	if v < 1 {
+		return fmt.Errorf("%w: virtual %d: need at least 1", ErrBadShape, v)
+	}
+	if kind == Interleaved {
+		if v < 2 {
+			return fmt.Errorf("%w: interleaved needs virtual >= 2 model chunks per rank, got %d (use 1f1b for one chunk)", ErrBadShape, v)
+		}
+		if m%p != 0 {
+			return fmt.Errorf("%w: interleaved needs microbatches %% stages == 0, got microbatches %d, stages %d", ErrBadShape, m, p)
+		}
+	} else if v != 1 {
+		return fmt.Errorf("%w: %s needs virtual 1, got %d (only interleaved runs several model chunks per rank)", ErrBadShape, kind, v)
+	}
+	if p > MaxPasses || m > MaxPasses || v > MaxPasses || p*m*v > MaxPasses {
+		return fmt.Errorf("%w: stages*microbatches*virtual = %d*%d*%d exceeds MaxPasses %d", ErrBadShape, p, m, v, MaxPasses)
+	}
+	return nil
+}
+
+func compute(k OpKind, mb, chunk int) Op {
+	return Op{Kind: k, MicroBatch: mb, Chunk: chunk, Peer: -1, PeerChunk: -1}
+}
+
+// computeOrder returns rank r's forward, backward and weight-gradient passes
+// in execution order, without communication.
+func computeOrder(kind Kind, r, p, m, v int) []Op {
+	n := 2 * m * v
+	if kind.SplitBackward() {
+		n = 3 * m * v
+	}
+	ops := make([]Op, 0, n)
+	switch kind {
+	case GPipe:
+		for i := range m {
+			ops = append(ops, compute(Forward, i, 0))
+		}
+		for i := range m {
+			ops = append(ops, compute(Backward, i, 0))
+		}
+	case OneFOneB, ZBH1:
+		// Megatron's warm-up: rank r runs p-1-r forwards before its first
+		// backward, so it never holds more than p-r activations.
+		warm := min(p-1-r, m)
+		for i := range warm {
+			ops = append(ops, compute(Forward, i, 0))
+		}
+		// ZB-H1 (Qi et al. 2023, section 3.1): the weight-gradient pass of
+		// micro-batch j runs r steps after its input-gradient pass, so the
+		// later a stage, the more W passes it carries into the cool-down,
+		// where they fill the bubble 1F1B leaves there. Rank r ends with r+1
+		// W passes after its last B, which is what lets the chain of B
+		// passes reach rank 0 without waiting for the ranks behind it.
+		nextW := 0
+		for j := range m {
+			if j+warm < m {
+				ops = append(ops, compute(Forward, j+warm, 0))
+			}
+			ops = append(ops, compute(Backward, j, 0))
+			if kind == ZBH1 && j >= r {
+				ops = append(ops, compute(WeightGrad, nextW, 0))
+				nextW++
+			}
+		}
+		if kind == ZBH1 {
+			for ; nextW < m; nextW++ {
+				ops = append(ops, compute(WeightGrad, nextW, 0))
+			}
+		}
+	case Interleaved:
+		// Megatron-LM's interleaved 1F1B (schedules.py,
+		// forward_backward_pipelining_with_interleaving): forwards visit
+		// micro-batches in groups of p, chunk 0 for the whole group, then
+		// chunk 1, ...; backwards use the same table with the chunk order
+		// reversed. Warm-up: (p-1-r)*2 + (v-1)*p forwards, capped at m*v.
+		total := m * v
+		warm := min((p-1-r)*2+(v-1)*p, total)
+		fwd := func(k int) Op {
+			mb, c := interleavedSlot(k, p, v)
+			return compute(Forward, mb, c)
+		}
+		bwd := func(k int) Op {
+			mb, c := interleavedSlot(k, p, v)
+			return compute(Backward, mb, v-1-c)
+		}
+		for k := range warm {
+			ops = append(ops, fwd(k))
+		}
+		for k := range total - warm {
+			ops = append(ops, fwd(warm+k), bwd(k))
+		}
+		for k := total - warm; k < total; k++ {
+			ops = append(ops, bwd(k))
+		}
+	}
+	return ops
+}
+
+// interleavedSlot maps the k-th forward of an interleaved rank to its
+// (micro-batch, chunk): groups of p micro-batches, every chunk per group.
+func interleavedSlot(k, p, v int) (mb, chunk int) {
+	group := k / (p * v)
+	inGroup := k % (p * v)
+	return group*p + inGroup%p, inGroup / p
+}
+
+// VirtualStage returns the virtual stage of chunk on rank: chunk*Stages+rank.
+func (s *Schedule) VirtualStage(rank, chunk int) int { return chunk*s.Stages + rank }
+
+// Locate returns the rank and chunk that hold virtual stage vs.
+func (s *Schedule) Locate(vs int) (rank, chunk int) { return vs % s.Stages, vs / s.Stages }
+
+// commEvent is one matched send/receive pair, as seen by one of its ranks.
+type commEvent struct {
+	t  float64 // when the tensor is produced in the unit-cost timeline
+	id int     // global tie-break: the same on both ranks
+	op Op
+}
+
+// placeComm inserts the sends and receives into the compute orders and
+// appends each rank's OptimizerStep.
+//
+// It times the compute orders once with fixed unit costs (F=1, B=2 or B=W=1)
+// and gives every transfer the time T its tensor is produced. Each rank's ops
+// are then merged by time: a compute pass at its start time, a send or
+// receive at T, transfers before passes at equal times, transfers among
+// themselves by (T, id). Every rank therefore meets its transfers in one
+// global order, (T, id), and a receive always precedes the pass that consumes
+// it (that pass starts at or after T) while a send follows the pass that
+// produces it (which starts before T). With one global order of transfers,
+// blocking sends cannot deadlock: the smallest unfinished transfer always has
+// both of its ranks ready for it.
+func placeComm(s *Schedule, compute [][]Op) ([][]Op, error) {
+	p, m, v := s.Stages, s.MicroBatches, s.Virtual
+	c := Costs{F: 1, B: 2}
+	if s.Kind.SplitBackward() {
+		c = Costs{F: 1, B: 1, W: 1}
+	}
+	spans, err := timeline(s, compute, c)
+	if err != nil {
+		// computeOrder builds every pass once in dependency order; a failure
+		// here is a bug in this package, not bad input.
+		return nil, fmt.Errorf("schedule: internal error timing %s p=%d m=%d v=%d: %w", s.Kind, p, m, v, err)
+	}
+	V := p * v
+	n := m * V
+	events := make([][]commEvent, p)
+	for r := range p {
+		for k, op := range compute[r] {
+			vs := s.VirtualStage(r, op.Chunk)
+			t := spans[r][k].End
+			switch {
+			case op.Kind == Forward && vs+1 < V:
+				q, qc := s.Locate(vs + 1)
+				if q == r {
+					continue
+				}
+				id := op.MicroBatch*V + vs
+				events[r] = append(events[r], commEvent{t, id, Op{SendAct, op.MicroBatch, op.Chunk, q, qc}})
+				events[q] = append(events[q], commEvent{t, id, Op{RecvAct, op.MicroBatch, qc, r, op.Chunk}})
+			case op.Kind == Backward && vs > 0:
+				q, qc := s.Locate(vs - 1)
+				if q == r {
+					continue
+				}
+				id := n + op.MicroBatch*V + vs
+				events[r] = append(events[r], commEvent{t, id, Op{SendGrad, op.MicroBatch, op.Chunk, q, qc}})
+				events[q] = append(events[q], commEvent{t, id, Op{RecvGrad, op.MicroBatch, qc, r, op.Chunk}})
+			}
+		}
+	}
+	out := make([][]Op, p)
+	for r := range p {
+		ev := events[r]
+		slices.SortFunc(ev, func(a, b commEvent) int {
+			if c := cmp.Compare(a.t, b.t); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.id, b.id)
+		})
+		ops := make([]Op, 0, len(compute[r])+len(ev)+1)
+		e := 0
+		for k, op := range compute[r] {
+			for e < len(ev) && ev[e].t <= spans[r][k].Start {
+				ops = append(ops, ev[e].op)
+				e++
+			}
+			ops = append(ops, op)
+		}
+		for ; e < len(ev); e++ {
+			ops = append(ops, ev[e].op)
+		}
+		out[r] = append(ops, Op{Kind: OptimizerStep, MicroBatch: -1, Chunk: -1, Peer: -1, PeerChunk: -1})
+	}
+	return out, nil
+}
