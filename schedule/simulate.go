@@ -55,7 +55,7 @@ type Span struct {
 // Result is what Simulate computes for one schedule and one set of costs.
 type Result struct {
 	// Kind, Stages, MicroBatches and Virtual describe the schedule.
-	Kind                           Kind
+	Kind                          Kind
 	Stages, MicroBatches, Virtual int
 	// Costs are the costs simulated.
 	Costs Costs
