@@ -1,6 +1,6 @@
 package topology
 
-import "strings"
+import "gpucoord/schedule"
 
 // Recompute is the activation recomputation policy.
 type Recompute string
@@ -23,16 +23,6 @@ const (
 	PrecisionFP32 Precision = "fp32" // fp32 throughout
 )
 
-// Schedules the planner accepts; the schedule package builds them.
-const (
-	ScheduleGPipe       = "gpipe"
-	Schedule1F1B        = "1f1b"
-	ScheduleInterleaved = "interleaved"
-	ScheduleZBH1        = "zb-h1"
-)
-
-var schedules = []string{ScheduleGPipe, Schedule1F1B, ScheduleInterleaved, ScheduleZBH1}
-
 // Config is the parallel layout and training setup of a plan. Start from
 // DefaultConfig.
 type Config struct {
@@ -51,8 +41,8 @@ type Config struct {
 	// GlobalBatch is the global batch in sequences; zero means 4*PP
 	// micro-batches per data-parallel replica.
 	GlobalBatch int `json:"global_batch"`
-	// Schedule is the pipeline schedule: gpipe, 1f1b, interleaved or zb-h1.
-	Schedule string `json:"schedule"`
+	// Schedule is the pipeline schedule.
+	Schedule schedule.Kind `json:"schedule"`
 	// Recompute is the activation recomputation policy.
 	Recompute Recompute `json:"recompute"`
 	// SequenceParallel splits layer-norm and dropout activations across the
@@ -71,7 +61,7 @@ type Config struct {
 // DefaultConfig returns the defaults: bf16 mixed precision with Adam, ZeRO 0,
 // 1F1B, micro-batch 1, no recomputation, flash attention on, Megatron order.
 func DefaultConfig() Config {
-	return Config{TP: 1, PP: 1, VPP: 1, MicroBatch: 1, Schedule: Schedule1F1B,
+	return Config{TP: 1, PP: 1, VPP: 1, MicroBatch: 1, Schedule: schedule.OneFOneB,
 		Recompute: RecomputeNone, FlashAttention: true, Precision: PrecisionBF16, Order: DefaultOrder}
 }
 
@@ -87,12 +77,8 @@ func (c Config) validateEnums() error {
 	default:
 		return invalid("precision %q: must be bf16, fp16 or fp32", c.Precision)
 	}
-	ok := false
-	for _, s := range schedules {
-		ok = ok || s == c.Schedule
-	}
-	if !ok {
-		return invalid("schedule %q: must be one of %s", c.Schedule, strings.Join(schedules, ", "))
+	if _, err := schedule.ParseKind(string(c.Schedule)); err != nil {
+		return invalid("schedule %q: must be one of %v", c.Schedule, schedule.Kinds())
 	}
 	if c.Zero < 0 || c.Zero > 3 {
 		return invalid("zero %d: ZeRO stage must be 0, 1, 2 or 3", c.Zero)

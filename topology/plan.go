@@ -1,5 +1,7 @@
 package topology
 
+import "gpucoord/schedule"
+
 // Plan is a validated parallel layout of a model on a cluster: the rank
 // order, every rank's coordinates and placement, and the process groups.
 // A Plan is immutable; its methods may be called concurrently.
@@ -59,10 +61,10 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 	if cfg.VPP < 1 {
 		return nil, invalid("vpp %d: must be at least 1", cfg.VPP)
 	}
-	if cfg.VPP > 1 && cfg.Schedule != ScheduleInterleaved {
+	if cfg.VPP > 1 && cfg.Schedule != schedule.Interleaved {
 		return nil, invalid("vpp %d: virtual pipeline stages need --schedule interleaved (schedule is %s)", cfg.VPP, cfg.Schedule)
 	}
-	if cfg.Schedule == ScheduleInterleaved && cfg.PP < 2 {
+	if cfg.Schedule == schedule.Interleaved && cfg.PP < 2 {
 		return nil, invalid("schedule interleaved needs pp of at least 2 (pp is %d)", cfg.PP)
 	}
 	if !m.Bare() {
@@ -91,7 +93,7 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 			cfg.GlobalBatch, cfg.MicroBatch*cfg.DP, cfg.MicroBatch, cfg.DP)
 	}
 	mb := cfg.GlobalBatch / (cfg.MicroBatch * cfg.DP)
-	if cfg.Schedule == ScheduleInterleaved && mb%cfg.PP != 0 {
+	if cfg.Schedule == schedule.Interleaved && mb%cfg.PP != 0 {
 		return nil, invalid("interleaved schedule: %d micro-batches per replica (global batch %d / (micro-batch %d x dp %d)) is not a multiple of pp %d",
 			mb, cfg.GlobalBatch, cfg.MicroBatch, cfg.DP, cfg.PP)
 	}

@@ -1,6 +1,8 @@
 package topology
 
 import (
+	"gpucoord/schedule"
+
 	"errors"
 	"reflect"
 	"strings"
@@ -132,9 +134,9 @@ func TestNewRejects(t *testing.T) {
 	}{
 		{"world not divisible", cluster(3, 2), func(c *Config) { c.TP, c.PP = 4, 1 }, "world size 6 (3 nodes x 2 GPUs) is not divisible by tp*pp = 4"},
 		{"tp beyond nvlink", cluster(2, 8), func(c *Config) { c.TP = 16 }, "tp 16 is larger than the NVLink domain of 8 GPUs"},
-		{"layers by pp*vpp", cluster(2, 8), func(c *Config) { c.PP = 4; c.VPP = 4; c.Schedule = ScheduleInterleaved }, "layers 24 is not divisible by pp*vpp = 16"},
+		{"layers by pp*vpp", cluster(2, 8), func(c *Config) { c.PP = 4; c.VPP = 4; c.Schedule = schedule.Interleaved }, "layers 24 is not divisible by pp*vpp = 16"},
 		{"interleaved microbatches", cluster(1, 8), func(c *Config) {
-			c.PP, c.VPP, c.Schedule, c.GlobalBatch = 4, 2, ScheduleInterleaved, 6
+			c.PP, c.VPP, c.Schedule, c.GlobalBatch = 4, 2, schedule.Interleaved, 6
 		}, "interleaved schedule: 3 micro-batches per replica"},
 		{"global batch", cluster(1, 8), func(c *Config) { c.GlobalBatch = 7; c.MicroBatch = 2 }, "global batch 7 is not divisible by micro-batch*dp = 16"},
 		{"dp mismatch", cluster(1, 8), func(c *Config) { c.DP = 3 }, "dp 3: tp*pp*dp = 3 must equal the world size 8"},

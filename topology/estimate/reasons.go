@@ -1,0 +1,102 @@
+package estimate
+
+import (
+	"fmt"
+	"strings"
+
+	"gpucoord/topology"
+)
+
+// gib formats bytes as GiB with one decimal.
+func gib(b float64) string { return fmt.Sprintf("%.1f GiB", b/topology.GiB) }
+
+// reasons explains, in plain language, each way the plan does not fit, and
+// what would help. An empty list means it fits.
+func reasons(p *topology.Plan, r Report) []string {
+	var out []string
+	for st, m := range r.Stages {
+		if m.Total <= r.CapacityBytes {
+			continue
+		}
+		part, bytes := largestPart(m)
+		msg := fmt.Sprintf("stage %d needs %s of %s (%s %s", st, gib(m.Total), gib(r.CapacityBytes), part, gib(bytes))
+		if tips := remedies(p, part); len(tips) > 0 {
+			msg += "; try " + strings.Join(tips, " or ")
+		}
+		out = append(out, msg+")")
+		if len(out) == 3 && st < len(r.Stages)-1 {
+			out = append(out, fmt.Sprintf("and %d more stages do not fit", countOver(r.Stages[st+1:], r.CapacityBytes)))
+			break
+		}
+	}
+	if host := p.Cluster.HostMemoryGiB * topology.GiB; r.HostOptimizerBytes > 0 && host > 0 && r.HostOptimizerBytes > host {
+		out = append(out, fmt.Sprintf("offloaded optimizer state needs %s of host memory per node, the node has %s (try --zero 1 or more tp/pp)",
+			gib(r.HostOptimizerBytes), gib(host)))
+	}
+	return out
+}
+
+func countOver(ms []Memory, capacity float64) int {
+	n := 0
+	for _, m := range ms {
+		if m.Total > capacity {
+			n++
+		}
+	}
+	return n
+}
+
+// largestPart names the biggest part of m.
+func largestPart(m Memory) (string, float64) {
+	name, v := "activations", m.Activations
+	for _, c := range []struct {
+		name string
+		v    float64
+	}{{"optimizer", m.Optimizer}, {"params", m.Params}, {"grads", m.Grads}} {
+		if c.v > v {
+			name, v = c.name, c.v
+		}
+	}
+	return name, v
+}
+
+// remedies suggests flags that shrink part, skipping what is already set.
+func remedies(p *topology.Plan, part string) []string {
+	c := p.Config
+	var tips []string
+	switch part {
+	case "activations":
+		if c.Recompute != topology.RecomputeFull {
+			tips = append(tips, "--recompute full")
+		}
+		if c.MicroBatch > 1 {
+			tips = append(tips, "--micro-batch 1")
+		}
+		if c.TP > 1 && !c.SequenceParallel {
+			tips = append(tips, "--sequence-parallel")
+		}
+		if !c.FlashAttention {
+			tips = append(tips, "--flash-attention")
+		}
+	case "optimizer":
+		if c.Zero < 1 && c.DP > 1 {
+			tips = append(tips, "--zero 1")
+		}
+		if !c.OffloadOptimizer {
+			tips = append(tips, "--offload-optimizer")
+		}
+	case "grads":
+		if c.Zero < 2 && c.DP > 1 {
+			tips = append(tips, "--zero 2")
+		}
+	case "params":
+		if c.Zero < 3 && c.DP > 1 {
+			tips = append(tips, "--zero 3")
+		}
+	}
+	tips = append(tips, "more --tp or --pp")
+	if len(tips) > 3 {
+		tips = tips[:3]
+	}
+	return tips
+}

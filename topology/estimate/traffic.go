@@ -1,0 +1,191 @@
+package estimate
+
+import (
+	"gpucoord/schedule"
+	"gpucoord/topology"
+)
+
+// Link names.
+const (
+	LinkNVLink    = "nvlink"
+	LinkInterNode = "inter-node"
+)
+
+// link is a named bandwidth in bytes per second.
+type link struct {
+	name string
+	bw   float64
+}
+
+// groupLinks holds the slowest link each group axis crosses.
+type groupLinks struct{ tp, pp, dp link }
+
+// linksOf finds, for rank 0's TP, PP and DP groups, whether they stay inside
+// one NVLink domain. Every group of an axis has the same shape under a
+// strided order, so rank 0's groups stand for all.
+func linksOf(p *topology.Plan) groupLinks {
+	nv := link{LinkNVLink, p.Cluster.NVLinkGBps * 1e9}
+	ib := link{LinkInterNode, p.Cluster.InterNodeGBps * 1e9}
+	pick := func(a topology.Axis) link {
+		g := p.Group(a, 0)
+		for _, r := range g[1:] {
+			if p.NVLinkDomain(r) != p.NVLinkDomain(g[0]) {
+				return ib
+			}
+		}
+		return nv
+	}
+	return groupLinks{tp: pick(topology.AxisTP), pp: pick(topology.AxisPP), dp: pick(topology.AxisDP)}
+}
+
+// ringAllReduce returns the bytes one GPU sends and the time of a ring
+// all-reduce of n bytes over k ranks: reduce-scatter then all-gather, each
+// sending (k-1)/k of the buffer in k-1 steps (Patarasuk and Yuan 2009).
+func ringAllReduce(n float64, k int, l link) (sent, seconds float64) {
+	if k <= 1 {
+		return 0, 0
+	}
+	sent = 2 * float64(k-1) / float64(k) * n
+	return sent, sent/(l.bw*LinkEfficiency) + 2*float64(k-1)*hopLatency
+}
+
+// hopTime is the time of one point-to-point message of n bytes on l.
+func hopTime(n float64, l link) float64 { return n/(l.bw*LinkEfficiency) + hopLatency }
+
+// ringHalf is one half of ringAllReduce: a reduce-scatter or an all-gather.
+func ringHalf(n float64, k int, l link) (sent, seconds float64) {
+	sent, seconds = ringAllReduce(n, k, l)
+	return sent / 2, seconds / 2
+}
+
+// tpMessage is the bytes of one tensor-parallel all-reduce: the b x s x h
+// activation (Megatron's g operator after attention and after the MLP).
+func tpMessage(p *topology.Plan) float64 {
+	m, c := p.Model, p.Config
+	return float64(c.MicroBatch) * float64(m.Seq) * float64(m.Hidden) * activationBytes(c.Precision)
+}
+
+// tpAllReducesPerLayer counts TP all-reduces per layer per micro-batch: two
+// in the forward pass, two in the backward (Narayanan et al. 2021 Sec.
+// 3.3), and two more when full recomputation reruns the forward. With
+// sequence parallelism each becomes an all-gather plus a reduce-scatter of
+// the same total volume (Korthikanti et al. 2022 Sec. 4.2.2).
+func tpAllReducesPerLayer(r topology.Recompute) int {
+	if r == topology.RecomputeFull {
+		return 6
+	}
+	return 4
+}
+
+// ppMessage is the bytes of one pipeline send: the b x s x h boundary
+// activation, split across the TP group by Megatron's scatter/gather
+// optimisation (Narayanan et al. 2021 Sec. 4.1) when tp > 1.
+func ppMessage(p *topology.Plan) float64 {
+	return tpMessage(p) / float64(p.Config.TP)
+}
+
+// stageCosts returns the per-chunk, per-micro-batch times the schedule is
+// simulated with: F is the forward compute plus its TP all-reduces, B the
+// backward (twice the forward's compute, plus recomputation), W the
+// weight-gradient half of B for split-backward schedules, Comm one
+// pipeline hop.
+func stageCosts(p *topology.Plan, l groupLinks, kind schedule.Kind) schedule.Costs {
+	m, c := p.Model, p.Config
+	if m.Bare() {
+		return schedule.Costs{F: 1, B: 2}
+	}
+	rate := computeRate(p) * float64(c.TP)
+	layers := float64(m.Layers / (c.PP * c.VPP))
+	b := float64(c.MicroBatch)
+	fwd := b * layers * layerForwardFLOPs(m) / rate
+	re := b * layers * recomputeFLOPs(m, c.Recompute) / rate
+	_, ar := ringAllReduce(tpMessage(p), c.TP, l.tp)
+	fComm := 2 * layers * ar
+	bComm := float64(tpAllReducesPerLayer(c.Recompute)-2) * layers * ar
+	var hop float64
+	if c.PP > 1 {
+		hop = hopTime(ppMessage(p), l.pp)
+	}
+	costs := schedule.Costs{F: fwd + fComm, B: 2*fwd + re + bComm, Comm: hop}
+	if kind.SplitBackward() {
+		// The input-gradient pass does half the backward matmuls; the
+		// weight-gradient pass the other half (Qi et al. 2023, Sec. 2).
+		costs.B, costs.W = fwd+re+bComm, fwd
+	}
+	return costs
+}
+
+// traffic lists one GPU's communication per step. Message sizes are those
+// of a first-stage GPU; counts cover every micro-batch.
+func traffic(p *topology.Plan, l groupLinks) []Traffic {
+	c := p.Config
+	mbs := p.Microbatches()
+	var out []Traffic
+	if c.TP > 1 && !p.Model.Bare() {
+		n := tpAllReducesPerLayer(c.Recompute) * (p.Model.Layers / c.PP) * mbs
+		sent, sec := ringAllReduce(tpMessage(p), c.TP, l.tp)
+		op := "all-reduce"
+		if c.SequenceParallel {
+			op = "all-gather+reduce-scatter"
+		}
+		out = append(out, Traffic{Group: "tp", Collective: op, Count: n, MessageBytes: tpMessage(p),
+			BytesPerGPU: float64(n) * sent, Link: l.tp.name, Seconds: float64(n) * sec})
+	}
+	if c.PP > 1 && !p.Model.Bare() {
+		// Each micro-batch crosses each chunk boundary forward (activation)
+		// and backward (gradient): 2*v sends per micro-batch per rank.
+		n := 2 * c.VPP * mbs
+		msg := ppMessage(p)
+		out = append(out, Traffic{Group: "pp", Collective: "send/recv", Count: n, MessageBytes: msg,
+			BytesPerGPU: float64(n) * msg, Link: l.pp.name, Seconds: float64(n) * hopTime(msg, l.pp)})
+	}
+	if c.DP > 1 {
+		_, bg, _ := bytesPerParam(c.Precision)
+		bw, _, _ := bytesPerParam(c.Precision)
+		grads := bg * stageParams(p, 0)
+		params := bw * stageParams(p, 0)
+		switch c.Zero {
+		case 0:
+			sent, sec := ringAllReduce(grads, c.DP, l.dp)
+			out = append(out, Traffic{Group: "dp", Collective: "all-reduce", Count: 1, MessageBytes: grads, BytesPerGPU: sent, Link: l.dp.name, Seconds: sec})
+		default:
+			// ZeRO 1-2: reduce-scatter the gradients, all-gather the updated
+			// weights: the all-reduce's volume (Rajbhandari et al. 2020 Sec. 7).
+			sent, sec := ringHalf(grads, c.DP, l.dp)
+			out = append(out, Traffic{Group: "dp", Collective: "reduce-scatter", Count: 1, MessageBytes: grads, BytesPerGPU: sent, Link: l.dp.name, Seconds: sec})
+			gathers := 1
+			if c.Zero == 3 {
+				// ZeRO 3 gathers the weights before the forward and again
+				// before the backward: 1.5x the all-reduce volume.
+				gathers = 2
+			}
+			sent, sec = ringHalf(params, c.DP, l.dp)
+			out = append(out, Traffic{Group: "dp", Collective: "all-gather", Count: gathers, MessageBytes: params,
+				BytesPerGPU: float64(gathers) * sent, Link: l.dp.name, Seconds: float64(gathers) * sec})
+		}
+	}
+	return out
+}
+
+// step combines the simulated pipeline with the data-parallel traffic and
+// the output layer into the step estimate.
+func step(p *topology.Plan, res schedule.Result, tr []Traffic) Step {
+	s := Step{FLOPs: StepFLOPs(p), PipelineSeconds: res.Makespan}
+	for _, t := range tr {
+		if t.Group == "dp" {
+			s.DPSeconds += t.Seconds
+		}
+	}
+	if p.Model.Bare() {
+		return s
+	}
+	// The output layer (3 x 2shV per sequence) runs on the last stage
+	// outside the uniform per-chunk costs the schedule is simulated with.
+	m, c := p.Model, p.Config
+	rate := computeRate(p) * float64(c.TP)
+	logits := float64(p.Microbatches()*c.MicroBatch) * 3 * logitFLOPs(m) / rate
+	s.Seconds = s.PipelineSeconds + logits + s.DPSeconds
+	s.TFLOPSPerGPU = s.FLOPs / (s.Seconds * float64(p.World())) / 1e12
+	s.TokensPerSecond = float64(c.GlobalBatch*m.Seq) / s.Seconds
+	return s
+}
