@@ -3,6 +3,8 @@ package engine
 import (
 	"fmt"
 	"log/slog"
+
+	"gpucoord/schedule"
 )
 
 // Config configures one run of the engine on a 3D layout. Start from
@@ -67,10 +69,23 @@ func (c *Config) Validate() error {
 	case b.Global%(b.Micro*c.DP) != 0:
 		return bad("batch.global %d is not divisible by batch.micro*dp = %d*%d", b.Global, b.Micro, c.DP)
 	}
-	if _, err := buildSchedule(c.Schedule, c.PP, c.Microbatches(), c.Virtual); err != nil {
-		return bad("%v", err)
+	if _, err := c.schedule(); err != nil {
+		return err
 	}
 	return nil
+}
+
+// schedule builds the op lists of the configured pipeline schedule.
+func (c *Config) schedule() (*schedule.Schedule, error) {
+	kind, err := schedule.ParseKind(c.Schedule)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidJob, err)
+	}
+	s, err := schedule.Build(kind, c.PP, c.Microbatches(), c.Virtual)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidJob, err)
+	}
+	return s, nil
 }
 
 func (c *Config) logger() *slog.Logger {

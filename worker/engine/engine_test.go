@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"gpucoord/schedule"
 	"gpucoord/topology"
 )
 
@@ -45,7 +46,7 @@ func lossAndGrads(t *testing.T, r *Rank) (float64, [][]float32) {
 	t.Helper()
 	r.loss = 0
 	for _, o := range r.ops {
-		if o.kind == opStep {
+		if o.Kind == schedule.OptimizerStep {
 			continue
 		}
 		if err := r.exec(t.Context(), o); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"gpucoord/collectives"
+	"gpucoord/schedule"
 	"gpucoord/sharding"
 	"gpucoord/topology"
 )
@@ -85,7 +86,8 @@ type Rank struct {
 	cfg     *Config
 	coord   topology.Coord
 	g       Groups
-	ops     []op
+	ops     []schedule.Op
+	split   bool // the schedule has separate weight-gradient ops
 	chunks  []*chunkState
 	teacher *teacher
 	log     *slog.Logger
@@ -120,13 +122,13 @@ func NewRank(cfg *Config, coord topology.Coord, g Groups) (*Rank, error) {
 			return nil, fmt.Errorf("%w: %s group is rank %d of %d, want %d of %d", ErrInvalidJob, c.name, rank, size, c.want, c.size)
 		}
 	}
-	scheds, err := buildSchedule(cfg.Schedule, cfg.PP, cfg.Microbatches(), cfg.Virtual)
+	sched, err := cfg.schedule()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidJob, err)
+		return nil, err
 	}
 	job := cfg.Job
 	r := &Rank{
-		cfg: cfg, coord: coord, g: g, ops: scheds[coord.PP],
+		cfg: cfg, coord: coord, g: g, ops: sched.Ranks[coord.PP], split: sched.Kind.SplitBackward(),
 		teacher: newTeacher(job.Model, job.Seed),
 		log:     cfg.logger().With("component", "engine", "tp", coord.TP, "pp", coord.PP, "dp", coord.DP),
 		tp:      cfg.TP, pp: cfg.PP, dp: cfg.DP, micro: job.Batch.Micro,
@@ -220,10 +222,10 @@ func (r *Rank) Step(ctx context.Context, step int) (float64, error) {
 		if err := r.exec(ctx, o); err != nil {
 			return 0, fmt.Errorf("step %d, %s: %w", step, o, err)
 		}
-		stepped = stepped || o.kind == opStep
+		stepped = stepped || o.Kind == schedule.OptimizerStep
 	}
 	if !stepped {
-		if err := r.exec(ctx, op{kind: opStep}); err != nil {
+		if err := r.exec(ctx, schedule.Op{Kind: schedule.OptimizerStep}); err != nil {
 			return 0, fmt.Errorf("step %d, optimizer: %w", step, err)
 		}
 	}
@@ -262,14 +264,6 @@ func (r *Rank) reduceLoss(ctx context.Context) (float64, error) {
 	return buf[0] / float64(r.cfg.Job.Batch.Global), nil
 }
 
-func (o op) String() string {
-	name := [...]string{"?", "forward", "backward", "weight-grad", "send-act", "recv-act", "send-grad", "recv-grad", "optimizer"}[o.kind]
-	if o.kind == opStep {
-		return name
-	}
-	return fmt.Sprintf("%s mb %d chunk %d", name, o.mb, o.chunk)
-}
-
 // record appends a span when the timeline is on.
 func (r *Rank) record(name string, mb, chunk int, start time.Time) {
 	if r.cfg.Timeline {
@@ -288,67 +282,67 @@ func (r *Rank) tpReduce(ctx context.Context, buf []float32) error {
 	return err
 }
 
-func (r *Rank) exec(ctx context.Context, o op) error {
-	if o.kind == opStep {
+func (r *Rank) exec(ctx context.Context, o schedule.Op) error {
+	if o.Kind == schedule.OptimizerStep {
 		start := time.Now()
 		err := r.optimizerStep(ctx)
 		r.record("step", -1, -1, start)
 		return err
 	}
-	if o.chunk < 0 || o.chunk >= len(r.chunks) {
-		return fmt.Errorf("chunk %d outside [0, %d)", o.chunk, len(r.chunks))
+	if o.Chunk < 0 || o.Chunk >= len(r.chunks) {
+		return fmt.Errorf("chunk %d outside [0, %d)", o.Chunk, len(r.chunks))
 	}
-	cs := r.chunks[o.chunk]
+	cs := r.chunks[o.Chunk]
 	start := time.Now()
 	tp0 := r.stats.TP
 	var err error
-	switch o.kind {
-	case opForward:
+	switch o.Kind {
+	case schedule.Forward:
 		err = r.forward(ctx, cs, o)
 		r.stats.Compute += time.Since(start) - (r.stats.TP - tp0)
-		r.record("F", o.mb, o.chunk, start)
-	case opBackward:
+		r.record("F", o.MicroBatch, o.Chunk, start)
+	case schedule.Backward:
 		err = r.backward(ctx, cs, o)
 		r.stats.Compute += time.Since(start) - (r.stats.TP - tp0)
-		r.record("B", o.mb, o.chunk, start)
-	case opWeight:
+		r.record("B", o.MicroBatch, o.Chunk, start)
+	case schedule.WeightGrad:
 		dp0 := r.stats.DP
-		err = r.weight(ctx, cs, o.mb)
+		err = r.weight(ctx, cs, o.MicroBatch)
 		r.stats.Compute += time.Since(start) - (r.stats.DP - dp0)
-		r.record("W", o.mb, o.chunk, start)
-	case opSendAct, opSendGrad:
+		r.record("W", o.MicroBatch, o.Chunk, start)
+	case schedule.SendAct, schedule.SendGrad:
 		box := cs.actOut
-		if o.kind == opSendGrad {
+		if o.Kind == schedule.SendGrad {
 			box = cs.gradOut
 		}
-		buf, ok := box[o.mb]
+		buf, ok := box[o.MicroBatch]
 		if !ok {
 			return fmt.Errorf("nothing to send: op order runs a send before its compute")
 		}
-		delete(box, o.mb)
+		delete(box, o.MicroBatch)
 		if r.pp == 1 {
-			return fmt.Errorf("send to stage %d with a single stage", o.peer)
+			return fmt.Errorf("send to stage %d with a single stage", o.Peer)
 		}
-		err = r.g.PP.Send(ctx, collectives.Float32s(buf), o.peer)
+		err = r.g.PP.Send(ctx, collectives.Float32s(buf), o.Peer)
 		r.mem.add(MemActivations, -len(buf))
 		r.stats.Send += time.Since(start)
-		r.record("send", o.mb, o.chunk, start)
-	case opRecvAct, opRecvGrad:
+		r.record("send", o.MicroBatch, o.Chunk, start)
+	case schedule.RecvAct, schedule.RecvGrad:
 		box := cs.actIn
-		if o.kind == opRecvGrad {
+		if o.Kind == schedule.RecvGrad {
 			box = cs.gradIn
 		}
 		if r.pp == 1 {
-			return fmt.Errorf("receive from stage %d with a single stage", o.peer)
+			return fmt.Errorf("receive from stage %d with a single stage", o.Peer)
 		}
 		buf := make([]float32, r.micro*cs.spec.Width)
 		r.mem.add(MemActivations, len(buf))
-		err = r.g.PP.Recv(ctx, collectives.Float32s(buf), o.peer)
-		box[o.mb] = buf
+		err = r.g.PP.Recv(ctx, collectives.Float32s(buf), o.Peer)
+		box[o.MicroBatch] = buf
 		r.stats.Recv += time.Since(start)
-		r.record("recv", o.mb, o.chunk, start)
+		r.record("recv", o.MicroBatch, o.Chunk, start)
 	default:
-		err = fmt.Errorf("unknown op kind %d", o.kind)
+		err = fmt.Errorf("unknown op kind %s", o.Kind)
 	}
 	return err
 }
@@ -379,8 +373,8 @@ func (r *Rank) release(cs *chunkState, full []float32) {
 	}
 }
 
-func (r *Rank) forward(ctx context.Context, cs *chunkState, o op) error {
-	if _, dup := cs.stash[o.mb]; dup {
+func (r *Rank) forward(ctx context.Context, cs *chunkState, o schedule.Op) error {
+	if _, dup := cs.stash[o.MicroBatch]; dup {
 		return fmt.Errorf("forward ran twice")
 	}
 	n, w := r.micro, cs.spec.Width
@@ -388,13 +382,13 @@ func (r *Rank) forward(ctx context.Context, cs *chunkState, o op) error {
 	if cs.index == 0 {
 		x = make([]float32, n*w)
 		r.mem.add(MemActivations, len(x))
-		r.teacher.batch(r.cfg.Job.Seed, r.step, r.first(o.mb), n, x, r.labels, r.y)
+		r.teacher.batch(r.cfg.Job.Seed, r.step, r.first(o.MicroBatch), n, x, r.labels, r.y)
 	} else {
 		var ok bool
-		if x, ok = cs.actIn[o.mb]; !ok {
+		if x, ok = cs.actIn[o.MicroBatch]; !ok {
 			return fmt.Errorf("no input activation: op order runs forward before its receive")
 		}
-		delete(cs.actIn, o.mb)
+		delete(cs.actIn, o.MicroBatch)
 	}
 	params, err := r.acquire(ctx, cs)
 	if err != nil {
@@ -406,19 +400,19 @@ func (r *Rank) forward(ctx context.Context, cs *chunkState, o op) error {
 	if err != nil {
 		return err
 	}
-	cs.stash[o.mb] = st
+	cs.stash[o.MicroBatch] = st
 	r.mem.addBytes(MemActivations, st.bytes()-int64(4*len(x)))
 	if cs.hasHead {
-		r.teacher.batch(r.cfg.Job.Seed, r.step, r.first(o.mb), n, r.x, r.labels, r.y)
+		r.teacher.batch(r.cfg.Job.Seed, r.step, r.first(o.MicroBatch), n, r.x, r.labels, r.y)
 		r.loss += cs.loss(params, out, r.labels, r.y, float32(1/float64(r.cfg.Job.Batch.Global)), st)
 		r.mem.add(MemActivations, n*cs.spec.Outputs)
 		return nil
 	}
 	r.mem.add(MemActivations, len(out))
 	if r.pp == 1 {
-		r.chunks[o.chunk+1].actIn[o.mb] = out
+		r.chunks[o.Chunk+1].actIn[o.MicroBatch] = out
 	} else {
-		cs.actOut[o.mb] = out
+		cs.actOut[o.MicroBatch] = out
 	}
 	return nil
 }
@@ -428,17 +422,17 @@ func (r *Rank) first(mb int) int {
 	return (r.coord.DP*r.cfg.Microbatches() + mb) * r.micro
 }
 
-func (r *Rank) backward(ctx context.Context, cs *chunkState, o op) error {
-	st, ok := cs.stash[o.mb]
+func (r *Rank) backward(ctx context.Context, cs *chunkState, o schedule.Op) error {
+	st, ok := cs.stash[o.MicroBatch]
 	if !ok {
 		return fmt.Errorf("no stash: op order runs backward before forward")
 	}
 	var dOut []float32
 	if !cs.hasHead {
-		if dOut, ok = cs.gradIn[o.mb]; !ok {
+		if dOut, ok = cs.gradIn[o.MicroBatch]; !ok {
 			return fmt.Errorf("no output gradient: op order runs backward before its receive")
 		}
-		delete(cs.gradIn, o.mb)
+		delete(cs.gradIn, o.MicroBatch)
 	}
 	params, err := r.acquire(ctx, cs)
 	if err != nil {
@@ -455,13 +449,13 @@ func (r *Rank) backward(ctx context.Context, cs *chunkState, o op) error {
 	if cs.index > 0 {
 		r.mem.add(MemActivations, len(dx))
 		if r.pp == 1 {
-			r.chunks[o.chunk-1].gradIn[o.mb] = dx
+			r.chunks[o.Chunk-1].gradIn[o.MicroBatch] = dx
 		} else {
-			cs.gradOut[o.mb] = dx
+			cs.gradOut[o.MicroBatch] = dx
 		}
 	}
-	if o.full {
-		return r.weight(ctx, cs, o.mb)
+	if !r.split {
+		return r.weight(ctx, cs, o.MicroBatch)
 	}
 	return nil
 }
