@@ -21,8 +21,8 @@ type Config struct {
 	// Virtual is the number of model chunks per pipeline rank; above 1 only
 	// with the interleaved schedule.
 	Virtual int
-	// Schedule names the pipeline schedule: gpipe, 1f1b, interleaved, zb-h1.
-	Schedule string
+	// Schedule is the pipeline schedule: gpipe, 1f1b, interleaved, zb-h1.
+	Schedule schedule.Kind
 	// Zero is the ZeRO stage, 0-3.
 	Zero int
 	// Timeline records a span per executed op for bubble measurements.
@@ -33,7 +33,7 @@ type Config struct {
 
 // DefaultConfig returns a single-process layout: tp=pp=dp=1, 1F1B, ZeRO 0.
 func DefaultConfig(job *Job) *Config {
-	return &Config{Job: job, TP: 1, PP: 1, DP: 1, Virtual: 1, Schedule: "1f1b"}
+	return &Config{Job: job, TP: 1, PP: 1, DP: 1, Virtual: 1, Schedule: schedule.OneFOneB}
 }
 
 // World returns tp*pp*dp.
@@ -77,11 +77,7 @@ func (c *Config) Validate() error {
 
 // schedule builds the op lists of the configured pipeline schedule.
 func (c *Config) schedule() (*schedule.Schedule, error) {
-	kind, err := schedule.ParseKind(c.Schedule)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidJob, err)
-	}
-	s, err := schedule.Build(kind, c.PP, c.Microbatches(), c.Virtual)
+	s, err := schedule.Build(c.Schedule, c.PP, c.Microbatches(), c.Virtual)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidJob, err)
 	}

@@ -1,0 +1,185 @@
+package engine
+
+import (
+	"context"
+	"encoding/gob"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"gpucoord/collectives"
+	"gpucoord/topology"
+)
+
+// Plan lays the job's ranks out in Megatron-LM's default order
+// (tp-cp-dp-pp: global rank = tp + TP*dp + TP*DP*pp) with the planner, so
+// the engine's groups are the planner's groups.
+func (c *Config) Plan() (*topology.Plan, error) {
+	cl := topology.Cluster{Name: "local", Nodes: 1, GPUsPerNode: c.World(), GPUMemoryGiB: 1, PeakTFLOPS: 1, NVLinkGBps: 1}
+	m := topology.Model{Name: c.Job.Name, Params: float64(c.Job.Model.Params())}
+	tc := topology.DefaultConfig()
+	tc.TP, tc.PP, tc.DP, tc.VPP, tc.Zero = c.TP, c.PP, c.DP, c.Virtual, c.Zero
+	tc.MicroBatch, tc.GlobalBatch, tc.Schedule = c.Job.Batch.Micro, c.Job.Batch.Global, c.Schedule
+	tc.Precision = topology.PrecisionFP32
+	p, err := topology.New(cl, m, tc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidJob, err)
+	}
+	return p, nil
+}
+
+// NewGroups forms the TP, PP and DP groups of world rank world.Rank() from
+// the world Communicator. Every rank of the world calls it once, in the same
+// order relative to its other group creations. Groups of one are nil.
+func NewGroups(ctx context.Context, cfg *Config, world collectives.Communicator) (topology.Coord, Groups, error) {
+	plan, err := cfg.Plan()
+	if err != nil {
+		return topology.Coord{}, Groups{}, err
+	}
+	if world.Size() != plan.World() {
+		return topology.Coord{}, Groups{}, fmt.Errorf("%w: world of %d ranks for tp*pp*dp = %d", ErrInvalidJob, world.Size(), plan.World())
+	}
+	me := topology.Rank(world.Rank())
+	var g Groups
+	for _, a := range []struct {
+		axis topology.Axis
+		dst  *collectives.Communicator
+	}{{topology.AxisTP, &g.TP}, {topology.AxisPP, &g.PP}, {topology.AxisDP, &g.DP}} {
+		members := plan.Group(a.axis, me)
+		if len(members) == 1 {
+			continue
+		}
+		ranks := make([]int, len(members))
+		for i, r := range members {
+			ranks[i] = int(r)
+		}
+		if *a.dst, err = collectives.NewGroup(ctx, world, ranks); err != nil {
+			g.Close()
+			return topology.Coord{}, Groups{}, fmt.Errorf("engine: %s group %v: %w", a.axis, ranks, err)
+		}
+	}
+	return plan.Coord(me), g, nil
+}
+
+// Close closes the groups that can be closed.
+func (g Groups) Close() {
+	for _, c := range []collectives.Communicator{g.TP, g.PP, g.DP} {
+		if cl, ok := c.(io.Closer); ok {
+			cl.Close()
+		}
+	}
+}
+
+// StepResult is what a rank reports after each step.
+type StepResult struct {
+	// Step counts from 1.
+	Step int `json:"step"`
+	// Loss is the mean loss over the global batch before this step's update.
+	Loss float64 `json:"loss"`
+	// Seconds is the step's wall time on this rank.
+	Seconds float64 `json:"seconds"`
+	// SamplesPerSec is the global batch divided by Seconds.
+	SamplesPerSec float64 `json:"samples_per_sec"`
+	// Stats splits the step's time on this rank.
+	Stats StepStats `json:"-"`
+}
+
+// Train runs the job's steps as world rank world.Rank(): it forms the
+// groups, builds the Rank and calls report after every step. It returns the
+// Rank for inspection (memory, timeline, parameters).
+func Train(ctx context.Context, cfg *Config, world collectives.Communicator, report func(StepResult) error) (*Rank, error) {
+	coord, g, err := NewGroups(ctx, cfg, world)
+	if err != nil {
+		return nil, err
+	}
+	r, err := NewRank(cfg, coord, g)
+	if err != nil {
+		g.Close()
+		return nil, err
+	}
+	for s := range cfg.Job.Steps {
+		start := time.Now()
+		loss, err := r.Step(ctx, s)
+		if err != nil {
+			return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
+		}
+		secs := time.Since(start).Seconds()
+		if report != nil {
+			if err := report(StepResult{Step: s + 1, Loss: loss, Seconds: secs,
+				SamplesPerSec: float64(cfg.Job.Batch.Global) / secs, Stats: r.Stats()}); err != nil {
+				return r, err
+			}
+		}
+	}
+	return r, nil
+}
+
+// Close releases the rank's groups.
+func (r *Rank) Close() { r.g.Close() }
+
+// Coord returns the rank's grid coordinates.
+func (r *Rank) Coord() topology.Coord { return r.coord }
+
+// Params returns this rank's pieces reassembled into full-model tensors
+// (only the tensors this rank holds, its TP piece of each). Under ZeRO-3
+// it all-gathers across DP, so every DP rank must call it together.
+func (r *Rank) Params(ctx context.Context) (Params, error) {
+	pieces, err := r.pieces(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p := Params{}
+	p.assemble(pieces)
+	return p, nil
+}
+
+// WriteParams stores this rank's parameter pieces in dir for ReadParams. All
+// DP ranks call it together (ZeRO-3 gathers); the DP rank 0 of each
+// (tp, pp) writes its file.
+func (r *Rank) WriteParams(ctx context.Context, dir string) error {
+	pieces, err := r.pieces(ctx)
+	if err != nil || r.coord.DP != 0 {
+		return err
+	}
+	path := filepath.Join(dir, fmt.Sprintf("params-pp%d-tp%d.gob", r.coord.PP, r.coord.TP))
+	f, err := os.Create(path + ".tmp")
+	if err != nil {
+		return err
+	}
+	if err := gob.NewEncoder(f).Encode(pieces); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
+}
+
+// ReadParams assembles the full model from the files WriteParams left in dir.
+func ReadParams(dir string) (Params, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "params-pp*-tp*.gob"))
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("engine: no parameter files in %s", dir)
+	}
+	p := Params{}
+	for _, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		var pieces []paramPiece
+		err = gob.NewDecoder(f).Decode(&pieces)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("engine: %s: %w", name, err)
+		}
+		p.assemble(pieces)
+	}
+	return p, nil
+}
