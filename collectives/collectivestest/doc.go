@@ -1,0 +1,15 @@
+// Package collectivestest is the conformance suite every transport of
+// gpucoord/collectives runs: each operation against a naive reference for
+// world sizes 1-8 and awkward lengths, bit-identical results across ranks,
+// concurrent sub-groups, mismatch, timeout and cancellation.
+//
+// # Usage
+//
+// A transport's test builds worlds and hands them over:
+//
+//	func TestConformance(t *testing.T) {
+//		collectivestest.Run(t, func(t *testing.T, n int, cfg *collectives.Config) []*collectives.Comm {
+//			... n connected world communicators, closed by t.Cleanup ...
+//		})
+//	}
+package collectivestest

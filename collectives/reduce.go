@@ -1,0 +1,198 @@
+package collectives
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+)
+
+// String returns the type's name.
+func (d DType) String() string {
+	switch d {
+	case Float32:
+		return "float32"
+	case Float64:
+		return "float64"
+	case BFloat16:
+		return "bfloat16"
+	}
+	return fmt.Sprintf("dtype(%d)", uint8(d))
+}
+
+// String returns the operator's name.
+func (o Op) String() string {
+	switch o {
+	case Sum:
+		return "sum"
+	case Max:
+		return "max"
+	case Min:
+		return "min"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+func validOp(o Op) bool { return o >= Sum && o <= Min }
+
+// Reduce sets dst[i] = a[i] op b[i] element-wise over raw little-endian
+// memory of type dt. dst may alias a or b exactly. All three slices must have
+// the same length, a multiple of dt.Size(), and be aligned to it (slices of
+// a Buffer are). The result is a pure function of (a, b): transports call it
+// while receiving, and every rank gets the same bits.
+//
+// Max and Min propagate NaN. BFloat16 is reduced in float32 and rounded to
+// nearest even.
+func Reduce(dt DType, op Op, dst, a, b []byte) {
+	if len(dst) == 0 {
+		return
+	}
+	switch dt {
+	case Float32:
+		d, x, y := f32s(dst), f32s(a), f32s(b)
+		switch op {
+		case Sum:
+			sumF32(d, x, y)
+		case Max:
+			for i := range d {
+				d[i] = max32(x[i], y[i])
+			}
+		case Min:
+			for i := range d {
+				d[i] = min32(x[i], y[i])
+			}
+		}
+	case Float64:
+		d, x, y := f64s(dst), f64s(a), f64s(b)
+		x, y = x[:len(d)], y[:len(d)]
+		switch op {
+		case Sum:
+			for i := range d {
+				d[i] = x[i] + y[i]
+			}
+		case Max:
+			for i := range d {
+				d[i] = max64(x[i], y[i])
+			}
+		case Min:
+			for i := range d {
+				d[i] = min64(x[i], y[i])
+			}
+		}
+	case BFloat16:
+		d, x, y := u16s(dst), u16s(a), u16s(b)
+		x, y = x[:len(d)], y[:len(d)]
+		for i := range d {
+			p, q := bf16ToF32(x[i]), bf16ToF32(y[i])
+			var r float32
+			switch op {
+			case Sum:
+				r = p + q
+			case Max:
+				r = max32(p, q)
+			case Min:
+				r = min32(p, q)
+			}
+			d[i] = F32ToBF16(r)
+		}
+	}
+}
+
+// sumF32 is the hot loop of a float32 all-reduce, unrolled by 8.
+func sumF32(d, x, y []float32) {
+	n := len(d)
+	x, y = x[:n], y[:n]
+	i := 0
+	for ; i+8 <= n; i += 8 {
+		dd, xx, yy := d[i:i+8:i+8], x[i:i+8:i+8], y[i:i+8:i+8]
+		dd[0] = xx[0] + yy[0]
+		dd[1] = xx[1] + yy[1]
+		dd[2] = xx[2] + yy[2]
+		dd[3] = xx[3] + yy[3]
+		dd[4] = xx[4] + yy[4]
+		dd[5] = xx[5] + yy[5]
+		dd[6] = xx[6] + yy[6]
+		dd[7] = xx[7] + yy[7]
+	}
+	for ; i < n; i++ {
+		d[i] = x[i] + y[i]
+	}
+}
+
+func max32(a, b float32) float32 {
+	if a != a || b > a {
+		if a != a {
+			return a
+		}
+		return b
+	}
+	if b != b {
+		return b
+	}
+	return a
+}
+
+func min32(a, b float32) float32 {
+	if a != a || b < a {
+		if a != a {
+			return a
+		}
+		return b
+	}
+	if b != b {
+		return b
+	}
+	return a
+}
+
+func max64(a, b float64) float64 {
+	if a != a || b > a {
+		if a != a {
+			return a
+		}
+		return b
+	}
+	if b != b {
+		return b
+	}
+	return a
+}
+
+func min64(a, b float64) float64 {
+	if a != a || b < a {
+		if a != a {
+			return a
+		}
+		return b
+	}
+	if b != b {
+		return b
+	}
+	return a
+}
+
+func bf16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// BF16ToF32 widens a bfloat16 to float32 exactly.
+func BF16ToF32(h uint16) float32 { return bf16ToF32(h) }
+
+// F32ToBF16 rounds f to the nearest bfloat16, ties to even; NaN stays NaN.
+func F32ToBF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7fffffff > 0x7f800000 { // NaN: keep it quiet and non-zero
+		return uint16(b>>16) | 0x40
+	}
+	b += 0x7fff + (b>>16)&1
+	return uint16(b >> 16)
+}
+
+func f32s(b []byte) []float32 {
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+}
+
+func f64s(b []byte) []float64 {
+	return unsafe.Slice((*float64)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/8)
+}
+
+func u16s(b []byte) []uint16 {
+	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/2)
+}
