@@ -211,9 +211,8 @@ func Commit(ctx context.Context, root string, step int64, p *Partition, infos []
 		if err != nil {
 			return fmt.Errorf("shard %d of step %d: %w", i, step, err)
 		}
-		if h.step != step || h.rank != i || h.degree != p.degree || h.lo != s.Range.Lo || h.hi != s.Range.Hi || h.len != p.n {
-			return fmt.Errorf("%w: shard file %s has header step %d rank %d of %d range [%d, %d) length %d, want step %d rank %d of %d range %v length %d",
-				ErrMismatch, s.File, h.step, h.rank, h.degree, h.lo, h.hi, h.len, step, i, p.degree, s.Range, p.n)
+		if err := h.check(step, p, i); err != nil {
+			return fmt.Errorf("shard file %s: %w", s.File, err)
 		}
 		if i == 0 {
 			names = h.vectors
@@ -249,44 +248,53 @@ func InspectShard(ctx context.Context, root string, step int64, p *Partition, r 
 	if err := p.checkRank(r); err != nil {
 		return ShardInfo{}, err
 	}
-	name := ShardFile(r, p.degree)
-	f, err := os.Open(filepath.Join(StepDir(root, step), name))
+	info, h, err := inspect(ctx, StepDir(root, step), ShardFile(r, p.degree))
 	if err != nil {
-		return ShardInfo{}, fmt.Errorf("%w: shard %d of step %d: %w", ErrCorrupt, r, step, err)
+		return ShardInfo{}, err
+	}
+	if err := h.check(step, p, r); err != nil {
+		return ShardInfo{}, fmt.Errorf("shard file %s: %w", info.File, err)
+	}
+	if want := info.DataOffset + int64(len(h.vectors))*int64(p.shard)*4; info.Size != want {
+		return ShardInfo{}, fmt.Errorf("%w: shard file %s has %d bytes, want %d", ErrCorrupt, info.File, info.Size, want)
+	}
+	info.Rank, info.Range = r, p.blockOf(r)
+	return info, nil
+}
+
+// inspect reads a shard file in full and returns its header, size and
+// checksums (Rank and Range are left for the caller).
+func inspect(ctx context.Context, dir, name string) (ShardInfo, shardHeader, error) {
+	f, err := os.Open(filepath.Join(dir, name))
+	if err != nil {
+		return ShardInfo{}, shardHeader{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	defer f.Close()
 	hw := newHashWriter(io.Discard)
 	br := bufio.NewReaderSize(io.TeeReader(f, hw), 1<<20)
 	h, err := readShardHeader(br)
 	if err != nil {
-		return ShardInfo{}, fmt.Errorf("%w: shard %d of step %d: %w", ErrCorrupt, r, step, err)
+		return ShardInfo{}, shardHeader{}, fmt.Errorf("%w: shard file %s: %w", ErrCorrupt, name, err)
 	}
 	if err := checkVectorNames(h.vectors); err != nil || len(h.vectors) == 0 || !slices.IsSorted(h.vectors) {
-		return ShardInfo{}, fmt.Errorf("%w: shard file %s has vector names %q", ErrCorrupt, name, h.vectors)
-	}
-	if h.step != step || h.rank != r || h.degree != p.degree || h.lo != p.blockOf(r).Lo || h.hi != p.blockOf(r).Hi || h.len != p.n {
-		return ShardInfo{}, fmt.Errorf("%w: shard file %s has header step %d rank %d of %d range [%d, %d) length %d, want step %d rank %d of %d range %v length %d",
-			ErrMismatch, name, h.step, h.rank, h.degree, h.lo, h.hi, h.len, step, r, p.degree, p.blockOf(r), p.n)
+		return ShardInfo{}, shardHeader{}, fmt.Errorf("%w: shard file %s has vector names %q", ErrCorrupt, name, h.vectors)
 	}
 	buf := make([]byte, 64<<10)
 	for {
 		if err := ctx.Err(); err != nil {
-			return ShardInfo{}, err
+			return ShardInfo{}, shardHeader{}, err
 		}
 		_, err := br.Read(buf)
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return ShardInfo{}, fmt.Errorf("sharding: read shard %d of step %d: %w", r, step, err)
+			return ShardInfo{}, shardHeader{}, fmt.Errorf("sharding: read %s: %w", name, err)
 		}
 	}
-	info := ShardInfo{Rank: r, Range: p.blockOf(r), File: name, DataOffset: int64(h.size)}
+	info := ShardInfo{File: name, DataOffset: int64(h.size)}
 	info.Size, info.SHA256, info.Chunks = hw.finish()
-	if want := info.DataOffset + int64(len(h.vectors))*int64(p.shard)*4; info.Size != want {
-		return ShardInfo{}, fmt.Errorf("%w: shard file %s has %d bytes, want %d", ErrCorrupt, name, info.Size, want)
-	}
-	return info, nil
+	return info, h, nil
 }
 
 // ReadManifest reads and checks step's manifest. A step without one is
@@ -456,13 +464,19 @@ func Verify(ctx context.Context, root string, step int64) error {
 	if err != nil {
 		return err
 	}
+	dir := StepDir(root, step)
 	for r, want := range m.Shards {
-		got, err := InspectShard(ctx, root, step, p, r)
+		got, h, err := inspect(ctx, dir, want.File)
 		if err != nil {
 			return err
 		}
-		if got.SHA256 != want.SHA256 {
+		if got.SHA256 != want.SHA256 || got.Size != want.Size {
 			return fmt.Errorf("%w: shard file %s fails its SHA-256", ErrCorrupt, want.File)
+		}
+		// Same bytes as written; the header still has to be what the
+		// manifest says, in case the manifest was edited.
+		if err := h.check(step, p, r); err != nil || !slices.Equal(h.vectors, m.Vectors) {
+			return fmt.Errorf("%w: shard file %s does not match the manifest: %v", ErrCorrupt, want.File, err)
 		}
 	}
 	return nil
@@ -519,11 +533,22 @@ type shardHeader struct {
 	step         int64
 	rank, degree int
 	lo, hi, len  int
+	layout       uint64 // Partition.layout of the tensors
 	vectors      []string
 	size         int // header bytes, padding included
 }
 
-const fixedHeader = 56 // magic 8, version 4, nvec 4, step 8, rank 4, degree 4, lo 8, hi 8, len 8
+// check reports a header that is not rank r's of p at step.
+func (h shardHeader) check(step int64, p *Partition, r int) error {
+	blk := p.blockOf(r)
+	if h.step != step || h.rank != r || h.degree != p.degree || h.lo != blk.Lo || h.hi != blk.Hi || h.len != p.n || h.layout != p.layout() {
+		return fmt.Errorf("%w: header says step %d rank %d of %d range [%d, %d) length %d layout %016x, want step %d rank %d of %d range %v length %d layout %016x",
+			ErrMismatch, h.step, h.rank, h.degree, h.lo, h.hi, h.len, h.layout, step, r, p.degree, blk, p.n, p.layout())
+	}
+	return nil
+}
+
+const fixedHeader = 64 // magic 8, version 4, nvec 4, step 8, rank 4, degree 4, lo 8, hi 8, len 8, layout 8
 
 // maxVectors bounds the vector count a header may claim, so a corrupt
 // header cannot make a reader allocate without bound.
@@ -554,6 +579,7 @@ func encodeShardHeader(step int64, p *Partition, r int, names []string) []byte {
 	b = binary.LittleEndian.AppendUint64(b, uint64(blk.Lo))
 	b = binary.LittleEndian.AppendUint64(b, uint64(blk.Hi))
 	b = binary.LittleEndian.AppendUint64(b, uint64(p.n))
+	b = binary.LittleEndian.AppendUint64(b, p.layout())
 	for _, s := range names {
 		b = binary.LittleEndian.AppendUint16(b, uint16(len(s)))
 		b = append(b, s...)
@@ -585,6 +611,7 @@ func readShardHeader(r io.Reader) (shardHeader, error) {
 		lo:     int(le.Uint64(fixed[32:])),
 		hi:     int(le.Uint64(fixed[40:])),
 		len:    int(le.Uint64(fixed[48:])),
+		layout: le.Uint64(fixed[56:]),
 	}
 	var l [2]byte
 	for range nvec {

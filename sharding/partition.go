@@ -1,6 +1,8 @@
 package sharding
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
@@ -254,4 +256,22 @@ func (p *Partition) sameTensors(tensors []Tensor) bool {
 	return slices.EqualFunc(p.tensors, tensors, func(a, b Tensor) bool {
 		return a.Name == b.Name && slices.Equal(a.Shape, b.Shape)
 	})
+}
+
+// layout returns a fingerprint of the tensor list (names and shapes, in
+// order): the first 8 bytes of a SHA-256, which shard file headers carry so
+// that a file written for other tensors is not taken for this partition's.
+func (p *Partition) layout() uint64 {
+	h := sha256.New()
+	var b []byte
+	for _, t := range p.tensors {
+		b = binary.LittleEndian.AppendUint64(b[:0], uint64(len(t.Name)))
+		b = append(b, t.Name...)
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(t.Shape)))
+		for _, d := range t.Shape {
+			b = binary.LittleEndian.AppendUint64(b, uint64(d))
+		}
+		h.Write(b)
+	}
+	return binary.LittleEndian.Uint64(h.Sum(nil))
 }
