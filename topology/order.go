@@ -92,15 +92,3 @@ func (c Coord) get(a Axis) int {
 	}
 	panic(fmt.Sprintf("topology: no coordinate for axis %q", a))
 }
-
-// set sets c's coordinate on axis a.
-func (c *Coord) set(a Axis, v int) {
-	switch a {
-	case AxisTP:
-		c.TP = v
-	case AxisPP:
-		c.PP = v
-	case AxisDP:
-		c.DP = v
-	}
-}

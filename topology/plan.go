@@ -15,7 +15,21 @@ type Plan struct {
 	// Order is the parsed rank order.
 	Order Order
 
-	sizes map[Axis]int
+	// stride and size of each axis, indexed by axisIndex.
+	stride, size [3]int
+}
+
+// axisIndex maps the three grid axes onto array indices.
+func axisIndex(a Axis) int {
+	switch a {
+	case AxisTP:
+		return 0
+	case AxisPP:
+		return 1
+	case AxisDP:
+		return 2
+	}
+	panic("topology: no index for axis " + string(a))
 }
 
 // New validates a layout and returns its Plan. Every rejection wraps
@@ -97,8 +111,13 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 		return nil, invalid("interleaved schedule: %d micro-batches per replica (global batch %d / (micro-batch %d x dp %d)) is not a multiple of pp %d",
 			mb, cfg.GlobalBatch, cfg.MicroBatch, cfg.DP, cfg.PP)
 	}
-	p := &Plan{Cluster: cl, Model: m, Config: cfg, Order: order,
-		sizes: map[Axis]int{AxisTP: cfg.TP, AxisPP: cfg.PP, AxisDP: cfg.DP}}
+	p := &Plan{Cluster: cl, Model: m, Config: cfg, Order: order}
+	p.size = [3]int{cfg.TP, cfg.PP, cfg.DP}
+	stride := 1
+	for _, a := range order {
+		p.stride[axisIndex(a)] = stride
+		stride *= p.size[axisIndex(a)]
+	}
 	if err := p.checkTPDomains(); err != nil {
 		return nil, err
 	}
@@ -115,24 +134,17 @@ func (p *Plan) Microbatches() int {
 
 // Coord returns rank r's grid coordinates.
 func (p *Plan) Coord(r Rank) Coord {
-	var c Coord
-	rest := int(r)
-	for _, a := range p.Order {
-		n := p.sizes[a]
-		c.set(a, rest%n)
-		rest /= n
+	n := int(r)
+	return Coord{
+		TP: n / p.stride[0] % p.size[0],
+		PP: n / p.stride[1] % p.size[1],
+		DP: n / p.stride[2] % p.size[2],
 	}
-	return c
 }
 
 // Rank returns the global rank at grid coordinates c.
 func (p *Plan) Rank(c Coord) Rank {
-	r, stride := 0, 1
-	for _, a := range p.Order {
-		r += c.get(a) * stride
-		stride *= p.sizes[a]
-	}
-	return Rank(r)
+	return Rank(c.TP*p.stride[0] + c.PP*p.stride[1] + c.DP*p.stride[2])
 }
 
 // Node returns the node hosting rank r; ranks fill nodes in order.
@@ -178,11 +190,11 @@ func (p *Plan) Groups() Groups {
 
 // Group returns the ranks of r's group along axis a, ordered by group rank.
 func (p *Plan) Group(a Axis, r Rank) []Rank {
-	c := p.Coord(r)
-	out := make([]Rank, p.sizes[a])
-	for i := range out {
-		c.set(a, i)
-		out[i] = p.Rank(c)
+	i := axisIndex(a)
+	base := int(r) - p.Coord(r).get(a)*p.stride[i]
+	out := make([]Rank, p.size[i])
+	for k := range out {
+		out[k] = Rank(base + k*p.stride[i])
 	}
 	return out
 }
@@ -190,7 +202,7 @@ func (p *Plan) Group(a Axis, r Rank) []Rank {
 // groups enumerates the groups along axis a: one per rank whose coordinate
 // on a is zero, visited in rank order.
 func (p *Plan) groups(a Axis) [][]Rank {
-	n := p.sizes[a]
+	n := p.size[axisIndex(a)]
 	out := make([][]Rank, 0, p.World()/n)
 	for r := 0; r < p.World(); r++ {
 		if p.Coord(Rank(r)).get(a) == 0 {
@@ -205,16 +217,16 @@ func (p *Plan) checkTPDomains() error {
 	if p.Config.TP == 1 {
 		return nil
 	}
+	// A TP group is base + k*stride for k < TP: it stays in one domain
+	// when its first and last members do.
+	s, last := p.stride[0], (p.Config.TP-1)*p.stride[0]
 	for r := 0; r < p.World(); r++ {
-		if p.Coord(Rank(r)).TP != 0 {
+		if r/s%p.Config.TP != 0 {
 			continue
 		}
-		g := p.Group(AxisTP, Rank(r))
-		for _, q := range g[1:] {
-			if p.NVLinkDomain(q) != p.NVLinkDomain(g[0]) {
-				return invalid("order %s puts tensor-parallel group %v across NVLink domains %d and %d (domain size %d): TP groups must stay inside one domain; put tp first in --order",
-					p.Order, g, p.NVLinkDomain(g[0]), p.NVLinkDomain(q), p.Cluster.Domain())
-			}
+		if a, b := p.NVLinkDomain(Rank(r)), p.NVLinkDomain(Rank(r+last)); a != b {
+			return invalid("order %s puts tensor-parallel group %v across NVLink domains %d and %d (domain size %d): TP groups must stay inside one domain; put tp first in --order",
+				p.Order, p.Group(AxisTP, Rank(r)), a, b, p.Cluster.Domain())
 		}
 	}
 	return nil

@@ -37,16 +37,8 @@ func computeRate(p *topology.Plan) float64 {
 
 // Report is the full estimate of a Plan.
 type Report struct {
-	// Memory is the worst stage's per-GPU memory.
-	Memory Memory `json:"per_gpu_bytes"`
-	// WorstStage is the pipeline stage Memory belongs to.
-	WorstStage int `json:"worst_stage"`
-	// Stages holds every pipeline stage's per-GPU memory.
-	Stages []Memory `json:"stages"`
-	// CapacityBytes is one GPU's memory.
-	CapacityBytes float64 `json:"capacity_bytes"`
-	// HostOptimizerBytes is the optimizer state offloaded per node.
-	HostOptimizerBytes float64 `json:"host_optimizer_bytes_per_node,omitempty"`
+	// Memory is the per-GPU memory of the plan.
+	Memory MemoryReport `json:"memory"`
 	// Pipeline is the schedule's shape and bubble.
 	Pipeline Pipeline `json:"pipeline"`
 	// Traffic lists the communication of one step per process group.
@@ -57,6 +49,22 @@ type Report struct {
 	Fits bool `json:"fits"`
 	// Reasons says, in plain language, why the plan does not fit.
 	Reasons []string `json:"reasons"`
+	// Timeline is the simulated schedule, for rendering.
+	Timeline schedule.Result `json:"-"`
+}
+
+// MemoryReport is the per-GPU memory of every pipeline stage.
+type MemoryReport struct {
+	// PerGPU is the worst stage's per-GPU memory.
+	PerGPU Memory `json:"per_gpu_bytes"`
+	// WorstStage is the pipeline stage PerGPU belongs to.
+	WorstStage int `json:"worst_stage"`
+	// Stages holds every pipeline stage's per-GPU memory.
+	Stages []Memory `json:"stages"`
+	// CapacityBytes is one GPU's memory.
+	CapacityBytes float64 `json:"capacity_bytes"`
+	// HostOptimizerBytes is the optimizer state offloaded per node.
+	HostOptimizerBytes float64 `json:"host_optimizer_bytes_per_node,omitempty"`
 }
 
 // Pipeline describes the pipeline schedule of a plan.
@@ -107,54 +115,101 @@ type Step struct {
 	TokensPerSecond float64 `json:"tokens_per_second"`
 }
 
-// Simulator runs a pipeline schedule; Evaluate's callers may share a
-// caching one across many plans. NewSimulator returns the default.
-type Simulator interface {
-	Simulate(kind schedule.Kind, stages, microbatches, virtual int, c schedule.Costs) (schedule.Result, error)
+// shape identifies a schedule's op lists.
+type shape struct {
+	kind        schedule.Kind
+	stages, mbs int
+	virtual     int
 }
 
-// direct simulates without caching.
-type direct struct{}
-
-func (direct) Simulate(kind schedule.Kind, p, m, v int, c schedule.Costs) (schedule.Result, error) {
-	s, err := schedule.Build(kind, p, m, v)
-	if err != nil {
-		return schedule.Result{}, err
-	}
-	return schedule.Simulate(s, c)
+// built is a schedule and its structural peaks.
+type built struct {
+	sched    *schedule.Schedule
+	inFlight []int
 }
 
-// Evaluate estimates p with a fresh simulator.
-func Evaluate(p *topology.Plan) (Report, error) { return EvaluateWith(p, direct{}) }
+// evaluator estimates plans, building each schedule shape once. It is not
+// safe for concurrent use.
+type evaluator struct {
+	shapes map[shape]built
+}
 
-// EvaluateWith estimates p, running its pipeline schedule on sim.
-func EvaluateWith(p *topology.Plan, sim Simulator) (Report, error) {
+func newEvaluator() *evaluator { return &evaluator{shapes: map[shape]built{}} }
+
+// build returns the schedule of p and its peak in-flight counts.
+func (e *evaluator) build(p *topology.Plan) (built, error) {
 	c := p.Config
-	kind := c.Schedule
-	links := linksOf(p)
-	costs := stageCosts(p, links, kind)
-	res, err := sim.Simulate(kind, c.PP, p.Microbatches(), c.VPP, costs)
+	k := shape{c.Schedule, c.PP, p.Microbatches(), c.VPP}
+	if b, ok := e.shapes[k]; ok {
+		return b, nil
+	}
+	s, err := schedule.Build(k.kind, k.stages, k.mbs, k.virtual)
 	if err != nil {
-		return Report{}, fmt.Errorf("schedule %s: %w", kind, err)
+		return built{}, fmt.Errorf("schedule %s: %w", k.kind, err)
+	}
+	b := built{sched: s, inFlight: s.PeakInFlight()}
+	e.shapes[k] = b
+	return b, nil
+}
+
+// Evaluate estimates p: memory by stage, traffic, the simulated schedule
+// and the step time, and whether it fits.
+func Evaluate(p *topology.Plan) (Report, error) {
+	e := newEvaluator()
+	r, b, err := e.memory(p)
+	if err != nil {
+		return r, err
+	}
+	return r, e.timing(p, b, &r)
+}
+
+// memory fills the parts of a Report that need only the schedule's
+// structure: memory by stage, fit and reasons, traffic.
+func (e *evaluator) memory(p *topology.Plan) (Report, built, error) {
+	c := p.Config
+	b, err := e.build(p)
+	if err != nil {
+		return Report{}, b, err
 	}
 	r := Report{
-		CapacityBytes: p.Cluster.CapacityBytes(),
-		Pipeline: Pipeline{Schedule: kind, Stages: c.PP, Virtual: c.VPP, Microbatches: p.Microbatches(),
-			BubbleFraction: res.BubbleFraction, PeakInFlight: res.PeakInFlight},
+		Memory: MemoryReport{CapacityBytes: p.Cluster.CapacityBytes()},
+		Pipeline: Pipeline{Schedule: c.Schedule, Stages: c.PP, Virtual: c.VPP, Microbatches: p.Microbatches(),
+			PeakInFlight: b.inFlight},
 	}
+	mr := &r.Memory
 	var hostPerGPU float64
 	for st := 0; st < c.PP; st++ {
-		mem, host := StageMemory(p, st, res.PeakInFlight[st])
-		r.Stages = append(r.Stages, mem)
-		if mem.Total > r.Memory.Total {
-			r.Memory, r.WorstStage = mem, st
+		mem, host := StageMemory(p, st, b.inFlight[st])
+		mr.Stages = append(mr.Stages, mem)
+		if mem.Total > mr.PerGPU.Total {
+			mr.PerGPU, mr.WorstStage = mem, st
 		}
 		hostPerGPU = max(hostPerGPU, host)
 	}
-	r.HostOptimizerBytes = hostPerGPU * float64(p.Cluster.GPUsPerNode)
-	r.Traffic = traffic(p, links)
-	r.Step = step(p, res, r.Traffic)
+	mr.HostOptimizerBytes = hostPerGPU * float64(p.Cluster.GPUsPerNode)
+	r.Traffic = traffic(p, linksOf(p))
 	r.Reasons = reasons(p, r)
 	r.Fits = len(r.Reasons) == 0
-	return r, nil
+	return r, b, nil
+}
+
+// timing simulates the schedule with p's costs and fills the bubble, the
+// timeline and the step estimate.
+func (e *evaluator) timing(p *topology.Plan, b built, r *Report) error {
+	res, err := schedule.Simulate(b.sched, stageCosts(p, linksOf(p), p.Config.Schedule))
+	if err != nil {
+		return fmt.Errorf("schedule %s: %w", p.Config.Schedule, err)
+	}
+	r.Pipeline.BubbleFraction = res.BubbleFraction
+	r.Timeline = res
+	r.Step = step(p, res.Makespan, r.Traffic)
+	return nil
+}
+
+// lowerBound is a step time no schedule can beat: every rank's compute
+// without a bubble, plus what step adds outside the pipeline.
+func lowerBound(p *topology.Plan, r Report) float64 {
+	c := stageCosts(p, linksOf(p), p.Config.Schedule)
+	ideal := float64(p.Microbatches()*p.Config.VPP) * (c.F + c.B + c.W)
+	return step(p, ideal, r.Traffic).Seconds
 }

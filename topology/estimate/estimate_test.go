@@ -165,9 +165,9 @@ func TestEvaluateDoesNotFit(t *testing.T) {
 	if !strings.HasPrefix(r.Reasons[0], "stage 0 needs ") || !strings.Contains(r.Reasons[0], "of 80.0 GiB") {
 		t.Errorf("reason = %q", r.Reasons[0])
 	}
-	sum := r.Memory.Params + r.Memory.Grads + r.Memory.Optimizer + r.Memory.Activations + r.Memory.Other
-	if !near(r.Memory.Total, sum, 1e-12) {
-		t.Errorf("total %.0f != sum of parts %.0f", r.Memory.Total, sum)
+	sum := r.Memory.PerGPU.Params + r.Memory.PerGPU.Grads + r.Memory.PerGPU.Optimizer + r.Memory.PerGPU.Activations + r.Memory.PerGPU.Other
+	if !near(r.Memory.PerGPU.Total, sum, 1e-12) {
+		t.Errorf("total %.0f != sum of parts %.0f", r.Memory.PerGPU.Total, sum)
 	}
 }
 

@@ -14,24 +14,24 @@ func gib(b float64) string { return fmt.Sprintf("%.1f GiB", b/topology.GiB) }
 // what would help. An empty list means it fits.
 func reasons(p *topology.Plan, r Report) []string {
 	var out []string
-	for st, m := range r.Stages {
-		if m.Total <= r.CapacityBytes {
+	for st, m := range r.Memory.Stages {
+		if m.Total <= r.Memory.CapacityBytes {
 			continue
 		}
 		part, bytes := largestPart(m)
-		msg := fmt.Sprintf("stage %d needs %s of %s (%s %s", st, gib(m.Total), gib(r.CapacityBytes), part, gib(bytes))
+		msg := fmt.Sprintf("stage %d needs %s of %s (%s %s", st, gib(m.Total), gib(r.Memory.CapacityBytes), part, gib(bytes))
 		if tips := remedies(p, part); len(tips) > 0 {
 			msg += "; try " + strings.Join(tips, " or ")
 		}
 		out = append(out, msg+")")
-		if len(out) == 3 && st < len(r.Stages)-1 {
-			out = append(out, fmt.Sprintf("and %d more stages do not fit", countOver(r.Stages[st+1:], r.CapacityBytes)))
+		if len(out) == 3 && st < len(r.Memory.Stages)-1 {
+			out = append(out, fmt.Sprintf("and %d more stages do not fit", countOver(r.Memory.Stages[st+1:], r.Memory.CapacityBytes)))
 			break
 		}
 	}
-	if host := p.Cluster.HostMemoryGiB * topology.GiB; r.HostOptimizerBytes > 0 && host > 0 && r.HostOptimizerBytes > host {
+	if host := p.Cluster.HostMemoryGiB * topology.GiB; r.Memory.HostOptimizerBytes > 0 && host > 0 && r.Memory.HostOptimizerBytes > host {
 		out = append(out, fmt.Sprintf("offloaded optimizer state needs %s of host memory per node, the node has %s (try --zero 1 or more tp/pp)",
-			gib(r.HostOptimizerBytes), gib(host)))
+			gib(r.Memory.HostOptimizerBytes), gib(host)))
 	}
 	return out
 }

@@ -169,8 +169,8 @@ func traffic(p *topology.Plan, l groupLinks) []Traffic {
 
 // step combines the simulated pipeline with the data-parallel traffic and
 // the output layer into the step estimate.
-func step(p *topology.Plan, res schedule.Result, tr []Traffic) Step {
-	s := Step{FLOPs: StepFLOPs(p), PipelineSeconds: res.Makespan}
+func step(p *topology.Plan, makespan float64, tr []Traffic) Step {
+	s := Step{FLOPs: StepFLOPs(p), PipelineSeconds: makespan}
 	for _, t := range tr {
 		if t.Group == "dp" {
 			s.DPSeconds += t.Seconds

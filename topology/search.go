@@ -1,0 +1,102 @@
+package topology
+
+import "gpucoord/schedule"
+
+// SearchSpace bounds the layouts Candidates enumerates.
+type SearchSpace struct {
+	// MaxMicroBatch is the largest micro-batch tried (powers of two from 1).
+	MaxMicroBatch int
+	// MaxVirtual is the largest number of virtual stages tried per rank.
+	MaxVirtual int
+	// Recompute lists the recomputation policies tried.
+	Recompute []Recompute
+}
+
+// DefaultSearchSpace returns the space `gpucoord plan --auto` searches.
+func DefaultSearchSpace() SearchSpace {
+	return SearchSpace{MaxMicroBatch: 8, MaxVirtual: 8,
+		Recompute: []Recompute{RecomputeNone, RecomputeSelective, RecomputeFull}}
+}
+
+// Candidates calls visit with every valid Plan of m on cl that varies tp,
+// pp (hence dp), virtual stages, ZeRO stage, micro-batch and recomputation
+// around base; the other fields (global batch, precision, flash attention,
+// offload, order) are kept; a zero global batch becomes the world size, so
+// that every candidate trains the same batch. Sequence parallelism is turned on wherever tp >
+// 1: it only removes memory and traffic. Virtual stages above 1 use the
+// interleaved schedule; otherwise base's schedule (1F1B if base asks for
+// interleaved). ZeRO stages above 0 are tried only with dp > 1, where they
+// differ from stage 0. It returns the number of layouts visited; stop early
+// by returning false from visit.
+func Candidates(cl Cluster, m Model, base Config, space SearchSpace, visit func(*Plan) bool) int {
+	world := cl.World()
+	if base.GlobalBatch == 0 {
+		base.GlobalBatch = world
+	}
+	n := 0
+	flat := base.Schedule
+	if flat == schedule.Interleaved {
+		flat = schedule.OneFOneB
+	}
+	for _, tp := range divisors(world) {
+		if tp > cl.Domain() || (!m.Bare() && m.Heads%tp != 0) {
+			continue
+		}
+		for _, pp := range divisors(world / tp) {
+			if !m.Bare() && m.Layers%pp != 0 {
+				continue
+			}
+			dp := world / (tp * pp)
+			for v := 1; v <= space.MaxVirtual; v++ {
+				if v > 1 && (pp == 1 || m.Bare() || m.Layers%(pp*v) != 0) {
+					continue
+				}
+				for zero := 0; zero <= 3; zero++ {
+					if zero > 0 && dp == 1 {
+						break
+					}
+					for mb := 1; mb <= space.MaxMicroBatch; mb *= 2 {
+						for _, rc := range space.Recompute {
+							if m.Bare() && rc != RecomputeNone {
+								continue
+							}
+							c := base
+							c.TP, c.PP, c.DP, c.VPP, c.Zero, c.MicroBatch, c.Recompute = tp, pp, dp, v, zero, mb, rc
+							c.SequenceParallel = tp > 1
+							c.Schedule = flat
+							if v > 1 {
+								c.Schedule = schedule.Interleaved
+							}
+							p, err := New(cl, m, c)
+							if err != nil {
+								continue
+							}
+							n++
+							if !visit(p) {
+								return n
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return n
+}
+
+// divisors returns the divisors of n in increasing order.
+func divisors(n int) []int {
+	var small, large []int
+	for d := 1; d*d <= n; d++ {
+		if n%d == 0 {
+			small = append(small, d)
+			if d != n/d {
+				large = append(large, n/d)
+			}
+		}
+	}
+	for i := len(large) - 1; i >= 0; i-- {
+		small = append(small, large[i])
+	}
+	return small
+}
