@@ -85,11 +85,8 @@ func New(ctx context.Context, cfg *Config) (*Communicator, error) {
 		host: make([]byte, (cfg.Size+2)*descBytes+8),
 	}
 	c.cfg.CUDARTLibraries = append([]string(nil), cfg.CUDARTLibraries...)
-	if cfg.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
-		defer cancel()
-	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if err := c.init(ctx); err != nil {
@@ -508,11 +505,8 @@ func (c *Communicator) run(ctx context.Context, name string, d desc, empty bool,
 	if c.state != nil {
 		return c.wrap(c.state)
 	}
-	if c.cfg.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
-		defer cancel()
-	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if c.abortReq.Load() {
@@ -587,7 +581,7 @@ func (c *Communicator) checkShape(ctx context.Context, d desc) error {
 			return err
 		}
 		if p := decode(theirs); !d.pairs(p) {
-			return fmt.Errorf("%w: peer %d called %s, this rank %d called %s", ErrMismatch, d.peer, p, c.rank, d)
+			return c.mismatch(d.peer, p, d)
 		}
 		return nil
 	}
@@ -608,10 +602,16 @@ func (c *Communicator) checkShape(ctx context.Context, d desc) error {
 	}
 	for r := 0; r < c.size; r++ {
 		if p := decode(c.host[r*descBytes:]); p != d {
-			return fmt.Errorf("%w: rank %d called %s, this rank %d called %s", ErrMismatch, r, p, c.rank, d)
+			return c.mismatch(r, p, d)
 		}
 	}
 	return nil
+}
+
+// mismatch reports that peer called theirs where this rank called mine.
+func (c *Communicator) mismatch(peer int, theirs, mine desc) error {
+	return &collectives.PeerError{Op: mine.kind.String(), Peer: peer, World: peer,
+		Err: fmt.Errorf("%w: rank %d called %s, this rank %d called %s", ErrMismatch, peer, theirs, c.rank, mine)}
 }
 
 // wait polls ncclCommGetAsyncError and, when stream is set, cudaStreamQuery
@@ -694,6 +694,16 @@ func (c *Communicator) release() {
 		}
 		c.stream = 0
 	}
+}
+
+// bound limits ctx by Config.Timeout. When the timeout is what ends ctx, its
+// cause wraps ErrTimeout as well as context.DeadlineExceeded.
+func (c *Communicator) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.cfg.Timeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeoutCause(ctx, c.cfg.Timeout,
+		fmt.Errorf("%w: Config.Timeout %s passed: %w", ErrTimeout, c.cfg.Timeout, context.DeadlineExceeded))
 }
 
 // wrap prefixes an error with this member's identity.

@@ -3,7 +3,17 @@ package nccl
 import (
 	"errors"
 	"fmt"
+
+	"gpucoord/collectives"
 )
+
+// The sentinels below that have a transport-independent meaning wrap the
+// matching collectives sentinel, so a caller written against
+// collectives.Communicator matches them without knowing the backend:
+// ErrMismatch is collectives.ErrMismatch, ErrClosed is collectives.ErrClosed,
+// ErrAborted wraps collectives.ErrBroken, ErrRemote collectives.ErrPeerLost,
+// ErrTimeout collectives.ErrTimeout, and ErrInvalidArgument and
+// ErrUnsupported collectives.ErrInvalid.
 
 // ErrUnavailable means NCCL cannot be used on this machine: libnccl.so.2 or
 // libcudart could not be loaded, lacks a symbol this package calls, is older
@@ -11,24 +21,25 @@ import (
 // library and the reason.
 var ErrUnavailable = errors.New("nccl: NCCL is not available")
 
-// ErrClosed is returned by calls on a Communicator after Close or Abort.
-var ErrClosed = errors.New("nccl: communicator closed")
+// ErrClosed is returned by calls on a Communicator after Close.
+var ErrClosed = collectives.ErrClosed
 
 // ErrAborted means an operation did not complete (its context ended, or NCCL
 // or CUDA reported an asynchronous error) and the communicator was aborted
 // with ncclCommAbort. The communicator cannot be used again: build a new one,
 // typically for the next generation.
-var ErrAborted = errors.New("nccl: communicator aborted")
+var ErrAborted = fmt.Errorf("nccl: communicator aborted: %w", collectives.ErrBroken)
 
 // ErrMismatch means the members of the group called the same collective with
 // different element counts, types, roots or operations, or a Send was paired
 // with a Recv of another length. It is detected before any data moves
-// (Config.CheckShapes), so no buffer was corrupted.
-var ErrMismatch = errors.New("nccl: buffer mismatch across ranks")
+// (Config.CheckShapes), so no buffer was corrupted; the error is a
+// *collectives.PeerError naming the first rank that disagreed.
+var ErrMismatch = collectives.ErrMismatch
 
 // ErrUnsupported means the call asked for a data type or reduction that this
 // package does not map to NCCL.
-var ErrUnsupported = errors.New("nccl: unsupported data type or operation")
+var ErrUnsupported = fmt.Errorf("nccl: unsupported data type or operation: %w", collectives.ErrInvalid)
 
 // ErrCUDA wraps a failed CUDA runtime call (cudaMalloc, cudaMemcpyAsync,
 // cudaStreamQuery, ...); the message carries cudaGetErrorString's text.
@@ -45,13 +56,14 @@ var (
 	ErrInternal = errors.New("nccl: internal error")
 	// ErrInvalidArgument is ncclInvalidArgument (4); this package also uses it
 	// for arguments it rejects before calling NCCL (bad peer, root or length).
-	ErrInvalidArgument = errors.New("nccl: invalid argument")
+	ErrInvalidArgument = fmt.Errorf("nccl: invalid argument: %w", collectives.ErrInvalid)
 	// ErrInvalidUsage is ncclInvalidUsage (5): calls made in a wrong order or state.
 	ErrInvalidUsage = errors.New("nccl: invalid usage")
 	// ErrRemote is ncclRemoteError (6): a peer exited or the network failed.
-	ErrRemote = errors.New("nccl: remote process exited or network error")
-	// ErrTimeout is ncclTimeout (8, NCCL 2.23 and later).
-	ErrTimeout = errors.New("nccl: timeout")
+	ErrRemote = fmt.Errorf("nccl: remote process exited or network error: %w", collectives.ErrPeerLost)
+	// ErrTimeout is ncclTimeout (8, NCCL 2.23 and later); this package also
+	// uses it when Config.Timeout passes.
+	ErrTimeout = fmt.Errorf("nccl: timeout: %w", collectives.ErrTimeout)
 )
 
 // ncclResult_t values from nccl.h.

@@ -579,6 +579,10 @@ func TestMismatch(t *testing.T) {
 			if !strings.Contains(errs[0].Error(), tc.errHas) {
 				t.Errorf("rank 0 error %q lacks %q", errs[0], tc.errHas)
 			}
+			var pe *collectives.PeerError
+			if !errors.As(errs[0], &pe) || pe.Peer == 0 || !errors.Is(errs[0], collectives.ErrMismatch) {
+				t.Errorf("rank 0 error %v is not a collectives.PeerError naming another rank", errs[0])
+			}
 			if n := len(fake.records("ncclAllReduce", "ncclBroadcast")) + len(fake.records("ncclAllGather")) - len(comms); n != 0 {
 				t.Errorf("%d payload NCCL calls after a mismatch, want 0", n)
 			}
@@ -597,7 +601,7 @@ func TestMismatch(t *testing.T) {
 		}, "send 5"},
 		{"both send", func(r int, c *Communicator) error {
 			return c.Send(t.Context(), collectives.Float32s(make([]float32, 5)), 1-r)
-		}, "peer 1 called Send"},
+		}, "rank 1 called Send"},
 	}
 	for _, tc := range p2p {
 		t.Run(tc.name, func(t *testing.T) {
@@ -661,8 +665,8 @@ func TestContextEndAbortsHungCollective(t *testing.T) {
 			defer cancel()
 			start := time.Now()
 			err := comms[0].AllReduce(ctx, collectives.Float32s(make([]float32, 16)), collectives.Sum)
-			if !errors.Is(err, ErrAborted) || !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("AllReduce = %v, want ErrAborted and DeadlineExceeded", err)
+			if !errors.Is(err, ErrAborted) || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, collectives.ErrBroken) {
+				t.Fatalf("AllReduce = %v, want ErrAborted (collectives.ErrBroken) and DeadlineExceeded", err)
 			}
 			if d := time.Since(start); d > 5*time.Second {
 				t.Errorf("abort took %s", d)
@@ -691,8 +695,9 @@ func TestConfigTimeoutAbortsInit(t *testing.T) {
 	cfg := fakeConfig(t, 0, 2, newMemStore(), "k")
 	cfg.Timeout = 100 * time.Millisecond
 	_, err := New(t.Context(), cfg) // rank 1 never joins
-	if !errors.Is(err, ErrAborted) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("New = %v, want ErrAborted and DeadlineExceeded", err)
+	if !errors.Is(err, ErrAborted) || !errors.Is(err, context.DeadlineExceeded) ||
+		!errors.Is(err, ErrTimeout) || !errors.Is(err, collectives.ErrTimeout) {
+		t.Fatalf("New = %v, want ErrAborted, ErrTimeout (collectives.ErrTimeout) and DeadlineExceeded", err)
 	}
 	if n := len(fake.records("ncclCommAbort")); n != 1 {
 		t.Errorf("%d ncclCommAbort calls, want 1", n)
@@ -766,8 +771,8 @@ func TestErrorMapping(t *testing.T) {
 
 	fake.injectSet("asyncError", resRemoteError, 0)
 	err = c.AllReduce(t.Context(), buf, collectives.Sum)
-	if !errors.Is(err, ErrRemote) || !errors.Is(err, ErrAborted) {
-		t.Fatalf("AllReduce with an async remote error = %v, want ErrRemote and ErrAborted", err)
+	if !errors.Is(err, ErrRemote) || !errors.Is(err, ErrAborted) || !errors.Is(err, collectives.ErrPeerLost) {
+		t.Fatalf("AllReduce with an async remote error = %v, want ErrRemote (collectives.ErrPeerLost) and ErrAborted", err)
 	}
 
 	c2 := group(t, 1, nil)[0]
@@ -800,7 +805,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if n := len(fake.records("ncclCommDestroy")); n != 1 {
 		t.Errorf("%d ncclCommDestroy calls, want 1", n)
 	}
-	if err := c.Barrier(t.Context()); !errors.Is(err, ErrClosed) {
+	if err := c.Barrier(t.Context()); !errors.Is(err, ErrClosed) || !errors.Is(err, collectives.ErrClosed) {
 		t.Errorf("Barrier after Close = %v, want ErrClosed", err)
 	}
 }
