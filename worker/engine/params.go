@@ -104,8 +104,14 @@ func initLocal(ti tensorInfo, seed uint64, t, tp int, dst []float32) {
 	}
 }
 
-// Params is a set of named tensors of the full model, row-major.
-type Params map[string][]float32
+// Tensor is a row-major matrix of the full model.
+type Tensor struct {
+	Rows, Cols int
+	Data       []float32
+}
+
+// Params is a set of named tensors of the full model.
+type Params map[string]*Tensor
 
 // paramPiece is one rank's local piece of a tensor, for reassembly.
 type paramPiece struct {
@@ -120,11 +126,12 @@ type paramPiece struct {
 // assemble writes pieces into full tensors, allocating them on first use.
 func (p Params) assemble(pieces []paramPiece) {
 	for _, pc := range pieces {
-		full, ok := p[pc.Name]
+		t, ok := p[pc.Name]
 		if !ok {
-			full = make([]float32, pc.Rows*pc.Cols)
-			p[pc.Name] = full
+			t = &Tensor{Rows: pc.Rows, Cols: pc.Cols, Data: make([]float32, pc.Rows*pc.Cols)}
+			p[pc.Name] = t
 		}
+		full := t.Data
 		for r := range pc.PRows {
 			copy(full[(pc.Row0+r)*pc.Cols+pc.Col0:(pc.Row0+r)*pc.Cols+pc.Col0+pc.PCols], pc.Data[r*pc.PCols:(r+1)*pc.PCols])
 		}
@@ -136,11 +143,12 @@ func (p Params) assemble(pieces []paramPiece) {
 // a or of another length counts as an infinite difference.
 func (p Params) MaxRelDiff(want Params, floor float64) (float64, string) {
 	worst, where := 0.0, ""
-	for name, w := range want {
-		g, ok := p[name]
-		if !ok || len(g) != len(w) {
+	for name, wt := range want {
+		gt, ok := p[name]
+		if !ok || gt.Rows != wt.Rows || gt.Cols != wt.Cols {
 			return math.Inf(1), name
 		}
+		g, w := gt.Data, wt.Data
 		for i := range w {
 			d := math.Abs(float64(g[i])-float64(w[i])) / math.Max(math.Abs(float64(w[i])), floor)
 			if d > worst || math.IsNaN(d) {
@@ -149,4 +157,13 @@ func (p Params) MaxRelDiff(want Params, floor float64) (float64, string) {
 		}
 	}
 	return worst, where
+}
+
+// pieces returns the tensors as whole pieces, for writing.
+func (p Params) pieces() []paramPiece {
+	var out []paramPiece
+	for name, t := range p {
+		out = append(out, paramPiece{Name: name, Rows: t.Rows, Cols: t.Cols, PRows: t.Rows, PCols: t.Cols, Data: t.Data})
+	}
+	return out
 }

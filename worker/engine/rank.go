@@ -97,6 +97,7 @@ type Rank struct {
 	step    int
 	loss    float64 // summed per-sample loss of this step on this rank
 	mem     Memory
+	stepMem Memory // peaks of the last step
 	stats   StepStats
 	spans   []Span
 	t0      time.Time
@@ -216,6 +217,7 @@ func (r *Rank) Stats() StepStats { return r.stats }
 // mean loss over the global batch, the same on every rank.
 func (r *Rank) Step(ctx context.Context, step int) (float64, error) {
 	r.step, r.loss, r.stats, r.spans = step, 0, StepStats{}, r.spans[:0]
+	r.mem.resetPeaks()
 	r.t0 = time.Now()
 	stepped := false
 	for _, o := range r.ops {
@@ -234,6 +236,7 @@ func (r *Rank) Step(ctx context.Context, step int) (float64, error) {
 			return 0, fmt.Errorf("step %d: schedule left %d buffers of chunk %d unconsumed", step, n, cs.index)
 		}
 	}
+	r.stepMem = r.mem
 	loss, err := r.reduceLoss(ctx)
 	r.stats.Wall = time.Since(r.t0)
 	if err != nil {
@@ -293,6 +296,7 @@ func (r *Rank) exec(ctx context.Context, o schedule.Op) error {
 		return fmt.Errorf("chunk %d outside [0, %d)", o.Chunk, len(r.chunks))
 	}
 	cs := r.chunks[o.Chunk]
+	defer r.countActivations()
 	start := time.Now()
 	tp0 := r.stats.TP
 	var err error
@@ -324,7 +328,6 @@ func (r *Rank) exec(ctx context.Context, o schedule.Op) error {
 			return fmt.Errorf("send to stage %d with a single stage", o.Peer)
 		}
 		err = r.g.PP.Send(ctx, collectives.Float32s(buf), o.Peer)
-		r.mem.add(MemActivations, -len(buf))
 		r.stats.Send += time.Since(start)
 		r.record("send", o.MicroBatch, o.Chunk, start)
 	case schedule.RecvAct, schedule.RecvGrad:
@@ -336,7 +339,6 @@ func (r *Rank) exec(ctx context.Context, o schedule.Op) error {
 			return fmt.Errorf("receive from stage %d with a single stage", o.Peer)
 		}
 		buf := make([]float32, r.micro*cs.spec.Width)
-		r.mem.add(MemActivations, len(buf))
 		err = r.g.PP.Recv(ctx, collectives.Float32s(buf), o.Peer)
 		box[o.MicroBatch] = buf
 		r.stats.Recv += time.Since(start)
@@ -345,6 +347,24 @@ func (r *Rank) exec(ctx context.Context, o schedule.Op) error {
 		err = fmt.Errorf("unknown op kind %s", o.Kind)
 	}
 	return err
+}
+
+// countActivations sets the activation account to what the stashes and the
+// send and receive buffers hold now. It runs after every op, so the peak is
+// taken at op boundaries (buffers inside one pass are not counted).
+func (r *Rank) countActivations() {
+	var n int64
+	for _, cs := range r.chunks {
+		for _, st := range cs.stash {
+			n += st.bytes()
+		}
+		for _, box := range []map[int][]float32{cs.actIn, cs.gradIn, cs.actOut, cs.gradOut} {
+			for _, b := range box {
+				n += int64(4 * len(b))
+			}
+		}
+	}
+	r.mem.addBytes(MemActivations, n-r.mem.cur[MemActivations])
 }
 
 // acquire returns the chunk's full local parameters; under ZeRO-3 it
@@ -381,7 +401,6 @@ func (r *Rank) forward(ctx context.Context, cs *chunkState, o schedule.Op) error
 	var x []float32
 	if cs.index == 0 {
 		x = make([]float32, n*w)
-		r.mem.add(MemActivations, len(x))
 		r.teacher.batch(r.cfg.Job.Seed, r.step, r.first(o.MicroBatch), n, x, r.labels, r.y)
 	} else {
 		var ok bool
@@ -401,14 +420,11 @@ func (r *Rank) forward(ctx context.Context, cs *chunkState, o schedule.Op) error
 		return err
 	}
 	cs.stash[o.MicroBatch] = st
-	r.mem.addBytes(MemActivations, st.bytes()-int64(4*len(x)))
 	if cs.hasHead {
 		r.teacher.batch(r.cfg.Job.Seed, r.step, r.first(o.MicroBatch), n, r.x, r.labels, r.y)
 		r.loss += cs.loss(params, out, r.labels, r.y, float32(1/float64(r.cfg.Job.Batch.Global)), st)
-		r.mem.add(MemActivations, n*cs.spec.Outputs)
 		return nil
 	}
-	r.mem.add(MemActivations, len(out))
 	if r.pp == 1 {
 		r.chunks[o.Chunk+1].actIn[o.MicroBatch] = out
 	} else {
@@ -438,16 +454,12 @@ func (r *Rank) backward(ctx context.Context, cs *chunkState, o schedule.Op) erro
 	if err != nil {
 		return err
 	}
-	before := st.bytes()
 	dx, err := cs.backwardInput(ctx, r.tpReduce, params, dOut, st)
 	r.release(cs, params)
 	if err != nil {
 		return err
 	}
-	// dOut moved into the stash; z was dropped; dz and the head gradient are new.
-	r.mem.addBytes(MemActivations, st.bytes()-before-int64(4*len(dOut)))
 	if cs.index > 0 {
-		r.mem.add(MemActivations, len(dx))
 		if r.pp == 1 {
 			r.chunks[o.Chunk-1].gradIn[o.MicroBatch] = dx
 		} else {
@@ -469,7 +481,6 @@ func (r *Rank) weight(ctx context.Context, cs *chunkState, mb int) error {
 		return fmt.Errorf("weight pass of micro-batch %d before its backward", mb)
 	}
 	delete(cs.stash, mb)
-	r.mem.addBytes(MemActivations, -st.bytes())
 	if r.cfg.Zero < 2 {
 		cs.backwardWeight(cs.grads, st)
 		return nil

@@ -143,7 +143,19 @@ func (r *Rank) WriteParams(ctx context.Context, dir string) error {
 	if err != nil || r.coord.DP != 0 {
 		return err
 	}
-	path := filepath.Join(dir, fmt.Sprintf("params-pp%d-tp%d.gob", r.coord.PP, r.coord.TP))
+	return writePieces(filepath.Join(dir, fmt.Sprintf("params-pp%d-tp%d.gob", r.coord.PP, r.coord.TP)), pieces)
+}
+
+// SaveParams writes a whole model to dir for ReadParams.
+func SaveParams(dir string, p Params) error {
+	return writePieces(filepath.Join(dir, "params-full.gob"), p.pieces())
+}
+
+// writePieces writes pieces to path through a temporary file and a rename.
+func writePieces(path string, pieces []paramPiece) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
 	f, err := os.Create(path + ".tmp")
 	if err != nil {
 		return err
@@ -160,7 +172,7 @@ func (r *Rank) WriteParams(ctx context.Context, dir string) error {
 
 // ReadParams assembles the full model from the files WriteParams left in dir.
 func ReadParams(dir string) (Params, error) {
-	files, err := filepath.Glob(filepath.Join(dir, "params-pp*-tp*.gob"))
+	files, err := filepath.Glob(filepath.Join(dir, "params-*.gob"))
 	if err != nil {
 		return nil, err
 	}
