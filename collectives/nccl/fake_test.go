@@ -140,7 +140,7 @@ func needFake(t *testing.T) {
 }
 
 // fakeConfig is a Config pointing at the fakes, with short timeouts.
-func fakeConfig(t *testing.T, rank, size int, store Store, key string) *Config {
+func fakeConfig(t testing.TB, rank, size int, store Store, key string) *Config {
 	cfg := DefaultConfig()
 	cfg.NCCLLibrary = filepath.Join(fakeDir, "libnccl.so.2")
 	cfg.CUDARTLibraries = []string{filepath.Join(fakeDir, "libcudart.so")}
@@ -153,24 +153,39 @@ func fakeConfig(t *testing.T, rank, size int, store Store, key string) *Config {
 
 // group builds size communicators over the fakes, one goroutine per rank,
 // and closes them at the end of the test. tweak may adjust each Config.
-func group(t *testing.T, size int, tweak func(*Config)) []*Communicator {
+func group(t testing.TB, size int, tweak func(*Config)) []*Communicator {
 	t.Helper()
 	store := newMemStore()
 	key := fmt.Sprintf("%s/nccl-id", t.Name())
+	return newGroup(t, size, func(r int) *Config {
+		cfg := fakeConfig(t, r, size, store, key)
+		if tweak != nil {
+			tweak(cfg)
+		}
+		return cfg
+	})
+}
+
+// newGroup calls New for every rank concurrently with the Config mk returns
+// and registers Close on t.
+func newGroup(t testing.TB, size int, mk func(rank int) *Config) []*Communicator {
+	t.Helper()
 	comms := make([]*Communicator, size)
 	g, ctx := errgroup.WithContext(t.Context())
 	for r := range size {
+		cfg := mk(r)
 		g.Go(func() error {
-			cfg := fakeConfig(t, r, size, store, key)
-			if tweak != nil {
-				tweak(cfg)
-			}
 			c, err := New(ctx, cfg)
 			comms[r] = c
 			return err
 		})
 	}
 	if err := g.Wait(); err != nil {
+		for _, c := range comms {
+			if c != nil {
+				c.Abort()
+			}
+		}
 		t.Fatalf("New: %v", err)
 	}
 	t.Cleanup(func() {

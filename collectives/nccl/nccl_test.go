@@ -524,7 +524,7 @@ func TestCollectivesAgainstReference(t *testing.T) {
 	}
 }
 
-func mustAll(t *testing.T, what string, errs []error) {
+func mustAll(t testing.TB, what string, errs []error) {
 	t.Helper()
 	for r, err := range errs {
 		if err != nil {
