@@ -1,0 +1,178 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	"gpucoord/schedule"
+	"gpucoord/worker/engine"
+)
+
+func init() { subcommands = append(subcommands, newTrainCmd) }
+
+// trainFlags are the flags of train, shared with its hidden child command.
+type trainFlags struct {
+	np, tp, pp, dp, vpp, zero int
+	schedule                  string
+	steps                     int
+	seed                      uint64
+	inproc, json              bool
+	saveParams                string
+}
+
+func (f *trainFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.IntVar(&f.np, "np", 0, "number of ranks (default tp*pp*dp)")
+	fl.IntVar(&f.tp, "tp", 1, "tensor-parallel degree (divides model.hidden)")
+	fl.IntVar(&f.pp, "pp", 1, "pipeline stages (pp*vpp divides model.blocks)")
+	fl.IntVar(&f.dp, "dp", 0, "data-parallel degree (default np/(tp*pp), else 1)")
+	fl.IntVar(&f.vpp, "vpp", 0, "model chunks per pipeline rank (default 2 with --schedule interleaved, else 1)")
+	fl.IntVar(&f.zero, "zero", 0, "ZeRO stage 0-3")
+	fl.StringVar(&f.schedule, "schedule", string(schedule.OneFOneB), "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1")
+	fl.IntVar(&f.steps, "steps", 0, "optimizer steps (overrides the job file)")
+	fl.Uint64Var(&f.seed, "seed", 0, "seed of weights and data (overrides the job file)")
+	fl.BoolVar(&f.inproc, "inproc", false, "run the ranks as goroutines over an in-memory network instead of processes over TCP")
+	fl.BoolVar(&f.json, "json", false, `print one JSON object per step on stdout: {"step": N, "loss": X, ...}`)
+	fl.StringVar(&f.saveParams, "save-params", "", "write the final parameters to this directory (one file per tp/pp rank)")
+}
+
+// config loads the job, applies the overrides and checks the layout.
+func (f *trainFlags) config(cmd *cobra.Command, path string) (*engine.Config, error) {
+	job, err := engine.LoadJob(path)
+	if err != nil {
+		return nil, err
+	}
+	if cmd.Flags().Changed("steps") {
+		job.Steps = f.steps
+	}
+	if cmd.Flags().Changed("seed") {
+		job.Seed = f.seed
+	}
+	kind, err := schedule.ParseKind(f.schedule)
+	if err != nil {
+		return nil, err
+	}
+	if f.tp < 1 || f.pp < 1 || f.np < 0 || f.dp < 0 {
+		return nil, fmt.Errorf("--tp %d, --pp %d must be at least 1 and --np %d, --dp %d not negative", f.tp, f.pp, f.np, f.dp)
+	}
+	dp := f.dp
+	if dp == 0 {
+		dp = 1
+		if f.np > 0 {
+			if f.np%(f.tp*f.pp) != 0 {
+				return nil, fmt.Errorf("--np %d is not divisible by tp*pp = %d*%d", f.np, f.tp, f.pp)
+			}
+			dp = f.np / (f.tp * f.pp)
+		}
+	}
+	if f.np > 0 && f.np != f.tp*f.pp*dp {
+		return nil, fmt.Errorf("--np %d must equal tp*pp*dp = %d*%d*%d", f.np, f.tp, f.pp, dp)
+	}
+	vpp := f.vpp
+	if vpp == 0 {
+		vpp = 1
+		if kind == schedule.Interleaved {
+			vpp = 2
+		}
+	}
+	cfg := engine.DefaultConfig(job)
+	cfg.TP, cfg.PP, cfg.DP, cfg.Virtual, cfg.Schedule, cfg.Zero = f.tp, f.pp, dp, vpp, kind, f.zero
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if _, err := cfg.Plan(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func newTrainCmd() *cobra.Command {
+	var f trainFlags
+	cmd := &cobra.Command{
+		Use:   "train [flags] JOB.yaml",
+		Short: "Train a native-engine job on a 3D-parallel layout of local processes",
+		Long: `train runs the native Go engine on a job file (examples/jobs/mlp.yaml):
+tensor-parallel layers over --tp ranks, --pp pipeline stages run by --schedule,
+--dp data-parallel replicas with ZeRO stage --zero. Ranks are local processes
+joined over TCP on 127.0.0.1, or goroutines with --inproc. Every layout
+computes the same losses as a single process.`,
+		Example: "  gpucoord train --np 8 --tp 2 --pp 2 --dp 2 --schedule 1f1b --zero 1 examples/jobs/mlp.yaml",
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError(fmt.Errorf("train needs exactly one job file, got %d arguments", len(args)))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := f.config(cmd, args[0])
+			if err != nil {
+				return usageError(err)
+			}
+			out := newStepPrinter(cmd.OutOrStdout(), cfg, f.json)
+			if f.inproc {
+				res, err := engine.RunInProc(cmd.Context(), cfg, out.print)
+				if err != nil {
+					return err
+				}
+				if f.saveParams != "" {
+					if err := engine.SaveParams(f.saveParams, res.Params); err != nil {
+						return err
+					}
+				}
+				return out.done()
+			}
+			if err := launchTrain(cmd.Context(), cmd.ErrOrStderr(), cfg, &f, args[0], out.print); err != nil {
+				return err
+			}
+			return out.done()
+		},
+	}
+	f.register(cmd)
+	return cmd
+}
+
+// stepPrinter writes rank 0's step results: a progress line per step, or
+// JSON lines.
+type stepPrinter struct {
+	w     io.Writer
+	cfg   *engine.Config
+	json  *json.Encoder
+	last  engine.StepResult
+	total float64
+}
+
+func newStepPrinter(w io.Writer, cfg *engine.Config, asJSON bool) *stepPrinter {
+	p := &stepPrinter{w: w, cfg: cfg}
+	if asJSON {
+		p.json = json.NewEncoder(w)
+	} else {
+		fmt.Fprintf(w, "training %s: tp %d pp %d dp %d (%d ranks), %s x%d chunks, ZeRO %d, %d micro-batches of %d, %d steps\n",
+			cfg.Job.Name, cfg.TP, cfg.PP, cfg.DP, cfg.World(), cfg.Schedule, cfg.Virtual, cfg.Zero,
+			cfg.Microbatches(), cfg.Job.Batch.Micro, cfg.Job.Steps)
+	}
+	return p
+}
+
+func (p *stepPrinter) print(s engine.StepResult) error {
+	p.last, p.total = s, p.total+s.Seconds
+	if p.json != nil {
+		return p.json.Encode(s)
+	}
+	_, err := fmt.Fprintf(p.w, "step %*d/%d  loss %.6f  %7.1f ms  %8.0f samples/s\n",
+		len(fmt.Sprint(p.cfg.Job.Steps)), s.Step, p.cfg.Job.Steps, s.Loss, 1e3*s.Seconds, s.SamplesPerSec)
+	return err
+}
+
+func (p *stepPrinter) done() error {
+	if p.last.Step != p.cfg.Job.Steps {
+		return fmt.Errorf("training ended after %d of %d steps", p.last.Step, p.cfg.Job.Steps)
+	}
+	if p.json == nil {
+		fmt.Fprintf(p.w, "done: %d steps in %.2f s, final loss %.6f, %.0f samples/s\n",
+			p.last.Step, p.total, p.last.Loss, float64(p.cfg.Job.Steps*p.cfg.Job.Batch.Global)/p.total)
+	}
+	return nil
+}

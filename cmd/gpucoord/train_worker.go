@@ -1,0 +1,173 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"gpucoord/collectives"
+	"gpucoord/collectives/tcp"
+	"gpucoord/worker/engine"
+)
+
+func init() { subcommands = append(subcommands, newTrainWorkerCmd) }
+
+// trainWorkerCmd is the hidden child of train: one rank of a TCP world.
+const trainWorkerCmd = "train-worker"
+
+// launchTrain runs the job as cfg.World() child processes of this binary
+// joined over TCP on 127.0.0.1 through a store served here. Rank 0 writes
+// its step results to its stdout as JSON lines, which are handed to report.
+// If any child fails, the others are killed.
+func launchTrain(ctx context.Context, stderr io.Writer, cfg *engine.Config, f *trainFlags, jobPath string, report func(engine.StepResult) error) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	storeCtx, stopStore := context.WithCancel(ctx)
+	storeDone := make(chan error, 1)
+	go func() { storeDone <- tcp.ServeStore(storeCtx, ln, collectives.NewMemStore()) }()
+	defer func() { stopStore(); <-storeDone }()
+	for rank := range cfg.World() {
+		args := []string{trainWorkerCmd, "--rank", strconv.Itoa(rank), "--store", ln.Addr().String(),
+			"--tp", strconv.Itoa(cfg.TP), "--pp", strconv.Itoa(cfg.PP), "--dp", strconv.Itoa(cfg.DP),
+			"--vpp", strconv.Itoa(cfg.Virtual), "--zero", strconv.Itoa(cfg.Zero), "--schedule", string(cfg.Schedule),
+			"--steps", strconv.Itoa(cfg.Job.Steps), "--seed", strconv.FormatUint(cfg.Job.Seed, 10)}
+		if f.saveParams != "" {
+			args = append(args, "--save-params", f.saveParams)
+		}
+		cmd := exec.CommandContext(ctx, exe, append(args, jobPath)...)
+		cmd.Stderr = stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		var out io.ReadCloser
+		if rank == 0 {
+			if out, err = cmd.StdoutPipe(); err != nil {
+				return err
+			}
+		}
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start rank %d: %w", rank, err)
+		}
+		g.Go(func() error {
+			var readErr error
+			if out != nil {
+				readErr = readSteps(out, report)
+				if readErr != nil {
+					io.Copy(io.Discard, out)
+				}
+			}
+			if err := cmd.Wait(); err != nil {
+				return fmt.Errorf("rank %d: %w", rank, err)
+			}
+			return readErr
+		})
+	}
+	if err := g.Wait(); err != nil {
+		if ctxErr := context.Cause(ctx); ctxErr != nil && !errors.Is(ctxErr, context.Canceled) {
+			return ctxErr
+		}
+		return err
+	}
+	return nil
+}
+
+// readSteps decodes rank 0's JSON step lines.
+func readSteps(r io.Reader, report func(engine.StepResult) error) error {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		var s engine.StepResult
+		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
+			return fmt.Errorf("rank 0 output %q: %w", sc.Text(), err)
+		}
+		if err := report(s); err != nil {
+			return err
+		}
+	}
+	return sc.Err()
+}
+
+func newTrainWorkerCmd() *cobra.Command {
+	var f trainFlags
+	var rank int
+	var store string
+	cmd := &cobra.Command{
+		Use:    trainWorkerCmd + " --rank R --store ADDR [train flags] JOB.yaml",
+		Short:  "One rank of gpucoord train (started by train; not for direct use)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := f.config(cmd, args[0])
+			if err != nil {
+				return usageError(err)
+			}
+			ctx := cmd.Context()
+			st, err := tcp.DialStore(ctx, store)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			// Once every rank has passed the final barrier, sockets closing are
+			// the expected end, not news: raise the level then.
+			level := new(slog.LevelVar)
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			tc := tcp.DefaultConfig()
+			tc.Rank, tc.Size, tc.Store, tc.Logger = rank, cfg.World(), st, log
+			t, err := tcp.New(ctx, tc)
+			if err != nil {
+				return fmt.Errorf("rank %d: connect: %w", rank, err)
+			}
+			defer t.Close()
+			cc := collectives.DefaultConfig()
+			cc.Logger = log
+			world, err := collectives.New(t, cc)
+			if err != nil {
+				return err
+			}
+			defer world.Close()
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			r, err := engine.Train(ctx, cfg, world, func(s engine.StepResult) error {
+				if rank == 0 {
+					return enc.Encode(s)
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			if f.saveParams != "" {
+				if err := r.WriteParams(ctx, f.saveParams); err != nil {
+					return err
+				}
+			}
+			// Leave together: a rank that closed its sockets early would look
+			// like a lost peer to one still finishing its last collective.
+			if err := world.Barrier(ctx); err != nil {
+				return err
+			}
+			level.Set(slog.LevelError)
+			return nil
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().IntVar(&rank, "rank", 0, "this process's global rank")
+	cmd.Flags().StringVar(&store, "store", "", "address of the rendezvous store")
+	return cmd
+}
