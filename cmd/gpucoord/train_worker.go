@@ -159,11 +159,14 @@ func newTrainWorkerCmd() *cobra.Command {
 			}
 			// Leave together: a rank that closed its sockets early would look
 			// like a lost peer to one still finishing its last collective.
+			// After the first barrier the run is done and sockets closing are
+			// expected; the second makes sure every rank knows that before
+			// any rank closes.
 			if err := world.Barrier(ctx); err != nil {
 				return err
 			}
 			level.Set(slog.LevelError)
-			return nil
+			return world.Barrier(ctx)
 		},
 	}
 	f.register(cmd)
