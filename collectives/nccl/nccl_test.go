@@ -131,8 +131,9 @@ func TestDefaultConfigEnv(t *testing.T) {
 func TestUnavailableOnThisMachine(t *testing.T) {
 	t.Setenv(EnvNCCLLibrary, "")
 	t.Setenv(EnvCUDARTLibrary, "")
-	_, err := New(t.Context(), DefaultConfig())
+	c, err := New(t.Context(), DefaultConfig())
 	if err == nil {
+		c.Close()
 		t.Skip("NCCL and a CUDA device are present here; see TestRealGPU")
 	}
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "NCCL is not available") {
