@@ -13,7 +13,7 @@ func gib(b float64) string { return fmt.Sprintf("%.1f GiB", b/topology.GiB) }
 // reasons explains, in plain language, each way the plan does not fit, and
 // what would help. An empty list means it fits.
 func reasons(p *topology.Plan, r Report) []string {
-	var out []string
+	out := []string{} // JSON [] rather than null when it fits
 	for st, m := range r.Memory.Stages {
 		if m.Total <= r.Memory.CapacityBytes {
 			continue

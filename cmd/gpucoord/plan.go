@@ -1,0 +1,273 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"gpucoord/schedule"
+	"gpucoord/topology"
+	"gpucoord/topology/estimate"
+)
+
+func init() { subcommands = append(subcommands, newPlanCmd) }
+
+// planFlags holds the raw flags of `gpucoord plan`.
+type planFlags struct {
+	cluster, model, order, schedule, recompute, precision, svg string
+	nodes, gpusPerNode                                         int
+	layers, hidden, heads, ffn, vocab, seq                     int
+	params                                                     float64
+	cfg                                                        topology.Config
+	auto, json                                                 bool
+	top                                                        int
+}
+
+func newPlanCmd() *cobra.Command {
+	f := &planFlags{cfg: topology.DefaultConfig()}
+	cmd := &cobra.Command{
+		Use:   "plan [flags]",
+		Short: "Dry-run a parallel layout: rank map, groups, memory, bubble, traffic, step time",
+		Long: `plan lays a model out on a cluster with tensor (tp), pipeline (pp) and data (dp)
+parallelism and ZeRO sharding, without touching a GPU. It prints the rank map and
+every process group (Megatron-LM's tp-cp-dp-pp order by default), per-GPU memory by
+part and stage, the pipeline bubble, traffic per group, FLOPs and an estimated step
+time, and whether it fits; --auto searches every valid layout and ranks those that fit.
+
+Clusters: a preset (` + fmt.Sprint(topology.ClusterPresets()) + `) or a YAML file.
+Models:   a preset (` + fmt.Sprint(topology.ModelPresets()) + `),
+          a YAML file, an architecture (--layers --hidden --heads --vocab --seq), or --params N.
+Formulas and sources: docs/PLANNING.md.
+
+Exit status: 0 the plan fits, 3 it does not fit (printed in full with the reasons),
+2 invalid input (the message names the value and the rule).`,
+		Example: `  gpucoord plan --cluster examples/clusters/dgx-h100-32.yaml --model gpt-13b --tp 8 --pp 4 --zero 1
+  gpucoord plan --cluster dgx-a100 --nodes 16 --model gpt-39b --tp 8 --pp 2 --recompute full --json
+  gpucoord plan --params 7.5e9 --nodes 8 --zero 3
+  gpucoord plan --cluster gb200-nvl72 --model llama-70b --auto`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runPlan(cmd, f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.cluster, "cluster", "dgx-h100", "cluster preset or YAML file")
+	fl.IntVar(&f.nodes, "nodes", 0, "override the cluster's node count")
+	fl.IntVar(&f.gpusPerNode, "gpus-per-node", 0, "override the cluster's GPUs per node")
+	fl.StringVar(&f.model, "model", "", "model preset or YAML file")
+	fl.Float64Var(&f.params, "params", 0, "bare parameter count (model states only), e.g. 7.5e9")
+	fl.IntVar(&f.layers, "layers", 0, "transformer layers (overrides the model)")
+	fl.IntVar(&f.hidden, "hidden", 0, "hidden size (overrides the model)")
+	fl.IntVar(&f.heads, "heads", 0, "attention heads (overrides the model)")
+	fl.IntVar(&f.ffn, "ffn", 0, "MLP inner size, default 4*hidden (overrides the model)")
+	fl.IntVar(&f.vocab, "vocab", 0, "vocabulary size (overrides the model)")
+	fl.IntVar(&f.seq, "seq", 0, "sequence length (overrides the model)")
+	fl.IntVar(&f.cfg.TP, "tp", 1, "tensor-parallel degree (inside an NVLink domain)")
+	fl.IntVar(&f.cfg.PP, "pp", 1, "pipeline-parallel degree")
+	fl.IntVar(&f.cfg.DP, "dp", 0, "data-parallel degree (default: world / (tp*pp))")
+	fl.IntVar(&f.cfg.VPP, "vpp", 1, "virtual pipeline stages per rank (needs --schedule interleaved)")
+	fl.IntVar(&f.cfg.Zero, "zero", 0, "ZeRO stage 0-3")
+	fl.IntVar(&f.cfg.MicroBatch, "micro-batch", 1, "micro-batch size in sequences")
+	fl.IntVar(&f.cfg.GlobalBatch, "global-batch", 0, "global batch in sequences (default: 4*pp micro-batches per replica; with --auto the world size)")
+	fl.StringVar(&f.schedule, "schedule", string(schedule.OneFOneB), "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1")
+	fl.StringVar(&f.recompute, "recompute", string(topology.RecomputeNone), "activation recomputation: none, selective, full")
+	fl.BoolVar(&f.cfg.SequenceParallel, "sequence-parallel", false, "split layer-norm and dropout activations across the TP group")
+	fl.BoolVar(&f.cfg.FlashAttention, "flash-attention", true, "flash attention (--flash-attention=false materialises attention scores)")
+	fl.BoolVar(&f.cfg.OffloadOptimizer, "offload-optimizer", false, "keep optimizer state in host memory")
+	fl.StringVar(&f.precision, "precision", string(topology.PrecisionBF16), "bf16 or fp16 (mixed, with fp32 Adam) or fp32")
+	fl.StringVar(&f.order, "order", topology.DefaultOrder, "rank order, fastest axis first, or pipe-data-model (DeepSpeed)")
+	fl.BoolVar(&f.auto, "auto", false, "search every valid layout and rank the ones that fit")
+	fl.IntVar(&f.top, "top", 5, "with --auto, how many plans to print")
+	fl.BoolVar(&f.json, "json", false, "print JSON for scripts")
+	fl.StringVar(&f.svg, "svg", "", "write a picture of the rank grid and the pipeline timeline to FILE")
+	return cmd
+}
+
+// resolve turns the flags into a cluster, a model and a config.
+func (f *planFlags) resolve(cmd *cobra.Command) (topology.Cluster, topology.Model, topology.Config, error) {
+	var m topology.Model
+	cfg := f.cfg
+	cl, err := topology.LoadCluster(f.cluster)
+	if err != nil {
+		return cl, m, cfg, err
+	}
+	changed := cmd.Flags().Changed
+	if changed("nodes") {
+		cl.Nodes = f.nodes
+	}
+	if changed("gpus-per-node") {
+		cl.GPUsPerNode = f.gpusPerNode
+	}
+	arch := changed("layers") || changed("hidden") || changed("heads") || changed("ffn") || changed("vocab") || changed("seq")
+	switch {
+	case f.model != "":
+		if m, err = topology.LoadModel(f.model); err != nil {
+			return cl, m, cfg, err
+		}
+	case arch:
+		m = topology.Model{Name: "custom", LearnedPositions: true}
+	case changed("params"):
+		m = topology.Model{Name: fmt.Sprintf("%.3g params", f.params)}
+	default:
+		return cl, m, cfg, fmt.Errorf("no model: give --model PRESET|FILE, an architecture (--layers --hidden --heads --vocab --seq) or --params N: %w", topology.ErrInvalid)
+	}
+	for _, o := range []struct {
+		flag string
+		dst  *int
+		val  int
+	}{{"layers", &m.Layers, f.layers}, {"hidden", &m.Hidden, f.hidden}, {"heads", &m.Heads, f.heads},
+		{"ffn", &m.FFN, f.ffn}, {"vocab", &m.Vocab, f.vocab}, {"seq", &m.Seq, f.seq}} {
+		if changed(o.flag) {
+			*o.dst = o.val
+		}
+	}
+	if changed("params") {
+		if m.Layers != 0 {
+			return cl, m, cfg, fmt.Errorf("--params %g: give either a parameter count or an architecture, not both: %w", f.params, topology.ErrInvalid)
+		}
+		m.Params = f.params
+	}
+	cfg.Schedule = schedule.Kind(f.schedule)
+	cfg.Recompute = topology.Recompute(f.recompute)
+	cfg.Precision = topology.Precision(f.precision)
+	cfg.Order = f.order
+	return cl, m, cfg, nil
+}
+
+// isInput reports whether err is the user's input being wrong.
+func isInput(err error) bool {
+	return errors.Is(err, topology.ErrInvalid) || errors.Is(err, topology.ErrUnknownPreset)
+}
+
+func runPlan(cmd *cobra.Command, f *planFlags) error {
+	out := cmd.OutOrStdout()
+	cl, m, cfg, err := f.resolve(cmd)
+	if err != nil {
+		return classify(err)
+	}
+	if f.auto {
+		return runAuto(cmd, f, cl, m, cfg)
+	}
+	p, err := topology.New(cl, m, cfg)
+	if err != nil {
+		return classify(err)
+	}
+	r, err := estimate.Evaluate(p)
+	if err != nil {
+		return classify(err)
+	}
+	if err := writePlan(out, f, p, r); err != nil {
+		return err
+	}
+	if !r.Fits {
+		return &exitError{code: exitNoFit}
+	}
+	return nil
+}
+
+func classify(err error) error {
+	if isInput(err) {
+		return usageError(err)
+	}
+	return err
+}
+
+func writePlan(out io.Writer, f *planFlags, p *topology.Plan, r estimate.Report) error {
+	if f.svg != "" {
+		if err := writeFile(f.svg, func(w io.Writer) error { return estimate.WriteSVG(w, p, r) }); err != nil {
+			return err
+		}
+	}
+	if f.json {
+		return estimate.WriteJSON(out, p, r)
+	}
+	return estimate.WriteText(out, p, r)
+}
+
+// autoPlan is one ranked plan in `plan --auto --json`.
+type autoPlan struct {
+	Rank     int                   `json:"rank"`
+	Parallel topology.Config       `json:"parallel"`
+	Memory   estimate.MemoryReport `json:"memory"`
+	Pipeline estimate.Pipeline     `json:"pipeline"`
+	Step     estimate.Step         `json:"step"`
+	Traffic  []estimate.Traffic    `json:"traffic"`
+	Fits     bool                  `json:"fits"`
+}
+
+func runAuto(cmd *cobra.Command, f *planFlags, cl topology.Cluster, m topology.Model, base topology.Config) error {
+	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	if err := cl.Validate(); err != nil {
+		return usageError(err)
+	}
+	if err := m.Validate(); err != nil {
+		return usageError(err)
+	}
+	if f.top < 1 {
+		return usageError(fmt.Errorf("--top %d: must be at least 1", f.top))
+	}
+	res, err := estimate.Search(cl, m, base, topology.DefaultSearchSpace(), f.top, func(n int) {
+		fmt.Fprintf(errw, "searched %d layouts...\n", n)
+	})
+	if err != nil {
+		return classify(err)
+	}
+	if f.json {
+		doc := struct {
+			Candidates int        `json:"candidates"`
+			Fitting    int        `json:"fitting"`
+			Why        string     `json:"why"`
+			Plans      []autoPlan `json:"plans"`
+		}{Candidates: res.Candidates, Fitting: res.Fitting, Why: res.Why, Plans: []autoPlan{}}
+		for i, t := range res.Top {
+			doc.Plans = append(doc.Plans, autoPlan{Rank: i + 1, Parallel: t.Plan.Config, Memory: t.Report.Memory,
+				Pipeline: t.Report.Pipeline, Step: t.Report.Step, Traffic: t.Report.Traffic, Fits: t.Report.Fits})
+		}
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(doc); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(out, "searched %d valid layouts of %s on %d GPUs; %d fit\n\n", res.Candidates, m.Name, cl.World(), res.Fitting)
+		if len(res.Top) > 0 {
+			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "#\ttp\tpp\tdp\tvpp\tzero\tmb\trecompute\tschedule\tstep s\tTFLOP/s/GPU\tbubble\tmem GiB")
+			for i, t := range res.Top {
+				c := t.Plan.Config
+				fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%.3f\t%.0f\t%.1f%%\t%.1f\n", i+1, c.TP, c.PP, c.DP, c.VPP, c.Zero, c.MicroBatch,
+					c.Recompute, c.Schedule, t.Report.Step.Seconds, t.Report.Step.TFLOPSPerGPU, 100*t.Report.Pipeline.BubbleFraction,
+					t.Report.Memory.PerGPU.Total/topology.GiB)
+			}
+			tw.Flush()
+			fmt.Fprintf(out, "\nwhy: %s\n", res.Why)
+		}
+	}
+	if len(res.Top) == 0 {
+		if !f.json {
+			fmt.Fprintln(out, "no layout fits: try more GPUs, a larger --global-batch split, or --offload-optimizer")
+		}
+		return &exitError{code: exitNoFit}
+	}
+	if f.svg != "" {
+		best := res.Top[0]
+		return writeFile(f.svg, func(w io.Writer) error { return estimate.WriteSVG(w, best.Plan, best.Report) })
+	}
+	return nil
+}
+
+// writeFile creates path and fills it with write, reporting either error.
+func writeFile(path string, write func(io.Writer) error) error {
+	fh, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(fh); err != nil {
+		fh.Close()
+		return err
+	}
+	return fh.Close()
+}

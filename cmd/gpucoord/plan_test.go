@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// runCLI runs gpucoord with args and returns stdout and the exit code main
+// would use.
+func runCLI(t *testing.T, args ...string) (string, int, error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := run(t.Context(), args, &out, &errb)
+	code := 0
+	if err != nil {
+		code = exitFailure
+		var ee *exitError
+		if errors.As(err, &ee) {
+			code = ee.code
+		}
+	}
+	return out.String(), code, err
+}
+
+func TestPlanExitCodes(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantMsg  string // in the error (exit 2) or the output (exit 0, 3)
+	}{
+		{"fits", []string{"plan", "--cluster", "../../examples/clusters/dgx-h100-32.yaml", "--model", "gpt-13b", "--tp", "8", "--pp", "4", "--zero", "1"}, 0, "fits     yes"},
+		{"does not fit", []string{"plan", "--model", "gpt-175b", "--tp", "8", "--flash-attention=false"}, 3, "does not fit: stage 0 needs"},
+		{"world not divisible", []string{"plan", "--model", "gpt-13b", "--nodes", "3", "--gpus-per-node", "2", "--tp", "4"}, 2, "world size 6 (3 nodes x 2 GPUs) is not divisible by tp*pp = 4"},
+		{"tp beyond nvlink", []string{"plan", "--model", "gpt-13b", "--nodes", "2", "--tp", "16"}, 2, "tp 16 is larger than the NVLink domain of 8 GPUs"},
+		{"heads", []string{"plan", "--model", "gpt-1.7b", "--nodes", "2", "--gpus-per-node", "16", "--tp", "16"}, 2, "heads 24 is not divisible by tp 16"},
+		{"layers", []string{"plan", "--model", "gpt-13b", "--nodes", "3", "--pp", "3"}, 2, "layers 40 is not divisible by pp*vpp = 3"},
+		{"interleaved microbatches", []string{"plan", "--model", "gpt-13b", "--pp", "4", "--vpp", "2", "--schedule", "interleaved", "--global-batch", "6"}, 2, "not a multiple of pp 4"},
+		{"global batch", []string{"plan", "--model", "gpt-13b", "--global-batch", "12"}, 2, "global batch 12 is not divisible by micro-batch*dp = 8"},
+		{"unknown cluster preset", []string{"plan", "--model", "gpt-13b", "--cluster", "dgx-z900"}, 2, `cluster "dgx-z900": unknown preset`},
+		{"unknown model preset", []string{"plan", "--model", "gpt-9000b"}, 2, `model "gpt-9000b": unknown preset`},
+		{"no model", []string{"plan"}, 2, "no model"},
+		{"bad flag value", []string{"plan", "--tp", "two"}, 2, "invalid argument"},
+		{"bad recompute", []string{"plan", "--model", "gpt-13b", "--recompute", "some"}, 2, `recompute "some"`},
+		{"bare params", []string{"plan", "--params", "7.5e9", "--nodes", "8", "--zero", "3"}, 0, "no time estimate for a bare parameter count"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out, code, err := runCLI(t, tc.args...)
+			if code != tc.wantCode {
+				t.Fatalf("exit %d, want %d (err %v)\n%s", code, tc.wantCode, err, out)
+			}
+			text := out
+			if code == exitUsage {
+				text = err.Error()
+				if strings.Contains(text, "\n") {
+					t.Errorf("error %q: want one line", text)
+				}
+			}
+			if !strings.Contains(text, tc.wantMsg) {
+				t.Errorf("want %q in:\n%s", tc.wantMsg, text)
+			}
+		})
+	}
+}
+
+func TestPlanMalformedYAML(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"unknown-field.yaml": "nodes: 2\ngpus_per_node: 8\ngpu_memory_gib: 80\npeak_tflops: 1\nnvlink_gbps: 1\ninter_node_gbps: 1\ncolour: red\n",
+		"broken.yaml":        "nodes: [2\n",
+		"wrong-type.yaml":    "nodes: many\n",
+		"empty.yaml":         "",
+	} {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, code, err := runCLI(t, "plan", "--cluster", path, "--model", "gpt-1.7b")
+		if code != exitUsage {
+			t.Errorf("%s: exit %d (err %v), want 2", name, code, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: error %q does not name the file", name, err)
+		}
+	}
+}
+
+func TestPlanJSON(t *testing.T) {
+	out, code, err := runCLI(t, "plan", "--nodes", "2", "--model", "gpt-1.7b", "--tp", "2", "--pp", "4", "--zero", "2", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %v", code, err)
+	}
+	var doc struct {
+		WorldSize int    `json:"world_size"`
+		Order     string `json:"order"`
+		Parallel  struct{ TP, PP, DP, VPP, Zero int }
+		Ranks     []struct {
+			Rank, Node, TP, PP, DP int
+			LocalGPU               int `json:"local_gpu"`
+		}
+		Groups struct{ TP, PP, DP [][]int }
+		Memory struct {
+			PerGPU struct {
+				Params, Grads, Optimizer, Activations, Other, Total float64
+			} `json:"per_gpu_bytes"`
+			CapacityBytes float64 `json:"capacity_bytes"`
+		}
+		Pipeline struct {
+			Schedule       string
+			Microbatches   int
+			BubbleFraction float64 `json:"bubble_fraction"`
+		}
+		Step struct {
+			FLOPs, Seconds float64
+			TFLOPSPerGPU   float64 `json:"tflops_per_gpu"`
+		}
+		Fits    *bool
+		Reasons []string
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("bad JSON: %v\n%s", err, out)
+	}
+	if doc.WorldSize != 16 || doc.Parallel.TP != 2 || doc.Parallel.PP != 4 || doc.Parallel.DP != 2 || doc.Parallel.Zero != 2 || doc.Parallel.VPP != 1 {
+		t.Errorf("world/parallel = %d %+v", doc.WorldSize, doc.Parallel)
+	}
+	if doc.Order != "tp-cp-dp-pp" {
+		t.Errorf("order = %q", doc.Order)
+	}
+	if len(doc.Ranks) != 16 || doc.Ranks[13].Node != 1 || doc.Ranks[13].LocalGPU != 5 || doc.Ranks[13].TP != 1 || doc.Ranks[13].DP != 0 || doc.Ranks[13].PP != 3 {
+		t.Errorf("rank 13 = %+v", doc.Ranks[13])
+	}
+	if len(doc.Groups.PP) != 4 || len(doc.Groups.PP[0]) != 4 || doc.Groups.PP[1][3] != 13 {
+		t.Errorf("pp groups = %v", doc.Groups.PP)
+	}
+	m := doc.Memory.PerGPU
+	if m.Total <= 0 || m.Total != m.Params+m.Grads+m.Optimizer+m.Activations+m.Other || doc.Memory.CapacityBytes != 80*(1<<30) {
+		t.Errorf("memory = %+v cap %g", m, doc.Memory.CapacityBytes)
+	}
+	if doc.Pipeline.Schedule != "1f1b" || doc.Pipeline.Microbatches != 16 || doc.Pipeline.BubbleFraction <= 0 {
+		t.Errorf("pipeline = %+v", doc.Pipeline)
+	}
+	if doc.Step.FLOPs <= 0 || doc.Step.Seconds <= 0 || doc.Step.TFLOPSPerGPU <= 0 {
+		t.Errorf("step = %+v", doc.Step)
+	}
+	if doc.Fits == nil || !*doc.Fits || len(doc.Reasons) != 0 {
+		t.Errorf("fits = %v", doc.Fits)
+	}
+}
+
+func TestPlanAutoAndSVG(t *testing.T) {
+	svg := filepath.Join(t.TempDir(), "plan.svg")
+	out, code, err := runCLI(t, "plan", "--nodes", "4", "--model", "gpt-13b", "--auto", "--svg", svg)
+	if code != 0 {
+		t.Fatalf("exit %d: %v\n%s", code, err, out)
+	}
+	if !strings.Contains(out, "why: tp ") || !strings.Contains(out, "wins:") {
+		t.Errorf("auto output lacks the explanation:\n%s", out)
+	}
+	pic, err := os.ReadFile(svg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(pic), `class="gpu"`); n != 32 {
+		t.Errorf("svg draws %d GPUs, want 32", n)
+	}
+	if !strings.Contains(string(pic), `class="forward"`) {
+		t.Errorf("svg lacks the pipeline timeline")
+	}
+	// Nothing fits a 1T model on 8 GPUs: exit 3.
+	if _, code, _ := runCLI(t, "plan", "--model", "gpt-1t", "--auto"); code != exitNoFit {
+		t.Errorf("gpt-1t on 8 GPUs: exit %d, want 3", code)
+	}
+}
