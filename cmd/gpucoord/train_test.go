@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"gpucoord/schedule"
+	"gpucoord/worker/engine"
+)
+
+// tinyJob is small enough that eight processes train 20 steps in about a
+// second on two cores.
+const tinyJob = `name: tiny
+model: {width: 6, hidden: 8, blocks: 4, outputs: 3}
+batch: {global: 16, micro: 2}
+optimizer: {lr: 0.01}
+steps: 20
+seed: 7
+`
+
+// buildBinary compiles gpucoord once per test run, so train can re-exec
+// itself as real child processes.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	exe := filepath.Join(t.TempDir(), "gpucoord")
+	out, err := exec.CommandContext(t.Context(), "go", "build", "-o", exe, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return exe
+}
+
+// TestTrainOverTCPMatchesSingleProcess is the headline test over real TCP
+// processes on 127.0.0.1: gpucoord train launches one process per rank, and
+// the per-step losses (from --json) and final parameters (from
+// --save-params) equal the single-process run's within 1e-5 relative and
+// 1e-4, for the whole matrix: (tp, pp, dp) in {(1,1,1), (2,1,1), (1,2,1),
+// (1,1,2), (2,2,2)} x every schedule x ZeRO 0-3 (68 runs; interleaved needs
+// two stages, so it runs with pp = 2 only). The model is tiny, so each run,
+// up to eight processes, takes a fraction of a second even on two cores.
+func TestTrainOverTCPMatchesSingleProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	dir := t.TempDir()
+	jobPath := filepath.Join(dir, "tiny.yaml")
+	if err := os.WriteFile(jobPath, []byte(tinyJob), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	job, err := engine.LoadJob(jobPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := engine.DefaultConfig(job)
+	ref.Schedule = schedule.GPipe
+	want, err := engine.RunInProc(t.Context(), ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := buildBinary(t)
+	type layout struct {
+		tp, pp, dp, zero int
+		sched            string
+	}
+	var tests []layout
+	for _, l := range [][3]int{{1, 1, 1}, {2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 2}} {
+		for _, kind := range schedule.Kinds() {
+			if kind == schedule.Interleaved && l[1] == 1 {
+				continue
+			}
+			for zero := range 4 {
+				tests = append(tests, layout{l[0], l[1], l[2], zero, string(kind)})
+			}
+		}
+	}
+	if len(tests) != 68 {
+		t.Fatalf("%d layouts, want 68", len(tests))
+	}
+	for _, tc := range tests {
+		name := fmt.Sprintf("tp%d-pp%d-dp%d-%s-zero%d", tc.tp, tc.pp, tc.dp, tc.sched, tc.zero)
+		t.Run(name, func(t *testing.T) {
+			params := filepath.Join(t.TempDir(), "params")
+			cmd := exec.CommandContext(t.Context(), exe, "train", "--json",
+				"--tp", fmt.Sprint(tc.tp), "--pp", fmt.Sprint(tc.pp), "--dp", fmt.Sprint(tc.dp),
+				"--schedule", tc.sched, "--zero", fmt.Sprint(tc.zero), "--save-params", params, jobPath)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("train: %v\n%s", err, stderr.String())
+			}
+			var losses []float64
+			sc := bufio.NewScanner(&stdout)
+			for sc.Scan() {
+				var s struct {
+					Step int     `json:"step"`
+					Loss float64 `json:"loss"`
+				}
+				if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
+					t.Fatalf("line %q: %v", sc.Text(), err)
+				}
+				if s.Step != len(losses)+1 {
+					t.Fatalf("step %d after %d lines", s.Step, len(losses))
+				}
+				losses = append(losses, s.Loss)
+			}
+			if len(losses) != len(want.Losses) {
+				t.Fatalf("%d steps printed, want %d", len(losses), len(want.Losses))
+			}
+			for s := range losses {
+				if d := math.Abs(losses[s]-want.Losses[s]) / math.Abs(want.Losses[s]); !(d <= 1e-5) {
+					t.Errorf("step %d: loss %.9g, single process %.9g", s+1, losses[s], want.Losses[s])
+				}
+			}
+			got, err := engine.ReadParams(params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d, where := got.MaxRelDiff(want.Params, 1); !(d <= 1e-4) {
+				t.Errorf("final parameters differ by %.3g in %s", d, where)
+			}
+		})
+	}
+}
+
+// TestTrainBadInput checks that bad flags and job files exit with usage
+// errors naming the problem, without starting anything.
+func TestTrainBadInput(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	os.WriteFile(good, []byte(tinyJob), 0o644)
+	unknown := filepath.Join(dir, "unknown.yaml")
+	os.WriteFile(unknown, []byte(tinyJob+"epochs: 2\n"), 0o644)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"train", "--np", "3", "--tp", "2", good}, "--np 3 is not divisible"},
+		{[]string{"train", "--tp", "3", good}, "not divisible by tp 3"},
+		{[]string{"train", "--pp", "3", good}, "model.blocks 4 is not divisible"},
+		{[]string{"train", "--schedule", "pipedream", good}, "pipedream"},
+		{[]string{"train", "--zero", "4", good}, "ZeRO stage 4"},
+		{[]string{"train", "--steps", "0", good}, "steps 0"},
+		{[]string{"train", unknown}, "field epochs not found"},
+		{[]string{"train", filepath.Join(dir, "missing.yaml")}, "no such file"},
+		{[]string{"train"}, "exactly one job file"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(t.Context(), tc.args, &out, &errOut)
+			var ee *exitError
+			if err == nil || !errors.As(err, &ee) || ee.code != exitUsage || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want a usage error mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestTrainInProc runs the command in process and checks its progress
+// output against the engine's own losses.
+func TestTrainInProc(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "job.yaml")
+	os.WriteFile(path, []byte(tinyJob), 0o644)
+	var out, errOut bytes.Buffer
+	if err := run(t.Context(), []string{"train", "--inproc", "--tp", "2", "--pp", "2", "--schedule", "interleaved", "--steps", "3", "--seed", "9", path}, &out, &errOut); err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	job, _ := engine.LoadJob(path)
+	job.Steps, job.Seed = 3, 9
+	want, err := engine.RunInProc(t.Context(), engine.DefaultConfig(job), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	for s, l := range want.Losses {
+		if line := fmt.Sprintf("step %d/3  loss %.6f", s+1, l); !strings.Contains(text, line) {
+			t.Errorf("output lacks %q:\n%s", line, text)
+		}
+	}
+	if !strings.Contains(text, "done: 3 steps") {
+		t.Errorf("no summary line:\n%s", text)
+	}
+}
