@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unsafe"
 )
 
 // Checkpoint layout and format constants.
@@ -82,7 +83,9 @@ type ShardInfo struct {
 	// DataOffset is where the first vector starts in the file; the header
 	// comes before it.
 	DataOffset int64 `json:"data_offset"`
-	// SHA256 is the hex SHA-256 of the whole file.
+	// SHA256 is the file's checksum: the hex SHA-256 of its chunk digests
+	// (the raw 32-byte SHA-256 of each chunk, in order), which hashes the
+	// whole file in the same pass as the chunk checksums.
 	SHA256 string `json:"sha256"`
 	// Chunks holds the hex SHA-256 of each ChunkBytes piece of the file,
 	// the last one possibly shorter.
@@ -157,21 +160,10 @@ func WriteShard(ctx context.Context, root string, step int64, p *Partition, sh *
 		if _, err := hw.Write(header); err != nil {
 			return err
 		}
-		buf := make([]byte, 64<<10)
+		buf := make([]byte, 1<<20)
 		for _, n := range names {
-			v := sh.Vectors[n]
-			for len(v) > 0 {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				k := min(len(v), len(buf)/4)
-				for i, x := range v[:k] {
-					binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
-				}
-				if _, err := hw.Write(buf[:4*k]); err != nil {
-					return err
-				}
-				v = v[k:]
+			if err := encodeFloats(ctx, hw, sh.Vectors[n], buf); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -364,10 +356,16 @@ func (m *Manifest) partition(kind error) (*Partition, error) {
 		if s.DataOffset != off || s.Size != size || len(s.Chunks) != chunks {
 			return nil, bad("shard %d has data offset %d, size %d, %d chunks; want %d, %d, %d", i, s.DataOffset, s.Size, len(s.Chunks), off, size, chunks)
 		}
-		for _, h := range append([]string{s.SHA256}, s.Chunks...) {
-			if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size {
-				return nil, bad("shard %d has checksum %q, not hex SHA-256", i, h)
+		digests := make([]byte, 0, len(s.Chunks)*sha256.Size)
+		for _, h := range s.Chunks {
+			b, err := hex.DecodeString(h)
+			if err != nil || len(b) != sha256.Size {
+				return nil, bad("shard %d has chunk checksum %q, not hex SHA-256", i, h)
 			}
+			digests = append(digests, b...)
+		}
+		if fileChecksum(digests) != s.SHA256 {
+			return nil, bad("shard %d checksum %q does not match its chunk checksums", i, s.SHA256)
 		}
 	}
 	return p, nil
@@ -454,7 +452,7 @@ func readRun(ctx context.Context, dir string, m *Manifest, t Transfer, out *Shar
 }
 
 // Verify reads every shard file of step in full and checks it against the
-// manifest's whole-file SHA-256 and header.
+// manifest's checksums and header.
 func Verify(ctx context.Context, root string, step int64) error {
 	m, err := ReadManifest(ctx, root, step)
 	if err != nil {
@@ -673,34 +671,69 @@ func checkVectorNames(names []string) error {
 	return nil
 }
 
+// littleEndian is true on hosts whose float32 memory layout is the file's,
+// where floats are copied as bytes instead of converted one by one.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// floatBytes views v's memory as bytes.
+func floatBytes(v []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 4*len(v))
+}
+
 // decodeFloats fills dst from little-endian float32 bytes in src
 // (len(src) == 4*len(dst)).
 func decodeFloats(dst []float32, src []byte) {
+	if littleEndian {
+		copy(floatBytes(dst), src)
+		return
+	}
 	for i := range dst {
 		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
 	}
 }
 
-// hashWriter passes writes through to w and keeps the SHA-256 of everything
-// written and of each ChunkBytes piece.
+// encodeFloats writes v to w as little-endian float32, in pieces of at
+// most len(buf) bytes, checking ctx between pieces.
+func encodeFloats(ctx context.Context, w io.Writer, v []float32, buf []byte) error {
+	for len(v) > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		k := min(len(v), len(buf)/4)
+		out := floatBytes(v[:k])
+		if !littleEndian {
+			for i, x := range v[:k] {
+				binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
+			}
+			out = buf[:4*k]
+		}
+		if _, err := w.Write(out); err != nil {
+			return err
+		}
+		v = v[k:]
+	}
+	return nil
+}
+
+// hashWriter passes writes through to w and keeps the SHA-256 of each
+// ChunkBytes piece; the file's checksum is the SHA-256 of those digests, so
+// one hashing pass gives both.
 type hashWriter struct {
 	w       io.Writer
-	whole   hash.Hash
 	chunk   hash.Hash
 	n       int64
 	inChunk int
-	chunks  []string
+	digests []byte // raw chunk digests, in order
 }
 
 func newHashWriter(w io.Writer) *hashWriter {
-	return &hashWriter{w: w, whole: sha256.New(), chunk: sha256.New()}
+	return &hashWriter{w: w, chunk: sha256.New()}
 }
 
 // Write implements io.Writer.
 func (h *hashWriter) Write(p []byte) (int, error) {
 	n, err := h.w.Write(p)
 	p = p[:n]
-	h.whole.Write(p)
 	h.n += int64(n)
 	for len(p) > 0 {
 		k := min(len(p), ChunkBytes-h.inChunk)
@@ -715,17 +748,28 @@ func (h *hashWriter) Write(p []byte) (int, error) {
 }
 
 func (h *hashWriter) endChunk() {
-	h.chunks = append(h.chunks, hex.EncodeToString(h.chunk.Sum(nil)))
+	h.digests = h.chunk.Sum(h.digests)
 	h.chunk.Reset()
 	h.inChunk = 0
 }
 
-// finish returns the byte count, the whole SHA-256 and the chunk hashes.
+// finish returns the byte count, the file checksum and the chunk checksums.
 func (h *hashWriter) finish() (int64, string, []string) {
 	if h.inChunk > 0 {
 		h.endChunk()
 	}
-	return h.n, hex.EncodeToString(h.whole.Sum(nil)), h.chunks
+	chunks := make([]string, 0, len(h.digests)/sha256.Size)
+	for d := range slices.Chunk(h.digests, sha256.Size) {
+		chunks = append(chunks, hex.EncodeToString(d))
+	}
+	return h.n, fileChecksum(h.digests), chunks
+}
+
+// fileChecksum returns the hex SHA-256 of the concatenated raw chunk
+// digests.
+func fileChecksum(digests []byte) string {
+	sum := sha256.Sum256(digests)
+	return hex.EncodeToString(sum[:])
 }
 
 // writeAtomic writes name in dir through a temporary file: write, fsync,

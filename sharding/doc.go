@@ -40,8 +40,9 @@
 // shard-<r>-of-<d>.bin, written atomically by that rank with WriteShard
 // (temporary file, fsync, rename, fsync of the directory), then
 // manifest.json, written last by Commit. The manifest names the step, the
-// degree, the tensors, the vectors and, for each shard, its range and the
-// SHA-256 of the file and of each 1 MiB chunk. A step without a manifest is
+// degree, the tensors, the vectors and, for each shard, its range, the
+// SHA-256 of each 1 MiB chunk of its file and a file checksum (the SHA-256
+// of the chunk digests). A step without a manifest is
 // incomplete and LatestComplete passes over it. ReadShard loads rank r' of
 // any degree d' from a checkpoint written at degree d, reading only the
 // chunks it needs and verifying each one. A model split by tensor or
