@@ -2,7 +2,6 @@ package nccl
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -15,6 +14,8 @@ import (
 
 	"github.com/ebitengine/purego"
 	"golang.org/x/sync/errgroup"
+
+	"gpucoord/collectives"
 )
 
 // The fake CUDA runtime and NCCL (testdata/*.c) are built once per test
@@ -155,7 +156,7 @@ func fakeConfig(t testing.TB, rank, size int, store Store, key string) *Config {
 // and closes them at the end of the test. tweak may adjust each Config.
 func group(t testing.TB, size int, tweak func(*Config)) []*Communicator {
 	t.Helper()
-	store := newMemStore()
+	store := collectives.NewMemStore()
 	key := fmt.Sprintf("%s/nccl-id", t.Name())
 	return newGroup(t, size, func(r int) *Config {
 		cfg := fakeConfig(t, r, size, store, key)
@@ -209,45 +210,11 @@ func each(comms []*Communicator, f func(r int, c *Communicator) error) []error {
 	return errs
 }
 
-// memStore is an in-memory Store whose Get blocks until the key is set.
-type memStore struct {
-	mu      sync.Mutex
-	vals    map[string][]byte
-	changed chan struct{}
-}
-
-func newMemStore() *memStore {
-	return &memStore{vals: map[string][]byte{}, changed: make(chan struct{})}
-}
-
-func (s *memStore) Set(_ context.Context, key string, val []byte) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.vals[key] = append([]byte(nil), val...)
-	close(s.changed)
-	s.changed = make(chan struct{})
-	return nil
-}
-
-func (s *memStore) Get(ctx context.Context, key string) ([]byte, error) {
-	for {
-		s.mu.Lock()
-		v, ok := s.vals[key]
-		ch := s.changed
-		s.mu.Unlock()
-		if ok {
-			return v, nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-}
-
 func fnv64(b []byte) int64 {
 	h := fnv.New64a()
 	h.Write(b)
 	return int64(h.Sum64())
 }
+
+// The Store the collectives package exports satisfies ours.
+var _ Store = (*collectives.MemStore)(nil)

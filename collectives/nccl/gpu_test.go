@@ -35,7 +35,7 @@ func realGroup(t testing.TB) []*Communicator {
 	}
 	world := min(int(n), 8)
 	t.Logf("NCCL %s from %s, CUDA runtime %s, %d ranks", versionString(lib.version), lib.ncclPath, lib.cudartPath, world)
-	store := newMemStore()
+	store := collectives.NewMemStore()
 	key := fmt.Sprintf("%s/%d", t.Name(), time.Now().UnixNano())
 	return newGroup(t, world, func(r int) *Config {
 		cfg := DefaultConfig()

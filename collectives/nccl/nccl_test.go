@@ -87,7 +87,7 @@ func TestVersionString(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	store := newMemStore()
+	store := collectives.NewMemStore()
 	tests := []struct {
 		name   string
 		tweak  func(*Config)
@@ -693,7 +693,7 @@ func TestContextEndAbortsHungCollective(t *testing.T) {
 
 func TestConfigTimeoutAbortsInit(t *testing.T) {
 	needFake(t)
-	cfg := fakeConfig(t, 0, 2, newMemStore(), "k")
+	cfg := fakeConfig(t, 0, 2, collectives.NewMemStore(), "k")
 	cfg.Timeout = 100 * time.Millisecond
 	_, err := New(t.Context(), cfg) // rank 1 never joins
 	if !errors.Is(err, ErrAborted) || !errors.Is(err, context.DeadlineExceeded) ||
@@ -707,7 +707,7 @@ func TestConfigTimeoutAbortsInit(t *testing.T) {
 
 func TestRankWaitsForUniqueID(t *testing.T) {
 	needFake(t)
-	store := newMemStore()
+	store := collectives.NewMemStore()
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	_, err := New(ctx, fakeConfig(t, 1, 2, store, "never-set"))
