@@ -433,6 +433,9 @@ func (c *Communicator) Abort() {
 		if c.state == nil {
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
+			if err := c.setDevice(); err != nil {
+				c.log.Warn("cudaSetDevice before abort failed", "err", err)
+			}
 			_ = c.abort(errors.New("Abort called"))
 		}
 	}
@@ -478,8 +481,9 @@ func (d desc) String() string {
 	return fmt.Sprintf("%s of %d %s elements with %s", d.kind, d.count, t, o)
 }
 
-// compatible reports whether this rank's point-to-point call pairs with the
-// peer's.
+// pairs reports whether this rank's point-to-point call pairs with the
+// peer's: a Send with a Recv of the same length, a SendRecv with a SendRecv
+// whose lengths are the mirror image.
 func (d desc) pairs(p desc) bool {
 	if p.kind != kindSendRecv || p.dtype != d.dtype && d.count+d.root > 0 {
 		return false
