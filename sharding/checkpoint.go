@@ -178,7 +178,9 @@ func WriteShard(ctx context.Context, root string, step int64, p *Partition, sh *
 // Commit writes the manifest of step, made of p and the ShardInfo of every
 // rank, atomically and last: from then on the step is complete. It checks
 // that every shard file is in place with its recorded size and a header that
-// matches, reading only the headers. In a job of
+// matches, reading only the headers, and afterwards removes temporary files
+// of interrupted writes and shard files of another degree from the step
+// directory. In a job of
 // several processes one rank commits, with the infos the others sent it or
 // read back with InspectShard.
 func Commit(ctx context.Context, root string, step int64, p *Partition, infos []ShardInfo) error {
@@ -231,7 +233,28 @@ func Commit(ctx context.Context, root string, step int64, p *Partition, infos []
 	if err != nil {
 		return fmt.Errorf("sharding: commit step %d: %w", step, err)
 	}
+	tidy(dir, m)
 	return nil
+}
+
+// tidy removes, best effort, what a committed step directory does not need:
+// temporary files of interrupted writes and shard files of another degree.
+func tidy(dir string, m *Manifest) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		name := e.Name()
+		var r, d int
+		stray := strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-")
+		if n, err := fmt.Sscanf(name, "shard-%d-of-%d.bin", &r, &d); err == nil && n == 2 && d != m.Degree {
+			stray = true
+		}
+		if stray && e.Type().IsRegular() {
+			os.Remove(filepath.Join(dir, name))
+		}
+	}
 }
 
 // InspectShard reads rank r's shard file of step in full, checks its header

@@ -314,6 +314,25 @@ func TestWriteShardUncommitsStep(t *testing.T) {
 	if got, err := LatestComplete(t.Context(), root); err != nil || got != 1 {
 		t.Fatalf("LatestComplete = %d, %v; want 1 once step 2 is being rewritten", got, err)
 	}
+	// Rewritten at degree 3 after a crash that left a temporary file: the
+	// commit keeps only the degree-3 files and the manifest.
+	dir := StepDir(root, 2)
+	if err := os.WriteFile(filepath.Join(dir, ".shard-0-of-3.bin.tmp-123"), []byte("partial"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p3, _ := NewPartition(vecTensors(100), 3, nil)
+	writeCheckpoint(t, root, 2, p3, randomState(4, 100))
+	entries, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if want := []string{ManifestFile, ShardFile(0, 3), ShardFile(1, 3), ShardFile(2, 3)}; !slices.Equal(names, want) {
+		t.Fatalf("step directory holds %q, want %q", names, want)
+	}
+	if got, err := LatestComplete(t.Context(), root); err != nil || got != 2 {
+		t.Fatalf("LatestComplete = %d, %v; want 2", got, err)
+	}
 }
 
 func TestCommitErrors(t *testing.T) {
