@@ -97,3 +97,5 @@ func TestDelayKeepsOrder(t *testing.T) {
 		return nil
 	})
 }
+
+func TestInmemZeroAllocs(t *testing.T) { collectivestest.TestZeroAllocs(t, inmemWorld) }

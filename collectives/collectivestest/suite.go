@@ -41,7 +41,7 @@ func Each(ctx context.Context, comms []*collectives.Comm, fn func(ctx context.Co
 }
 
 // MustEach is Each failing t on any error.
-func MustEach(t *testing.T, comms []*collectives.Comm, fn func(ctx context.Context, r int, c *collectives.Comm) error) {
+func MustEach(t testing.TB, comms []*collectives.Comm, fn func(ctx context.Context, r int, c *collectives.Comm) error) {
 	t.Helper()
 	for r, err := range Each(t.Context(), comms, fn) {
 		if err != nil {
@@ -612,5 +612,118 @@ func testCancel(t *testing.T, nw NewWorld) {
 	}
 	if el := time.Since(start); el > 2*time.Second {
 		t.Fatalf("cancel took %s", el)
+	}
+}
+
+// AllocsPerOp returns the average number of heap allocations, across all
+// ranks together, of one op on every rank, after a warm-up that lets scratch
+// and pools grow. Like testing.AllocsPerRun it rounds down, so a few one-off
+// allocations of the runtime (sudog caches refilled after a GC) amortize. Rank 0 runs under testing.AllocsPerRun; the others run the
+// same number of ops in their own goroutines.
+func AllocsPerOp(t testing.TB, comms []*collectives.Comm, runs int, op func(ctx context.Context, r int, c *collectives.Comm) error) float64 {
+	t.Helper()
+	ctx := context.Background() // t.Context() may allocate on first use
+	for range 10 {
+		for r, err := range Each(ctx, comms, op) {
+			if err != nil {
+				t.Fatalf("warm-up rank %d: %v", r, err)
+			}
+		}
+	}
+	errs := make(chan error, len(comms))
+	for r := 1; r < len(comms); r++ {
+		go func() {
+			var err error
+			for range runs + 1 { // AllocsPerRun runs once more to warm up
+				if err = op(ctx, r, comms[r]); err != nil {
+					break
+				}
+			}
+			errs <- err
+		}()
+	}
+	var err0 error
+	avg := testing.AllocsPerRun(runs, func() {
+		if err := op(ctx, 0, comms[0]); err != nil && err0 == nil {
+			err0 = err
+		}
+	})
+	for r := 1; r < len(comms); r++ {
+		if err := <-errs; err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	if err0 != nil {
+		t.Fatalf("rank 0: %v", err0)
+	}
+	return avg
+}
+
+// AllocCases are the operations whose steady state must not allocate.
+func AllocCases(n int) []struct {
+	Name string
+	Op   func(ctx context.Context, r int, c *collectives.Comm) error
+} {
+	big := make([][]float32, n)
+	small := make([][]float32, n)
+	shard := make([][]float32, n)
+	p2p := make([][]float32, n)
+	for r := range n {
+		big[r] = make([]float32, 16<<10)
+		small[r] = make([]float32, 16)
+		shard[r] = make([]float32, len(big[r])/n)
+		p2p[r] = make([]float32, 5000)
+	}
+	return []struct {
+		Name string
+		Op   func(ctx context.Context, r int, c *collectives.Comm) error
+	}{
+		{"allreduce-ring", func(ctx context.Context, r int, c *collectives.Comm) error {
+			return c.AllReduce(ctx, collectives.Float32s(big[r]), collectives.Sum)
+		}},
+		{"allreduce-small", func(ctx context.Context, r int, c *collectives.Comm) error {
+			return c.AllReduce(ctx, collectives.Float32s(small[r]), collectives.Max)
+		}},
+		{"reducescatter", func(ctx context.Context, r int, c *collectives.Comm) error {
+			return c.ReduceScatter(ctx, collectives.Float32s(big[r]), collectives.Float32s(shard[r]), collectives.Sum)
+		}},
+		{"allgather", func(ctx context.Context, r int, c *collectives.Comm) error {
+			return c.AllGather(ctx, collectives.Float32s(shard[r]), collectives.Float32s(big[r]))
+		}},
+		// Broadcast and Send are eager (the root or sender does not wait for
+		// the receivers), so a loop of them alone lets the sender run ahead
+		// without bound; the steady state of real use pairs them.
+		{"broadcast", func(ctx context.Context, r int, c *collectives.Comm) error {
+			if err := c.Broadcast(ctx, collectives.Float32s(big[r]), 1); err != nil {
+				return err
+			}
+			return c.Barrier(ctx)
+		}},
+		{"barrier", func(ctx context.Context, r int, c *collectives.Comm) error { return c.Barrier(ctx) }},
+		{"sendrecv", func(ctx context.Context, r int, c *collectives.Comm) error {
+			b := collectives.Float32s(p2p[r])
+			if r%2 == 0 {
+				if err := c.Send(ctx, b, r+1); err != nil {
+					return err
+				}
+				return c.Recv(ctx, b, r+1)
+			}
+			if err := c.Recv(ctx, b, r-1); err != nil {
+				return err
+			}
+			return c.Send(ctx, b, r-1)
+		}},
+	}
+}
+
+// TestZeroAllocs checks every case of AllocCases on a world of 4.
+func TestZeroAllocs(t *testing.T, nw NewWorld) {
+	cfg := collectives.DefaultConfig()
+	cfg.ChunkBytes = 4 << 10 // several pieces per block
+	comms := nw(t, 4, cfg)
+	for _, tc := range AllocCases(4) {
+		if got := AllocsPerOp(t, comms, 200, tc.Op); got != 0 {
+			t.Errorf("%s: %v allocations per op, want 0", tc.Name, got)
+		}
 	}
 }

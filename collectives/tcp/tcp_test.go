@@ -311,3 +311,5 @@ func TestStoreOverTCP(t *testing.T) {
 		t.Fatalf("Get of a missing key: %v, want DeadlineExceeded", err)
 	}
 }
+
+func TestTCPZeroAllocs(t *testing.T) { collectivestest.TestZeroAllocs(t, tcpWorld) }
