@@ -1,10 +1,6 @@
 package schedule
 
-import (
-	"cmp"
-	"fmt"
-	"slices"
-)
+import "fmt"
 
 // MaxPasses bounds stages*microbatches*virtual, the number of (micro-batch,
 // virtual stage) forward passes in one schedule, so that a typo cannot ask
@@ -187,11 +183,24 @@ func (s *Schedule) VirtualStage(rank, chunk int) int { return chunk*s.Stages + r
 // Locate returns the rank and chunk that hold virtual stage vs.
 func (s *Schedule) Locate(vs int) (rank, chunk int) { return vs % s.Stages, vs / s.Stages }
 
-// commEvent is one matched send/receive pair, as seen by one of its ranks.
+// commEvent is one send, stamped with the time its tensor is produced in the
+// unit-cost timeline and a global tie-break id.
 type commEvent struct {
-	t  float64 // when the tensor is produced in the unit-cost timeline
-	id int     // global tie-break: the same on both ranks
-	op Op
+	t  float64
+	id int
+	op Op // the sender's SendAct or SendGrad
+}
+
+// before orders transfers globally: by time, then by id.
+func (a commEvent) before(b commEvent) bool { return a.t < b.t || (a.t == b.t && a.id < b.id) }
+
+// recvOf returns the receive that matches send e, as seen by its peer.
+func (e commEvent) recvOf(from int) Op {
+	k := RecvAct
+	if e.op.Kind == SendGrad {
+		k = RecvGrad
+	}
+	return Op{Kind: k, MicroBatch: e.op.MicroBatch, Chunk: e.op.PeerChunk, Peer: from, PeerChunk: e.op.Chunk}
 }
 
 // placeComm inserts the sends and receives into the compute orders and
@@ -207,6 +216,9 @@ type commEvent struct {
 // produces it (which starts before T). With one global order of transfers,
 // blocking sends cannot deadlock: the smallest unfinished transfer always has
 // both of its ranks ready for it.
+//
+// A rank's sends are in its compute order, so already sorted by T, and so
+// are the sends each neighbour addresses to it; the merge is linear.
 func placeComm(s *Schedule, compute [][]Op) ([][]Op, error) {
 	p, m, v := s.Stages, s.MicroBatches, s.Virtual
 	c := Costs{F: 1, B: 2}
@@ -221,51 +233,72 @@ func placeComm(s *Schedule, compute [][]Op) ([][]Op, error) {
 	}
 	V := p * v
 	n := m * V
-	events := make([][]commEvent, p)
+	sends := make([][]commEvent, p)
 	for r := range p {
+		// At most one send per pass (its activation or its gradient).
+		sends[r] = make([]commEvent, 0, len(compute[r]))
 		for k, op := range compute[r] {
 			vs := s.VirtualStage(r, op.Chunk)
-			t := spans[r][k].End
+			var q, qc, id int
+			var kind OpKind
 			switch {
 			case op.Kind == Forward && vs+1 < V:
-				q, qc := s.Locate(vs + 1)
-				if q == r {
-					continue
-				}
-				id := op.MicroBatch*V + vs
-				events[r] = append(events[r], commEvent{t, id, Op{SendAct, op.MicroBatch, op.Chunk, q, qc}})
-				events[q] = append(events[q], commEvent{t, id, Op{RecvAct, op.MicroBatch, qc, r, op.Chunk}})
+				q, qc = s.Locate(vs + 1)
+				kind, id = SendAct, op.MicroBatch*V+vs
 			case op.Kind == Backward && vs > 0:
-				q, qc := s.Locate(vs - 1)
-				if q == r {
-					continue
-				}
-				id := n + op.MicroBatch*V + vs
-				events[r] = append(events[r], commEvent{t, id, Op{SendGrad, op.MicroBatch, op.Chunk, q, qc}})
-				events[q] = append(events[q], commEvent{t, id, Op{RecvGrad, op.MicroBatch, qc, r, op.Chunk}})
+				q, qc = s.Locate(vs - 1)
+				kind, id = SendGrad, n+op.MicroBatch*V+vs
+			default:
+				continue
 			}
+			if q == r {
+				continue // the tensor stays on the rank
+			}
+			sends[r] = append(sends[r], commEvent{spans[r][k].End, id, Op{kind, op.MicroBatch, op.Chunk, q, qc}})
 		}
 	}
 	out := make([][]Op, p)
 	for r := range p {
-		ev := events[r]
-		slices.SortFunc(ev, func(a, b commEvent) int {
-			if c := cmp.Compare(a.t, b.t); c != 0 {
-				return c
+		// The streams: r's own sends, then what each neighbour sends to r.
+		streams := [][]commEvent{sends[r]}
+		from := []int{r}
+		for _, q := range []int{(r + p - 1) % p, (r + 1) % p} {
+			if q != r && (len(from) < 2 || from[1] != q) {
+				streams, from = append(streams, sends[q]), append(from, q)
 			}
-			return cmp.Compare(a.id, b.id)
-		})
-		ops := make([]Op, 0, len(compute[r])+len(ev)+1)
-		e := 0
+		}
+		heads := make([]int, len(streams))
+		// next returns the stream holding the smallest pending transfer
+		// that involves r, or -1.
+		next := func() int {
+			best := -1
+			for i, st := range streams {
+				for i > 0 && heads[i] < len(st) && st[heads[i]].op.Peer != r {
+					heads[i]++ // a send of the neighbour to someone else
+				}
+				if heads[i] < len(st) && (best < 0 || st[heads[i]].before(streams[best][heads[best]])) {
+					best = i
+				}
+			}
+			return best
+		}
+		emit := func(ops []Op, i int) []Op {
+			e := streams[i][heads[i]]
+			heads[i]++
+			if i == 0 {
+				return append(ops, e.op)
+			}
+			return append(ops, e.recvOf(from[i]))
+		}
+		ops := make([]Op, 0, len(compute[r])+2*len(sends[r])+1)
 		for k, op := range compute[r] {
-			for e < len(ev) && ev[e].t <= spans[r][k].Start {
-				ops = append(ops, ev[e].op)
-				e++
+			for i := next(); i >= 0 && streams[i][heads[i]].t <= spans[r][k].Start; i = next() {
+				ops = emit(ops, i)
 			}
 			ops = append(ops, op)
 		}
-		for ; e < len(ev); e++ {
-			ops = append(ops, ev[e].op)
+		for i := next(); i >= 0; i = next() {
+			ops = emit(ops, i)
 		}
 		out[r] = append(ops, Op{Kind: OptimizerStep, MicroBatch: -1, Chunk: -1, Peer: -1, PeerChunk: -1})
 	}
