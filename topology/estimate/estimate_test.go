@@ -195,3 +195,39 @@ func TestInFlightFromSchedule(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkedExample checks the worked example of docs/PLANNING.md, figures
+// computed by hand there: gpt-13b on 32 H100s, tp 8, pp 4, ZeRO 1.
+func TestWorkedExample(t *testing.T) {
+	p := plan(t, "dgx-h100", "gpt-13b", func(c *topology.Config) { c.TP, c.PP, c.Zero = 8, 4, 1 })
+	r, err := Evaluate(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := r.Memory.PerGPU
+	// Stage 0: 10 layers of (12h^2 + 13h)/8 plus (Vh + sh)/8 embeddings.
+	params := 10*(12*5120.0*5120+13*5120)/8 + (51200*5120.0+2048*5120)/8
+	if params != 427377920 {
+		t.Fatalf("hand arithmetic: %v", params)
+	}
+	want := map[string][2]float64{
+		"params":      {m.Params, 2 * params},
+		"grads":       {m.Grads, 2 * params},
+		"optimizer":   {m.Optimizer, 12 * params},
+		"activations": {m.Activations, 4*10*(2048*5120.0*(10+24.0/8)+4*40*2048.0/8) + 4*2048*5120.0},
+		"other":       {m.Other, 1.5*(1<<30) + 0.05*(16*params+m.Activations)},
+	}
+	for name, gw := range want {
+		if !near(gw[0], gw[1], 1e-12) {
+			t.Errorf("%s = %.0f bytes, hand-computed %.0f", name, gw[0], gw[1])
+		}
+	}
+	if got := r.Pipeline.PeakInFlight; len(got) != 4 || got[0] != 4 || got[3] != 1 {
+		t.Errorf("in flight %v, want [4 3 2 1]", got)
+	}
+	// 640 TP all-reduces: 4 per layer x 10 layers x 16 micro-batches, of
+	// b*s*h*2 = 20 MiB each.
+	if tr := r.Traffic[0]; tr.Count != 640 || tr.MessageBytes != 2048*5120*2 {
+		t.Errorf("tp traffic %+v", tr)
+	}
+}
