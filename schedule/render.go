@@ -125,6 +125,21 @@ func (r Result) RenderSVG(w io.Writer) error {
 	fmt.Fprintf(bw, `<text x="%d" y="22" font-size="14">%s  p=%d m=%d v=%d  F=%s B=%s W=%s comm=%s  makespan %s  bubble %.2f%%</text>`+"\n",
 		svgLeft, r.Kind, r.Stages, r.MicroBatches, r.Virtual, num(r.Costs.F), num(r.Costs.B), num(r.Costs.W), num(r.Costs.Comm),
 		num(r.Makespan), 100*r.BubbleFraction)
+	// Legend, right-aligned on the title line: one swatch per pass kind.
+	kinds := []OpKind{Forward, Backward}
+	if r.Kind.SplitBackward() {
+		kinds = append(kinds, WeightGrad)
+	}
+	lx := svgLeft + svgAxis - 110*len(kinds)
+	if r.Virtual > 1 {
+		lx -= 150
+		fmt.Fprintf(bw, `<text x="%d" y="22" font-size="11">later chunks lighter</text>`+"\n", svgLeft+svgAxis-140)
+	}
+	for i, k := range kinds {
+		x := lx + 110*i
+		fmt.Fprintf(bw, `<rect x="%d" y="12" width="12" height="12" fill="%s"/><text x="%d" y="22" font-size="11">%s</text>`+"\n",
+			x, fill(k, 0, r.Virtual), x+16, k)
+	}
 	for rank, spans := range r.Timeline {
 		y := svgTop + rank*(svgRow+svgGap)
 		fmt.Fprintf(bw, `<text x="%d" y="%d" text-anchor="end">rank %d</text>`+"\n", svgLeft-8, y+svgRow/2+4, rank)
