@@ -201,6 +201,9 @@ func Commit(ctx context.Context, root string, step int64, p *Partition, infos []
 		if s.Rank != i {
 			return fmt.Errorf("%w: no shard info for rank %d", ErrIncomplete, i)
 		}
+		if s.File != ShardFile(i, p.degree) {
+			return fmt.Errorf("%w: shard info %d names file %q, want %q", ErrMismatch, i, s.File, ShardFile(i, p.degree))
+		}
 		h, err := statShard(dir, s)
 		if err != nil {
 			return fmt.Errorf("shard %d of step %d: %w", i, step, err)

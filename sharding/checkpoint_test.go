@@ -357,6 +357,11 @@ func TestCommitErrors(t *testing.T) {
 			c[2].Size++
 			return c
 		}, ErrMismatch},
+		{"file outside the step", 5, p, func() []ShardInfo {
+			c := slices.Clone(infos)
+			c[1].File = "../step-4/" + c[1].File
+			return c
+		}, ErrMismatch},
 		{"negative step", -1, p, func() []ShardInfo { return infos }, ErrInvalid},
 	}
 	for _, tc := range tests {

@@ -56,7 +56,9 @@ func ShardOf(p *Partition, r int, full map[string][]float32) (*Shard, error) {
 		if len(v) != p.Len() && len(v) != p.PaddedLen() {
 			return nil, fmt.Errorf("%w: vector %q has %d elements, want %d or %d", ErrMismatch, name, len(v), p.Len(), p.PaddedLen())
 		}
-		copy(s.Vectors[name], v[own.Lo:own.Hi])
+		if own.Len() > 0 {
+			copy(s.Vectors[name], v[own.Lo:own.Hi])
+		}
 	}
 	return s, nil
 }

@@ -85,6 +85,7 @@ func TestReshard(t *testing.T) {
 		{name: "odd lengths 7 to 3", lengths: []int{1, 3, 5, 7, 11, 13, 0, 17}, from: 7, to: 3, alignFrom: 1, alignTo: 1},
 		{name: "odd lengths 3 to 7, align changes", lengths: []int{1, 3, 5, 7, 11, 13, 0, 17}, from: 3, to: 7, alignFrom: 4, alignTo: 3},
 		{name: "tiny model, most new ranks padding only", lengths: []int{5}, from: 2, to: 6, alignFrom: 1, alignTo: 4, wantPadOnly: 4},
+		{name: "tiny model from padding-only ranks", lengths: []int{5}, from: 6, to: 2, alignFrom: 4, alignTo: 1},
 		{name: "same degree", lengths: []int{99}, from: 3, to: 3, alignFrom: 2, alignTo: 2},
 	}
 	for i, tc := range tests {
