@@ -263,5 +263,29 @@ func FuzzPartition(f *testing.F) {
 			t.Fatal(err)
 		}
 		checkPartitionInvariants(t, p, lengths)
+
+		// Re-sharding to another degree and alignment moves every real
+		// element exactly once, from where it is to where it belongs.
+		to, err := NewPartition(vecTensors(lengths...), int(align%13)+1, &Config{Align: int(d%5) + 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		moves, err := Transfers(p, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := 0
+		for _, m := range moves {
+			src, _ := p.Range(m.Src)
+			dst, _ := to.Range(m.Dst)
+			if m.Len <= 0 || src.Lo+m.SrcOff != next || dst.Lo+m.DstOff != next ||
+				m.SrcOff+m.Len > src.Len() || m.DstOff+m.Len > dst.Len() {
+				t.Fatalf("transfer %+v at flat %d: blocks %v -> %v", m, next, src, dst)
+			}
+			next += m.Len
+		}
+		if next != p.Len() {
+			t.Fatalf("transfers move %d of %d elements", next, p.Len())
+		}
 	})
 }
