@@ -182,3 +182,18 @@ func TestTickStep(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderZeroResult renders a Result nobody filled in: no rows, no panic.
+func TestRenderZeroResult(t *testing.T) {
+	var res Result
+	var buf bytes.Buffer
+	if err := res.RenderText(&buf, 20); err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Count(buf.String(), "\n"); lines != 1 {
+		t.Errorf("%d lines for an empty result, want only the header", lines)
+	}
+	if doc := res.SVG(); !strings.HasPrefix(doc, "<svg") || !strings.HasSuffix(doc, "</svg>\n") {
+		t.Errorf("empty result SVG is not a document: %q", doc)
+	}
+}
