@@ -39,11 +39,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	root := &cobra.Command{
 		Use:   "gpucoord",
 		Short: "Plan, launch and benchmark 3D-parallel (tensor, pipeline, data) training",
-		Long: `gpucoord is a topology-aware, elastic training coordinator.
-
-  gpucoord plan      dry-run: rank map, process groups, memory, bubble, traffic
-                     and step time of a parallel layout, before renting GPUs
-`,
+		Long: `gpucoord is a topology-aware training coordinator: it plans tensor, pipeline
+and data parallelism with ZeRO sharding over a cluster before a GPU is rented
+(plan), benchmarks its collectives (bench) and trains with its native engine
+(train). Every subcommand has --help with examples.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
