@@ -34,7 +34,7 @@ func WriteSVG(w io.Writer, p *topology.Plan, r Report) error {
 	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="10">`+"\n", width, height, width, height)
 	fmt.Fprintf(b, `<rect width="%d" height="%d" fill="#ffffff"/>`+"\n", width, height)
 	fmt.Fprintf(b, `<text x="10" y="20" font-size="14">%s on %s: tp %d x pp %d x dp %d, order %s (colour: pipeline stage; band: TP group; label: rank, t/p/d)</text>`+"\n",
-		p.Model.Name, cl.Name, c.TP, c.PP, c.DP, p.Order)
+		p.Model.Name, cl.Name, c.TP, c.PP, c.DP, c.Order)
 	for node := 0; node < nodes; node++ {
 		y := top + node*(cell+gap)
 		fmt.Fprintf(b, `<text x="10" y="%d">node %d</text>`+"\n", y+cell/2+4, node)
