@@ -298,9 +298,14 @@ func (t *Transport) read(l *link) {
 			break
 		}
 	}
-	if t.closing.Load() {
+	switch {
+	case t.closing.Load():
 		err = collectives.ErrClosed
-	} else {
+	case errors.Is(err, io.EOF):
+		// Between frames: the peer closed, or its process died.
+		t.log.Info("peer closed the connection", "peer", l.peer)
+		err = fmt.Errorf("%w: world rank %d closed the connection", collectives.ErrPeerLost, l.peer)
+	default:
 		t.log.Warn("connection lost", "peer", l.peer, "err", err)
 		err = fmt.Errorf("%w: connection from world rank %d: %v", collectives.ErrPeerLost, l.peer, err)
 	}

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"gpucoord/collectives/bench"
+)
+
+func init() { subcommands = append(subcommands, newBenchCmd, newBenchWorkerCmd) }
+
+// benchWorkerCmd is the hidden child of bench: one rank of a TCP world.
+const benchWorkerCmd = "bench-worker"
+
+func newBenchCmd() *cobra.Command {
+	cfg := bench.DefaultConfig()
+	var sizes, op string
+	var asJSON, asLines bool
+	cmd := &cobra.Command{
+		Use:   "bench [OP]",
+		Short: "Time collectives (allreduce, reducescatter, allgather, broadcast) like nccl-tests",
+		Long: `Time a collective on N local ranks and print, per size, the median time
+and algbw/busbw in GB/s (1e9 bytes; busbw = algbw * 2(n-1)/n for allreduce).
+
+  gpucoord bench allreduce --np 4 --sizes 4K:64M --backend tcp
+  gpucoord bench allgather --np 2 --sizes 1M,16M --json
+
+Ranks are child processes over TCP on 127.0.0.1, or goroutines with --inproc
+(always with --backend inmem).`,
+		Args:      cobra.MaximumNArgs(1),
+		ValidArgs: bench.Ops,
+		RunE: func(c *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if c.Flags().Changed("op") && op != args[0] {
+					return usageError(fmt.Errorf("bench: operation %q and --op %q disagree", args[0], op))
+				}
+				op = args[0]
+			}
+			cfg.Op = op
+			var err error
+			if cfg.Sizes, err = bench.ParseSizes(sizes); err != nil {
+				return usageError(err)
+			}
+			if asJSON && asLines {
+				return usageError(fmt.Errorf("bench: --json and --jsonl exclude each other"))
+			}
+			if !cfg.InProc && cfg.Backend == "tcp" {
+				exe, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				cfg.WorkerCommand = []string{exe, benchWorkerCmd}
+			}
+			cfg.Stderr = c.ErrOrStderr()
+			if err := cfg.Validate(); err != nil {
+				return usageError(err)
+			}
+			return runBench(c, cfg, asJSON, asLines)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&op, "op", cfg.Op, "operation: "+strings.Join(bench.Ops, ", "))
+	f.IntVar(&cfg.NP, "np", cfg.NP, "number of ranks")
+	f.StringVar(&sizes, "sizes", "4K:64M", "sizes in bytes: LO:HI (powers of two), a comma list, or one size; K, M, G suffixes")
+	f.StringVar(&cfg.Backend, "backend", cfg.Backend, "transport: "+strings.Join(bench.Backends, ", "))
+	f.BoolVar(&cfg.InProc, "inproc", false, "run the ranks as goroutines of this process")
+	f.IntVar(&cfg.Warmup, "warmup", cfg.Warmup, "untimed operations per size")
+	f.IntVar(&cfg.Iters, "iters", 0, "timed samples per size (0: 7..50 within --budget)")
+	f.IntVar(&cfg.Batch, "batch", 0, "operations per sample (0: enough for --min-sample, at most 100)")
+	f.DurationVar(&cfg.MinSample, "min-sample", cfg.MinSample, "shortest sample the automatic batch aims for")
+	f.DurationVar(&cfg.Budget, "budget", cfg.Budget, "time for the samples of one size")
+	f.IntVar(&cfg.ChunkBytes, "chunk", 0, "pipeline piece size in bytes (0: default)")
+	f.IntVar(&cfg.SmallBytes, "small", 0, "largest allreduce/broadcast using the latency algorithms (0: default, -1: none)")
+	f.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "fail an operation whose peer is silent this long")
+	f.BoolVar(&asJSON, "json", false, "print a JSON list of results")
+	f.BoolVar(&asLines, "jsonl", false, "print one JSON object per line (for shared/bench/bench_matrix.py)")
+	return cmd
+}
+
+func runBench(c *cobra.Command, cfg *bench.Config, asJSON, asLines bool) error {
+	out := c.OutOrStdout()
+	all := []bench.Result{}
+	if !asJSON && !asLines {
+		where := ""
+		if cfg.InProc || cfg.Backend == "inmem" {
+			where = " (in-process)"
+		}
+		fmt.Fprintf(out, "# %s, %d ranks, backend %s%s, float32 sum\n", cfg.Op, cfg.NP, cfg.Backend, where)
+		fmt.Fprintf(out, "%12s %11s %12s %13s %13s %8s\n", "size (B)", "count", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "correct")
+	}
+	enc := json.NewEncoder(out)
+	err := bench.Run(c.Context(), cfg, func(r bench.Result) error {
+		switch {
+		case asLines:
+			all = append(all, r)
+			return enc.Encode(r)
+		case asJSON:
+			all = append(all, r)
+			return nil
+		}
+		all = append(all, r)
+		_, err := fmt.Fprintf(out, "%12d %11d %12.1f %13.3f %13.3f %8v\n", r.SizeBytes, r.Count, r.Seconds*1e6, r.AlgBW, r.BusBW, r.Correct)
+		return err
+	})
+	if asJSON {
+		b, jerr := json.MarshalIndent(all, "", "  ")
+		if jerr != nil {
+			return jerr
+		}
+		fmt.Fprintln(out, string(b))
+	}
+	if err != nil {
+		return err
+	}
+	if slices.ContainsFunc(all, func(r bench.Result) bool { return !r.Correct }) {
+		return fmt.Errorf("bench: a result was wrong")
+	}
+	return nil
+}
+
+func newBenchWorkerCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:    benchWorkerCmd,
+		Short:  "one rank of `gpucoord bench` (started by it; settings in " + bench.WorkerEnv + ")",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return bench.RunWorker(c.Context(), c.OutOrStdout())
+		},
+	}
+}

@@ -1,0 +1,483 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"gpucoord/collectives"
+	"gpucoord/collectives/tcp"
+)
+
+// Operations Run can time.
+var Ops = []string{"allreduce", "reducescatter", "allgather", "broadcast"}
+
+// Backends Run can use.
+var Backends = []string{"tcp", "inmem"}
+
+// Config configures a benchmark run. Start from DefaultConfig.
+type Config struct {
+	// Op is the operation: one of Ops.
+	Op string `json:"op"`
+	// NP is the number of ranks.
+	NP int `json:"np"`
+	// Sizes are the buffer sizes in bytes (the all-reduce buffer, the
+	// reduce-scatter input, the all-gather output, the broadcast buffer),
+	// rounded down to whole float32 elements divisible by NP where the
+	// operation needs it.
+	Sizes []int `json:"sizes"`
+	// Backend is the transport: one of Backends.
+	Backend string `json:"backend"`
+	// InProc runs the ranks as goroutines of this process instead of child
+	// processes (always so for inmem).
+	InProc bool `json:"inproc"`
+	// Warmup is the number of untimed operations per size.
+	Warmup int `json:"warmup"`
+	// Iters is the number of timed samples per size; 0 picks 7..50 to fill
+	// Budget.
+	Iters int `json:"iters"`
+	// Batch is the number of back-to-back operations in one sample; 0 picks
+	// enough for MinSample (at most 100).
+	Batch int `json:"batch"`
+	// MinSample is the shortest sample the automatic Batch aims for.
+	MinSample time.Duration `json:"min_sample"`
+	// Budget is roughly how long the samples of one size may take.
+	Budget time.Duration `json:"budget"`
+	// ChunkBytes and SmallBytes override the collectives defaults when > 0
+	// (SmallBytes < 0 sets it to 0: always the ring).
+	ChunkBytes int `json:"chunk_bytes"`
+	SmallBytes int `json:"small_bytes"`
+	// Timeout is the collectives timeout (a dead peer is reported sooner).
+	Timeout time.Duration `json:"timeout"`
+	// WorkerCommand is the argv that starts one worker process (which must
+	// call RunWorker); required unless InProc.
+	WorkerCommand []string `json:"-"`
+	// Stderr receives the workers' standard error; nil discards it.
+	Stderr io.Writer `json:"-"`
+}
+
+// DefaultConfig returns a 4-rank TCP all-reduce from 4 KiB to 64 MiB.
+func DefaultConfig() *Config {
+	sizes, _ := ParseSizes("4K:64M")
+	return &Config{Op: "allreduce", NP: 4, Sizes: sizes, Backend: "tcp", Warmup: 3,
+		MinSample: 10 * time.Millisecond, Budget: 3 * time.Second, Timeout: 60 * time.Second}
+}
+
+// Validate names the first field that cannot work.
+func (c *Config) Validate() error {
+	switch {
+	case !slices.Contains(Ops, c.Op):
+		return fmt.Errorf("bench: unknown op %q (want one of %s)", c.Op, strings.Join(Ops, ", "))
+	case !slices.Contains(Backends, c.Backend):
+		return fmt.Errorf("bench: unknown backend %q (want one of %s)", c.Backend, strings.Join(Backends, ", "))
+	case c.NP < 1 || c.NP > 1024:
+		return fmt.Errorf("bench: np %d is outside [1, 1024]", c.NP)
+	case len(c.Sizes) == 0:
+		return errors.New("bench: no sizes")
+	case c.Warmup < 0 || c.Iters < 0 || c.Batch < 0:
+		return errors.New("bench: warmup, iters and batch must not be negative")
+	case c.MinSample <= 0 || c.Budget <= 0:
+		return errors.New("bench: min-sample and budget must be positive")
+	case c.Timeout < time.Millisecond:
+		return fmt.Errorf("bench: timeout %s is below 1ms", c.Timeout)
+	case !c.InProc && c.Backend == "tcp" && len(c.WorkerCommand) == 0:
+		return errors.New("bench: WorkerCommand is required to start worker processes")
+	}
+	for _, s := range c.Sizes {
+		if s < 4 || s > 1<<32 {
+			return fmt.Errorf("bench: size %d is outside [4 B, 4 GiB]", s)
+		}
+	}
+	return nil
+}
+
+func (c *Config) collectives() *collectives.Config {
+	cc := collectives.DefaultConfig()
+	cc.Timeout = c.Timeout
+	if c.ChunkBytes > 0 {
+		cc.ChunkBytes = c.ChunkBytes
+	}
+	if c.SmallBytes > 0 {
+		cc.SmallBytes = c.SmallBytes
+	} else if c.SmallBytes < 0 {
+		cc.SmallBytes = 0
+	}
+	return cc
+}
+
+// Result is the timing of one size. The JSON field names are those of
+// nccl-tests-style tools and of the shared/bench peer scripts (bytes,
+// median_s), so their drivers read it unchanged.
+type Result struct {
+	Op        string  `json:"op"`
+	Backend   string  `json:"backend"`
+	N         int     `json:"n"`
+	SizeBytes int     `json:"size_bytes"`
+	Bytes     int     `json:"bytes"`
+	Count     int     `json:"count"`
+	Seconds   float64 `json:"seconds"`
+	MedianS   float64 `json:"median_s"`
+	MinS      float64 `json:"min_s"`
+	AlgBW     float64 `json:"algbw_gbps"`
+	BusBW     float64 `json:"busbw_gbps"`
+	Iters     int     `json:"iters"`
+	Batch     int     `json:"batch"`
+	Correct   bool    `json:"correct"`
+}
+
+// busFactor converts algbw to busbw as nccl-tests does.
+func busFactor(op string, n int) float64 {
+	switch op {
+	case "allreduce":
+		return 2 * float64(n-1) / float64(n)
+	case "reducescatter", "allgather":
+		return float64(n-1) / float64(n)
+	}
+	return 1
+}
+
+// ParseSizes reads "4K:64M" (powers of two from 4 KiB to 64 MiB), "1M,16M"
+// or a single size; suffixes K, M, G (and KiB, MiB, GiB) are powers of 1024.
+func ParseSizes(s string) ([]int, error) {
+	if lo, hi, ok := strings.Cut(s, ":"); ok {
+		a, err := parseSize(lo)
+		if err != nil {
+			return nil, err
+		}
+		b, err := parseSize(hi)
+		if err != nil {
+			return nil, err
+		}
+		if a > b {
+			return nil, fmt.Errorf("bench: size range %q runs backwards", s)
+		}
+		var out []int
+		for x := a; x <= b; x *= 2 {
+			out = append(out, x)
+		}
+		return out, nil
+	}
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		x, err := parseSize(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+func parseSize(s string) (int, error) {
+	t := strings.TrimSpace(s)
+	mul := 1
+	for _, u := range []struct {
+		suf string
+		m   int
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}} {
+		if strings.HasSuffix(t, u.suf) {
+			t, mul = strings.TrimSuffix(t, u.suf), u.m
+			break
+		}
+	}
+	v, err := strconv.Atoi(t)
+	if err != nil || v <= 0 {
+		return 0, fmt.Errorf("bench: bad size %q (want e.g. 4096, 4K, 64M)", s)
+	}
+	return v * mul, nil
+}
+
+// Run times every size and calls emit with each result, in order.
+func Run(ctx context.Context, cfg *Config, emit func(Result) error) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if cfg.InProc || cfg.Backend == "inmem" {
+		return runInProc(ctx, cfg, emit)
+	}
+	return runProcs(ctx, cfg, emit)
+}
+
+func runInProc(ctx context.Context, cfg *Config, emit func(Result) error) error {
+	comms := make([]*collectives.Comm, cfg.NP)
+	switch cfg.Backend {
+	case "inmem":
+		_, cs, err := collectives.NewInmemWorld(cfg.NP, cfg.collectives())
+		if err != nil {
+			return err
+		}
+		copy(comms, cs)
+	case "tcp":
+		ts, err := tcp.NewLocal(ctx, cfg.NP, tcp.DefaultConfig())
+		if err != nil {
+			return err
+		}
+		defer func() {
+			for _, t := range ts {
+				t.Close()
+			}
+		}()
+		for r, t := range ts {
+			if comms[r], err = collectives.New(t, cfg.collectives()); err != nil {
+				return err
+			}
+		}
+	}
+	defer func() {
+		for _, c := range comms {
+			c.Close()
+		}
+	}()
+	g, gctx := errgroup.WithContext(ctx)
+	for r, c := range comms {
+		g.Go(func() error {
+			return measure(gctx, cfg, c, func(res Result) error {
+				if r == 0 {
+					return emit(res) // only rank 0 emits
+				}
+				return nil
+			})
+		})
+	}
+	return g.Wait()
+}
+
+// WorkerEnv is the environment variable that carries a worker's settings.
+const WorkerEnv = "GPUCOORD_BENCH_WORKER"
+
+type workerSpec struct {
+	Config
+	Rank  int    `json:"rank"`
+	Store string `json:"store"`
+}
+
+func runProcs(ctx context.Context, cfg *Config, emit func(Result) error) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	storeCtx, stopStore := context.WithCancel(ctx)
+	storeDone := make(chan error, 1)
+	go func() { storeDone <- tcp.ServeStore(storeCtx, ln, collectives.NewMemStore()) }()
+	defer func() { stopStore(); <-storeDone }()
+	stderr := cfg.Stderr
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for r := range cfg.NP {
+		spec, err := json.Marshal(workerSpec{Config: *cfg, Rank: r, Store: ln.Addr().String()})
+		if err != nil {
+			return err
+		}
+		cmd := exec.CommandContext(gctx, cfg.WorkerCommand[0], cfg.WorkerCommand[1:]...)
+		cmd.Env = append(os.Environ(), WorkerEnv+"="+string(spec))
+		cmd.Stderr = stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		var out io.ReadCloser
+		if r == 0 {
+			if out, err = cmd.StdoutPipe(); err != nil {
+				return err
+			}
+		}
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("bench: start rank %d: %w", r, err)
+		}
+		g.Go(func() error {
+			var readErr error
+			if out != nil {
+				sc := bufio.NewScanner(out)
+				for sc.Scan() && readErr == nil {
+					var res Result
+					if readErr = json.Unmarshal(sc.Bytes(), &res); readErr == nil {
+						readErr = emit(res)
+					}
+				}
+				io.Copy(io.Discard, out)
+			}
+			if err := cmd.Wait(); err != nil {
+				return fmt.Errorf("bench: rank %d: %w", r, err)
+			}
+			return readErr
+		})
+	}
+	return g.Wait()
+}
+
+// RunWorker runs one rank of a multi-process benchmark with the settings in
+// the environment variable WorkerEnv; rank 0 writes each Result to out as a
+// JSON line.
+func RunWorker(ctx context.Context, out io.Writer) error {
+	var spec workerSpec
+	if err := json.Unmarshal([]byte(os.Getenv(WorkerEnv)), &spec); err != nil {
+		return fmt.Errorf("bench: worker settings in %s: %w", WorkerEnv, err)
+	}
+	st, err := tcp.DialStore(ctx, spec.Store)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	tc := tcp.DefaultConfig()
+	tc.Rank, tc.Size, tc.Store = spec.Rank, spec.NP, st
+	t, err := tcp.New(ctx, tc)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	c, err := collectives.New(t, spec.collectives())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	enc := json.NewEncoder(out)
+	err = measure(ctx, &spec.Config, c, func(res Result) error {
+		if spec.Rank == 0 {
+			return enc.Encode(res)
+		}
+		return nil
+	})
+	if err == nil {
+		err = c.Barrier(ctx) // leave together: no rank sees another's exit as a failure
+	}
+	return err
+}
+
+// measure runs the whole size sweep on one rank.
+func measure(ctx context.Context, cfg *Config, c *collectives.Comm, emit func(Result) error) error {
+	n, r := c.Size(), c.Rank()
+	for _, size := range cfg.Sizes {
+		count := size / 4
+		if cfg.Op == "reducescatter" || cfg.Op == "allgather" {
+			count = count / n * n
+		}
+		if count == 0 {
+			count = n
+		}
+		buf := make([]float32, count)
+		shard := make([]float32, count/n)
+		op := func() error {
+			switch cfg.Op {
+			case "allreduce":
+				return c.AllReduce(ctx, collectives.Float32s(buf), collectives.Sum)
+			case "reducescatter":
+				return c.ReduceScatter(ctx, collectives.Float32s(buf), collectives.Float32s(shard), collectives.Sum)
+			case "allgather":
+				return c.AllGather(ctx, collectives.Float32s(shard), collectives.Float32s(buf))
+			}
+			return c.Broadcast(ctx, collectives.Float32s(buf), 0)
+		}
+		// Correctness on one call with known data.
+		for i := range buf {
+			buf[i] = float32(r + 1)
+		}
+		for i := range shard {
+			shard[i] = float32(r + 1)
+		}
+		if err := op(); err != nil {
+			return err
+		}
+		ok := check(cfg.Op, n, r, buf, shard)
+		for range cfg.Warmup {
+			if err := op(); err != nil {
+				return err
+			}
+		}
+		// Probe: 3 calls, slowest rank, to size batch and iters alike on all.
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		for range 3 {
+			if err := op(); err != nil {
+				return err
+			}
+		}
+		probe := []float64{time.Since(t0).Seconds() / 3, 0}
+		if !ok {
+			probe[1] = 1
+		}
+		if err := c.AllReduce(ctx, collectives.Float64s(probe), collectives.Max); err != nil {
+			return err
+		}
+		batch := cfg.Batch
+		if batch == 0 {
+			batch = max(1, min(100, int(math.Ceil(cfg.MinSample.Seconds()/max(probe[0], 1e-9)))))
+		}
+		iters := cfg.Iters
+		if iters == 0 {
+			iters = max(7, min(50, int(cfg.Budget.Seconds()/max(probe[0]*float64(batch), 1e-9))))
+		}
+		samples := make([]float64, iters)
+		for i := range samples {
+			if err := c.Barrier(ctx); err != nil {
+				return err
+			}
+			t0 := time.Now()
+			for range batch {
+				if err := op(); err != nil {
+					return err
+				}
+			}
+			samples[i] = time.Since(t0).Seconds() / float64(batch)
+		}
+		if err := c.AllReduce(ctx, collectives.Float64s(samples), collectives.Max); err != nil {
+			return err
+		}
+		slices.Sort(samples)
+		med := samples[len(samples)/2]
+		if len(samples)%2 == 0 {
+			med = (samples[len(samples)/2-1] + samples[len(samples)/2]) / 2
+		}
+		bytes := count * 4
+		alg := float64(bytes) / med / 1e9
+		if err := emit(Result{Op: cfg.Op, Backend: cfg.Backend, N: n, SizeBytes: bytes, Bytes: bytes, Count: count,
+			Seconds: med, MedianS: med, MinS: samples[0], AlgBW: alg, BusBW: alg * busFactor(cfg.Op, n),
+			Iters: iters, Batch: batch, Correct: probe[1] == 0}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// check verifies one call's result: rank r contributed r+1 everywhere.
+func check(op string, n, r int, buf, shard []float32) bool {
+	sum := float32(n * (n + 1) / 2)
+	switch op {
+	case "allreduce":
+		return allEq(buf, sum)
+	case "reducescatter":
+		return allEq(shard, sum)
+	case "allgather":
+		m := len(shard)
+		for k := range n {
+			if !allEq(buf[k*m:(k+1)*m], float32(k+1)) {
+				return false
+			}
+		}
+		return true
+	}
+	return allEq(buf, 1) // broadcast from rank 0
+}
+
+func allEq(v []float32, x float32) bool {
+	for _, y := range v {
+		if y != x {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,16 @@
+// Package bench times collectives like nccl-tests: for each size, warm-up,
+// a correctness check, then samples of back-to-back operations, each sample
+// timed on every rank and the slowest rank kept, and the median reported
+// with algbw (bytes / time) and busbw (algbw times the operation's bus
+// factor, 2(n-1)/n for all-reduce). The timing protocol is the one of the
+// peer baselines in shared/bench (torch gloo and OpenMPI), so figures
+// compare directly.
+//
+// # Usage
+//
+// Run starts Config.NP ranks, as goroutines (InProc, or the inmem backend)
+// or as child processes joined over TCP on 127.0.0.1 through a store it
+// serves. A child is Config.WorkerCommand with the rank's settings in the
+// environment variable WorkerEnv; the child calls RunWorker. `gpucoord
+// bench` is the command-line front end.
+package bench
