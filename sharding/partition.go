@@ -135,7 +135,7 @@ func NewPartition(tensors []Tensor, degree int, cfg *Config) (*Partition, error)
 		if p.n > math.MaxInt-k {
 			return nil, fmt.Errorf("%w: total length of %d tensors overflows", ErrInvalid, len(tensors))
 		}
-		p.tensors[i] = Tensor{Name: t.Name, Shape: slices.Clone(t.Shape)}
+		p.tensors[i] = Tensor{Name: t.Name, Shape: append([]int{}, t.Shape...)}
 		p.offsets[i] = p.n
 		p.n += k
 	}
@@ -175,7 +175,7 @@ func (p *Partition) Padding() int { return p.PaddedLen() - p.n }
 func (p *Partition) Tensors() []Tensor {
 	out := make([]Tensor, len(p.tensors))
 	for i, t := range p.tensors {
-		out[i] = Tensor{Name: t.Name, Shape: slices.Clone(t.Shape)}
+		out[i] = Tensor{Name: t.Name, Shape: append([]int{}, t.Shape...)}
 	}
 	return out
 }
