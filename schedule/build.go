@@ -118,12 +118,13 @@ func computeOrder(kind Kind, r, p, m, v int) []Op {
 		for i := range warm {
 			ops = append(ops, compute(Forward, i, 0))
 		}
-		// ZB-H1 (Qi et al. 2023, section 3.1): the weight-gradient pass of
-		// micro-batch j runs r steps after its input-gradient pass, so the
-		// later a stage, the more W passes it carries into the cool-down,
-		// where they fill the bubble 1F1B leaves there. Rank r ends with r+1
-		// W passes after its last B, which is what lets the chain of B
-		// passes reach rank 0 without waiting for the ranks behind it.
+		// ZB-H1 keeps 1F1B's warm-up (so its peak activations) and defers W
+		// passes into the cool-down (Qi et al. 2023, section 3.1). Our order
+		// is built from those two rules, not copied from the paper's figure:
+		// the W of micro-batch j runs right after the B of micro-batch j+r,
+		// so rank r carries r+1 W passes past its last B and the chain of B
+		// passes reaches rank 0 without waiting for the ranks behind it.
+		// TestZBH1 checks the makespan against the paper's formula.
 		nextW := 0
 		for j := range m {
 			if j+warm < m {
