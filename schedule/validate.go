@@ -1,7 +1,9 @@
 package schedule
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -204,8 +206,19 @@ func (x *validator) links() error {
 			}
 		}
 	}
-	for l, ids := range sent {
-		rec := got[l]
+	// Report the first bad link in (from, to) order, not map order.
+	keys := make([]link, 0, len(sent))
+	for l := range sent {
+		keys = append(keys, l)
+	}
+	slices.SortFunc(keys, func(a, b link) int {
+		if c := cmp.Compare(a.from, b.from); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.to, b.to)
+	})
+	for _, l := range keys {
+		ids, rec := sent[l], got[l]
 		for k, id := range ids {
 			if k < len(rec) && rec[k] != id {
 				return fmt.Errorf("%w: link %d->%d out of order: send #%d carries the %s but receive #%d expects the %s",
