@@ -31,10 +31,12 @@ bench: ## Run the Go benchmarks (figures go in docs/BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 .PHONY: fuzz
-fuzz: ## Fuzz the spec parser and factorisation for 30s each
+fuzz: ## Run every fuzz test for 30s (spec parsers, factorisation, schedules, ZeRO partition)
 	$(GO) test -run '^$$' -fuzz FuzzParseCluster -fuzztime 30s ./topology
 	$(GO) test -run '^$$' -fuzz FuzzParseModel -fuzztime 30s ./topology
 	$(GO) test -run '^$$' -fuzz FuzzFactorize -fuzztime 30s ./topology
+	$(GO) test -run '^$$' -fuzz FuzzBuild -fuzztime 30s ./schedule
+	$(GO) test -run '^$$' -fuzz FuzzPartition -fuzztime 30s ./sharding
 
 .PHONY: tidy
 tidy: ## go mod tidy, failing if go.mod or go.sum change

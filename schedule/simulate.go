@@ -139,6 +139,29 @@ func (s *Schedule) PeakInFlight() []int {
 	return in
 }
 
+// PeakHeld returns, per rank, the largest number of (micro-batch, chunk)
+// passes whose Forward has run and whose backward work has not all run: up
+// to the WeightGrad for kinds that split the backward, else up to the
+// Backward. It is the count that bounds activation memory when a split
+// backward keeps the weight-gradient inputs until W (Qi et al. 2023 count
+// memory this way). Without a split it equals PeakInFlight.
+func (s *Schedule) PeakHeld() []int {
+	held := make([]int, len(s.Ranks))
+	for r, ops := range s.Ranks {
+		n := 0
+		for _, op := range ops {
+			switch {
+			case op.Kind == Forward:
+				n++
+				held[r] = max(held[r], n)
+			case op.Kind == Backward && !s.Kind.SplitBackward(), op.Kind == WeightGrad:
+				n--
+			}
+		}
+	}
+	return held
+}
+
 // peaks counts, per rank, the peak of Forward-done-Backward-not and of
 // Backward-done-WeightGrad-not.
 func (s *Schedule) peaks() (inFlight, pendingW []int) {

@@ -309,3 +309,26 @@ func TestSimulateRejects(t *testing.T) {
 		})
 	}
 }
+
+// TestPeakHeld: without a split backward PeakHeld is PeakInFlight; for ZB-H1
+// it counts a pass until its WeightGrad, which on rank r of p is at most
+// p - r + r = p passes (1F1B's stage-0 peak) and at least PeakInFlight.
+func TestPeakHeld(t *testing.T) {
+	for _, k := range []Kind{GPipe, OneFOneB, ZBH1} {
+		for _, pm := range [][2]int{{4, 8}, {4, 16}, {8, 8}, {2, 1}} {
+			s, err := Build(k, pm[0], pm[1], 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held, in := s.PeakHeld(), s.PeakInFlight()
+			for r := range held {
+				switch {
+				case k != ZBH1 && held[r] != in[r]:
+					t.Errorf("%s p=%d m=%d rank %d: held %d != in flight %d", k, pm[0], pm[1], r, held[r], in[r])
+				case k == ZBH1 && (held[r] < in[r] || held[r] > min(pm[0], pm[1])):
+					t.Errorf("zb-h1 p=%d m=%d rank %d: held %d, want in [%d, %d]", pm[0], pm[1], r, held[r], in[r], min(pm[0], pm[1]))
+				}
+			}
+		}
+	}
+}

@@ -74,8 +74,9 @@ type Pipeline struct {
 	Virtual        int           `json:"virtual"`
 	Microbatches   int           `json:"microbatches"`
 	BubbleFraction float64       `json:"bubble_fraction"`
-	// PeakInFlight is, per stage, the most (micro-batch, chunk) forward
-	// activations held at once.
+	// PeakInFlight is, per stage, the most (micro-batch, chunk) passes whose
+	// activations are held at once: from the forward to the end of the
+	// backward (to the weight-gradient pass for ZB-H1; schedule.PeakHeld).
 	PeakInFlight []int `json:"peak_in_flight"`
 }
 
@@ -147,7 +148,7 @@ func (e *evaluator) build(p *topology.Plan) (built, error) {
 	if err != nil {
 		return built{}, fmt.Errorf("schedule %s: %w", k.kind, err)
 	}
-	b := built{sched: s, inFlight: s.PeakInFlight()}
+	b := built{sched: s, inFlight: s.PeakHeld()}
 	e.shapes[k] = b
 	return b, nil
 }
