@@ -180,9 +180,8 @@ func WriteShard(ctx context.Context, root string, step int64, p *Partition, sh *
 // that every shard file is in place with its recorded size and a header that
 // matches, reading only the headers, and afterwards removes temporary files
 // of interrupted writes and shard files of another degree from the step
-// directory. In a job of
-// several processes one rank commits, with the infos the others sent it or
-// read back with InspectShard.
+// directory. In a job of several processes one rank commits, with the infos
+// the others sent it or read back with InspectShard.
 func Commit(ctx context.Context, root string, step int64, p *Partition, infos []ShardInfo) error {
 	if err := ctx.Err(); err != nil {
 		return err
