@@ -50,8 +50,9 @@
 // position its own root.
 //
 // Shard files are little-endian: a header (magic "GCSHARD\x01", version,
-// step, rank, degree, block, flat length, vector names) padded to 8 bytes,
-// then each vector's block as float32, in sorted name order.
+// step, rank, degree, block, flat length, a fingerprint of the tensor list,
+// vector names) padded to 8 bytes, then each vector's block as float32, in
+// sorted name order.
 //
 // # Usage
 //
