@@ -21,10 +21,9 @@
 // # Stages
 //
 // Stage.Spec gives, as data, what each ZeRO stage keeps whole and what it
-// shards, how gradients are reduced and when parameters are gathered;
-// StageMemory gives the model-state bytes per rank (Rajbhandari et al.
-// 2020, Figure 1: 7.5e9 parameters, 64 ranks, 2+2+12 bytes per parameter
-// give 120, 31.4, 16.6 and 1.9 GB for stages 0-3).
+// shards, how gradients are reduced and when parameters are gathered. The
+// bytes that follow from it are the planner's one accounting,
+// topology/estimate.ModelStates (Rajbhandari et al. 2020, Figure 1).
 //
 // # State vectors and re-sharding
 //

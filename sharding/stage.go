@@ -1,9 +1,6 @@
 package sharding
 
-import (
-	"fmt"
-	"math"
-)
+import "fmt"
 
 // Stage is a ZeRO stage (Rajbhandari et al. 2020, "ZeRO: Memory
 // Optimizations Toward Training Trillion Parameter Models"): 0 is plain data
@@ -136,87 +133,4 @@ func (s Stage) Spec() (StageSpec, error) {
 		return StageSpec{Sharded, Sharded, Sharded, ReduceScatter, GatherBeforeUse}, nil
 	}
 	return StageSpec{}, s.Validate()
-}
-
-// Precision is the number of bytes a training state keeps per parameter.
-type Precision struct {
-	// ParamBytes per parameter for the working parameters (2 for bf16/fp16).
-	ParamBytes int
-	// GradBytes per parameter for the gradients (2 for bf16/fp16).
-	GradBytes int
-	// OptStateBytes per parameter for everything the optimizer keeps: K in
-	// the ZeRO paper, 12 for mixed-precision Adam (fp32 master weights,
-	// momentum and variance).
-	OptStateBytes int
-}
-
-// MixedPrecisionAdam returns the ZeRO paper's accounting: 2 + 2 + 12 bytes
-// per parameter (bf16 weights and gradients, fp32 master weights, m and v).
-func MixedPrecisionAdam() Precision { return Precision{ParamBytes: 2, GradBytes: 2, OptStateBytes: 12} }
-
-// Float32Adam returns the accounting of a pure float32 Adam, as the native
-// engine runs it: 4 + 4 + 8 bytes per parameter (weights, gradients, m, v;
-// the weights are their own master copy).
-func Float32Adam() Precision { return Precision{ParamBytes: 4, GradBytes: 4, OptStateBytes: 8} }
-
-// Memory is the model-state bytes one data-parallel rank holds. Activations,
-// temporary buffers and fragmentation are not included.
-type Memory struct {
-	Params   int64 // working parameters
-	Grads    int64 // gradients
-	OptState int64 // master weights and optimizer moments
-}
-
-// Total returns Params+Grads+OptState.
-func (m Memory) Total() int64 { return m.Params + m.Grads + m.OptState }
-
-// StageMemory returns the model-state bytes per rank for params parameters
-// at data-parallel degree d and ZeRO stage s: a replicated buffer costs
-// params*bytes, a sharded one ceil(params/d)*bytes, the largest block when d
-// does not divide params. (A Partition's alignment adds fewer than Align
-// elements per rank on top.) For the ZeRO paper's Figure 1 case, 7.5e9
-// parameters at d = 64 with MixedPrecisionAdam, the totals are 120, 31.4,
-// 16.6 and 1.9 GB for stages 0-3.
-func StageMemory(params int64, d int, s Stage, prec Precision) (Memory, error) {
-	spec, err := s.Spec()
-	if err != nil {
-		return Memory{}, err
-	}
-	if params < 0 {
-		return Memory{}, fmt.Errorf("%w: parameter count %d is negative", ErrInvalid, params)
-	}
-	if d < 1 {
-		return Memory{}, fmt.Errorf("%w: data-parallel degree %d is below 1", ErrInvalid, d)
-	}
-	if prec.ParamBytes < 0 || prec.GradBytes < 0 || prec.OptStateBytes < 0 {
-		return Memory{}, fmt.Errorf("%w: negative bytes per parameter in %+v", ErrInvalid, prec)
-	}
-	shard := params / int64(d)
-	if params%int64(d) != 0 {
-		shard++
-	}
-	bytes := func(pl Placement, per int) (int64, error) {
-		n := params
-		if pl == Sharded {
-			n = shard
-		}
-		if per != 0 && n > math.MaxInt64/int64(per) {
-			return 0, fmt.Errorf("%w: %d parameters at %d bytes overflow", ErrInvalid, n, per)
-		}
-		return n * int64(per), nil
-	}
-	var m Memory
-	if m.Params, err = bytes(spec.Params, prec.ParamBytes); err != nil {
-		return Memory{}, err
-	}
-	if m.Grads, err = bytes(spec.Grads, prec.GradBytes); err != nil {
-		return Memory{}, err
-	}
-	if m.OptState, err = bytes(spec.OptState, prec.OptStateBytes); err != nil {
-		return Memory{}, err
-	}
-	if m.Params > math.MaxInt64-m.Grads || m.Params+m.Grads > math.MaxInt64-m.OptState {
-		return Memory{}, fmt.Errorf("%w: total bytes for %d parameters overflow", ErrInvalid, params)
-	}
-	return m, nil
 }
