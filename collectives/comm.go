@@ -11,7 +11,8 @@ import (
 )
 
 // Config configures a Comm. Start from DefaultConfig and override fields.
-// Every member of a group must use the same ChunkBytes and SmallBytes: they
+// Every member of a group must use the same ChunkBytes, DirectBytes and
+// SmallBytes: they
 // decide how an operation is cut into frames, and a difference is reported
 // as ErrMismatch.
 type Config struct {
@@ -23,6 +24,10 @@ type Config struct {
 	// Pieces are pipelined: a rank forwards piece k while piece k+1 arrives
 	// and is reduced.
 	ChunkBytes int
+	// DirectBytes is the largest AllReduce, in bytes, done in one round:
+	// every rank sends its buffer to every other and reduces all n in rank
+	// order. It trades (n-1) sends for the fewest round trips. 0 disables it.
+	DirectBytes int
 	// SmallBytes is the largest AllReduce or Broadcast, in bytes, that uses
 	// the latency-bound algorithms (recursive doubling, binomial tree)
 	// instead of the bandwidth-bound ring and chain. 0 always uses the ring.
@@ -33,7 +38,7 @@ type Config struct {
 
 // DefaultConfig returns settings for CPU hosts over TCP.
 func DefaultConfig() *Config {
-	return &Config{Timeout: 60 * time.Second, ChunkBytes: 256 << 10, SmallBytes: 64 << 10}
+	return &Config{Timeout: 60 * time.Second, ChunkBytes: 256 << 10, DirectBytes: 8 << 10, SmallBytes: 64 << 10}
 }
 
 // Validate names the first field that cannot work.
@@ -45,6 +50,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: Timeout %s is below the 1ms minimum", ErrInvalid, c.Timeout)
 	case c.ChunkBytes < 64 || c.ChunkBytes > 1<<30:
 		return fmt.Errorf("%w: ChunkBytes %d is outside [64, 1GiB]", ErrInvalid, c.ChunkBytes)
+	case c.DirectBytes < 0 || c.DirectBytes > 1<<20:
+		return fmt.Errorf("%w: DirectBytes %d is outside [0, 1MiB]", ErrInvalid, c.DirectBytes)
 	case c.SmallBytes < 0 || c.SmallBytes > 1<<30:
 		return fmt.Errorf("%w: SmallBytes %d is outside [0, 1GiB]", ErrInvalid, c.SmallBytes)
 	}
@@ -84,6 +91,7 @@ type Comm struct {
 	sseq  []uint32 // Send messages to each member
 	rseq  []uint32 // Recv messages from each member
 	tmp   []byte   // scratch, grown on demand
+	tix   []uint64 // receive tickets, one per member
 	err   error
 	subMu sync.Mutex
 	subs  map[string]int
@@ -122,7 +130,7 @@ func newComm(t Transport, cfg *Config, tag uint64, world []int, rank int) (*Comm
 	c := &Comm{
 		cfg: *cfg, t: t, mb: mb, tag: tag, world: world, rank: rank,
 		log:  log.With("component", "collectives", "group", fmt.Sprintf("%#x", tag), "rank", rank, "size", n),
-		coll: make([]*slot, n), p2p: make([]*slot, n), sseq: make([]uint32, n), rseq: make([]uint32, n),
+		coll: make([]*slot, n), p2p: make([]*slot, n), sseq: make([]uint32, n), rseq: make([]uint32, n), tix: make([]uint64, n),
 		subs: map[string]int{},
 	}
 	for i, w := range world {

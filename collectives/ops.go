@@ -6,8 +6,9 @@ import (
 	"math/bits"
 )
 
-// AllReduce implements Communicator. Buffers of at most SmallBytes use
-// recursive doubling (log2 n rounds); larger ones a pipelined ring
+// AllReduce implements Communicator. Buffers of at most DirectBytes take one
+// round of all-to-all exchange, those of at most SmallBytes use recursive
+// doubling (log2 n rounds), larger ones a pipelined ring
 // reduce-scatter followed by a ring all-gather, in which each rank sends
 // 2(n-1)/n of the buffer. Either way every rank ends with the same bits.
 func (c *Comm) AllReduce(ctx context.Context, buf Buffer, op Op) error {
@@ -25,9 +26,12 @@ func (c *Comm) AllReduce(ctx context.Context, buf Buffer, op Op) error {
 	}
 	h := c.header(KindAllReduce, buf, op)
 	var err error
-	if len(buf.data) <= c.cfg.SmallBytes {
+	switch {
+	case len(buf.data) <= c.cfg.DirectBytes:
+		err = c.directAllReduce(ctx, h, buf.data)
+	case len(buf.data) <= c.cfg.SmallBytes:
 		err = c.doublingAllReduce(ctx, h, buf.data)
-	} else {
+	default:
 		err = c.ringAllReduce(ctx, h, buf.data, buf.dtype.Size())
 	}
 	if err != nil {
@@ -96,6 +100,41 @@ func (c *Comm) ringAllReduce(ctx context.Context, h Header, buf []byte, w int) e
 				}
 			}
 		}
+	}
+	return nil
+}
+
+// directAllReduce sends buf to every other member, receives theirs, and
+// reduces all n in rank order, x0 op x1 op ... : one round, and the same
+// bits as a naive left-to-right reduction on every rank.
+func (c *Comm) directAllReduce(ctx context.Context, h Header, buf []byte) error {
+	n, r, l := len(c.world), c.rank, len(buf)
+	sc := c.scratch(n * l)
+	for p := range n {
+		if p == r {
+			continue
+		}
+		t, err := c.post(p, h, sc[p*l:(p+1)*l], nil)
+		if err != nil {
+			return err
+		}
+		c.tix[p] = t
+	}
+	for k := 1; k < n; k++ {
+		if err := c.send(ctx, (r+k)%n, h, buf); err != nil {
+			return err
+		}
+	}
+	copy(sc[r*l:(r+1)*l], buf)
+	for k := 1; k < n; k++ {
+		p := (r + n - k) % n
+		if err := c.wait(ctx, h.Kind, p, c.tix[p]); err != nil {
+			return err
+		}
+	}
+	copy(buf, sc[:l])
+	for p := 1; p < n; p++ {
+		Reduce(h.DType, h.Op, buf, buf, sc[p*l:(p+1)*l])
 	}
 	return nil
 }

@@ -75,6 +75,7 @@ Ranks are child processes over TCP on 127.0.0.1, or goroutines with --inproc
 	f.DurationVar(&cfg.MinSample, "min-sample", cfg.MinSample, "shortest sample the automatic batch aims for")
 	f.DurationVar(&cfg.Budget, "budget", cfg.Budget, "time for the samples of one size")
 	f.IntVar(&cfg.ChunkBytes, "chunk", 0, "pipeline piece size in bytes (0: default)")
+	f.IntVar(&cfg.DirectBytes, "direct", 0, "largest allreduce done in one all-to-all round (0: default, -1: none)")
 	f.IntVar(&cfg.SmallBytes, "small", 0, "largest allreduce/broadcast using the latency algorithms (0: default, -1: none)")
 	f.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "fail an operation whose peer is silent this long")
 	f.BoolVar(&asJSON, "json", false, "print a JSON list of results")

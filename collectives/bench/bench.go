@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,10 +58,12 @@ type Config struct {
 	MinSample time.Duration `json:"min_sample"`
 	// Budget is roughly how long the samples of one size may take.
 	Budget time.Duration `json:"budget"`
-	// ChunkBytes and SmallBytes override the collectives defaults when > 0
-	// (SmallBytes < 0 sets it to 0: always the ring).
-	ChunkBytes int `json:"chunk_bytes"`
-	SmallBytes int `json:"small_bytes"`
+	// ChunkBytes, DirectBytes and SmallBytes override the collectives
+	// defaults when > 0 (DirectBytes or SmallBytes < 0 sets it to 0, turning
+	// that algorithm off).
+	ChunkBytes  int `json:"chunk_bytes"`
+	DirectBytes int `json:"direct_bytes"`
+	SmallBytes  int `json:"small_bytes"`
 	// Timeout is the collectives timeout (a dead peer is reported sooner).
 	Timeout time.Duration `json:"timeout"`
 	// WorkerCommand is the argv that starts one worker process (which must
@@ -111,10 +114,13 @@ func (c *Config) collectives() *collectives.Config {
 	if c.ChunkBytes > 0 {
 		cc.ChunkBytes = c.ChunkBytes
 	}
-	if c.SmallBytes > 0 {
-		cc.SmallBytes = c.SmallBytes
-	} else if c.SmallBytes < 0 {
-		cc.SmallBytes = 0
+	for _, o := range []struct {
+		dst *int
+		v   int
+	}{{&cc.DirectBytes, c.DirectBytes}, {&cc.SmallBytes, c.SmallBytes}} {
+		if o.v != 0 {
+			*o.dst = max(o.v, 0)
+		}
 	}
 	return cc
 }
@@ -286,6 +292,11 @@ func runProcs(ctx context.Context, cfg *Config, emit func(Result) error) error {
 		}
 		cmd := exec.CommandContext(gctx, cfg.WorkerCommand[0], cfg.WorkerCommand[1:]...)
 		cmd.Env = append(os.Environ(), WorkerEnv+"="+string(spec))
+		if os.Getenv("GOMAXPROCS") == "" {
+			// Like OMP_NUM_THREADS=1 for the torch peer: ranks sharing few
+			// cores should not each run as many schedulers as there are cores.
+			cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.NumCPU()/cfg.NP)))
+		}
 		cmd.Stderr = stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		var out io.ReadCloser

@@ -25,6 +25,7 @@ func Config(t *testing.T) *collectives.Config {
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
 	cfg.Timeout = 10 * time.Second
 	cfg.ChunkBytes = 256
+	cfg.DirectBytes = 32
 	cfg.SmallBytes = 96
 	return cfg
 }
@@ -147,12 +148,18 @@ func (x *vec) at(i int) float64 {
 var dtypes = []collectives.DType{collectives.Float32, collectives.Float64, collectives.BFloat16}
 var ops = []collectives.Op{collectives.Sum, collectives.Max, collectives.Min}
 
+// algorithms force each all-reduce algorithm for every length the suite uses.
+var algorithms = []struct {
+	name          string
+	direct, small int
+}{{"ring", 0, 0}, {"doubling", 0, 1 << 20}, {"direct", 1 << 20, 0}, {"mixed", 64, 400}}
+
 func testAllReduce(t *testing.T, nw NewWorld) {
 	for n := 1; n <= 8; n++ {
-		for _, small := range []int{0, 1 << 20} { // ring only, doubling only
+		for _, alg := range algorithms {
 			cfg := Config(t)
-			cfg.SmallBytes = small
-			t.Run(fmt.Sprintf("n=%d/small=%d", n, small), func(t *testing.T) {
+			cfg.DirectBytes, cfg.SmallBytes = alg.direct, alg.small
+			t.Run(fmt.Sprintf("n=%d/%s", n, alg.name), func(t *testing.T) {
 				comms := nw(t, n, cfg)
 				for _, dt := range dtypes {
 					for _, op := range ops {
@@ -187,10 +194,10 @@ func testAllReduce(t *testing.T, nw NewWorld) {
 // to the exact sum.
 func testBitIdentical(t *testing.T, nw NewWorld) {
 	for _, n := range []int{3, 5, 8} {
-		for _, small := range []int{0, 1 << 20} {
+		for _, alg := range algorithms {
 			cfg := Config(t)
-			cfg.SmallBytes = small
-			t.Run(fmt.Sprintf("n=%d/small=%d", n, small), func(t *testing.T) {
+			cfg.DirectBytes, cfg.SmallBytes = alg.direct, alg.small
+			t.Run(fmt.Sprintf("n=%d/%s", n, alg.name), func(t *testing.T) {
 				comms := nw(t, n, cfg)
 				const l = 1001
 				in := make([][]float32, n)

@@ -303,7 +303,7 @@ func (t *Transport) read(l *link) {
 		err = collectives.ErrClosed
 	case errors.Is(err, io.EOF):
 		// Between frames: the peer closed, or its process died.
-		t.log.Info("peer closed the connection", "peer", l.peer)
+		t.log.Debug("peer closed the connection", "peer", l.peer)
 		err = fmt.Errorf("%w: world rank %d closed the connection", collectives.ErrPeerLost, l.peer)
 	default:
 		t.log.Warn("connection lost", "peer", l.peer, "err", err)
