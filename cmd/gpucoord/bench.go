@@ -30,7 +30,8 @@ and algbw/busbw in GB/s (1e9 bytes; busbw = algbw * 2(n-1)/n for allreduce).
   gpucoord bench allreduce --np 4 --sizes 4K:64M --backend tcp
   gpucoord bench allgather --np 2 --sizes 1M,16M --json
 
-Ranks are child processes over TCP on 127.0.0.1, or goroutines with --inproc
+Ranks are child processes over TCP on 127.0.0.1 (--backend tcp) or shared
+memory (--backend shm), or goroutines with --inproc
 (always with --backend inmem).`,
 		Args:      cobra.MaximumNArgs(1),
 		ValidArgs: bench.Ops,
@@ -49,7 +50,7 @@ Ranks are child processes over TCP on 127.0.0.1, or goroutines with --inproc
 			if asJSON && asLines {
 				return usageError(fmt.Errorf("bench: --json and --jsonl exclude each other"))
 			}
-			if !cfg.InProc && cfg.Backend == "tcp" {
+			if !cfg.InProc && cfg.Backend != "inmem" {
 				exe, err := os.Executable()
 				if err != nil {
 					return err

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"gpucoord/collectives"
+	"gpucoord/collectives/shm"
 	"gpucoord/collectives/tcp"
 )
 
@@ -28,7 +29,7 @@ import (
 var Ops = []string{"allreduce", "reducescatter", "allgather", "broadcast"}
 
 // Backends Run can use.
-var Backends = []string{"tcp", "inmem"}
+var Backends = []string{"tcp", "shm", "inmem"}
 
 // Config configures a benchmark run. Start from DefaultConfig.
 type Config struct {
@@ -97,7 +98,7 @@ func (c *Config) Validate() error {
 		return errors.New("bench: min-sample and budget must be positive")
 	case c.Timeout < time.Millisecond:
 		return fmt.Errorf("bench: timeout %s is below 1ms", c.Timeout)
-	case !c.InProc && c.Backend == "tcp" && len(c.WorkerCommand) == 0:
+	case !c.InProc && c.Backend != "inmem" && len(c.WorkerCommand) == 0:
 		return errors.New("bench: WorkerCommand is required to start worker processes")
 	}
 	for _, s := range c.Sizes {
@@ -227,10 +228,24 @@ func runInProc(ctx context.Context, cfg *Config, emit func(Result) error) error 
 			return err
 		}
 		copy(comms, cs)
-	case "tcp":
-		ts, err := tcp.NewLocal(ctx, cfg.NP, tcp.DefaultConfig())
-		if err != nil {
-			return err
+	case "tcp", "shm":
+		var ts []transport
+		if cfg.Backend == "tcp" {
+			tt, err := tcp.NewLocal(ctx, cfg.NP, tcp.DefaultConfig())
+			if err != nil {
+				return err
+			}
+			for _, t := range tt {
+				ts = append(ts, t)
+			}
+		} else {
+			st, err := shm.NewLocal(ctx, cfg.NP, shm.DefaultConfig())
+			if err != nil {
+				return err
+			}
+			for _, t := range st {
+				ts = append(ts, t)
+			}
 		}
 		defer func() {
 			for _, t := range ts {
@@ -238,6 +253,7 @@ func runInProc(ctx context.Context, cfg *Config, emit func(Result) error) error 
 			}
 		}()
 		for r, t := range ts {
+			var err error
 			if comms[r], err = collectives.New(t, cfg.collectives()); err != nil {
 				return err
 			}
@@ -260,6 +276,12 @@ func runInProc(ctx context.Context, cfg *Config, emit func(Result) error) error 
 		})
 	}
 	return g.Wait()
+}
+
+// transport is a collectives.Transport that can be closed.
+type transport interface {
+	collectives.Transport
+	Close() error
 }
 
 // WorkerEnv is the environment variable that carries a worker's settings.
@@ -342,9 +364,16 @@ func RunWorker(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer st.Close()
-	tc := tcp.DefaultConfig()
-	tc.Rank, tc.Size, tc.Store = spec.Rank, spec.NP, st
-	t, err := tcp.New(ctx, tc)
+	var t transport
+	if spec.Backend == "shm" {
+		sc := shm.DefaultConfig()
+		sc.Rank, sc.Size, sc.Store = spec.Rank, spec.NP, st
+		t, err = shm.New(ctx, sc)
+	} else {
+		tc := tcp.DefaultConfig()
+		tc.Rank, tc.Size, tc.Store = spec.Rank, spec.NP, st
+		t, err = tcp.New(ctx, tc)
+	}
 	if err != nil {
 		return err
 	}

@@ -9,8 +9,8 @@
 // # Usage
 //
 // Run starts Config.NP ranks, as goroutines (InProc, or the inmem backend)
-// or as child processes joined over TCP on 127.0.0.1 through a store it
-// serves. A child is Config.WorkerCommand with the rank's settings in the
+// or as child processes joined over TCP on 127.0.0.1 or shared memory
+// (Backend "shm") through a store it serves. A child is Config.WorkerCommand with the rank's settings in the
 // environment variable WorkerEnv; the child calls RunWorker. `gpucoord
 // bench` is the command-line front end.
 package bench

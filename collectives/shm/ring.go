@@ -22,7 +22,7 @@ const (
 	offConsDone  = 200 // uint32: 1 once the consumer closed
 	ctrlSize     = 4096
 	spinChecks   = 200
-	yieldChecks  = 20
+	yieldChecks  = 100
 	futexWait    = 0
 	futexWake    = 1
 	futexTimeout = 20 * time.Millisecond
@@ -71,8 +71,12 @@ func (r *ring) waitFor(ready func() bool, seq, waiting *atomic.Uint32, stop func
 			return nil
 		}
 	}
+	// Then poll while letting other processes run, as OpenMPI's shared
+	// memory transport does; sleeping on the futex costs a wake-up that,
+	// with more ranks than cores, is the dominant latency.
 	for range yieldChecks {
 		runtime.Gosched()
+		syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
 		if ready() {
 			return nil
 		}

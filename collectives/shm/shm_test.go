@@ -98,7 +98,6 @@ func TestShmConformance(t *testing.T) { collectivestest.Run(t, shmWorld) }
 
 func TestShmZeroAllocs(t *testing.T) { collectivestest.TestZeroAllocs(t, shmWorld) }
 
-
 // TestClosedPeer: a rank that closes its transport is seen by the others
 // at once.
 func TestClosedPeer(t *testing.T) {

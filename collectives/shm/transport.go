@@ -56,7 +56,7 @@ type Config struct {
 
 // DefaultConfig returns settings for one host.
 func DefaultConfig() *Config {
-	return &Config{Prefix: "gpucoord/shm/", Dir: "/dev/shm", RingBytes: 4 << 20, ConnectTimeout: 60 * time.Second,
+	return &Config{Prefix: "gpucoord/shm/", Dir: "/dev/shm", RingBytes: 1 << 20, ConnectTimeout: 60 * time.Second,
 		WriteTimeout: 60 * time.Second, LivenessInterval: 100 * time.Millisecond}
 }
 
