@@ -231,3 +231,38 @@ func TestWorkedExample(t *testing.T) {
 		t.Errorf("tp traffic %+v", tr)
 	}
 }
+
+// TestInterleavedActivationFactor: with v virtual stages the first stage
+// holds the activations of L(1 + (p-1)/(pv)) layers against 1F1B's L
+// (Korthikanti et al. 2022 Sec. 4.2.3, after Narayanan et al. 2021), with
+// m = 2p micro-batches.
+func TestInterleavedActivationFactor(t *testing.T) {
+	cl, _ := topology.ClusterPreset("dgx-h100")
+	m := topology.Model{Name: "t", Layers: 240, Hidden: 1024, Heads: 16, Vocab: 1000, Seq: 128}
+	stage0 := func(pp, v int, sched schedule.Kind) float64 {
+		cfg := topology.DefaultConfig()
+		cfg.PP, cfg.VPP, cfg.Schedule, cfg.GlobalBatch = pp, v, sched, 2*pp*(8/pp)
+		cl.Nodes = 1
+		p, err := topology.New(cl, m, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := Evaluate(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// held chunk-micro-batches x layers per chunk
+		return float64(r.Pipeline.PeakInFlight[0]) * float64(m.Layers/(pp*v))
+	}
+	for _, pv := range [][2]int{{4, 2}, {4, 5}, {2, 4}, {8, 5}, {8, 2}} {
+		pp, v := pv[0], pv[1]
+		base := stage0(pp, 1, schedule.OneFOneB)
+		if base != float64(m.Layers) {
+			t.Fatalf("p=%d 1f1b: stage 0 holds %v layers' activations, want L = %d", pp, base, m.Layers)
+		}
+		got := stage0(pp, v, schedule.Interleaved) / base
+		if want := 1 + float64(pp-1)/float64(pp*v); math.Abs(got-want) > 1e-12 {
+			t.Errorf("p=%d v=%d: interleaved/1f1b = %.4f, want 1 + (p-1)/(pv) = %.4f", pp, v, got, want)
+		}
+	}
+}
