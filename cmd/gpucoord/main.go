@@ -1,4 +1,3 @@
-// Command gpucoord plans, launches and benchmarks 3D-parallel training jobs.
 package main
 
 import (
