@@ -38,7 +38,7 @@ type Config struct {
 
 // DefaultConfig returns settings for CPU hosts over TCP.
 func DefaultConfig() *Config {
-	return &Config{Timeout: 60 * time.Second, ChunkBytes: 256 << 10, DirectBytes: 8 << 10, SmallBytes: 64 << 10}
+	return &Config{Timeout: 60 * time.Second, ChunkBytes: 1 << 20, DirectBytes: 8 << 10, SmallBytes: 64 << 10}
 }
 
 // Validate names the first field that cannot work.

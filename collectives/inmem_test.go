@@ -99,3 +99,27 @@ func TestDelayKeepsOrder(t *testing.T) {
 }
 
 func TestInmemZeroAllocs(t *testing.T) { collectivestest.TestZeroAllocs(t, inmemWorld) }
+
+// TestFramesBeforeDeparture: frames a peer sent before it left are still
+// received; only a receive beyond them fails.
+func TestFramesBeforeDeparture(t *testing.T) {
+	net, comms, err := collectives.NewInmemWorld(2, collectivestest.Config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range 2 {
+		if err := comms[1].Send(t.Context(), collectives.Float64s([]float64{float64(k)}), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	net.Kill(1)
+	for k := range 2 {
+		v := []float64{-1}
+		if err := comms[0].Recv(t.Context(), collectives.Float64s(v), 1); err != nil || v[0] != float64(k) {
+			t.Fatalf("message %d: %v, %v", k, v, err)
+		}
+	}
+	if err := comms[0].Recv(t.Context(), collectives.Float64s(make([]float64, 1)), 1); !errors.Is(err, collectives.ErrPeerLost) {
+		t.Fatalf("receive after the peer left: %v, want ErrPeerLost", err)
+	}
+}

@@ -78,6 +78,7 @@ memory (--backend shm), or goroutines with --inproc
 	f.IntVar(&cfg.ChunkBytes, "chunk", 0, "pipeline piece size in bytes (0: default)")
 	f.IntVar(&cfg.DirectBytes, "direct", 0, "largest allreduce done in one all-to-all round (0: default, -1: none)")
 	f.IntVar(&cfg.SmallBytes, "small", 0, "largest allreduce/broadcast using the latency algorithms (0: default, -1: none)")
+	f.IntVar(&cfg.SocketBuffer, "sockbuf", 0, "TCP send/receive buffer in bytes (0: kernel autotuning)")
 	f.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "fail an operation whose peer is silent this long")
 	f.BoolVar(&asJSON, "json", false, "print a JSON list of results")
 	f.BoolVar(&asLines, "jsonl", false, "print one JSON object per line (for shared/bench/bench_matrix.py)")

@@ -65,6 +65,9 @@ type Config struct {
 	ChunkBytes  int `json:"chunk_bytes"`
 	DirectBytes int `json:"direct_bytes"`
 	SmallBytes  int `json:"small_bytes"`
+	// SocketBuffer sets the TCP send and receive buffers in bytes (0: the
+	// kernel's autotuning).
+	SocketBuffer int `json:"socket_buffer"`
 	// Timeout is the collectives timeout (a dead peer is reported sooner).
 	Timeout time.Duration `json:"timeout"`
 	// WorkerCommand is the argv that starts one worker process (which must
@@ -92,8 +95,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("bench: np %d is outside [1, 1024]", c.NP)
 	case len(c.Sizes) == 0:
 		return errors.New("bench: no sizes")
-	case c.Warmup < 0 || c.Iters < 0 || c.Batch < 0:
-		return errors.New("bench: warmup, iters and batch must not be negative")
+	case c.Warmup < 0 || c.Iters < 0 || c.Batch < 0 || c.SocketBuffer < 0:
+		return errors.New("bench: warmup, iters, batch and socket buffer must not be negative")
 	case c.MinSample <= 0 || c.Budget <= 0:
 		return errors.New("bench: min-sample and budget must be positive")
 	case c.Timeout < time.Millisecond:
@@ -231,7 +234,9 @@ func runInProc(ctx context.Context, cfg *Config, emit func(Result) error) error 
 	case "tcp", "shm":
 		var ts []transport
 		if cfg.Backend == "tcp" {
-			tt, err := tcp.NewLocal(ctx, cfg.NP, tcp.DefaultConfig())
+			tc := tcp.DefaultConfig()
+			tc.SocketBuffer = cfg.SocketBuffer
+			tt, err := tcp.NewLocal(ctx, cfg.NP, tc)
 			if err != nil {
 				return err
 			}
@@ -371,7 +376,7 @@ func RunWorker(ctx context.Context, out io.Writer) error {
 		t, err = shm.New(ctx, sc)
 	} else {
 		tc := tcp.DefaultConfig()
-		tc.Rank, tc.Size, tc.Store = spec.Rank, spec.NP, st
+		tc.Rank, tc.Size, tc.Store, tc.SocketBuffer = spec.Rank, spec.NP, st, spec.SocketBuffer
 		t, err = tcp.New(ctx, tc)
 	}
 	if err != nil {

@@ -110,7 +110,7 @@ const (
 	version      = 1
 	helloSize    = 16
 	smallWrite   = 32 << 10
-	readerBuffer = 64 << 10
+	readerBuffer = 16 << 10 // small: what a header read pulls in beyond the header is copied twice
 )
 
 // New connects rank cfg.Rank to every other rank and returns when the mesh
