@@ -33,8 +33,8 @@
 // # Algorithms
 //
 // AllReduce picks by size (the same choice on every rank, from Config): up
-// to DirectBytes, one round in which every rank sends its buffer to every
-// other and reduces all n in rank order; up to SmallBytes, recursive
+// to DirectBytes (off by default), one round in which every rank sends its
+// buffer to every other and reduces all n in rank order; up to SmallBytes, recursive
 // doubling (log2 n rounds; non-powers of two fold the extra ranks in first);
 // above, a ring reduce-scatter then ring all-gather, each rank sending
 // 2(n-1)/n of the buffer, cut into ChunkBytes pieces that are forwarded as

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -33,6 +34,7 @@ type Mailbox struct {
 }
 
 type mbPeer struct {
+	waiters atomic.Int32 // goroutines blocked in wait on a receive from this source
 	slots   map[slotKey]*slot
 	err     error  // the link from this source failed
 	scratch []byte // for reduce-on-receive from a stream; one deliverer per source
@@ -295,6 +297,11 @@ func (m *Mailbox) abortLocked(src int, h *Header) {
 	}
 }
 
+// Waiting reports whether a goroutine is blocked waiting for a frame from
+// src. A transport may poll src's link harder while it is (see
+// tcp.Config.PollSpin).
+func (m *Mailbox) Waiting(src int) bool { return m.peers[src].waiters.Load() > 0 }
+
 // Fail records that the link from src is gone: every receive from src,
 // pending or future, fails with err (which should wrap ErrPeerLost).
 func (m *Mailbox) Fail(src int, err error) {
@@ -349,6 +356,9 @@ func (m *Mailbox) errLocked(s *slot) error {
 // wait blocks until the receive with ticket t on s is complete, s fails, ctx
 // ends, or timeout passes with the receive still pending.
 func (m *Mailbox) wait(ctx context.Context, s *slot, t uint64, timeout time.Duration) error {
+	w := &m.peers[s.src].waiters
+	w.Add(1)
+	defer w.Add(-1)
 	armed := false
 	defer func() {
 		if armed {

@@ -582,9 +582,8 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// testTimeout: rank 1 never joins; the others must fail with ErrTimeout
-// (or be aborted by a rank that timed out) within about the timeout, and
-// the error names the silent peer.
+// testTimeout: only rank 0 calls the all-reduce; it must fail with
+// ErrTimeout within about the timeout, naming the silent peer it waits on.
 func testTimeout(t *testing.T, nw NewWorld) {
 	cfg := Config(t)
 	cfg.Timeout = 300 * time.Millisecond
@@ -598,7 +597,7 @@ func testTimeout(t *testing.T, nw NewWorld) {
 	if !errors.As(errs[0], &pe) || !errors.Is(errs[0], collectives.ErrTimeout) {
 		t.Fatalf("err = %v, want a *PeerError wrapping ErrTimeout", errs[0])
 	}
-	if pe.Peer != 2 { // rank 0 receives from its left, rank 2, which is waiting on the silent rank 1
+	if pe.Peer != 2 { // the ring's first receive is from the left neighbour, rank 2
 		t.Errorf("error names peer %d, want 2: %v", pe.Peer, pe)
 	}
 	if el < cfg.Timeout || el > cfg.Timeout+2*time.Second {
