@@ -1,24 +1,19 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
-	"syscall"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sync/errgroup"
-
 	"gpucoord/collectives"
 	"gpucoord/collectives/tcp"
+	"gpucoord/internal/localproc"
 	"gpucoord/worker/engine"
 )
 
@@ -28,79 +23,27 @@ func init() { subcommands = append(subcommands, newTrainWorkerCmd) }
 const trainWorkerCmd = "train-worker"
 
 // launchTrain runs the job as cfg.World() child processes of this binary
-// joined over TCP on 127.0.0.1 through a store served here. Rank 0 writes
-// its step results to its stdout as JSON lines, which are handed to report.
-// If any child fails, the others are killed.
+// joined over TCP on 127.0.0.1 (internal/localproc). Rank 0 writes its step
+// results to its stdout as JSON lines, which are handed to report.
 func launchTrain(ctx context.Context, stderr io.Writer, cfg *engine.Config, f *trainFlags, jobPath string, report func(engine.StepResult) error) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	g, ctx := errgroup.WithContext(ctx)
-	storeCtx, stopStore := context.WithCancel(ctx)
-	storeDone := make(chan error, 1)
-	go func() { storeDone <- tcp.ServeStore(storeCtx, ln, collectives.NewMemStore()) }()
-	defer func() { stopStore(); <-storeDone }()
-	for rank := range cfg.World() {
-		args := []string{trainWorkerCmd, "--rank", strconv.Itoa(rank), "--store", ln.Addr().String(),
-			"--tp", strconv.Itoa(cfg.TP), "--pp", strconv.Itoa(cfg.PP), "--dp", strconv.Itoa(cfg.DP),
-			"--vpp", strconv.Itoa(cfg.Virtual), "--zero", strconv.Itoa(cfg.Zero), "--schedule", string(cfg.Schedule),
-			"--steps", strconv.Itoa(cfg.Job.Steps), "--seed", strconv.FormatUint(cfg.Job.Seed, 10)}
-		if f.saveParams != "" {
-			args = append(args, "--save-params", f.saveParams)
-		}
-		cmd := exec.CommandContext(ctx, exe, append(args, jobPath)...)
-		cmd.Stderr = stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		var out io.ReadCloser
-		if rank == 0 {
-			if out, err = cmd.StdoutPipe(); err != nil {
-				return err
+	return localproc.Run(ctx, localproc.Config{
+		Ranks:  cfg.World(),
+		Stderr: stderr,
+		Command: func(ctx context.Context, rank int, store string) (*exec.Cmd, error) {
+			args := []string{trainWorkerCmd, "--rank", strconv.Itoa(rank), "--store", store,
+				"--tp", strconv.Itoa(cfg.TP), "--pp", strconv.Itoa(cfg.PP), "--dp", strconv.Itoa(cfg.DP),
+				"--vpp", strconv.Itoa(cfg.Virtual), "--zero", strconv.Itoa(cfg.Zero), "--schedule", string(cfg.Schedule),
+				"--steps", strconv.Itoa(cfg.Job.Steps), "--seed", strconv.FormatUint(cfg.Job.Seed, 10)}
+			if f.saveParams != "" {
+				args = append(args, "--save-params", f.saveParams)
 			}
-		}
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start rank %d: %w", rank, err)
-		}
-		g.Go(func() error {
-			var readErr error
-			if out != nil {
-				readErr = readSteps(out, report)
-				if readErr != nil {
-					io.Copy(io.Discard, out)
-				}
-			}
-			if err := cmd.Wait(); err != nil {
-				return fmt.Errorf("rank %d: %w", rank, err)
-			}
-			return readErr
-		})
-	}
-	if err := g.Wait(); err != nil {
-		if ctxErr := context.Cause(ctx); ctxErr != nil && !errors.Is(ctxErr, context.Canceled) {
-			return ctxErr
-		}
-		return err
-	}
-	return nil
-}
-
-// readSteps decodes rank 0's JSON step lines.
-func readSteps(r io.Reader, report func(engine.StepResult) error) error {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		var s engine.StepResult
-		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
-			return fmt.Errorf("rank 0 output %q: %w", sc.Text(), err)
-		}
-		if err := report(s); err != nil {
-			return err
-		}
-	}
-	return sc.Err()
+			return exec.CommandContext(ctx, exe, append(args, jobPath)...), nil
+		},
+	}, report)
 }
 
 func newTrainWorkerCmd() *cobra.Command {
