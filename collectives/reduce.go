@@ -97,8 +97,18 @@ func Reduce(dt DType, op Op, dst, a, b []byte) {
 	}
 }
 
-// sumF32 is the hot loop of a float32 all-reduce, unrolled by 8.
+// sumF32 is the hot loop of a float32 all-reduce: d = x + y.
 func sumF32(d, x, y []float32) {
+	n := len(d)
+	if n == 0 {
+		return
+	}
+	x, y = x[:n], y[:n]
+	sumF32Arch(d, x, y)
+}
+
+// sumF32Go is the portable loop, unrolled by 8.
+func sumF32Go(d, x, y []float32) {
 	n := len(d)
 	x, y = x[:n], y[:n]
 	i := 0

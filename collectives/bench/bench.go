@@ -105,7 +105,7 @@ func (c *Config) Validate() error {
 		return errors.New("bench: WorkerCommand is required to start worker processes")
 	}
 	for _, s := range c.Sizes {
-		if s < 4 || s > 1<<32 {
+		if s < 4 || int64(s) > 1<<32 {
 			return fmt.Errorf("bench: size %d is outside [4 B, 4 GiB]", s)
 		}
 	}

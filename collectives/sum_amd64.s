@@ -1,0 +1,62 @@
+#include "textflag.h"
+
+// func sumF32SSE(d, x, y *float32, n int)
+TEXT ·sumF32SSE(SB), NOSPLIT, $0-32
+	MOVQ d+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ y+16(FP), DX
+	MOVQ n+24(FP), CX
+
+loop16:
+	CMPQ CX, $16
+	JLT  loop4
+	MOVUPS 0(SI), X0
+	MOVUPS 16(SI), X1
+	MOVUPS 32(SI), X2
+	MOVUPS 48(SI), X3
+	MOVUPS 0(DX), X4
+	MOVUPS 16(DX), X5
+	MOVUPS 32(DX), X6
+	MOVUPS 48(DX), X7
+	ADDPS  X4, X0
+	ADDPS  X5, X1
+	ADDPS  X6, X2
+	ADDPS  X7, X3
+	MOVUPS X0, 0(DI)
+	MOVUPS X1, 16(DI)
+	MOVUPS X2, 32(DI)
+	MOVUPS X3, 48(DI)
+	ADDQ   $64, SI
+	ADDQ   $64, DX
+	ADDQ   $64, DI
+	SUBQ   $16, CX
+	JMP    loop16
+
+loop4:
+	CMPQ CX, $4
+	JLT  tail
+	MOVUPS 0(SI), X0
+	MOVUPS 0(DX), X4
+	ADDPS  X4, X0
+	MOVUPS X0, 0(DI)
+	ADDQ   $16, SI
+	ADDQ   $16, DX
+	ADDQ   $16, DI
+	SUBQ   $4, CX
+	JMP    loop4
+
+tail:
+	CMPQ CX, $0
+	JEQ  done
+	MOVSS 0(SI), X0
+	MOVSS 0(DX), X4
+	ADDSS X4, X0
+	MOVSS X0, 0(DI)
+	ADDQ  $4, SI
+	ADDQ  $4, DX
+	ADDQ  $4, DI
+	DECQ  CX
+	JMP   tail
+
+done:
+	RET
