@@ -31,12 +31,13 @@ bench: ## Run the Go benchmarks (figures go in docs/BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 .PHONY: fuzz
-fuzz: ## Run every fuzz test for 30s (spec parsers, factorisation, schedules, ZeRO partition)
+fuzz: ## Run every fuzz test for 30s (spec parsers, factorisation, schedules, ZeRO partition, frame headers)
 	$(GO) test -run '^$$' -fuzz FuzzParseCluster -fuzztime 30s ./topology
 	$(GO) test -run '^$$' -fuzz FuzzParseModel -fuzztime 30s ./topology
 	$(GO) test -run '^$$' -fuzz FuzzFactorize -fuzztime 30s ./topology
 	$(GO) test -run '^$$' -fuzz FuzzBuild -fuzztime 30s ./schedule
 	$(GO) test -run '^$$' -fuzz FuzzPartition -fuzztime 30s ./sharding
+	$(GO) test -run '^$$' -fuzz FuzzHeaderParse -fuzztime 30s ./collectives
 
 .PHONY: tidy
 tidy: ## go mod tidy, failing if go.mod or go.sum change

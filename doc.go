@@ -13,8 +13,14 @@
 //   - sharding: ZeRO stage 0-3 ownership of the flat parameter, gradient and
 //     optimizer buffers, re-sharding across data-parallel degrees and sharded
 //     checkpoints.
-//   - collectives: process groups and ring collectives over a Transport
-//     (collectives/tcp, in-memory, and NCCL loaded at run time).
+//   - collectives: process groups and ring collectives over a Transport,
+//     with an in-memory network for tests; collectives/tcp (sockets and the
+//     TCP bootstrap store), collectives/shm (shared memory between processes
+//     of one host), collectives/nccl (NCCL loaded at run time, no cgo),
+//     collectives/collectivestest (the conformance suite every transport
+//     runs) and collectives/bench (the driver behind `gpucoord bench`).
+//   - internal/localproc: runs a world of local worker processes joined
+//     through a store on loopback (train and bench use it).
 //   - worker/engine: a native Go training engine running the schedules with
 //     tensor-parallel layers and ZeRO-sharded Adam.
 //   - cmd/gpucoord: the command line; flags and wiring only.

@@ -1,21 +1,17 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -23,6 +19,7 @@ import (
 	"gpucoord/collectives"
 	"gpucoord/collectives/shm"
 	"gpucoord/collectives/tcp"
+	"gpucoord/internal/localproc"
 )
 
 // Operations Run can time.
@@ -299,61 +296,23 @@ type workerSpec struct {
 }
 
 func runProcs(ctx context.Context, cfg *Config, emit func(Result) error) error {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	storeCtx, stopStore := context.WithCancel(ctx)
-	storeDone := make(chan error, 1)
-	go func() { storeDone <- tcp.ServeStore(storeCtx, ln, collectives.NewMemStore()) }()
-	defer func() { stopStore(); <-storeDone }()
 	stderr := cfg.Stderr
 	if stderr == nil {
 		stderr = io.Discard
 	}
-	g, gctx := errgroup.WithContext(ctx)
-	for r := range cfg.NP {
-		spec, err := json.Marshal(workerSpec{Config: *cfg, Rank: r, Store: ln.Addr().String()})
-		if err != nil {
-			return err
-		}
-		cmd := exec.CommandContext(gctx, cfg.WorkerCommand[0], cfg.WorkerCommand[1:]...)
-		cmd.Env = append(os.Environ(), WorkerEnv+"="+string(spec))
-		if os.Getenv("GOMAXPROCS") == "" {
-			// Like OMP_NUM_THREADS=1 for the torch peer: ranks sharing few
-			// cores should not each run as many schedulers as there are cores.
-			cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.NumCPU()/cfg.NP)))
-		}
-		cmd.Stderr = stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		var out io.ReadCloser
-		if r == 0 {
-			if out, err = cmd.StdoutPipe(); err != nil {
-				return err
+	return localproc.Run(ctx, localproc.Config{
+		Ranks:  cfg.NP,
+		Stderr: stderr,
+		Command: func(ctx context.Context, rank int, store string) (*exec.Cmd, error) {
+			spec, err := json.Marshal(workerSpec{Config: *cfg, Rank: rank, Store: store})
+			if err != nil {
+				return nil, err
 			}
-		}
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("bench: start rank %d: %w", r, err)
-		}
-		g.Go(func() error {
-			var readErr error
-			if out != nil {
-				sc := bufio.NewScanner(out)
-				for sc.Scan() && readErr == nil {
-					var res Result
-					if readErr = json.Unmarshal(sc.Bytes(), &res); readErr == nil {
-						readErr = emit(res)
-					}
-				}
-				io.Copy(io.Discard, out)
-			}
-			if err := cmd.Wait(); err != nil {
-				return fmt.Errorf("bench: rank %d: %w", r, err)
-			}
-			return readErr
-		})
-	}
-	return g.Wait()
+			cmd := exec.CommandContext(ctx, cfg.WorkerCommand[0], cfg.WorkerCommand[1:]...)
+			cmd.Env = append(os.Environ(), WorkerEnv+"="+string(spec))
+			return cmd, nil
+		},
+	}, emit)
 }
 
 // RunWorker runs one rank of a multi-process benchmark with the settings in

@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
+	"runtime"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sync/errgroup"
@@ -23,7 +26,11 @@ type Config struct {
 	// Command returns the command of one rank, given the address of the
 	// rendezvous store (a collectives/tcp store: tcp.DialStore). It must be
 	// built with exec.CommandContext(ctx, ...) so that a failing world
-	// stops it; Run sets its stdout (rank 0) and SysProcAttr.
+	// stops it; Run sets its stdout (rank 0), its stderr and SysProcAttr,
+	// and, unless this process's environment sets GOMAXPROCS, gives each
+	// rank GOMAXPROCS = cores / Ranks (at least 1), so that ranks sharing
+	// few cores do not each run as many schedulers as there are cores (the
+	// OMP_NUM_THREADS=1 of a torch launcher).
 	Command func(ctx context.Context, rank int, store string) (*exec.Cmd, error)
 	// Stderr receives every rank's standard error; nil discards it.
 	Stderr io.Writer
@@ -54,6 +61,12 @@ func Run[T any](ctx context.Context, cfg Config, emit func(T) error) error {
 			return err
 		}
 		cmd.Stderr = cfg.Stderr
+		if os.Getenv("GOMAXPROCS") == "" {
+			if cmd.Env == nil {
+				cmd.Env = os.Environ()
+			}
+			cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.NumCPU()/cfg.Ranks)))
+		}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		var out io.ReadCloser
 		if rank == 0 {
