@@ -54,11 +54,11 @@ func Reduce(dt DType, op Op, dst, a, b []byte) {
 			sumF32(d, x, y)
 		case Max:
 			for i := range d {
-				d[i] = max32(x[i], y[i])
+				d[i] = maxNaN(x[i], y[i])
 			}
 		case Min:
 			for i := range d {
-				d[i] = min32(x[i], y[i])
+				d[i] = minNaN(x[i], y[i])
 			}
 		}
 	case Float64:
@@ -71,11 +71,11 @@ func Reduce(dt DType, op Op, dst, a, b []byte) {
 			}
 		case Max:
 			for i := range d {
-				d[i] = max64(x[i], y[i])
+				d[i] = maxNaN(x[i], y[i])
 			}
 		case Min:
 			for i := range d {
-				d[i] = min64(x[i], y[i])
+				d[i] = minNaN(x[i], y[i])
 			}
 		}
 	case BFloat16:
@@ -88,9 +88,9 @@ func Reduce(dt DType, op Op, dst, a, b []byte) {
 			case Sum:
 				r = p + q
 			case Max:
-				r = max32(p, q)
+				r = maxNaN(p, q)
 			case Min:
-				r = min32(p, q)
+				r = minNaN(p, q)
 			}
 			d[i] = F32ToBF16(r)
 		}
@@ -128,53 +128,24 @@ func sumF32Go(d, x, y []float32) {
 	}
 }
 
-func max32(a, b float32) float32 {
-	if a != a || b > a {
-		if a != a {
-			return a
-		}
-		return b
-	}
-	if b != b {
-		return b
-	}
-	return a
-}
-
-func min32(a, b float32) float32 {
-	if a != a || b < a {
-		if a != a {
-			return a
-		}
-		return b
-	}
-	if b != b {
+// maxNaN returns the larger of a and b, or a NaN if either is one (a's
+// first), like MPI and NCCL implementations that propagate NaN.
+func maxNaN[T float32 | float64](a, b T) T {
+	switch {
+	case a != a:
+		return a
+	case b != b, b > a:
 		return b
 	}
 	return a
 }
 
-func max64(a, b float64) float64 {
-	if a != a || b > a {
-		if a != a {
-			return a
-		}
-		return b
-	}
-	if b != b {
-		return b
-	}
-	return a
-}
-
-func min64(a, b float64) float64 {
-	if a != a || b < a {
-		if a != a {
-			return a
-		}
-		return b
-	}
-	if b != b {
+// minNaN returns the smaller of a and b, NaN-propagating as maxNaN.
+func minNaN[T float32 | float64](a, b T) T {
+	switch {
+	case a != a:
+		return a
+	case b != b, b < a:
 		return b
 	}
 	return a
