@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -209,8 +210,12 @@ func runAuto(cmd *cobra.Command, f *planFlags, cl topology.Cluster, m topology.M
 	if f.top < 1 {
 		return usageError(fmt.Errorf("--top %d: must be at least 1", f.top))
 	}
+	start, last := time.Now(), time.Now()
 	res, err := estimate.Search(cl, m, base, topology.DefaultSearchSpace(), f.top, func(n int) {
-		fmt.Fprintf(errw, "searched %d layouts...\n", n)
+		if time.Since(last) >= time.Second { // progress only on long searches
+			last = time.Now()
+			fmt.Fprintf(errw, "searched %d layouts in %.0f s...\n", n, time.Since(start).Seconds())
+		}
 	})
 	if err != nil {
 		return classify(err)

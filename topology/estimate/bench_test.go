@@ -7,20 +7,23 @@ import (
 )
 
 // BenchmarkPlan32768 plans and evaluates gpt-1t on 32,768 H100s (4,096 DGX
-// nodes), rank map and groups included. Target: under 100 ms.
+// nodes), rank map and groups included, a layout that fits. Target: under
+// 100 ms.
 func BenchmarkPlan32768(b *testing.B) {
 	cl, _ := topology.ClusterPreset("dgx-h100")
 	cl.Nodes = 4096
 	m, _ := topology.ModelPreset("gpt-1t")
 	cfg := topology.DefaultConfig()
 	cfg.TP, cfg.PP, cfg.Zero, cfg.GlobalBatch = 8, 32, 1, 8192
+	cfg.Recompute, cfg.SequenceParallel = topology.RecomputeFull, true
 	for b.Loop() {
 		p, err := topology.New(cl, m, cfg)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := Evaluate(p); err != nil {
-			b.Fatal(err)
+		r, err := Evaluate(p)
+		if err != nil || !r.Fits {
+			b.Fatal(err, r.Reasons)
 		}
 		_ = p.RankMap()
 		_ = p.Groups()

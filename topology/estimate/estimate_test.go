@@ -162,7 +162,7 @@ func TestEvaluateDoesNotFit(t *testing.T) {
 	if r.Fits || len(r.Reasons) == 0 {
 		t.Fatalf("13B on one 80 GB GPU must not fit: %+v", r.Memory)
 	}
-	if !strings.HasPrefix(r.Reasons[0], "stage 0 needs ") || !strings.Contains(r.Reasons[0], "of 80.0 GiB") {
+	if !strings.HasPrefix(r.Reasons[0], "does not fit: stage 0 needs ") || !strings.Contains(r.Reasons[0], "of 80.0 GiB") {
 		t.Errorf("reason = %q", r.Reasons[0])
 	}
 	sum := r.Memory.PerGPU.Params + r.Memory.PerGPU.Grads + r.Memory.PerGPU.Optimizer + r.Memory.PerGPU.Activations + r.Memory.PerGPU.Other

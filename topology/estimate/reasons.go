@@ -19,7 +19,7 @@ func reasons(p *topology.Plan, r Report) []string {
 			continue
 		}
 		part, bytes := largestPart(m)
-		msg := fmt.Sprintf("stage %d needs %s of %s (%s %s", st, gib(m.Total), gib(r.Memory.CapacityBytes), part, gib(bytes))
+		msg := fmt.Sprintf("does not fit: stage %d needs %s of %s (%s %s", st, gib(m.Total), gib(r.Memory.CapacityBytes), part, gib(bytes))
 		if tips := remedies(p, part); len(tips) > 0 {
 			msg += "; try " + strings.Join(tips, " or ")
 		}
@@ -30,7 +30,7 @@ func reasons(p *topology.Plan, r Report) []string {
 		}
 	}
 	if host := p.Cluster.HostMemoryGiB * topology.GiB; r.Memory.HostOptimizerBytes > 0 && host > 0 && r.Memory.HostOptimizerBytes > host {
-		out = append(out, fmt.Sprintf("offloaded optimizer state needs %s of host memory per node, the node has %s (try --zero 1 or more tp/pp)",
+		out = append(out, fmt.Sprintf("does not fit: offloaded optimizer state needs %s of host memory per node, the node has %s (try --zero 1 or more tp/pp)",
 			gib(r.Memory.HostOptimizerBytes), gib(host)))
 	}
 	return out

@@ -147,7 +147,7 @@ func WriteText(w io.Writer, p *topology.Plan, r Report) error {
 	} else {
 		b.WriteString("fits     NO\n")
 		for _, why := range r.Reasons {
-			b.WriteString("  - does not fit: " + why + "\n")
+			b.WriteString("  - " + why + "\n")
 		}
 	}
 	_, err := io.WriteString(w, b.String())

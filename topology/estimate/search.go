@@ -113,6 +113,10 @@ func why(top []Ranked) string {
 		return fmt.Sprintf("%s needs the least memory per GPU (%s vs %s)", Label(a.Plan),
 			gib(a.Report.Memory.PerGPU.Total), gib(b.Report.Memory.PerGPU.Total))
 	}
+	if sb.Seconds-sa.Seconds <= 1e-3*sb.Seconds {
+		return fmt.Sprintf("%s wins: it ties on step time (%.3f s) with the runner-up (%s) and needs less memory per GPU (%s vs %s)",
+			Label(a.Plan), sa.Seconds, Label(b.Plan), gib(a.Report.Memory.PerGPU.Total), gib(b.Report.Memory.PerGPU.Total))
+	}
 	var gains []string
 	if d := sb.PipelineSeconds - sa.PipelineSeconds; d > 0 {
 		gains = append(gains, fmt.Sprintf("its pipeline (compute, TP traffic, bubble %.1f%% vs %.1f%%) takes %.3f s less",
