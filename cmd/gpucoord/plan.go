@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -40,8 +41,8 @@ every process group (Megatron-LM's tp-cp-dp-pp order by default), per-GPU memory
 part and stage, the pipeline bubble, traffic per group, FLOPs and an estimated step
 time, and whether it fits; --auto searches every valid layout and ranks those that fit.
 
-Clusters: a preset (` + fmt.Sprint(topology.ClusterPresets()) + `) or a YAML file.
-Models:   a preset (` + fmt.Sprint(topology.ModelPresets()) + `),
+Clusters: a preset (` + strings.Join(topology.ClusterPresets(), ", ") + `) or a YAML file.
+Models:   a preset (` + strings.Join(topology.ModelPresets(), ", ") + `),
           a YAML file, an architecture (--layers --hidden --heads --vocab --seq), or --params N.
 Formulas and sources: docs/PLANNING.md.
 
