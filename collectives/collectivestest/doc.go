@@ -2,6 +2,8 @@
 // gpucoord/collectives runs: each operation against a naive reference for
 // world sizes 1-8 and awkward lengths, bit-identical results across ranks,
 // concurrent sub-groups, mismatch, timeout and cancellation.
+// KilledPeerProcess checks, across real processes, that a transport notices
+// a peer killed with SIGKILL; its helper process runs HelperMain.
 //
 // # Usage
 //

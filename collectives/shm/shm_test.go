@@ -1,15 +1,11 @@
 package shm_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"fmt"
-	"net"
+	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -18,50 +14,25 @@ import (
 	"gpucoord/collectives"
 	"gpucoord/collectives/collectivestest"
 	"gpucoord/collectives/shm"
-	"gpucoord/collectives/tcp"
 )
 
 // TestMain doubles as the helper process of TestKilledPeerProcess.
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
-		os.Exit(helper())
+		os.Exit(collectivestest.HelperMain(join(os.Getenv("HELPER_DIR"))))
 	}
 	goleak.VerifyTestMain(m)
 }
 
 const helperEnv = "GPUCOORD_SHM_TEST_HELPER"
 
-func helper() int {
-	ctx := context.Background()
-	rank, _ := strconv.Atoi(os.Getenv("HELPER_RANK"))
-	size, _ := strconv.Atoi(os.Getenv("HELPER_SIZE"))
-	st, err := tcp.DialStore(ctx, os.Getenv("HELPER_STORE"))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+// join builds ranks that map their rings in dir and meet through a store.
+func join(dir string) collectivestest.Join {
+	return func(ctx context.Context, rank, size int, st collectives.Store, log *slog.Logger) (collectivestest.Transport, error) {
+		cfg := shm.DefaultConfig()
+		cfg.Rank, cfg.Size, cfg.Store, cfg.RingBytes, cfg.Logger, cfg.Dir = rank, size, st, 64<<10, log, dir
+		return shm.New(ctx, cfg)
 	}
-	cfg := shm.DefaultConfig()
-	cfg.Rank, cfg.Size, cfg.Store, cfg.RingBytes, cfg.Dir = rank, size, st, 64<<10, os.Getenv("HELPER_DIR")
-	t, err := shm.New(ctx, cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	c, err := collectives.New(t, collectives.DefaultConfig())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	v := make([]float32, 1000)
-	for i := range v {
-		v[i] = float32(rank)
-	}
-	if err := c.AllReduce(ctx, collectives.Float32s(v), collectives.Sum); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	fmt.Println("ready", v[0])
-	select {} // wait to be killed
 }
 
 // smallRings makes frames wrap around and fill the rings at test sizes.
@@ -127,112 +98,17 @@ func TestClosedPeer(t *testing.T) {
 // fill the rings) fails, naming world rank 1, within a fraction of the
 // timeout.
 func TestKilledPeerProcess(t *testing.T) {
-	ctx := t.Context()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- tcp.ServeStore(sctx, ln, collectives.NewMemStore()) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-served; err != nil {
-			t.Errorf("store: %v", err)
-		}
-	})
-	// One rank here and one helper: two ranks of this process would share
-	// mapped memory whose atomics the race detector cannot see.
-	const n = 2
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
 	dir := t.TempDir() // a tmpfs is faster, but any directory maps
-	cmd.Env = append(os.Environ(), helperEnv+"=1", "HELPER_RANK=1", "HELPER_SIZE=2", "HELPER_STORE="+ln.Addr().String(), "HELPER_DIR="+dir)
-	cmd.Stderr = t.Output()
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-
-	cfg := collectives.DefaultConfig()
-	cfg.Logger = collectivestest.Config(t).Logger
-	cfg.Timeout = 20 * time.Second
-	comms := make([]*collectives.Comm, n-1)
-	ready := make(chan error, n-1)
-	for r := range n - 1 {
-		go func() {
-			st, err := tcp.DialStore(ctx, ln.Addr().String())
-			if err != nil {
-				ready <- err
-				return
+	collectivestest.KilledPeerProcess(t, collectivestest.KilledPeer{
+		// One rank here and one helper: two ranks of this process would
+		// share mapped memory whose atomics the race detector cannot see.
+		Size: 2, Join: join(dir), HelperEnv: helperEnv, Env: []string{"HELPER_DIR=" + dir},
+		Elems: 1 << 20, Within: 5 * time.Second,
+		BeforeKill: func() {
+			// The ring files are unlinked once every rank mapped them.
+			if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
+				t.Errorf("files left in %s: %v", dir, left)
 			}
-			t.Cleanup(func() { st.Close() })
-			sc := shm.DefaultConfig()
-			sc.Rank, sc.Size, sc.Store, sc.RingBytes, sc.Logger, sc.Dir = r, n, st, 64<<10, cfg.Logger, dir
-			tr, err := shm.New(ctx, sc)
-			if err != nil {
-				ready <- err
-				return
-			}
-			t.Cleanup(func() { tr.Close() })
-			comms[r], err = collectives.New(tr, cfg)
-			ready <- err
-		}()
-	}
-	for range n - 1 {
-		if err := <-ready; err != nil {
-			t.Fatal(err)
-		}
-	}
-	collectivestest.MustEach(t, comms, func(ctx context.Context, r int, c *collectives.Comm) error {
-		v := make([]float32, 1000)
-		for i := range v {
-			v[i] = float32(r)
-		}
-		if err := c.AllReduce(ctx, collectives.Float32s(v), collectives.Sum); err != nil {
-			return err
-		}
-		if v[999] != 1 {
-			return fmt.Errorf("sum %v, want 1", v[999])
-		}
-		return nil
+		},
 	})
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready 1\n" {
-		t.Fatalf("helper said %q, %v", line, err)
-	}
-	// The ring files are unlinked once every rank mapped them.
-	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
-		t.Errorf("files left in %s: %v", dir, left)
-	}
-	if err := cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	cmd.Wait() // reap it, so that kill(pid, 0) sees it gone
-	start := time.Now()
-	errs := collectivestest.Each(ctx, comms, func(ctx context.Context, r int, c *collectives.Comm) error {
-		return c.AllReduce(ctx, collectives.Float32s(make([]float32, 1<<20)), collectives.Sum)
-	})
-	el := time.Since(start)
-	named := false
-	for r, err := range errs {
-		t.Logf("rank %d after %s: %v", r, el, err)
-		var pe *collectives.PeerError
-		switch {
-		case err == nil:
-			t.Errorf("rank %d: no error after the peer was killed", r)
-		case errors.As(err, &pe) && pe.World == 1 && errors.Is(err, collectives.ErrPeerLost):
-			named = true
-		case !errors.Is(err, collectives.ErrAborted) && !errors.Is(err, collectives.ErrPeerLost):
-			t.Errorf("rank %d: %v, want ErrPeerLost or ErrAborted", r, err)
-		}
-	}
-	if !named {
-		t.Error("no error names world rank 1 as lost")
-	}
-	if el > cfg.Timeout/4 {
-		t.Errorf("took %s; a dead process must be noticed well within the %s timeout", el, cfg.Timeout)
-	}
 }

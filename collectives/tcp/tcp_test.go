@@ -1,14 +1,11 @@
 package tcp_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"fmt"
+	"log/slog"
 	"net"
 	"os"
-	"os/exec"
-	"strconv"
 	"testing"
 	"time"
 
@@ -24,46 +21,18 @@ import (
 // running tests.
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
-		os.Exit(helper())
+		os.Exit(collectivestest.HelperMain(join))
 	}
 	goleak.VerifyTestMain(m)
 }
 
 const helperEnv = "GPUCOORD_TCP_TEST_HELPER"
 
-func helper() int {
-	ctx := context.Background()
-	rank, _ := strconv.Atoi(os.Getenv("HELPER_RANK"))
-	size, _ := strconv.Atoi(os.Getenv("HELPER_SIZE"))
-	st, err := tcp.DialStore(ctx, os.Getenv("HELPER_STORE"))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
+// join builds a rank that meets the others through st.
+func join(ctx context.Context, rank, size int, st collectives.Store, log *slog.Logger) (collectivestest.Transport, error) {
 	cfg := tcp.DefaultConfig()
-	cfg.Rank, cfg.Size, cfg.Store = rank, size, st
-	t, err := tcp.New(ctx, cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	ccfg := collectives.DefaultConfig()
-	ccfg.Timeout = 20 * time.Second
-	c, err := collectives.New(t, ccfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	v := make([]float32, 1000)
-	for i := range v {
-		v[i] = float32(rank)
-	}
-	if err := c.AllReduce(ctx, collectives.Float32s(v), collectives.Sum); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	fmt.Println("ready", v[0])
-	select {} // wait to be killed
+	cfg.Rank, cfg.Size, cfg.Store, cfg.Logger = rank, size, st, log
+	return tcp.New(ctx, cfg)
 }
 
 func tcpWorld(t *testing.T, n int, cfg *collectives.Config) []*collectives.Comm {
@@ -95,108 +64,9 @@ func TestTCPConformance(t *testing.T) { collectivestest.Run(t, tcpWorld) }
 // all-reduce and is then SIGKILLed. The next all-reduce on the two surviving
 // ranks must fail on both, well within the timeout, naming world rank 2.
 func TestKilledPeerProcess(t *testing.T) {
-	ctx := t.Context()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- tcp.ServeStore(sctx, ln, collectives.NewMemStore()) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-served; err != nil {
-			t.Errorf("store: %v", err)
-		}
+	collectivestest.KilledPeerProcess(t, collectivestest.KilledPeer{
+		Size: 3, Join: join, HelperEnv: helperEnv, Elems: 100000, Within: 10 * time.Second,
 	})
-
-	const n = 3
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=1", "HELPER_RANK=2", "HELPER_SIZE=3", "HELPER_STORE="+ln.Addr().String())
-	cmd.Stderr = t.Output()
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-
-	cfg := collectives.DefaultConfig() // as the helper's
-	cfg.Logger = collectivestest.Config(t).Logger
-	cfg.Timeout = 20 * time.Second
-	comms := make([]*collectives.Comm, n-1)
-	ready := make(chan error, n-1)
-	for r := range n - 1 {
-		go func() {
-			st, err := tcp.DialStore(ctx, ln.Addr().String())
-			if err != nil {
-				ready <- err
-				return
-			}
-			t.Cleanup(func() { st.Close() })
-			tc := tcp.DefaultConfig()
-			tc.Rank, tc.Size, tc.Store, tc.Logger = r, n, st, cfg.Logger
-			tr, err := tcp.New(ctx, tc)
-			if err != nil {
-				ready <- err
-				return
-			}
-			t.Cleanup(func() { tr.Close() })
-			comms[r], err = collectives.New(tr, cfg)
-			ready <- err
-		}()
-	}
-	for range n - 1 {
-		if err := <-ready; err != nil {
-			t.Fatal(err)
-		}
-	}
-	collectivestest.MustEach(t, comms, func(ctx context.Context, r int, c *collectives.Comm) error {
-		v := make([]float32, 1000)
-		for i := range v {
-			v[i] = float32(r)
-		}
-		if err := c.AllReduce(ctx, collectives.Float32s(v), collectives.Sum); err != nil {
-			return err
-		}
-		if v[999] != 0+1+2 {
-			return fmt.Errorf("sum %v, want 3", v[999])
-		}
-		return nil
-	})
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || line != "ready 3\n" {
-		t.Fatalf("helper said %q, %v", line, err)
-	}
-	if err := cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	errs := collectivestest.Each(ctx, comms, func(ctx context.Context, r int, c *collectives.Comm) error {
-		return c.AllReduce(ctx, collectives.Float32s(make([]float32, 100000)), collectives.Sum)
-	})
-	el := time.Since(start)
-	named := false
-	for r, err := range errs {
-		t.Logf("rank %d after %s: %v", r, el, err)
-		var pe *collectives.PeerError
-		switch {
-		case err == nil:
-			t.Errorf("rank %d: no error after the peer was killed", r)
-		case errors.As(err, &pe) && pe.World == 2 && errors.Is(err, collectives.ErrPeerLost):
-			named = true
-		case !errors.Is(err, collectives.ErrAborted) && !errors.Is(err, collectives.ErrPeerLost):
-			t.Errorf("rank %d: %v, want ErrPeerLost or ErrAborted", r, err)
-		}
-	}
-	if !named {
-		t.Error("no error names world rank 2 as lost")
-	}
-	if el > cfg.Timeout/2 {
-		t.Errorf("took %s; a dead process must be noticed well within the %s timeout", el, cfg.Timeout)
-	}
 }
 
 func TestAddrsRendezvous(t *testing.T) {
