@@ -77,6 +77,27 @@ type chunkState struct {
 	actOut   map[int][]float32
 	gradOut  map[int][]float32
 	sendTemp []float32 // all-gather source: a copy of the owned block
+
+	// Scratch reused by every pass instead of allocated per micro-batch,
+	// made on first use: ZeRO-3's gathered parameters (between acquire and
+	// release), ZeRO-2/3's per-micro-batch full gradient and its
+	// reduce-scattered block. The memory account still counts them only
+	// while a pass uses them, as a framework's buffer pool would.
+	gathered, gradTmp, recvTmp []float32
+}
+
+// reuse returns *buf resized to n, allocating only the first time; zero
+// clears it (for buffers that are accumulated into).
+func reuse(buf *[]float32, n int, zero bool) []float32 {
+	if cap(*buf) < n {
+		*buf = make([]float32, n)
+		return *buf
+	}
+	*buf = (*buf)[:n]
+	if zero {
+		clear(*buf)
+	}
+	return *buf
 }
 
 // Rank is one process's share of a 3D-parallel training run: the chunks of
@@ -375,7 +396,7 @@ func (r *Rank) acquire(ctx context.Context, cs *chunkState) ([]float32, error) {
 	}
 	start := time.Now()
 	defer func() { r.stats.DP += time.Since(start) }()
-	full := make([]float32, cs.part.PaddedLen())
+	full := reuse(&cs.gathered, cs.part.PaddedLen(), false)
 	r.mem.add(MemParams, len(full))
 	if r.dp == 1 {
 		copy(full, cs.shard)
@@ -485,7 +506,7 @@ func (r *Rank) weight(ctx context.Context, cs *chunkState, mb int) error {
 		cs.backwardWeight(cs.grads, st)
 		return nil
 	}
-	grads := make([]float32, cs.part.PaddedLen())
+	grads := reuse(&cs.gradTmp, cs.part.PaddedLen(), true)
 	r.mem.add(MemGrads, len(grads))
 	defer r.mem.add(MemGrads, -len(grads))
 	cs.backwardWeight(grads, st)
@@ -497,7 +518,7 @@ func (r *Rank) weight(ctx context.Context, cs *chunkState, mb int) error {
 		}
 		return nil
 	}
-	recv := make([]float32, len(cs.gshard))
+	recv := reuse(&cs.recvTmp, len(cs.gshard), false)
 	if err := r.g.DP.ReduceScatter(ctx, collectives.Float32s(grads), collectives.Float32s(recv), collectives.Sum); err != nil {
 		return err
 	}
