@@ -102,7 +102,10 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 	if cfg.GlobalBatch == 0 {
 		cfg.GlobalBatch = cfg.MicroBatch * cfg.DP * 4 * cfg.PP
 	}
-	if cfg.GlobalBatch < 1 || cfg.GlobalBatch%(cfg.MicroBatch*cfg.DP) != 0 {
+	if cfg.GlobalBatch < 1 {
+		return nil, invalid("global batch %d: must be at least 1 sequence", cfg.GlobalBatch)
+	}
+	if cfg.GlobalBatch%(cfg.MicroBatch*cfg.DP) != 0 {
 		return nil, invalid("global batch %d is not divisible by micro-batch*dp = %d (micro-batch %d x dp %d)",
 			cfg.GlobalBatch, cfg.MicroBatch*cfg.DP, cfg.MicroBatch, cfg.DP)
 	}

@@ -114,7 +114,7 @@ func (f *planFlags) resolve(cmd *cobra.Command) (topology.Cluster, topology.Mode
 	case changed("params"):
 		m = topology.Model{Name: fmt.Sprintf("%.3g params", f.params)}
 	default:
-		return cl, m, cfg, fmt.Errorf("no model: give --model PRESET|FILE, an architecture (--layers --hidden --heads --vocab --seq) or --params N: %w", topology.ErrInvalid)
+		return cl, m, cfg, usageError(errors.New("no model: give --model PRESET|FILE, an architecture (--layers --hidden --heads --vocab --seq) or --params N"))
 	}
 	for _, o := range []struct {
 		flag string
@@ -128,7 +128,7 @@ func (f *planFlags) resolve(cmd *cobra.Command) (topology.Cluster, topology.Mode
 	}
 	if changed("params") {
 		if m.Layers != 0 {
-			return cl, m, cfg, fmt.Errorf("--params %g: give either a parameter count or an architecture, not both: %w", f.params, topology.ErrInvalid)
+			return cl, m, cfg, usageError(fmt.Errorf("--params %g: give either a parameter count or an architecture, not both", f.params))
 		}
 		m.Params = f.params
 	}
