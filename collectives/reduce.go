@@ -49,34 +49,20 @@ func Reduce(dt DType, op Op, dst, a, b []byte) {
 	switch dt {
 	case Float32:
 		d, x, y := f32s(dst), f32s(a), f32s(b)
-		switch op {
-		case Sum:
+		if op == Sum {
 			sumF32(d, x, y)
-		case Max:
-			for i := range d {
-				d[i] = maxNaN(x[i], y[i])
-			}
-		case Min:
-			for i := range d {
-				d[i] = minNaN(x[i], y[i])
-			}
+		} else {
+			extremes(op, d, x, y)
 		}
 	case Float64:
 		d, x, y := f64s(dst), f64s(a), f64s(b)
 		x, y = x[:len(d)], y[:len(d)]
-		switch op {
-		case Sum:
+		if op == Sum {
 			for i := range d {
 				d[i] = x[i] + y[i]
 			}
-		case Max:
-			for i := range d {
-				d[i] = maxNaN(x[i], y[i])
-			}
-		case Min:
-			for i := range d {
-				d[i] = minNaN(x[i], y[i])
-			}
+		} else {
+			extremes(op, d, x, y)
 		}
 	case BFloat16:
 		d, x, y := u16s(dst), u16s(a), u16s(b)
@@ -125,6 +111,21 @@ func sumF32Go(d, x, y []float32) {
 	}
 	for ; i < n; i++ {
 		d[i] = x[i] + y[i]
+	}
+}
+
+// extremes sets d to the element-wise Max or Min of x and y.
+func extremes[T float32 | float64](op Op, d, x, y []T) {
+	x, y = x[:len(d)], y[:len(d)]
+	switch op {
+	case Max:
+		for i := range d {
+			d[i] = maxNaN(x[i], y[i])
+		}
+	case Min:
+		for i := range d {
+			d[i] = minNaN(x[i], y[i])
+		}
 	}
 }
 

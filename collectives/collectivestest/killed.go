@@ -208,3 +208,24 @@ func KilledPeerProcess(t *testing.T, kp KilledPeer) {
 		t.Errorf("took %s; a dead process must be noticed well within the %s timeout", el, cfg.Timeout)
 	}
 }
+
+// Comms wraps each transport of a local world in a Comm with cfg and closes
+// both at the end of the test: the World function of a transport package's
+// conformance test.
+func Comms[T Transport](t *testing.T, ts []T, cfg *collectives.Config) []*collectives.Comm {
+	t.Helper()
+	comms := make([]*collectives.Comm, len(ts))
+	for r := range ts {
+		var err error
+		if comms[r], err = collectives.New(ts[r], cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for r := range ts {
+			comms[r].Close()
+			ts[r].Close()
+		}
+	})
+	return comms
+}

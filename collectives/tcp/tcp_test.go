@@ -43,19 +43,7 @@ func tcpWorld(t *testing.T, n int, cfg *collectives.Config) []*collectives.Comm 
 	if err != nil {
 		t.Fatal(err)
 	}
-	comms := make([]*collectives.Comm, n)
-	for r := range n {
-		if comms[r], err = collectives.New(ts[r], cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		for r := range n {
-			comms[r].Close()
-			ts[r].Close()
-		}
-	})
-	return comms
+	return collectivestest.Comms(t, ts, cfg)
 }
 
 func TestTCPConformance(t *testing.T) { collectivestest.Run(t, tcpWorld) }
