@@ -12,11 +12,8 @@ type Plan struct {
 	Model Model
 	// Config is the resolved configuration: DP, VPP and GlobalBatch set.
 	Config Config
-	// Order is the parsed rank order.
-	Order Order
-
-	// stride and size of each axis, indexed by axisIndex.
-	stride, size [3]int
+	// Layout is the rank layout: coordinates and groups of every rank.
+	Layout
 }
 
 // axisIndex maps the three grid axes onto array indices.
@@ -44,8 +41,7 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 	if err := cfg.validateEnums(); err != nil {
 		return nil, err
 	}
-	order, err := ParseOrder(cfg.Order)
-	if err != nil {
+	if _, err := ParseOrder(cfg.Order); err != nil {
 		return nil, err
 	}
 	world := cl.World()
@@ -114,40 +110,20 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 		return nil, invalid("interleaved schedule: %d micro-batches per replica (global batch %d / (micro-batch %d x dp %d)) is not a multiple of pp %d",
 			mb, cfg.GlobalBatch, cfg.MicroBatch, cfg.DP, cfg.PP)
 	}
-	p := &Plan{Cluster: cl, Model: m, Config: cfg, Order: order}
-	p.size = [3]int{cfg.TP, cfg.PP, cfg.DP}
-	stride := 1
-	for _, a := range order {
-		p.stride[axisIndex(a)] = stride
-		stride *= p.size[axisIndex(a)]
+	layout, err := NewLayout(cfg.TP, cfg.PP, cfg.DP, cfg.Order)
+	if err != nil {
+		return nil, err
 	}
+	p := &Plan{Cluster: cl, Model: m, Config: cfg, Layout: layout}
 	if err := p.checkTPDomains(); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// World returns the number of ranks.
-func (p *Plan) World() int { return p.Cluster.World() }
-
 // Microbatches returns the number of micro-batches per replica per step.
 func (p *Plan) Microbatches() int {
 	return p.Config.GlobalBatch / (p.Config.MicroBatch * p.Config.DP)
-}
-
-// Coord returns rank r's grid coordinates.
-func (p *Plan) Coord(r Rank) Coord {
-	n := int(r)
-	return Coord{
-		TP: n / p.stride[0] % p.size[0],
-		PP: n / p.stride[1] % p.size[1],
-		DP: n / p.stride[2] % p.size[2],
-	}
-}
-
-// Rank returns the global rank at grid coordinates c.
-func (p *Plan) Rank(c Coord) Rank {
-	return Rank(c.TP*p.stride[0] + c.PP*p.stride[1] + c.DP*p.stride[2])
 }
 
 // Node returns the node hosting rank r; ranks fill nodes in order.
@@ -173,44 +149,6 @@ func (p *Plan) RankMap() []RankInfo {
 	for i := range out {
 		r := Rank(i)
 		out[i] = RankInfo{Rank: r, Node: p.Node(r), LocalGPU: p.LocalGPU(r), Coord: p.Coord(r)}
-	}
-	return out
-}
-
-// Groups holds every process group of a plan, as lists of global ranks.
-// Each list is ordered by the group rank (the coordinate along the axis).
-type Groups struct {
-	TP [][]Rank `json:"tp"`
-	PP [][]Rank `json:"pp"`
-	DP [][]Rank `json:"dp"`
-}
-
-// Groups returns the TP, PP and DP groups. Groups of one axis are listed in
-// order of their lowest global rank, as Megatron-LM enumerates them.
-func (p *Plan) Groups() Groups {
-	return Groups{TP: p.groups(AxisTP), PP: p.groups(AxisPP), DP: p.groups(AxisDP)}
-}
-
-// Group returns the ranks of r's group along axis a, ordered by group rank.
-func (p *Plan) Group(a Axis, r Rank) []Rank {
-	i := axisIndex(a)
-	base := int(r) - p.Coord(r).get(a)*p.stride[i]
-	out := make([]Rank, p.size[i])
-	for k := range out {
-		out[k] = Rank(base + k*p.stride[i])
-	}
-	return out
-}
-
-// groups enumerates the groups along axis a: one per rank whose coordinate
-// on a is zero, visited in rank order.
-func (p *Plan) groups(a Axis) [][]Rank {
-	n := p.size[axisIndex(a)]
-	out := make([][]Rank, 0, p.World()/n)
-	for r := 0; r < p.World(); r++ {
-		if p.Coord(Rank(r)).get(a) == 0 {
-			out = append(out, p.Group(a, Rank(r)))
-		}
 	}
 	return out
 }

@@ -39,54 +39,24 @@ func (f *trainFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.saveParams, "save-params", "", "write the final parameters to this directory (one file per tp/pp rank)")
 }
 
-// config loads the job, applies the overrides and checks the layout.
+// config loads the job, applies the overrides and resolves the layout.
 func (f *trainFlags) config(cmd *cobra.Command, path string) (*engine.Config, error) {
-	job, err := engine.LoadJob(path)
-	if err != nil {
-		return nil, err
-	}
-	if cmd.Flags().Changed("steps") {
-		job.Steps = f.steps
-	}
-	if cmd.Flags().Changed("seed") {
-		job.Seed = f.seed
-	}
 	kind, err := schedule.ParseKind(f.schedule)
 	if err != nil {
 		return nil, err
 	}
-	if f.tp < 1 || f.pp < 1 || f.np < 0 || f.dp < 0 {
-		return nil, fmt.Errorf("--tp %d, --pp %d must be at least 1 and --np %d, --dp %d not negative", f.tp, f.pp, f.np, f.dp)
-	}
-	dp := f.dp
-	if dp == 0 {
-		dp = 1
-		if f.np > 0 {
-			if f.np%(f.tp*f.pp) != 0 {
-				return nil, fmt.Errorf("--np %d is not divisible by tp*pp = %d*%d", f.np, f.tp, f.pp)
-			}
-			dp = f.np / (f.tp * f.pp)
+	job, err := engine.LoadJob(path, func(j *engine.Job) {
+		if cmd.Flags().Changed("steps") {
+			j.Steps = f.steps
 		}
-	}
-	if f.np > 0 && f.np != f.tp*f.pp*dp {
-		return nil, fmt.Errorf("--np %d must equal tp*pp*dp = %d*%d*%d", f.np, f.tp, f.pp, dp)
-	}
-	vpp := f.vpp
-	if vpp == 0 {
-		vpp = 1
-		if kind == schedule.Interleaved {
-			vpp = 2
+		if cmd.Flags().Changed("seed") {
+			j.Seed = f.seed
 		}
-	}
-	cfg := engine.DefaultConfig(job)
-	cfg.TP, cfg.PP, cfg.DP, cfg.Virtual, cfg.Schedule, cfg.Zero = f.tp, f.pp, dp, vpp, kind, f.zero
-	if err := cfg.Validate(); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
-	if _, err := cfg.Plan(); err != nil {
-		return nil, err
-	}
-	return cfg, nil
+	return engine.NewConfig(job, engine.Shape{NP: f.np, TP: f.tp, PP: f.pp, DP: f.dp, Virtual: f.vpp, Zero: f.zero, Schedule: kind})
 }
 
 func newTrainCmd() *cobra.Command {

@@ -56,7 +56,7 @@ func TestTrainOverTCPMatchesSingleProcess(t *testing.T) {
 	if err := os.WriteFile(jobPath, []byte(tinyJob), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	job, err := engine.LoadJob(jobPath)
+	job, err := engine.LoadJob(jobPath, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestTrainBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"train", "--np", "3", "--tp", "2", good}, "--np 3 is not divisible"},
+		{[]string{"train", "--np", "3", "--tp", "2", good}, "np 3 is not divisible"},
 		{[]string{"train", "--tp", "3", good}, "not divisible by tp 3"},
 		{[]string{"train", "--pp", "3", good}, "model.blocks 4 is not divisible"},
 		{[]string{"train", "--schedule", "pipedream", good}, "pipedream"},
@@ -165,6 +165,23 @@ func TestTrainBadInput(t *testing.T) {
 	}
 }
 
+// TestTrainStepsOverride: --steps completes a job file that has no steps.
+func TestTrainStepsOverride(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nosteps.yaml")
+	os.WriteFile(path, []byte(strings.Replace(tinyJob, "steps: 20\n", "", 1)), 0o644)
+	var out, errOut bytes.Buffer
+	if err := run(t.Context(), []string{"train", "--inproc", "--json", "--steps", "3", path}, &out, &errOut); err != nil {
+		t.Fatalf("train --steps 3 on a job without steps: %v", err)
+	}
+	if n := strings.Count(out.String(), `"step"`); n != 3 {
+		t.Errorf("%d step lines, want 3:\n%s", n, out.String())
+	}
+	err := run(t.Context(), []string{"train", "--inproc", path}, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "steps 0") {
+		t.Errorf("without --steps: err = %v, want the missing steps named", err)
+	}
+}
+
 // TestTrainInProc runs the command in process and checks its progress
 // output against the engine's own losses.
 func TestTrainInProc(t *testing.T) {
@@ -175,7 +192,7 @@ func TestTrainInProc(t *testing.T) {
 	if err := run(t.Context(), []string{"train", "--inproc", "--tp", "2", "--pp", "2", "--schedule", "interleaved", "--steps", "3", "--seed", "9", path}, &out, &errOut); err != nil {
 		t.Fatalf("%v\n%s", err, errOut.String())
 	}
-	job, _ := engine.LoadJob(path)
+	job, _ := engine.LoadJob(path, nil)
 	job.Steps, job.Seed = 3, 9
 	want, err := engine.RunInProc(t.Context(), engine.DefaultConfig(job), nil)
 	if err != nil {

@@ -3,16 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"strconv"
 
 	"github.com/spf13/cobra"
-	"gpucoord/collectives"
-	"gpucoord/collectives/tcp"
 	"gpucoord/internal/localproc"
 	"gpucoord/worker/engine"
 )
@@ -32,7 +28,7 @@ func launchTrain(ctx context.Context, stderr io.Writer, cfg *engine.Config, f *t
 	}
 	return localproc.Run(ctx, localproc.Config{
 		Ranks:  cfg.World(),
-		Stderr: stderr,
+		Stderr: func(int) io.Writer { return stderr },
 		Command: func(ctx context.Context, rank int, store string) (*exec.Cmd, error) {
 			args := []string{trainWorkerCmd, "--rank", strconv.Itoa(rank), "--store", store,
 				"--tp", strconv.Itoa(cfg.TP), "--pp", strconv.Itoa(cfg.PP), "--dp", strconv.Itoa(cfg.DP),
@@ -60,56 +56,14 @@ func newTrainWorkerCmd() *cobra.Command {
 			if err != nil {
 				return usageError(err)
 			}
-			ctx := cmd.Context()
-			st, err := tcp.DialStore(ctx, store)
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			// Once every rank has passed the final barrier, sockets closing are
-			// the expected end, not news: raise the level then.
-			level := new(slog.LevelVar)
-			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-			tc := tcp.DefaultConfig()
-			tc.Rank, tc.Size, tc.Store, tc.Logger = rank, cfg.World(), st, log
-			t, err := tcp.New(ctx, tc)
-			if err != nil {
-				return fmt.Errorf("rank %d: connect: %w", rank, err)
-			}
-			defer t.Close()
-			cc := collectives.DefaultConfig()
-			cc.Logger = log
-			world, err := collectives.New(t, cc)
-			if err != nil {
-				return err
-			}
-			defer world.Close()
 			enc := json.NewEncoder(cmd.OutOrStdout())
-			r, err := engine.Train(ctx, cfg, world, func(s engine.StepResult) error {
-				if rank == 0 {
-					return enc.Encode(s)
-				}
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-			defer r.Close()
-			if f.saveParams != "" {
-				if err := r.WriteParams(ctx, f.saveParams); err != nil {
-					return err
-				}
-			}
-			// Leave together: a rank that closed its sockets early would look
-			// like a lost peer to one still finishing its last collective.
-			// After the first barrier the run is done and sockets closing are
-			// expected; the second makes sure every rank knows that before
-			// any rank closes.
-			if err := world.Barrier(ctx); err != nil {
-				return err
-			}
-			level.Set(slog.LevelError)
-			return world.Barrier(ctx)
+			return engine.RunProcess(cmd.Context(), cfg, engine.Process{Rank: rank, Store: store, SaveParams: f.saveParams, Log: cmd.ErrOrStderr()},
+				func(s engine.StepResult) error {
+					if rank == 0 {
+						return enc.Encode(s)
+					}
+					return nil
+				})
 		},
 	}
 	f.register(cmd)

@@ -302,7 +302,7 @@ func runProcs(ctx context.Context, cfg *Config, emit func(Result) error) error {
 	}
 	return localproc.Run(ctx, localproc.Config{
 		Ranks:  cfg.NP,
-		Stderr: stderr,
+		Stderr: func(int) io.Writer { return stderr },
 		Command: func(ctx context.Context, rank int, store string) (*exec.Cmd, error) {
 			spec, err := json.Marshal(workerSpec{Config: *cfg, Rank: rank, Store: store})
 			if err != nil {

@@ -2,8 +2,10 @@ package localproc
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,7 +13,9 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -19,63 +23,134 @@ import (
 	"gpucoord/collectives/tcp"
 )
 
-// Config describes the world to run.
+// DefaultGrace is how long a rank has to exit after SIGTERM before it and
+// its process group are killed.
+const DefaultGrace = 5 * time.Second
+
+// Config describes the world, or the part of it that runs on this machine.
 type Config struct {
-	// Ranks is the number of processes.
+	// Ranks is the number of processes in the whole world.
 	Ranks int
+	// Local lists the global ranks to start here; nil means 0..Ranks-1.
+	Local []int
+	// Store is the address of the world's rendezvous store (a
+	// collectives/tcp store). Empty means Run serves one on 127.0.0.1 for
+	// the duration of the world.
+	Store string
 	// Command returns the command of one rank, given the address of the
-	// rendezvous store (a collectives/tcp store: tcp.DialStore). It must be
-	// built with exec.CommandContext(ctx, ...) so that a failing world
-	// stops it; Run sets its stdout (rank 0), its stderr and SysProcAttr,
-	// and, unless this process's environment sets GOMAXPROCS, gives each
-	// rank GOMAXPROCS = cores / Ranks (at least 1), so that ranks sharing
-	// few cores do not each run as many schedulers as there are cores (the
-	// OMP_NUM_THREADS=1 of a torch launcher).
+	// rendezvous store (tcp.DialStore). It must be built with
+	// exec.CommandContext(ctx, ...) on the context it is given, which ends
+	// when the world fails. Run sets its stdout, its stderr,
+	// SysProcAttr, Cancel and WaitDelay, and, unless this process's
+	// environment sets GOMAXPROCS, gives each rank GOMAXPROCS = cores /
+	// local ranks (at least 1), so that ranks sharing few cores do not each
+	// run as many schedulers as there are cores (the OMP_NUM_THREADS=1 of a
+	// torch launcher).
 	Command func(ctx context.Context, rank int, store string) (*exec.Cmd, error)
-	// Stderr receives every rank's standard error; nil discards it.
-	Stderr io.Writer
+	// Stdout returns where rank r's standard output goes; nil, or a nil
+	// writer, discards it. Rank 0's output goes to emit instead when Run is
+	// given one.
+	Stdout func(rank int) io.Writer
+	// Stderr returns where rank r's standard error goes; nil discards it.
+	Stderr func(rank int) io.Writer
+	// Grace is how long a rank has between SIGTERM and SIGKILL when the
+	// world stops; 0 means DefaultGrace.
+	Grace time.Duration
 }
 
-// Run starts the world and waits for every rank. Each line rank 0 writes to
-// its stdout is decoded as JSON into a T and handed to emit, in order. The
-// first failure (a rank exiting non-zero, a line that does not decode, emit
-// returning an error, ctx ending) kills the other ranks and is returned,
-// naming the rank.
+// ExitError is the failure of one rank: its global rank and how it ended.
+type ExitError struct {
+	// Rank is the global rank.
+	Rank int
+	// Err is the exec error (an *exec.ExitError for a non-zero exit).
+	Err error
+}
+
+func (e *ExitError) Error() string { return fmt.Sprintf("rank %d: %v", e.Rank, e.Err) }
+func (e *ExitError) Unwrap() error { return e.Err }
+
+// Code returns the rank's exit status, 128+signal for a signalled rank, or
+// 1 when it did not run.
+func (e *ExitError) Code() int {
+	var ee *exec.ExitError
+	if errors.As(e.Err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	return 1
+}
+
+// Run starts the world and waits for every local rank. When emit is not nil
+// and rank 0 runs here, each line rank 0 writes to its stdout is decoded as
+// JSON into a T and handed to emit, in order. The first failure (a rank
+// exiting non-zero, a line that does not decode, emit returning an error,
+// a rank that cannot start, ctx ending) stops the other ranks (SIGTERM to
+// each rank's process group, SIGKILL after Grace) and is returned; a rank's
+// failure is an *ExitError. Run returns only after every rank it started
+// has exited, and leaves no process of its own behind.
 func Run[T any](ctx context.Context, cfg Config, emit func(T) error) error {
 	if cfg.Ranks < 1 {
 		return fmt.Errorf("localproc: %d ranks: need at least 1", cfg.Ranks)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
+	local := cfg.Local
+	if local == nil {
+		local = make([]int, cfg.Ranks)
+		for i := range local {
+			local[i] = i
+		}
 	}
-	storeCtx, stopStore := context.WithCancel(ctx)
-	storeDone := make(chan error, 1)
-	go func() { storeDone <- tcp.ServeStore(storeCtx, ln, collectives.NewMemStore()) }()
-	defer func() { stopStore(); <-storeDone }()
-
-	g, gctx := errgroup.WithContext(ctx)
-	for rank := range cfg.Ranks {
-		cmd, err := cfg.Command(gctx, rank, ln.Addr().String())
+	for _, r := range local {
+		if r < 0 || r >= cfg.Ranks {
+			return fmt.Errorf("localproc: rank %d outside a world of %d", r, cfg.Ranks)
+		}
+	}
+	store := cfg.Store
+	if store == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return err
 		}
-		cmd.Stderr = cfg.Stderr
-		if os.Getenv("GOMAXPROCS") == "" {
-			if cmd.Env == nil {
-				cmd.Env = os.Environ()
-			}
-			cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.NumCPU()/cfg.Ranks)))
+		storeCtx, stopStore := context.WithCancel(ctx)
+		storeDone := make(chan error, 1)
+		go func() { storeDone <- tcp.ServeStore(storeCtx, ln, collectives.NewMemStore()) }()
+		defer func() { stopStore(); <-storeDone }()
+		store = ln.Addr().String()
+	}
+	grace := cfg.Grace
+	if grace == 0 {
+		grace = DefaultGrace
+	}
+	writer := func(f func(int) io.Writer, rank int) io.Writer {
+		if f == nil {
+			return nil
 		}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		return f(rank)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	for _, rank := range local {
+		cmd, err := cfg.Command(gctx, rank, store)
+		if err == nil {
+			err = prepare(cmd, grace, len(local))
+		}
 		var out io.ReadCloser
-		if rank == 0 {
-			if out, err = cmd.StdoutPipe(); err != nil {
-				return err
+		if err == nil {
+			cmd.Stderr = writer(cfg.Stderr, rank)
+			if rank == 0 && emit != nil {
+				out, err = cmd.StdoutPipe()
+			} else {
+				cmd.Stdout = writer(cfg.Stdout, rank)
 			}
 		}
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start rank %d: %w", rank, err)
+		if err == nil {
+			err = cmd.Start()
+		}
+		if err != nil {
+			// Stop the ranks already started and wait for them.
+			g.Go(func() error { return &ExitError{Rank: rank, Err: fmt.Errorf("start: %w", err)} })
+			break
 		}
 		g.Go(func() error {
 			var readErr error
@@ -83,18 +158,40 @@ func Run[T any](ctx context.Context, cfg Config, emit func(T) error) error {
 				readErr = readLines(out, emit)
 				io.Copy(io.Discard, out) // let the rank finish writing
 			}
-			if err := cmd.Wait(); err != nil {
-				return fmt.Errorf("rank %d: %w", rank, err)
+			err := cmd.Wait()
+			// The rank is gone; take any process it left in its group with it.
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			if err != nil {
+				return &ExitError{Rank: rank, Err: err}
 			}
 			return readErr
 		})
 	}
-	err = g.Wait()
+	err := g.Wait()
 	if err != nil && ctx.Err() != nil {
-		// Killed ranks report "signal: killed"; the reason is ctx's.
+		// Stopped ranks report "signal: terminated"; the reason is ctx's.
 		return context.Cause(ctx)
 	}
 	return err
+}
+
+// prepare sets how a rank is started and stopped: its own process group,
+// SIGKILL when this process dies, SIGTERM to the group when its context
+// ends and SIGKILL after grace; and GOMAXPROCS.
+func prepare(cmd *exec.Cmd, grace time.Duration, local int) error {
+	if cmd == nil {
+		return errors.New("localproc: no command")
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = grace
+	if os.Getenv("GOMAXPROCS") == "" {
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.NumCPU()/local)))
+	}
+	return nil
 }
 
 // readLines decodes JSON lines from r into emit until r ends or fails.
@@ -111,4 +208,49 @@ func readLines[T any](r io.Reader, emit func(T) error) error {
 		}
 	}
 	return sc.Err()
+}
+
+// PrefixWriter writes each complete line it is given to W behind Prefix.
+// Writes of several writers to one W are serialised through Mu, so lines
+// of different ranks never interleave inside a line. Flush writes a final
+// line that had no newline.
+type PrefixWriter struct {
+	W      io.Writer
+	Prefix string
+	Mu     *sync.Mutex
+	buf    []byte
+}
+
+// Write implements io.Writer.
+func (p *PrefixWriter) Write(b []byte) (int, error) {
+	p.buf = append(p.buf, b...)
+	for {
+		i := bytes.IndexByte(p.buf, '\n')
+		if i < 0 {
+			return len(b), nil
+		}
+		if err := p.emit(p.buf[:i+1]); err != nil {
+			return len(b), err
+		}
+		p.buf = p.buf[i+1:]
+	}
+}
+
+// Flush writes what is left of an unterminated last line.
+func (p *PrefixWriter) Flush() error {
+	if len(p.buf) == 0 {
+		return nil
+	}
+	err := p.emit(append(p.buf, '\n'))
+	p.buf = nil
+	return err
+}
+
+func (p *PrefixWriter) emit(line []byte) error {
+	if p.Mu != nil {
+		p.Mu.Lock()
+		defer p.Mu.Unlock()
+	}
+	_, err := io.WriteString(p.W, p.Prefix+string(line))
+	return err
 }

@@ -5,10 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,6 +54,14 @@ func worker(mode string) int {
 	switch {
 	case mode == "die" && rank == size-1:
 		return 7
+	case mode == "term":
+		// Stop cleanly on SIGTERM, saying so.
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGTERM)
+		fmt.Fprintln(os.Stderr, "ready")
+		<-sig
+		fmt.Fprintln(os.Stderr, "terminated cleanly")
+		return 0
 	case mode == "die" || mode == "hang":
 		time.Sleep(time.Minute) // killed by Run when the world fails
 	case mode == "garbage" && rank == 0:
@@ -67,7 +79,7 @@ func config(t *testing.T, mode string, ranks int) Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Config{Ranks: ranks, Stderr: os.Stderr, Command: func(ctx context.Context, rank int, store string) (*exec.Cmd, error) {
+	return Config{Ranks: ranks, Stderr: func(int) io.Writer { return os.Stderr }, Command: func(ctx context.Context, rank int, store string) (*exec.Cmd, error) {
 		cmd := exec.CommandContext(ctx, exe, "-test.run=^$")
 		cmd.Env = append(os.Environ(), "LOCALPROC_TEST_MODE="+mode, "LOCALPROC_TEST_RANK="+strconv.Itoa(rank),
 			"LOCALPROC_TEST_SIZE="+strconv.Itoa(ranks), "LOCALPROC_TEST_STORE="+store)
@@ -110,5 +122,90 @@ func TestRunContextEnds(t *testing.T) {
 	err := Run(ctx, config(t, "hang", 2), func(line) error { return nil })
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want the context's deadline", err)
+	}
+}
+
+// TestRunStartFailureStopsStarted: when rank 2 cannot start, Run stops the
+// ranks already running and returns only after they are gone.
+func TestRunStartFailureStopsStarted(t *testing.T) {
+	cfg := config(t, "hang", 3)
+	var mu sync.Mutex
+	var started []*exec.Cmd
+	inner := cfg.Command
+	cfg.Command = func(ctx context.Context, rank int, store string) (*exec.Cmd, error) {
+		if rank == 2 {
+			return exec.CommandContext(ctx, "/nonexistent/gpucoord-rank"), nil
+		}
+		cmd, err := inner(ctx, rank, store)
+		mu.Lock()
+		started = append(started, cmd)
+		mu.Unlock()
+		return cmd, err
+	}
+	cfg.Grace = 100 * time.Millisecond
+	err := Run(t.Context(), cfg, func(line) error { return nil })
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.Rank != 2 || !strings.Contains(err.Error(), "no such file") {
+		t.Fatalf("err = %v, want rank 2's start failure", err)
+	}
+	if len(started) != 2 {
+		t.Fatalf("%d ranks started, want 2", len(started))
+	}
+	for _, c := range started {
+		if c.ProcessState == nil {
+			t.Errorf("rank process %d was not waited for", c.Process.Pid)
+		}
+		if err := syscall.Kill(c.Process.Pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("rank process %d still exists after Run returned (kill 0: %v)", c.Process.Pid, err)
+		}
+	}
+}
+
+// TestRunStopIsGraceful: a stopped world's ranks get SIGTERM first, and one
+// that handles it exits on its own with its last words written.
+func TestRunStopIsGraceful(t *testing.T) {
+	cfg := config(t, "term", 2)
+	ready := make(chan struct{}, 2)
+	var mu sync.Mutex
+	var stderr strings.Builder
+	cfg.Stderr = func(int) io.Writer {
+		return writerFunc(func(b []byte) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			stderr.Write(b)
+			if strings.Contains(string(b), "ready") {
+				ready <- struct{}{}
+			}
+			return len(b), nil
+		})
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() { <-ready; <-ready; cancel() }()
+	err := Run(ctx, cfg, func(line) error { return nil })
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want the cancellation", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(stderr.String(), "terminated cleanly"); n != 2 {
+		t.Errorf("%d ranks stopped cleanly, want 2; stderr:\n%s", n, stderr.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+func TestPrefixWriter(t *testing.T) {
+	var out strings.Builder
+	var mu sync.Mutex
+	a := &PrefixWriter{W: &out, Prefix: "[a] ", Mu: &mu}
+	b := &PrefixWriter{W: &out, Prefix: "[b] ", Mu: &mu}
+	a.Write([]byte("one\ntw"))
+	b.Write([]byte("x\n"))
+	a.Write([]byte("o\nthree"))
+	a.Flush()
+	if want := "[a] one\n[b] x\n[a] two\n[a] three\n"; out.String() != want {
+		t.Errorf("got %q, want %q", out.String(), want)
 	}
 }

@@ -14,7 +14,7 @@ import (
 // (blocked in pipeline receives, the bubble, plus anything unaccounted).
 // It also reports the measured pipeline bubble against the simulator's.
 func BenchmarkStep(b *testing.B) {
-	job, err := LoadJob("../../examples/jobs/mlp-bench.yaml")
+	job, err := LoadJob("../../examples/jobs/mlp-bench.yaml", nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -25,6 +25,9 @@ type Config struct {
 	Schedule schedule.Kind
 	// Zero is the ZeRO stage, 0-3.
 	Zero int
+	// Order is the rank order, fastest axis first ("" is Megatron-LM's
+	// tp-cp-dp-pp; see topology.ParseOrder).
+	Order string
 	// Timeline records a span per executed op for bubble measurements.
 	Timeline bool
 	// Logger receives structured logs; nil means slog.Default().
@@ -69,6 +72,9 @@ func (c *Config) Validate() error {
 	case b.Global%(b.Micro*c.DP) != 0:
 		return bad("batch.global %d is not divisible by batch.micro*dp = %d*%d", b.Global, b.Micro, c.DP)
 	}
+	if _, err := c.Layout(); err != nil {
+		return err
+	}
 	if _, err := c.schedule(); err != nil {
 		return err
 	}
@@ -89,4 +95,65 @@ func (c *Config) logger() *slog.Logger {
 		return slog.Default()
 	}
 	return c.Logger
+}
+
+// Shape is a parallel layout as a user states it; zero fields are derived
+// by NewConfig.
+type Shape struct {
+	// NP is the number of ranks; 0 means TP*PP*DP.
+	NP int
+	// TP and PP are the tensor- and pipeline-parallel degrees; at least 1.
+	TP, PP int
+	// DP is the data-parallel degree; 0 means NP/(TP*PP), or 1 without NP.
+	DP int
+	// Virtual is the number of model chunks per pipeline rank; 0 means 2
+	// with the interleaved schedule and 1 otherwise.
+	Virtual int
+	// Zero is the ZeRO stage, 0-3.
+	Zero int
+	// Schedule is the pipeline schedule.
+	Schedule schedule.Kind
+	// Order is the rank order ("" is Megatron-LM's tp-cp-dp-pp).
+	Order string
+}
+
+// NewConfig resolves s for job (DP from NP, virtual stages from the
+// schedule) and validates the result. It is the one place a layout given on
+// a command line or in a launch request becomes an engine Config.
+func NewConfig(job *Job, s Shape) (*Config, error) {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidJob, fmt.Sprintf(format, a...))
+	}
+	if s.TP < 1 || s.PP < 1 || s.NP < 0 || s.DP < 0 || s.Virtual < 0 {
+		return nil, bad("tp %d and pp %d must be at least 1, and np %d, dp %d and vpp %d not negative", s.TP, s.PP, s.NP, s.DP, s.Virtual)
+	}
+	dp := s.DP
+	if dp == 0 {
+		dp = 1
+		if s.NP > 0 {
+			if s.NP%(s.TP*s.PP) != 0 {
+				return nil, bad("np %d is not divisible by tp*pp = %d*%d", s.NP, s.TP, s.PP)
+			}
+			dp = s.NP / (s.TP * s.PP)
+		}
+	}
+	if s.NP > 0 && s.NP != s.TP*s.PP*dp {
+		return nil, bad("np %d must equal tp*pp*dp = %d*%d*%d", s.NP, s.TP, s.PP, dp)
+	}
+	vpp := s.Virtual
+	if vpp == 0 {
+		vpp = 1
+		if s.Schedule == schedule.Interleaved {
+			vpp = 2
+		}
+	}
+	cfg := DefaultConfig(job)
+	cfg.TP, cfg.PP, cfg.DP, cfg.Virtual, cfg.Zero, cfg.Order = s.TP, s.PP, dp, vpp, s.Zero, s.Order
+	if s.Schedule != "" {
+		cfg.Schedule = s.Schedule
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
 }

@@ -170,7 +170,7 @@ seed: 3
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			j, err := ParseJob(strings.NewReader(tc.yaml))
+			j, err := ParseJob(strings.NewReader(tc.yaml), nil)
 			if tc.wantErr == "" {
 				if err != nil {
 					t.Fatal(err)

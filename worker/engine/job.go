@@ -77,9 +77,11 @@ type AdamSpec struct {
 	Eps float64 `yaml:"eps"`
 }
 
-// ParseJob decodes a job from YAML, rejecting unknown fields, fills defaults
-// and validates it.
-func ParseJob(r io.Reader) (*Job, error) {
+// ParseJob decodes a job from YAML, rejecting unknown fields, fills
+// defaults, applies edit (command-line overrides; nil for none) and
+// validates the result, so an override can complete a file that lacks a
+// field.
+func ParseJob(r io.Reader, edit func(*Job)) (*Job, error) {
 	dec := yaml.NewDecoder(r)
 	dec.KnownFields(true)
 	var j Job
@@ -90,19 +92,22 @@ func ParseJob(r io.Reader) (*Job, error) {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidJob, err)
 	}
 	j.fillDefaults()
+	if edit != nil {
+		edit(&j)
+	}
 	if err := j.Validate(); err != nil {
 		return nil, err
 	}
 	return &j, nil
 }
 
-// LoadJob reads and parses a job file.
-func LoadJob(path string) (*Job, error) {
+// LoadJob reads and parses a job file; edit is as for ParseJob.
+func LoadJob(path string, edit func(*Job)) (*Job, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidJob, err)
 	}
-	j, err := ParseJob(bytes.NewReader(b))
+	j, err := ParseJob(bytes.NewReader(b), edit)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

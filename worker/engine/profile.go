@@ -42,7 +42,7 @@ func ProfileInProc(ctx context.Context, cfg *Config, warm int) (*Profile, error)
 	if err != nil {
 		return nil, err
 	}
-	plan, err := c.Plan()
+	layout, err := c.Layout()
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +57,7 @@ func ProfileInProc(ctx context.Context, cfg *Config, warm int) (*Profile, error)
 	var counts [3]int
 	busy := make([]time.Duration, c.PP)
 	for s := range stages {
-		r := res.Ranks[plan.Rank(topology.Coord{PP: s})]
+		r := res.Ranks[layout.Rank(topology.Coord{PP: s})]
 		p.Memory = append(p.Memory, r.stepMem)
 		n := 0
 		for _, cs := range r.chunks {

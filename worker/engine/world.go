@@ -13,33 +13,27 @@ import (
 	"gpucoord/topology"
 )
 
-// Plan lays the job's ranks out in Megatron-LM's default order
-// (tp-cp-dp-pp: global rank = tp + TP*dp + TP*DP*pp) with the planner, so
-// the engine's groups are the planner's groups.
-func (c *Config) Plan() (*topology.Plan, error) {
-	cl := topology.Cluster{Name: "local", Nodes: 1, GPUsPerNode: c.World(), GPUMemoryGiB: 1, PeakTFLOPS: 1, NVLinkGBps: 1}
-	m := topology.Model{Name: c.Job.Name, Params: float64(c.Job.Model.Params())}
-	tc := topology.DefaultConfig()
-	tc.TP, tc.PP, tc.DP, tc.VPP, tc.Zero = c.TP, c.PP, c.DP, c.Virtual, c.Zero
-	tc.MicroBatch, tc.GlobalBatch, tc.Schedule = c.Job.Batch.Micro, c.Job.Batch.Global, c.Schedule
-	tc.Precision = topology.PrecisionFP32
-	p, err := topology.New(cl, m, tc)
+// Layout lays the job's ranks out in c.Order (Megatron-LM's tp-cp-dp-pp by
+// default: global rank = tp + TP*dp + TP*DP*pp), the same layout the planner
+// and the coordinator use.
+func (c *Config) Layout() (topology.Layout, error) {
+	l, err := topology.NewLayout(c.TP, c.PP, c.DP, c.Order)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidJob, err)
+		return topology.Layout{}, fmt.Errorf("%w: %v", ErrInvalidJob, err)
 	}
-	return p, nil
+	return l, nil
 }
 
 // NewGroups forms the TP, PP and DP groups of world rank world.Rank() from
 // the world Communicator. Every rank of the world calls it once, in the same
 // order relative to its other group creations. Groups of one are nil.
 func NewGroups(ctx context.Context, cfg *Config, world collectives.Communicator) (topology.Coord, Groups, error) {
-	plan, err := cfg.Plan()
+	layout, err := cfg.Layout()
 	if err != nil {
 		return topology.Coord{}, Groups{}, err
 	}
-	if world.Size() != plan.World() {
-		return topology.Coord{}, Groups{}, fmt.Errorf("%w: world of %d ranks for tp*pp*dp = %d", ErrInvalidJob, world.Size(), plan.World())
+	if world.Size() != layout.World() {
+		return topology.Coord{}, Groups{}, fmt.Errorf("%w: world of %d ranks for tp*pp*dp = %d", ErrInvalidJob, world.Size(), layout.World())
 	}
 	me := topology.Rank(world.Rank())
 	var g Groups
@@ -47,7 +41,7 @@ func NewGroups(ctx context.Context, cfg *Config, world collectives.Communicator)
 		axis topology.Axis
 		dst  *collectives.Communicator
 	}{{topology.AxisTP, &g.TP}, {topology.AxisPP, &g.PP}, {topology.AxisDP, &g.DP}} {
-		members := plan.Group(a.axis, me)
+		members := layout.Group(a.axis, me)
 		if len(members) == 1 {
 			continue
 		}
@@ -60,7 +54,7 @@ func NewGroups(ctx context.Context, cfg *Config, world collectives.Communicator)
 			return topology.Coord{}, Groups{}, fmt.Errorf("engine: %s group %v: %w", a.axis, ranks, err)
 		}
 	}
-	return plan.Coord(me), g, nil
+	return layout.Coord(me), g, nil
 }
 
 // Close closes the groups that can be closed.

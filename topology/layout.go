@@ -1,0 +1,103 @@
+package topology
+
+// Layout is a pure rank layout: the sizes of the tensor-, pipeline- and
+// data-parallel axes and their order. It maps global ranks to grid
+// coordinates and forms the process groups, and needs no cluster: the
+// planner places a Layout on nodes (Plan), the engine forms its
+// communicators from it and the coordinator derives every rank's
+// environment from it. A Layout is a value; its methods may be called
+// concurrently.
+type Layout struct {
+	// TP, PP and DP are the sizes of the three axes.
+	TP, PP, DP int
+	// Order lists the axes fastest-varying first.
+	Order Order
+
+	// stride of each axis, indexed by axisIndex.
+	stride [3]int
+}
+
+// NewLayout returns the layout of tp*pp*dp ranks in the given order ("" is
+// DefaultOrder, Megatron-LM's tp-cp-dp-pp). Every rejection wraps ErrInvalid.
+func NewLayout(tp, pp, dp int, order string) (Layout, error) {
+	o, err := ParseOrder(order)
+	if err != nil {
+		return Layout{}, err
+	}
+	if tp < 1 || pp < 1 || dp < 1 {
+		return Layout{}, invalid("tp %d, pp %d and dp %d must each be at least 1", tp, pp, dp)
+	}
+	l := Layout{TP: tp, PP: pp, DP: dp, Order: o}
+	stride := 1
+	for _, a := range o {
+		l.stride[axisIndex(a)] = stride
+		stride *= l.size(a)
+	}
+	return l, nil
+}
+
+// size returns the number of ranks along axis a.
+func (l Layout) size(a Axis) int {
+	switch a {
+	case AxisTP:
+		return l.TP
+	case AxisPP:
+		return l.PP
+	}
+	return l.DP
+}
+
+// World returns the number of ranks, tp*pp*dp.
+func (l Layout) World() int { return l.TP * l.PP * l.DP }
+
+// Coord returns rank r's grid coordinates.
+func (l Layout) Coord(r Rank) Coord {
+	n := int(r)
+	return Coord{
+		TP: n / l.stride[0] % l.TP,
+		PP: n / l.stride[1] % l.PP,
+		DP: n / l.stride[2] % l.DP,
+	}
+}
+
+// Rank returns the global rank at grid coordinates c.
+func (l Layout) Rank(c Coord) Rank {
+	return Rank(c.TP*l.stride[0] + c.PP*l.stride[1] + c.DP*l.stride[2])
+}
+
+// Groups holds every process group of a layout, as lists of global ranks.
+// Each list is ordered by the group rank (the coordinate along the axis).
+type Groups struct {
+	TP [][]Rank `json:"tp"`
+	PP [][]Rank `json:"pp"`
+	DP [][]Rank `json:"dp"`
+}
+
+// Groups returns the TP, PP and DP groups. Groups of one axis are listed in
+// order of their lowest global rank, as Megatron-LM enumerates them.
+func (l Layout) Groups() Groups {
+	return Groups{TP: l.groups(AxisTP), PP: l.groups(AxisPP), DP: l.groups(AxisDP)}
+}
+
+// Group returns the ranks of r's group along axis a, ordered by group rank.
+func (l Layout) Group(a Axis, r Rank) []Rank {
+	s := l.stride[axisIndex(a)]
+	base := int(r) - l.Coord(r).get(a)*s
+	out := make([]Rank, l.size(a))
+	for k := range out {
+		out[k] = Rank(base + k*s)
+	}
+	return out
+}
+
+// groups enumerates the groups along axis a: one per rank whose coordinate
+// on a is zero, visited in rank order.
+func (l Layout) groups(a Axis) [][]Rank {
+	out := make([][]Rank, 0, l.World()/l.size(a))
+	for r := range l.World() {
+		if l.Coord(Rank(r)).get(a) == 0 {
+			out = append(out, l.Group(a, Rank(r)))
+		}
+	}
+	return out
+}
