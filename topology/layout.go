@@ -101,3 +101,26 @@ func (l Layout) groups(a Axis) [][]Rank {
 	}
 	return out
 }
+
+// CheckDomains refuses the layout when a tensor-parallel group would span
+// two NVLink domains of domain consecutive ranks (ranks fill nodes, and
+// domains, in order).
+func (l Layout) CheckDomains(domain int) error {
+	if l.TP == 1 {
+		return nil
+	}
+	// A TP group is base + k*stride for k < TP: it stays in one domain
+	// when its first and last members do. Bases are the ranks with TP
+	// coordinate 0: runs of stride ranks, every stride*TP ranks.
+	s, t, d := l.stride[0], l.TP, domain
+	last := (t - 1) * s
+	for r0 := 0; r0 < l.World(); r0 += s * t {
+		for r := r0; r < r0+s; r++ {
+			if r/d != (r+last)/d {
+				return invalid("order %s puts tensor-parallel group %v across NVLink domains %d and %d (domain size %d): TP groups must stay inside one domain; put tp first in --order",
+					l.Order, l.Group(AxisTP, Rank(r)), r/d, (r+last)/d, d)
+			}
+		}
+	}
+	return nil
+}

@@ -154,22 +154,4 @@ func (p *Plan) RankMap() []RankInfo {
 }
 
 // checkTPDomains refuses a layout whose TP group spans NVLink domains.
-func (p *Plan) checkTPDomains() error {
-	if p.Config.TP == 1 {
-		return nil
-	}
-	// A TP group is base + k*stride for k < TP: it stays in one domain
-	// when its first and last members do. Bases are the ranks with TP
-	// coordinate 0: runs of stride ranks, every stride*TP ranks.
-	s, t, d := p.stride[0], p.Config.TP, p.Cluster.Domain()
-	last := (t - 1) * s
-	for r0 := 0; r0 < p.World(); r0 += s * t {
-		for r := r0; r < r0+s; r++ {
-			if r/d != (r+last)/d {
-				return invalid("order %s puts tensor-parallel group %v across NVLink domains %d and %d (domain size %d): TP groups must stay inside one domain; put tp first in --order",
-					p.Order, p.Group(AxisTP, Rank(r)), r/d, (r+last)/d, d)
-			}
-		}
-	}
-	return nil
-}
+func (p *Plan) checkTPDomains() error { return p.Layout.CheckDomains(p.Cluster.Domain()) }

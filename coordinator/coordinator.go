@@ -1,0 +1,178 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+
+	pb "gpucoord/proto/gpucoordpb"
+)
+
+// Config configures a Coordinator. Start from DefaultConfig and override
+// fields.
+type Config struct {
+	// Name identifies this coordinator in the election and in status;
+	// empty means the listen address.
+	Name string
+	// Listen is the gRPC address. Any address but loopback needs Token.
+	Listen string
+	// Etcd says where the state lives: an external cluster or the
+	// embedded server.
+	Etcd EtcdConfig
+	// Prefix is the root of every etcd key; it ends in "/".
+	Prefix string
+	// Token is the join token every call must carry; empty is allowed only
+	// on loopback. It is never logged.
+	Token string
+	// LeaseTTL is the life of a node's lease after its last keep-alive:
+	// the backstop that finds a node that vanished without a word.
+	LeaseTTL time.Duration
+	// ElectionTTL is the life of the leader's session: a standby takes
+	// over at most this long after the leader dies.
+	ElectionTTL time.Duration
+	// FailureSettle is how long the leader waits after a rank's failure
+	// before it decides the cause, so that a node lost at the same moment
+	// (whose peers failed because it vanished) is named as the cause.
+	FailureSettle time.Duration
+	// Tick is the leader's reconcile interval for time-based decisions
+	// (rendezvous timeouts, last call); changes in etcd act at once.
+	Tick time.Duration
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns settings for a real cluster: the embedded etcd,
+// loopback, 5 s leases.
+func DefaultConfig() *Config {
+	return &Config{
+		Listen:        "127.0.0.1:7070",
+		Prefix:        "/gpucoord/",
+		LeaseTTL:      5 * time.Second,
+		ElectionTTL:   5 * time.Second,
+		FailureSettle: time.Second,
+		Tick:          200 * time.Millisecond,
+		Etcd:          EtcdConfig{DialTimeout: 5 * time.Second},
+	}
+}
+
+// Validate names the first field that cannot work.
+func (c *Config) Validate() error {
+	switch {
+	case c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0:
+		return errorf(ErrInvalid, "lease TTL %s: want whole seconds, at least 2s (etcd's lease granularity)", c.LeaseTTL)
+	case c.ElectionTTL < 2*time.Second || c.ElectionTTL%time.Second != 0:
+		return errorf(ErrInvalid, "election TTL %s: want whole seconds, at least 2s", c.ElectionTTL)
+	case c.FailureSettle < 0 || c.Tick < time.Millisecond:
+		return errorf(ErrInvalid, "failure settle %s and tick %s: want settle >= 0 and tick >= 1ms", c.FailureSettle, c.Tick)
+	case !strings.HasSuffix(c.Prefix, "/") || !strings.HasPrefix(c.Prefix, "/"):
+		return errorf(ErrInvalid, "etcd prefix %q: want a path that starts and ends with '/'", c.Prefix)
+	case c.Etcd.DialTimeout <= 0:
+		return errorf(ErrInvalid, "etcd dial timeout %s: want a positive duration", c.Etcd.DialTimeout)
+	}
+	host, _, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		return errorf(ErrInvalid, "listen address %q: %v", c.Listen, err)
+	}
+	if c.Token == "" && !IsLoopback(host) {
+		return errorf(ErrInvalid, "listen address %s is not loopback: a join token is required (--token, GPUCOORD_TOKEN or --token-file)", c.Listen)
+	}
+	return nil
+}
+
+// IsLoopback reports whether host names only this machine.
+func IsLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Coordinator serves the Coordinator gRPC service over state in etcd and,
+// while it is the elected leader, runs rendezvous and acts on failures.
+type Coordinator struct {
+	cfg      *Config
+	log      *slog.Logger
+	ln       net.Listener
+	etcd     *Etcd
+	srv      *server
+	grpc     *grpc.Server
+	stopping chan struct{}
+}
+
+// New binds the listen address and opens etcd, so that a port in use or an
+// unreachable etcd is reported before anything runs. Run must follow; it
+// releases both.
+func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, errorf(ErrUnavailable, "listen on %s: %v", cfg.Listen, errors.Unwrap(err))
+	}
+	e, err := OpenEtcd(ctx, cfg.Etcd)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	c := &Coordinator{cfg: cfg, log: log.With("component", "coordinator"), ln: ln, etcd: e, stopping: make(chan struct{})}
+	if c.cfg.Name == "" {
+		c.cfg.Name = ln.Addr().String()
+	}
+	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, name: cfg.Name, stopping: c.stopping}
+	c.grpc = grpc.NewServer(grpc.UnaryInterceptor(c.srv.unary), grpc.StreamInterceptor(c.srv.stream))
+	pb.RegisterCoordinatorServer(c.grpc, c.srv)
+	return c, nil
+}
+
+// Addr returns the address the gRPC service listens on.
+func (c *Coordinator) Addr() string { return c.ln.Addr().String() }
+
+// EtcdEndpoints returns the client URLs of the etcd in use.
+func (c *Coordinator) EtcdEndpoints() []string { return c.etcd.Endpoints }
+
+// Run serves until ctx ends, campaigning for leadership and leading while
+// elected. It returns after every goroutine it started has ended, with the
+// listener and etcd closed.
+func (c *Coordinator) Run(ctx context.Context) error {
+	defer c.etcd.Close()
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := c.grpc.Serve(c.ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("coordinator: serve: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		close(c.stopping)
+		done := make(chan struct{})
+		go func() { c.grpc.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			c.grpc.Stop()
+			<-done
+		}
+		return nil
+	})
+	g.Go(func() error { return c.campaign(gctx) })
+	c.log.Info("coordinator serving", "addr", c.Addr(), "etcd", strings.Join(c.etcd.Endpoints, ","))
+	err := g.Wait()
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return err
+}

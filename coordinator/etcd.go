@@ -1,0 +1,170 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// EtcdConfig says which etcd holds the coordinator's state: an external
+// cluster (Endpoints) or, without endpoints, an embedded server keeping its
+// data in DataDir.
+type EtcdConfig struct {
+	// Endpoints are the client URLs of an external etcd v3 cluster.
+	Endpoints []string
+	// DataDir holds the embedded server's data when Endpoints is empty.
+	DataDir string
+	// Username and Password authenticate to an external cluster.
+	Username, Password string
+	// CAFile, CertFile and KeyFile configure TLS to an external cluster:
+	// the CA that signed the servers, and a client certificate.
+	CAFile, CertFile, KeyFile string
+	// DialTimeout bounds the first contact with etcd.
+	DialTimeout time.Duration
+}
+
+// Etcd is a connection to the coordinator's etcd, and the embedded server
+// when there is one.
+type Etcd struct {
+	// Client talks to etcd.
+	Client *clientv3.Client
+	// Endpoints are the client URLs in use (the embedded server's, if any).
+	Endpoints []string
+	server    *embed.Etcd
+}
+
+// OpenEtcd starts the embedded server or connects to the external
+// cluster, and checks that etcd answers within DialTimeout. Close releases
+// it.
+func OpenEtcd(ctx context.Context, c EtcdConfig) (*Etcd, error) {
+	e := &Etcd{Endpoints: c.Endpoints}
+	if len(c.Endpoints) == 0 {
+		srv, err := startEmbedded(c.DataDir, c.DialTimeout)
+		if err != nil {
+			return nil, err
+		}
+		e.server = srv
+		for _, l := range srv.Clients {
+			e.Endpoints = append(e.Endpoints, "http://"+l.Addr().String())
+		}
+	}
+	for _, ep := range e.Endpoints {
+		if u, err := url.Parse(ep); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			e.Close()
+			return nil, errorf(ErrInvalid, "etcd endpoint %q: want http://HOST:PORT or https://HOST:PORT", ep)
+		}
+	}
+	cc := clientv3.Config{
+		Endpoints:   e.Endpoints,
+		DialTimeout: c.DialTimeout,
+		Username:    c.Username,
+		Password:    c.Password,
+		Logger:      zap.NewNop(),
+	}
+	if c.CAFile != "" || c.CertFile != "" || strings.HasPrefix(e.Endpoints[0], "https://") {
+		tc, err := tlsConfig(c)
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		cc.TLS = tc
+	}
+	cli, err := clientv3.New(cc)
+	if err != nil {
+		e.Close()
+		return nil, fmt.Errorf("etcd %s: %w", strings.Join(e.Endpoints, ","), err)
+	}
+	e.Client = cli
+	// The client connects lazily: ask something so that an unreachable or
+	// refusing cluster is reported now, in one line.
+	pctx, cancel := context.WithTimeout(ctx, c.DialTimeout)
+	defer cancel()
+	if _, err := cli.Get(pctx, "/gpucoord-ping"); err != nil {
+		e.Close()
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, errorf(ErrUnavailable, "etcd at %s did not answer within %s", strings.Join(e.Endpoints, ","), c.DialTimeout)
+		}
+		return nil, errorf(ErrUnavailable, "etcd at %s: %v", strings.Join(e.Endpoints, ","), err)
+	}
+	return e, nil
+}
+
+// Close disconnects and stops the embedded server.
+func (e *Etcd) Close() error {
+	if e.Client != nil {
+		e.Client.Close()
+	}
+	if e.server != nil {
+		e.server.Close()
+	}
+	return nil
+}
+
+// startEmbedded runs a one-member etcd on loopback ports the kernel picks.
+func startEmbedded(dir string, timeout time.Duration) (*embed.Etcd, error) {
+	if dir == "" {
+		return nil, errorf(ErrInvalid, "the embedded etcd needs a data directory")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("etcd data directory: %w", err)
+	}
+	cfg := embed.NewConfig()
+	cfg.Name = "gpucoord"
+	cfg.Dir = dir
+	cfg.LogLevel = "error"
+	cfg.Logger = "zap"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	lc, _ := url.Parse("http://127.0.0.1:0")
+	lp, _ := url.Parse("unix://" + dir + "/peer.sock")
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*lc}, []url.URL{*lc}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*lp}, []url.URL{*lp}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	os.Remove(dir + "/peer.sock")
+	srv, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd in %s: %w", dir, err)
+	}
+	select {
+	case <-srv.Server.ReadyNotify():
+		return srv, nil
+	case err := <-srv.Err():
+		srv.Close()
+		return nil, fmt.Errorf("embedded etcd in %s: %w", dir, err)
+	case <-time.After(max(timeout, 30*time.Second)):
+		srv.Close()
+		return nil, errorf(ErrUnavailable, "embedded etcd in %s did not become ready", dir)
+	}
+}
+
+func tlsConfig(c EtcdConfig) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("etcd CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, errorf(ErrInvalid, "etcd CA %s holds no PEM certificate", c.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if c.CertFile != "" || c.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("etcd client certificate: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}

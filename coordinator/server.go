@@ -1,0 +1,400 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	pb "gpucoord/proto/gpucoordpb"
+	"gpucoord/topology"
+)
+
+// server implements the Coordinator service over etcd. Every coordinator
+// serves it, leader or not: each call reads or writes etcd, and Watch and
+// Follow translate etcd watches.
+type server struct {
+	pb.UnimplementedCoordinatorServer
+	cli  *clientv3.Client
+	k    keys
+	cfg  *Config
+	log  *slog.Logger
+	name string
+	// stopping is closed when the coordinator shuts down: streams that end
+	// then are not the agents' loss.
+	stopping <-chan struct{}
+}
+
+// auth refuses calls without the join token when one is set. The token is
+// compared in constant time and never logged.
+func (s *server) auth(ctx context.Context) error {
+	if s.cfg.Token == "" {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get(pb.TokenHeader) {
+		if tok, ok := strings.CutPrefix(v, "Bearer "); ok && subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.Token)) == 1 {
+			return nil
+		}
+	}
+	return status.Error(codes.Unauthenticated, "join token missing or wrong: give the coordinator's token with --token, GPUCOORD_TOKEN or --token-file")
+}
+
+func (s *server) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if err := s.auth(ctx); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+func (s *server) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if err := s.auth(ss.Context()); err != nil {
+		return err
+	}
+	return h(srv, ss)
+}
+
+// etcdErr turns an etcd failure into a gRPC status.
+func etcdErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok && status.Code(err) != codes.Unknown {
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return status.FromContextError(err).Err()
+	}
+	return status.Errorf(codes.Unavailable, "etcd: %v", err)
+}
+
+// Register implements pb.CoordinatorServer.
+func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.RegisterResponse, error) {
+	n := req.GetNode()
+	switch {
+	case n.GetProtocol() != pb.ProtocolVersion:
+		return nil, status.Errorf(codes.FailedPrecondition, "agent %q speaks protocol %d (version %s); this coordinator speaks %d: run the same gpucoord version on every node",
+			n.GetName(), n.GetProtocol(), n.GetVersion(), pb.ProtocolVersion)
+	case n.GetName() == "" || strings.ContainsAny(n.GetName(), "/ \t\n"):
+		return nil, status.Errorf(codes.InvalidArgument, "node name %q: want a non-empty name without '/' or spaces", n.GetName())
+	case n.GetGpus() < 1:
+		return nil, status.Errorf(codes.InvalidArgument, "node %q: %d GPUs: want at least 1", n.GetName(), n.GetGpus())
+	case n.GetHost() == "":
+		return nil, status.Errorf(codes.InvalidArgument, "node %q: no host address", n.GetName())
+	}
+	ttl := int64(s.cfg.LeaseTTL / time.Second)
+	lease, err := s.cli.Grant(ctx, ttl)
+	if err != nil {
+		return nil, etcdErr(err)
+	}
+	key := s.k.node(n.Name)
+	resp, err := s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, encode(n), clientv3.WithLease(lease.ID))).
+		Commit()
+	if err != nil {
+		s.cli.Revoke(context.WithoutCancel(ctx), lease.ID)
+		return nil, etcdErr(err)
+	}
+	if !resp.Succeeded {
+		s.cli.Revoke(context.WithoutCancel(ctx), lease.ID)
+		return nil, status.Errorf(codes.AlreadyExists, "a node named %q is already registered and alive: give this agent another --name", n.Name)
+	}
+	s.log.Info("node registered", "node", n.Name, "host", n.Host, "gpus", n.Gpus)
+	return &pb.RegisterResponse{LeaseId: int64(lease.ID), TtlSeconds: ttl}, nil
+}
+
+// Watch implements pb.CoordinatorServer. The node's lease is kept alive
+// while the stream is open.
+func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[pb.Assignment]) error {
+	ctx := stream.Context()
+	lease := clientv3.LeaseID(req.GetLeaseId())
+	if _, err := s.cli.KeepAliveOnce(ctx, lease); err != nil {
+		return status.Errorf(codes.NotFound, "node %q: lease %x is gone (%v): register again", req.GetNode(), req.GetLeaseId(), err)
+	}
+	kctx, stopKeep := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopKeep()
+	alive, err := s.cli.KeepAlive(kctx, lease)
+	if err != nil {
+		return etcdErr(err)
+	}
+	go func() {
+		for range alive { // drain; the channel closes when kctx ends or the lease is lost
+		}
+	}()
+	defer func() {
+		// A stream the agent dropped without Leave, while this coordinator
+		// is not shutting down, is the agent's loss: revoke its lease now
+		// rather than waiting out the TTL.
+		select {
+		case <-s.stopping:
+		default:
+			if ctx.Err() != nil {
+				rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				if _, err := s.cli.Revoke(rctx, lease); err == nil {
+					s.log.Warn("node disconnected", "node", req.GetNode())
+				}
+				cancel()
+			}
+		}
+	}()
+	w := s.cli.Watch(clientv3.WithRequireLeader(ctx), s.k.jobs(), clientv3.WithPrefix())
+	var last *pb.Assignment
+	send := func() error {
+		snap, err := read(ctx, s.cli, s.k, "")
+		if err != nil {
+			return etcdErr(err)
+		}
+		a := snap.assignment(req.GetNode())
+		if last != nil && proto.Equal(a, last) {
+			return nil
+		}
+		last = a
+		return stream.Send(a)
+	}
+	if err := send(); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.stopping:
+			return status.Error(codes.Unavailable, "coordinator shutting down")
+		case wr, ok := <-w:
+			if !ok {
+				return status.Error(codes.Unavailable, "etcd watch ended")
+			}
+			if err := wr.Err(); err != nil {
+				return etcdErr(err)
+			}
+			if !assignmentChanged(s.k, wr.Events) {
+				continue
+			}
+			if err := send(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// assignmentChanged reports whether any event touches what an assignment
+// is made of (not progress or exits, which change every step).
+func assignmentChanged(k keys, evs []*clientv3.Event) bool {
+	for _, ev := range evs {
+		key := string(ev.Kv.Key)
+		if strings.HasSuffix(key, "/generation") || strings.HasSuffix(key, "/state") || strings.Contains(key, "/bootstrap/") {
+			return true
+		}
+	}
+	return false
+}
+
+// Report implements pb.CoordinatorServer.
+func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportResponse, error) {
+	id, gen := req.GetJob(), req.GetGeneration()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "report without a job")
+	}
+	var err error
+	switch k := req.Kind.(type) {
+	case *pb.ReportRequest_Bootstrap:
+		key := s.k.bootstrap(id, gen)
+		_, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, k.Bootstrap.GetMaster())).Commit()
+	case *pb.ReportRequest_Step:
+		// Only the current generation's steps count.
+		var gr *clientv3.GetResponse
+		if gr, err = s.cli.Get(ctx, s.k.generation(id)); err == nil && len(gr.Kvs) == 1 {
+			g := &pb.Generation{}
+			if decode(gr.Kvs[0].Value, g) == nil && g.Number == gen {
+				_, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", gr.Kvs[0].ModRevision)).
+					Then(clientv3.OpPut(s.k.progress(id), encode(k.Step))).Commit()
+			}
+		}
+	case *pb.ReportRequest_Exit:
+		_, err = s.cli.Put(ctx, s.k.exit(id, gen, k.Exit.GetRank()), encode(k.Exit))
+		if k.Exit.GetCode() != 0 {
+			s.log.Warn("rank failed", "job", id, "generation", gen, "node", req.GetNode(), "rank", k.Exit.GetRank(), "code", k.Exit.GetCode(), "err", k.Exit.GetError())
+		}
+	default:
+		return nil, status.Error(codes.InvalidArgument, "empty report")
+	}
+	return &pb.ReportResponse{}, etcdErr(err)
+}
+
+// Leave implements pb.CoordinatorServer.
+func (s *server) Leave(ctx context.Context, req *pb.LeaveRequest) (*pb.LeaveResponse, error) {
+	_, err := s.cli.Revoke(ctx, clientv3.LeaseID(req.GetLeaseId()))
+	if err == nil {
+		s.log.Info("node left", "node", req.GetNode())
+	}
+	return &pb.LeaveResponse{}, nil
+}
+
+// Submit implements pb.CoordinatorServer.
+func (s *server) Submit(ctx context.Context, req *pb.SubmitRequest) (*pb.SubmitResponse, error) {
+	spec := req.GetSpec()
+	if err := ValidateSpec(spec); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	key := s.k.spec(spec.Id)
+	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, encode(spec)),
+			clientv3.OpPut(s.k.state(spec.Id), encode(&pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1, Reason: "waiting for the leader"}))).
+		Commit()
+	if err != nil {
+		return nil, etcdErr(err)
+	}
+	if !resp.Succeeded {
+		return nil, status.Errorf(codes.AlreadyExists, "job %q already exists: choose another --job-id", spec.Id)
+	}
+	s.log.Info("job submitted", "job", spec.Id, "nodes", spec.Nodes, "gpus_per_node", spec.GpusPerNode)
+	return &pb.SubmitResponse{}, nil
+}
+
+// ValidateSpec names the first field of a job that cannot work.
+func ValidateSpec(j *pb.JobSpec) error {
+	switch {
+	case j.GetId() == "" || strings.ContainsAny(j.GetId(), "/ \t\n"):
+		return fmt.Errorf("job id %q: want a non-empty id without '/' or spaces", j.GetId())
+	case j.GetNodes() < 1:
+		return fmt.Errorf("nodes %d: want at least 1", j.GetNodes())
+	case j.GetMaxNodes() != 0 && j.GetMaxNodes() < j.GetNodes():
+		return fmt.Errorf("max nodes %d is below nodes %d", j.GetMaxNodes(), j.GetNodes())
+	case j.GetGpusPerNode() < 1:
+		return fmt.Errorf("gpus per node %d: want at least 1", j.GetGpusPerNode())
+	case len(j.GetCommand()) == 0 && len(j.GetNativeJob()) == 0:
+		return errors.New("neither a command nor a native job")
+	case len(j.GetCommand()) > 0 && len(j.GetNativeJob()) > 0:
+		return errors.New("both a command and a native job")
+	}
+	_, err := Layout(j, int(j.GetNodes()))
+	return err
+}
+
+// Layout returns the rank layout of spec on n nodes: TP and PP as asked,
+// DP from the world size unless fixed. A TP group must stay inside a node.
+func Layout(spec *pb.JobSpec, n int) (topology.Layout, error) {
+	world := n * int(spec.GetGpusPerNode())
+	tp, pp := int(spec.GetTp()), int(spec.GetPp())
+	if tp < 1 || pp < 1 {
+		return topology.Layout{}, fmt.Errorf("tp %d and pp %d must be at least 1", tp, pp)
+	}
+	if world%(tp*pp) != 0 {
+		return topology.Layout{}, fmt.Errorf("world size %d (%d nodes x %d GPUs) is not divisible by tp*pp = %d", world, n, spec.GetGpusPerNode(), tp*pp)
+	}
+	dp := world / (tp * pp)
+	if spec.GetDp() != 0 && int(spec.GetDp()) != dp {
+		return topology.Layout{}, fmt.Errorf("dp %d: tp*pp*dp = %d must equal the world size %d", spec.GetDp(), tp*pp*int(spec.GetDp()), world)
+	}
+	l, err := topology.NewLayout(tp, pp, dp, spec.GetOrder())
+	if err != nil {
+		return topology.Layout{}, err
+	}
+	if err := l.CheckDomains(int(spec.GetGpusPerNode())); err != nil {
+		return topology.Layout{}, err
+	}
+	return l, nil
+}
+
+// Follow implements pb.CoordinatorServer.
+func (s *server) Follow(req *pb.FollowRequest, stream grpc.ServerStreamingServer[pb.JobEvent]) error {
+	ctx := stream.Context()
+	id := req.GetJob()
+	var last *pb.JobEvent
+	for {
+		snap, err := read(ctx, s.cli, s.k, id)
+		if err != nil {
+			return etcdErr(err)
+		}
+		if len(snap.jobs) == 0 {
+			return status.Errorf(codes.NotFound, "no job %q", id)
+		}
+		j := snap.jobs[0]
+		ev := &pb.JobEvent{State: j.state, Generation: j.gen, Step: j.step}
+		if last == nil || !proto.Equal(ev, last) {
+			if err := stream.Send(ev); err != nil {
+				return err
+			}
+			last = ev
+		}
+		if j.terminal() {
+			return nil
+		}
+		// Wait for the next change of this job after the snapshot read.
+		wctx, cancel := context.WithCancel(ctx)
+		w := s.cli.Watch(clientv3.WithRequireLeader(wctx), s.k.job(id), clientv3.WithPrefix(), clientv3.WithRev(snap.rev+1))
+		select {
+		case <-ctx.Done():
+			cancel()
+			return nil
+		case <-s.stopping:
+			cancel()
+			return status.Error(codes.Unavailable, "coordinator shutting down")
+		case wr := <-w:
+			cancel()
+			if err := wr.Err(); err != nil {
+				return etcdErr(err)
+			}
+		}
+	}
+}
+
+// Cancel implements pb.CoordinatorServer.
+func (s *server) Cancel(ctx context.Context, req *pb.CancelRequest) (*pb.CancelResponse, error) {
+	snap, err := read(ctx, s.cli, s.k, req.GetJob())
+	if err != nil {
+		return nil, etcdErr(err)
+	}
+	if len(snap.jobs) == 0 {
+		return nil, status.Errorf(codes.NotFound, "no job %q", req.GetJob())
+	}
+	j := snap.jobs[0]
+	if j.terminal() {
+		return &pb.CancelResponse{}, nil
+	}
+	st := &pb.JobState{Phase: pb.JobState_CANCELLED, Reason: req.GetReason(), ExitCode: 130, FailedRank: -1}
+	if st.Reason == "" {
+		st.Reason = "cancelled"
+	}
+	_, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.state(j.spec.Id)), "=", j.stateRev)).
+		Then(clientv3.OpPut(s.k.state(j.spec.Id), encode(st))).Commit()
+	return &pb.CancelResponse{}, etcdErr(err)
+}
+
+// Status implements pb.CoordinatorServer.
+func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusResponse, error) {
+	snap, err := read(ctx, s.cli, s.k, "")
+	if err != nil {
+		return nil, etcdErr(err)
+	}
+	resp := &pb.StatusResponse{}
+	if lr, err := s.cli.Get(ctx, s.k.leader(), clientv3.WithFirstCreate()...); err == nil && len(lr.Kvs) > 0 {
+		resp.Leader = string(lr.Kvs[0].Value)
+	}
+	busy := snap.busy()
+	for _, n := range snap.nodes {
+		resp.Nodes = append(resp.Nodes, &pb.NodeStatus{Node: n, Job: busy[n.Name]})
+	}
+	slices.SortFunc(resp.Nodes, func(a, b *pb.NodeStatus) int { return strings.Compare(a.Node.Name, b.Node.Name) })
+	for _, j := range snap.jobs {
+		js := &pb.JobStatus{Spec: j.spec, State: j.state, Generation: j.gen, LastStep: j.step}
+		if j.step != nil {
+			js.CommittedStep = j.step.Step
+		}
+		resp.Jobs = append(resp.Jobs, js)
+	}
+	return resp, nil
+}

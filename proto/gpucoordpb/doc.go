@@ -1,0 +1,18 @@
+// Package gpucoordpb is gpucoord's wire protocol: the messages and the
+// Coordinator gRPC service generated from proto/gpucoord.proto (generated
+// code committed; `make proto` regenerates it), plus the few constants both
+// ends must agree on. It is a leaf: the coordinator and the worker agent
+// meet here and never import each other.
+//
+// The same messages are the values of the coordinator's etcd keys, encoded
+// with protojson, and a rank's GPUCOORD_PLAN file is the protojson of its
+// node's Assignment.
+package gpucoordpb
+
+// ProtocolVersion is the version of this protocol. A coordinator refuses an
+// agent that speaks another.
+const ProtocolVersion = 1
+
+// TokenHeader is the metadata key of the join token; its value is
+// "Bearer <token>".
+const TokenHeader = "authorization"
