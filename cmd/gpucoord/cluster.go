@@ -1,0 +1,245 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"gpucoord/coordinator"
+	pb "gpucoord/proto/gpucoordpb"
+	"gpucoord/worker"
+)
+
+func init() {
+	subcommands = append(subcommands, newCoordinatorCmd, newWorkerCmd, newRankCmd, newVersionCmd)
+}
+
+// version is the build version: set with -ldflags "-X main.version=...",
+// else the module's version from the build info.
+var version = ""
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "devel"
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print gpucoord's version and wire-protocol version",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			fmt.Fprintf(c.OutOrStdout(), "gpucoord %s (protocol %d)\n", buildVersion(), pb.ProtocolVersion)
+			return nil
+		},
+	}
+}
+
+// logFlags are the logging flags of the long-running commands.
+type logFlags struct{ format, level string }
+
+func (f *logFlags) register(c *cobra.Command) {
+	c.Flags().StringVar(&f.format, "log-format", "text", "log format: text or json")
+	c.Flags().StringVar(&f.level, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+func (f *logFlags) logger(w io.Writer) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(f.level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", f.level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch f.format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", f.format)
+}
+
+// tokenFlags give the join token: --token, --token-file or GPUCOORD_TOKEN.
+type tokenFlags struct{ token, file string }
+
+func (f *tokenFlags) register(c *cobra.Command) {
+	c.Flags().StringVar(&f.token, "token", "", "join token (prefer GPUCOORD_TOKEN or --token-file: a flag shows in ps)")
+	c.Flags().StringVar(&f.file, "token-file", "", "file holding the join token")
+}
+
+func (f *tokenFlags) resolve() (string, error) {
+	switch {
+	case f.token != "" && f.file != "":
+		return "", errors.New("--token and --token-file exclude each other")
+	case f.token != "":
+		return f.token, nil
+	case f.file != "":
+		b, err := os.ReadFile(f.file)
+		if err != nil {
+			return "", fmt.Errorf("--token-file: %w", err)
+		}
+		tok := strings.TrimSpace(string(b))
+		if tok == "" {
+			return "", fmt.Errorf("--token-file %s is empty", f.file)
+		}
+		return tok, nil
+	}
+	return os.Getenv("GPUCOORD_TOKEN"), nil
+}
+
+// defaultDataDir is where the embedded etcd keeps its data by default.
+func defaultDataDir() string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		dir = os.TempDir()
+	}
+	return filepath.Join(dir, "gpucoord", "etcd")
+}
+
+func newCoordinatorCmd() *cobra.Command {
+	cfg := coordinator.DefaultConfig()
+	var etcd string
+	var tok tokenFlags
+	var logs logFlags
+	cmd := &cobra.Command{
+		Use:   "coordinator [flags]",
+		Short: "Run a coordinator: job state in etcd, rendezvous, failure handling, the gRPC service",
+		Long: `coordinator serves the Coordinator gRPC service that worker agents, launch
+and status talk to. Its only state is in etcd: an embedded server keeping
+its data in --data-dir (the default, for one machine or a trial), or an
+external etcd v3 cluster with --etcd. Several coordinators may share one
+etcd: one leads (etcd election) and the others stand by and take over.
+
+Outside loopback a join token is required (--token-file, GPUCOORD_TOKEN or
+--token); agents and launch must present the same token.`,
+		Example: `  gpucoord coordinator
+  gpucoord coordinator --listen 0.0.0.0:7070 --etcd http://etcd-0:2379,http://etcd-1:2379 --token-file /etc/gpucoord/token`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			var err error
+			if cfg.Token, err = tok.resolve(); err != nil {
+				return usageError(err)
+			}
+			if cfg.Logger, err = logs.logger(c.ErrOrStderr()); err != nil {
+				return usageError(err)
+			}
+			if etcd != "" {
+				cfg.Etcd.Endpoints = strings.Split(etcd, ",")
+			}
+			co, err := coordinator.New(c.Context(), cfg)
+			if err != nil {
+				if errors.Is(err, coordinator.ErrInvalid) {
+					return usageError(err)
+				}
+				return err
+			}
+			fmt.Fprintf(c.OutOrStdout(), "coordinator listening on %s (etcd %s)\n", co.Addr(), strings.Join(co.EtcdEndpoints(), ","))
+			return co.Run(c.Context())
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&cfg.Listen, "listen", cfg.Listen, "gRPC listen address")
+	fl.StringVar(&cfg.Name, "name", "", "name in the leader election (default the listen address)")
+	fl.StringVar(&etcd, "etcd", "", "external etcd client URLs, comma-separated (default: embedded etcd in --data-dir)")
+	fl.StringVar(&cfg.Etcd.DataDir, "data-dir", defaultDataDir(), "embedded etcd's data directory")
+	fl.StringVar(&cfg.Etcd.Username, "etcd-user", "", "etcd user name")
+	fl.StringVar(&cfg.Etcd.Password, "etcd-password", "", "etcd password (or ETCD_PASSWORD)")
+	fl.StringVar(&cfg.Etcd.CAFile, "etcd-ca", "", "CA certificate of the etcd servers (TLS)")
+	fl.StringVar(&cfg.Etcd.CertFile, "etcd-cert", "", "client certificate for etcd (TLS)")
+	fl.StringVar(&cfg.Etcd.KeyFile, "etcd-key", "", "client key for etcd (TLS)")
+	fl.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "root of every etcd key")
+	fl.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "a node's lease: how long a silent node stays in the pool")
+	fl.DurationVar(&cfg.ElectionTTL, "election-ttl", cfg.ElectionTTL, "the leader's session: how soon a standby takes over")
+	tok.register(cmd)
+	logs.register(cmd)
+	if p := os.Getenv("ETCD_PASSWORD"); p != "" {
+		cfg.Etcd.Password = p
+	}
+	return cmd
+}
+
+func newWorkerCmd() *cobra.Command {
+	cfg := worker.DefaultConfig()
+	var coords string
+	var tok tokenFlags
+	var logs logFlags
+	cmd := &cobra.Command{
+		Use:   "worker --coordinator ADDR[,ADDR...] [flags]",
+		Short: "Run a node's worker agent: register, watch for work, run and supervise the ranks",
+		Long: `worker registers this node with the coordinators (the first that answers;
+the others when it fails), keeps its lease alive, and starts one process
+per local rank when a job's generation includes the node: the native engine,
+or the job's command with torchrun's environment. Rank output is streamed
+here, each line tagged [node rRANK tpT ppP dpD]. Ranks are stopped with
+SIGTERM, then SIGKILL after --grace, when the job ends, when the agent is
+told to stop (SIGINT/SIGTERM) or when no coordinator answers; they die with
+the agent even when it is killed.`,
+		Example: "  gpucoord worker --coordinator 10.0.0.1:7070 --gpus 8 --host 10.0.0.7",
+		Args:    cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			var err error
+			if cfg.Token, err = tok.resolve(); err != nil {
+				return usageError(err)
+			}
+			if cfg.Logger, err = logs.logger(c.ErrOrStderr()); err != nil {
+				return usageError(err)
+			}
+			if coords != "" {
+				cfg.Coordinators = strings.Split(coords, ",")
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			cfg.NativeCommand = []string{exe, rankCmd}
+			cfg.Output, cfg.Version = c.OutOrStdout(), buildVersion()
+			a, err := worker.New(cfg)
+			if err != nil {
+				return usageError(err)
+			}
+			return a.Run(c.Context())
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&coords, "coordinator", "", "coordinator addresses, comma-separated")
+	fl.StringVar(&cfg.Name, "name", cfg.Name, "this node's unique name")
+	fl.StringVar(&cfg.Host, "host", cfg.Host, "address other nodes reach this one at")
+	fl.IntVar(&cfg.GPUs, "gpus", cfg.GPUs, "rank slots: GPUs, or processes on a CPU machine")
+	fl.StringVar(&cfg.NVLinkDomain, "nvlink-domain", "", "name of the node's NVLink domain (default: the node alone)")
+	fl.BoolVar(&cfg.Devices, "cuda", false, "set CUDA_VISIBLE_DEVICES to each rank's local index")
+	fl.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "where plan files and checkpoints go")
+	fl.DurationVar(&cfg.Grace, "grace", cfg.Grace, "time between SIGTERM and SIGKILL when ranks stop")
+	tok.register(cmd)
+	logs.register(cmd)
+	return cmd
+}
+
+// rankCmd is the hidden command an agent starts for each native-engine rank.
+const rankCmd = "rank"
+
+func newRankCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:    rankCmd,
+		Short:  "One rank of a native-engine job under a worker agent (not for direct use)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return worker.RunNativeRank(c.Context(), c.OutOrStdout(), c.ErrOrStderr())
+		},
+	}
+}
+
+// since formats a duration for progress lines.
+func since(t time.Time) string { return time.Since(t).Round(100 * time.Millisecond).String() }

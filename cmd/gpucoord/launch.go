@@ -1,0 +1,627 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"gopkg.in/yaml.v3"
+
+	"gpucoord/coordinator"
+	pb "gpucoord/proto/gpucoordpb"
+	"gpucoord/schedule"
+	"gpucoord/topology"
+	"gpucoord/worker"
+	"gpucoord/worker/engine"
+)
+
+func init() { subcommands = append(subcommands, newLaunchCmd, newStatusCmd) }
+
+type launchFlags struct {
+	standalone               bool
+	coordinator              string
+	tok                      tokenFlags
+	nodes, maxNodes, gpus    int
+	tp, pp, dp, vpp, zero    int
+	schedule, order          string
+	steps                    int
+	seed                     uint64
+	json, dryRun             bool
+	hostfile, jobID, dataDir string
+	rendezvous, lastCall     time.Duration
+	maxRestarts              int
+	env                      []string
+}
+
+func newLaunchCmd() *cobra.Command {
+	var f launchFlags
+	cmd := &cobra.Command{
+		Use:   "launch [--standalone | --coordinator ADDR] --nodes N --gpus-per-node G [flags] (JOB.yaml | -- CMD ARGS...)",
+		Short: "Launch a job: the native engine on a job file, or your program on every rank",
+		Long: `launch runs a job on N nodes of G ranks each, laid out as --tp x --pp x dp
+(dp = N*G/(tp*pp) unless --dp fixes it) in Megatron-LM's rank order.
+
+  --standalone          start an embedded etcd, a coordinator and N local
+                        worker agents in this process tree, run the job, and
+                        tear everything down (each agent's "GPUs" are local
+                        processes on a CPU machine)
+  --coordinator ADDR    submit to a running coordinator (gpucoord coordinator)
+                        whose worker agents run the ranks
+  --hostfile FILE       DeepSpeed-style "host slots=N" lines: the nodes to use,
+                        in rank order, and G from slots
+
+A job file (examples/jobs/mlp.yaml) runs gpucoord's native Go engine; its
+loss equals gpucoord train's. After "--", CMD runs on every rank with
+torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) plus
+GPUCOORD_TP_RANK/SIZE, GPUCOORD_PP_RANK/SIZE, GPUCOORD_DP_RANK/SIZE,
+GPUCOORD_PLAN and more, so a torchrun script runs unchanged.
+
+Prints one line per step (or per second for a program that reports none)
+and exits with the job's status: 0, or the first failing rank's exit code
+with that rank named.`,
+		Example: `  gpucoord launch --standalone --nodes 2 --gpus-per-node 4 --tp 2 --pp 2 examples/jobs/mlp.yaml
+  gpucoord launch --standalone --nodes 2 --gpus-per-node 2 -- /usr/bin/python3 examples/pytorch/ddp.py
+  gpucoord launch --coordinator 10.0.0.1:7070 --hostfile hosts.txt --tp 8 examples/jobs/mlp.yaml
+  gpucoord launch --nodes 4 --gpus-per-node 8 --tp 8 --pp 2 --dry-run examples/jobs/mlp.yaml`,
+		RunE: func(c *cobra.Command, args []string) error {
+			spec, err := f.spec(c, args)
+			if err != nil {
+				return usageError(err)
+			}
+			if f.dryRun {
+				return printLaunchPlan(c.OutOrStdout(), spec, f.json)
+			}
+			return f.run(c, spec)
+		},
+	}
+	fl := cmd.Flags()
+	fl.BoolVar(&f.standalone, "standalone", false, "run etcd, a coordinator and the agents in this process tree")
+	fl.StringVar(&f.coordinator, "coordinator", "", "coordinator addresses, comma-separated")
+	fl.IntVar(&f.nodes, "nodes", 0, "nodes the job needs")
+	fl.IntVar(&f.maxNodes, "max-nodes", 0, "take up to this many nodes if they come within --last-call (default --nodes)")
+	fl.IntVar(&f.gpus, "gpus-per-node", 0, "ranks per node")
+	fl.IntVar(&f.tp, "tp", 1, "tensor-parallel degree (a TP group stays inside a node)")
+	fl.IntVar(&f.pp, "pp", 1, "pipeline stages")
+	fl.IntVar(&f.dp, "dp", 0, "data-parallel degree (default: world / (tp*pp))")
+	fl.IntVar(&f.vpp, "vpp", 0, "model chunks per pipeline rank (native; default 2 with --schedule interleaved)")
+	fl.IntVar(&f.zero, "zero", 0, "ZeRO stage 0-3")
+	fl.StringVar(&f.schedule, "schedule", string(schedule.OneFOneB), "pipeline schedule (native): gpipe, 1f1b, interleaved, zb-h1")
+	fl.StringVar(&f.order, "order", topology.DefaultOrder, "rank order, fastest axis first")
+	fl.IntVar(&f.steps, "steps", 0, "optimizer steps (native; overrides the job file)")
+	fl.Uint64Var(&f.seed, "seed", 0, "seed (native; overrides the job file)")
+	fl.BoolVar(&f.json, "json", false, "print each step as a JSON line, as train --json does (other output goes to stderr)")
+	fl.BoolVar(&f.dryRun, "dry-run", false, "print the plan the job would run on and exit")
+	fl.StringVar(&f.hostfile, "hostfile", "", `DeepSpeed-style hostfile: "host slots=N" per line`)
+	fl.StringVar(&f.jobID, "job-id", "", "the job's id (default job-<time>-<random>)")
+	fl.StringVar(&f.dataDir, "data-dir", "", "standalone: the embedded etcd's data directory (default a temporary one, removed after)")
+	fl.DurationVar(&f.rendezvous, "rendezvous-timeout", 5*time.Minute, "fail when the nodes have not come within this time (0 waits forever)")
+	fl.DurationVar(&f.lastCall, "last-call", 0, "with --max-nodes: how long to wait for more nodes once --nodes have come")
+	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "restarts allowed (TORCHELASTIC_MAX_RESTARTS)")
+	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE added to every rank's environment (repeatable)")
+	f.tok.register(cmd)
+	return cmd
+}
+
+// spec checks the flags and builds the job to submit.
+func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error) {
+	if f.standalone == (f.coordinator != "") && !f.dryRun {
+		return nil, errors.New("give exactly one of --standalone and --coordinator ADDR")
+	}
+	id := f.jobID
+	if id == "" {
+		b := make([]byte, 3)
+		rand.Read(b)
+		id = fmt.Sprintf("job-%s-%s", time.Now().UTC().Format("20060102-150405"), hex.EncodeToString(b))
+	}
+	spec := &pb.JobSpec{Id: id, Nodes: int32(f.nodes), MaxNodes: int32(f.maxNodes), GpusPerNode: int32(f.gpus),
+		Tp: int32(f.tp), Pp: int32(f.pp), Dp: int32(f.dp), Vpp: int32(f.vpp), Zero: int32(f.zero), Schedule: f.schedule,
+		Order: f.order, RendezvousTimeoutMs: f.rendezvous.Milliseconds(), LastCallMs: f.lastCall.Milliseconds(),
+		MaxRestarts: int32(f.maxRestarts), Env: map[string]string{}}
+	if f.order == "" {
+		return nil, errors.New(`--order "": give an order such as tp-cp-dp-pp`)
+	}
+	for _, kv := range f.env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--env %q: want KEY=VALUE", kv)
+		}
+		spec.Env[k] = v
+	}
+	if f.hostfile != "" {
+		hosts, slots, err := readHostfile(f.hostfile)
+		if err != nil {
+			return nil, err
+		}
+		if f.nodes != 0 && f.nodes != len(hosts) {
+			return nil, fmt.Errorf("--nodes %d but hostfile %s lists %d hosts", f.nodes, f.hostfile, len(hosts))
+		}
+		if f.gpus != 0 && f.gpus != slots {
+			return nil, fmt.Errorf("--gpus-per-node %d but hostfile %s gives slots=%d", f.gpus, f.hostfile, slots)
+		}
+		spec.Hosts, spec.Nodes, spec.GpusPerNode = hosts, int32(len(hosts)), int32(slots)
+	}
+	if spec.Nodes < 1 || spec.GpusPerNode < 1 {
+		return nil, fmt.Errorf("--nodes %d and --gpus-per-node %d must be at least 1 (or give --hostfile)", spec.Nodes, spec.GpusPerNode)
+	}
+	if f.maxNodes != 0 && f.maxNodes < int(spec.Nodes) {
+		return nil, fmt.Errorf("--max-nodes %d is below --nodes %d", f.maxNodes, spec.Nodes)
+	}
+	if dash := c.ArgsLenAtDash(); dash >= 0 {
+		if dash != 0 {
+			return nil, fmt.Errorf("give either a job file or -- CMD, not both (%q before --)", args[:dash])
+		}
+		if len(args) == 0 {
+			return nil, errors.New("no command after --")
+		}
+		if f.standalone {
+			// The ranks run on this machine: a missing program is known now.
+			if _, err := exec.LookPath(args[0]); err != nil {
+				return nil, fmt.Errorf("command %q: %v", args[0], errors.Unwrap(err))
+			}
+		}
+		for _, name := range []string{"steps", "seed", "schedule", "vpp"} {
+			if c.Flags().Changed(name) {
+				return nil, fmt.Errorf("--%s is for native-engine jobs, not for a command", name)
+			}
+		}
+		spec.Command, spec.Schedule = args, ""
+	} else {
+		if len(args) != 1 {
+			return nil, fmt.Errorf("give one job file, or -- CMD ARGS (got %d arguments)", len(args))
+		}
+		kind, err := schedule.ParseKind(f.schedule)
+		if err != nil {
+			return nil, err
+		}
+		job, err := engine.LoadJob(args[0], func(j *engine.Job) {
+			if c.Flags().Changed("steps") {
+				j.Steps = f.steps
+			}
+			if c.Flags().Changed("seed") {
+				j.Seed = f.seed
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+		if _, err := engine.NewConfig(job, engine.Shape{NP: int(spec.Nodes * spec.GpusPerNode), TP: f.tp, PP: f.pp, DP: f.dp,
+			Virtual: f.vpp, Zero: f.zero, Schedule: kind, Order: f.order}); err != nil {
+			return nil, err
+		}
+		if spec.NativeJob, err = yaml.Marshal(job); err != nil {
+			return nil, err
+		}
+	}
+	if err := coordinator.ValidateSpec(spec); err != nil {
+		return nil, err
+	}
+	return spec, nil
+}
+
+// readHostfile parses DeepSpeed's hostfile: "host slots=N" per line, '#'
+// comments. Every host must have the same slots.
+func readHostfile(path string) ([]string, int, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("hostfile: %w", err)
+	}
+	defer fh.Close()
+	var hosts []string
+	slots := 0
+	sc := bufio.NewScanner(fh)
+	for n := 1; sc.Scan(); n++ {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		s := 1
+		if len(fields) > 2 {
+			return nil, 0, fmt.Errorf("hostfile %s line %d: %q: want \"host slots=N\"", path, n, sc.Text())
+		}
+		if len(fields) == 2 {
+			v, ok := strings.CutPrefix(fields[1], "slots=")
+			if s, err = strconv.Atoi(v); !ok || err != nil || s < 1 {
+				return nil, 0, fmt.Errorf("hostfile %s line %d: %q: want slots=N with N at least 1", path, n, fields[1])
+			}
+		}
+		if slots != 0 && s != slots {
+			return nil, 0, fmt.Errorf("hostfile %s line %d: slots=%d but earlier hosts have %d: every node runs the same number of ranks", path, n, s, slots)
+		}
+		slots = s
+		hosts = append(hosts, fields[0])
+	}
+	if err := sc.Err(); err != nil {
+		return nil, 0, fmt.Errorf("hostfile %s: %w", path, err)
+	}
+	if len(hosts) == 0 {
+		return nil, 0, fmt.Errorf("hostfile %s lists no hosts", path)
+	}
+	return hosts, slots, nil
+}
+
+// printLaunchPlan prints the layout the job would run on.
+func printLaunchPlan(w io.Writer, spec *pb.JobSpec, asJSON bool) error {
+	l, err := coordinator.Layout(spec, int(spec.Nodes))
+	if err != nil {
+		return usageError(err)
+	}
+	type rankRow struct {
+		Rank, LocalRank int
+		topology.Coord
+	}
+	type nodeRow struct {
+		Node  string    `json:"node"`
+		Ranks []rankRow `json:"ranks"`
+	}
+	doc := struct {
+		Job    string          `json:"job"`
+		World  int             `json:"world"`
+		TP     int             `json:"tp"`
+		PP     int             `json:"pp"`
+		DP     int             `json:"dp"`
+		Order  string          `json:"order"`
+		Nodes  []nodeRow       `json:"nodes"`
+		Groups topology.Groups `json:"groups"`
+	}{Job: spec.Id, World: l.World(), TP: l.TP, PP: l.PP, DP: l.DP, Order: l.Order.String(), Groups: l.Groups()}
+	g := int(spec.GpusPerNode)
+	for n := range int(spec.Nodes) {
+		name := fmt.Sprintf("node%d", n)
+		if len(spec.Hosts) > n {
+			name = spec.Hosts[n]
+		}
+		row := nodeRow{Node: name}
+		for lr := range g {
+			r := n*g + lr
+			row.Ranks = append(row.Ranks, rankRow{Rank: r, LocalRank: lr, Coord: l.Coord(topology.Rank(r))})
+		}
+		doc.Nodes = append(doc.Nodes, row)
+	}
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(doc)
+	}
+	what := "command " + strings.Join(spec.Command, " ")
+	if len(spec.NativeJob) > 0 {
+		what = "native engine"
+	}
+	fmt.Fprintf(w, "job %s: %d node%s x %d = %d ranks, tp %d pp %d dp %d, order %s, %s\n",
+		spec.Id, spec.Nodes, plural(int(spec.Nodes)), g, l.World(), l.TP, l.PP, l.DP, l.Order, what)
+	for _, n := range doc.Nodes {
+		parts := make([]string, len(n.Ranks))
+		for i, r := range n.Ranks {
+			parts[i] = fmt.Sprintf("r%d(tp%d pp%d dp%d)", r.Rank, r.TP, r.PP, r.DP)
+		}
+		fmt.Fprintf(w, "  %-8s %s\n", n.Node, strings.Join(parts, " "))
+	}
+	for _, ax := range []struct {
+		name   string
+		groups [][]topology.Rank
+	}{{"tp", doc.Groups.TP}, {"pp", doc.Groups.PP}, {"dp", doc.Groups.DP}} {
+		fmt.Fprintf(w, "  %s groups: %v\n", ax.name, ax.groups)
+	}
+	return nil
+}
+
+// plural returns "s" unless n is 1.
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+// run submits the job (to a standalone cluster started here, or to the
+// coordinators given) and follows it to its end.
+func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
+	ctx := c.Context()
+	token, err := f.tok.resolve()
+	if err != nil {
+		return usageError(err)
+	}
+	progress := c.OutOrStdout()
+	if f.json {
+		progress = c.ErrOrStderr()
+	}
+	addrs := strings.Split(f.coordinator, ",")
+	if f.standalone {
+		cl, err := startStandalone(ctx, int(spec.Nodes), int(spec.GpusPerNode), f.dataDir, progress, c.ErrOrStderr())
+		if err != nil {
+			return err
+		}
+		defer cl.stop()
+		addrs, token = []string{cl.addr}, ""
+	}
+	fl := &follower{addrs: addrs, token: token, spec: spec, out: c.OutOrStdout(), progress: progress, json: f.json}
+	return fl.run(ctx)
+}
+
+// standalone is a whole cluster in this process tree: an embedded etcd
+// inside a coordinator, and local worker agents.
+type standalone struct {
+	addr   string
+	cancel context.CancelFunc
+	wait   func() error
+	tmp    string
+}
+
+func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, output, logs io.Writer) (*standalone, error) {
+	tmp, err := os.MkdirTemp("", "gpucoord-standalone-")
+	if err != nil {
+		return nil, err
+	}
+	if dataDir == "" {
+		dataDir = tmp + "/etcd"
+	}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cc := coordinator.DefaultConfig()
+	cc.Listen, cc.Etcd.DataDir, cc.Logger = "127.0.0.1:0", dataDir, log
+	co, err := coordinator.New(ctx, cc)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	gctx, cancel := context.WithCancel(ctx)
+	g, gctx := errgroup.WithContext(gctx)
+	g.Go(func() error { return co.Run(gctx) })
+	for n := range nodes {
+		wc := worker.DefaultConfig()
+		wc.Coordinators, wc.Name, wc.Host, wc.GPUs = []string{co.Addr()}, fmt.Sprintf("node%d", n), "127.0.0.1", gpus
+		wc.NativeCommand, wc.WorkDir, wc.Output, wc.Logger, wc.Version = []string{exe, rankCmd}, tmp+"/work", output, log, buildVersion()
+		a, err := worker.New(wc)
+		if err != nil {
+			cancel()
+			g.Wait()
+			os.RemoveAll(tmp)
+			return nil, err
+		}
+		g.Go(func() error { return a.Run(gctx) })
+	}
+	return &standalone{addr: co.Addr(), cancel: cancel, wait: g.Wait, tmp: tmp}, nil
+}
+
+// stop tears the cluster down: agents stop their ranks and leave, the
+// coordinator and its etcd stop, the temporary files go.
+func (s *standalone) stop() {
+	s.cancel()
+	s.wait()
+	os.RemoveAll(s.tmp)
+}
+
+// follower submits a job and prints its progress until it ends, moving
+// between coordinators when one fails.
+type follower struct {
+	addrs         []string
+	token         string
+	spec          *pb.JobSpec
+	out, progress io.Writer
+	json          bool
+
+	lastGen    int64
+	lastNodes  int
+	lastStep   int64
+	lastReason string
+	lastLoss   float64
+	started    time.Time
+}
+
+func (f *follower) run(ctx context.Context) error {
+	f.started = time.Now()
+	clients := make([]pb.CoordinatorClient, len(f.addrs))
+	for i, a := range f.addrs {
+		cc, err := pb.Dial(a, f.token)
+		if err != nil {
+			return usageError(fmt.Errorf("coordinator %q: %v", a, err))
+		}
+		defer cc.Close()
+		clients[i] = pb.NewCoordinatorClient(cc)
+	}
+	// Submit through the first coordinator that answers.
+	var err error
+	submitted := false
+	for i := 0; !submitted; i++ {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = clients[i%len(clients)].Submit(sctx, &pb.SubmitRequest{Spec: f.spec})
+		cancel()
+		switch status.Code(err) {
+		case codes.OK:
+			submitted = true
+		case codes.Unavailable, codes.DeadlineExceeded:
+			if i+1 >= 3*len(clients) || ctx.Err() != nil {
+				return fmt.Errorf("no coordinator answered at %s: %s", strings.Join(f.addrs, ","), status.Convert(err).Message())
+			}
+			time.Sleep(200 * time.Millisecond)
+		case codes.InvalidArgument, codes.AlreadyExists:
+			return usageError(errors.New(status.Convert(err).Message()))
+		default:
+			return errors.New(status.Convert(err).Message())
+		}
+	}
+	what := "native engine"
+	if len(f.spec.Command) > 0 {
+		what = strings.Join(f.spec.Command, " ")
+	}
+	fmt.Fprintf(f.progress, "job %s submitted: %d node%s x %d ranks, tp %d pp %d, %s\n",
+		f.spec.Id, f.spec.Nodes, plural(int(f.spec.Nodes)), f.spec.GpusPerNode, f.spec.Tp, f.spec.Pp, what)
+	lastContact := time.Now()
+	for i := 0; ; i = (i + 1) % len(clients) {
+		st, err := f.follow(ctx, clients[i], &lastContact)
+		if ctx.Err() != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			clients[i].Cancel(cctx, &pb.CancelRequest{Job: f.spec.Id, Reason: "launch interrupted"})
+			cancel()
+			return &exitError{code: 130, err: fmt.Errorf("job %s cancelled: launch interrupted", f.spec.Id)}
+		}
+		if st != nil {
+			return f.finish(st)
+		}
+		if time.Since(lastContact) > time.Minute {
+			return fmt.Errorf("lost the coordinators (%s) for a minute: %v; the job may still run: gpucoord status", strings.Join(f.addrs, ","), err)
+		}
+		fmt.Fprintf(f.progress, "coordinator %s: %s; trying the next\n", f.addrs[i], status.Convert(err).Message())
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// follow reads one Follow stream; it returns the final state when the job
+// has ended, or the stream's error.
+func (f *follower) follow(ctx context.Context, client pb.CoordinatorClient, lastContact *time.Time) (*pb.JobState, error) {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := client.Follow(fctx, &pb.FollowRequest{Job: f.spec.Id})
+	if err != nil {
+		return nil, err
+	}
+	evs := make(chan *pb.JobEvent)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			ev, err := stream.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case evs <- ev:
+			case <-fctx.Done():
+				return
+			}
+		}
+	}()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var state *pb.JobState
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case err := <-errc:
+			if err == io.EOF && state != nil && isTerminal(state) {
+				return state, nil
+			}
+			return nil, err
+		case <-tick.C:
+			// A program that reports no steps still shows it is alive.
+			if state.GetPhase() == pb.JobState_RUNNING && len(f.spec.Command) > 0 {
+				fmt.Fprintf(f.progress, "running %s: generation %d, %d node%s\n", since(f.started), f.lastGen, f.lastNodes, plural(f.lastNodes))
+			}
+		case ev := <-evs:
+			*lastContact = time.Now()
+			state = ev.State
+			f.show(ev)
+		}
+	}
+}
+
+func isTerminal(s *pb.JobState) bool {
+	switch s.GetPhase() {
+	case pb.JobState_SUCCEEDED, pb.JobState_FAILED, pb.JobState_CANCELLED:
+		return true
+	}
+	return false
+}
+
+// show prints what is new in ev.
+func (f *follower) show(ev *pb.JobEvent) {
+	if g := ev.Generation; g != nil && g.Number != f.lastGen {
+		f.lastGen, f.lastNodes = g.Number, len(g.Members)
+		names := make([]string, len(g.Members))
+		for i, m := range g.Members {
+			names[i] = m.Node
+		}
+		fmt.Fprintf(f.progress, "generation %d: %d node%s (%s), %d ranks, tp %d pp %d dp %d\n",
+			g.Number, len(names), plural(len(names)), strings.Join(names, ", "), g.World, f.spec.Tp, f.spec.Pp, g.Dp)
+	}
+	if s := ev.Step; s != nil && s.Step > f.lastStep {
+		f.lastStep, f.lastLoss = s.Step, s.Loss
+		if f.json {
+			json.NewEncoder(f.out).Encode(engine.StepResult{Step: int(s.Step), Loss: s.Loss, Seconds: s.Seconds, SamplesPerSec: s.SamplesPerSec})
+		} else {
+			fmt.Fprintf(f.out, "gen %d step %d  loss %.6f  %7.1f ms\n", f.lastGen, s.Step, s.Loss, 1e3*s.Seconds)
+		}
+	}
+	if st := ev.State; st.GetPhase() == pb.JobState_PENDING && st.Reason != f.lastReason {
+		f.lastReason = st.Reason
+		fmt.Fprintf(f.progress, "pending: %s\n", st.Reason)
+	}
+}
+
+// finish turns the final state into launch's result.
+func (f *follower) finish(st *pb.JobState) error {
+	switch st.Phase {
+	case pb.JobState_SUCCEEDED:
+		if f.lastStep > 0 {
+			fmt.Fprintf(f.progress, "job %s succeeded in %s: %d steps, final loss %.6f\n", f.spec.Id, since(f.started), f.lastStep, f.lastLoss)
+		} else {
+			fmt.Fprintf(f.progress, "job %s succeeded in %s\n", f.spec.Id, since(f.started))
+		}
+		return nil
+	case pb.JobState_CANCELLED:
+		return &exitError{code: 130, err: fmt.Errorf("job %s cancelled: %s", f.spec.Id, st.Reason)}
+	}
+	code := int(st.ExitCode)
+	if code == 0 {
+		code = exitFailure
+	}
+	return &exitError{code: code, err: fmt.Errorf("job %s failed: %s", f.spec.Id, st.Reason)}
+}
+
+func newStatusCmd() *cobra.Command {
+	var coord string
+	var asJSON bool
+	var tok tokenFlags
+	cmd := &cobra.Command{
+		Use:   "status --coordinator ADDR [--json]",
+		Short: "Show the pool, the jobs, their generations and the leader",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			token, err := tok.resolve()
+			if err != nil {
+				return usageError(err)
+			}
+			if coord == "" {
+				return usageError(errors.New("status needs --coordinator ADDR"))
+			}
+			cc, err := pb.Dial(strings.Split(coord, ",")[0], token)
+			if err != nil {
+				return usageError(err)
+			}
+			defer cc.Close()
+			ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
+			defer cancel()
+			resp, err := pb.NewCoordinatorClient(cc).Status(ctx, &pb.StatusRequest{})
+			if err != nil {
+				return fmt.Errorf("coordinator %s: %s", coord, status.Convert(err).Message())
+			}
+			return printStatus(c.OutOrStdout(), resp, asJSON)
+		},
+	}
+	cmd.Flags().StringVar(&coord, "coordinator", "", "coordinator address")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
+	tok.register(cmd)
+	return cmd
+}

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	pb "gpucoord/proto/gpucoordpb"
+)
+
+// printStatus writes the coordinator's status as text or JSON.
+func printStatus(w io.Writer, s *pb.StatusResponse, asJSON bool) error {
+	if asJSON {
+		b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(s)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(w, string(b))
+		return err
+	}
+	fmt.Fprintf(w, "leader: %s\n", s.Leader)
+	fmt.Fprintf(w, "nodes: %d\n", len(s.Nodes))
+	for _, n := range s.Nodes {
+		job := n.Job
+		if job == "" {
+			job = "idle"
+		}
+		fmt.Fprintf(w, "  %-12s %-21s %d GPUs  %s\n", n.Node.Name, n.Node.Host, n.Node.Gpus, job)
+	}
+	fmt.Fprintf(w, "jobs: %d\n", len(s.Jobs))
+	for _, j := range s.Jobs {
+		phase := strings.ToLower(j.State.GetPhase().String())
+		line := fmt.Sprintf("  %s  %s", j.Spec.Id, phase)
+		if g := j.Generation; g != nil {
+			names := make([]string, len(g.Members))
+			for i, m := range g.Members {
+				names[i] = m.Node
+			}
+			line += fmt.Sprintf("  generation %d: %s, %d ranks (tp %d pp %d dp %d)", g.Number, strings.Join(names, ","), g.World, j.Spec.Tp, j.Spec.Pp, g.Dp)
+		}
+		if j.LastStep != nil {
+			line += fmt.Sprintf("  step %d loss %.6f (committed %d)", j.LastStep.Step, j.LastStep.Loss, j.CommittedStep)
+		}
+		if j.State.GetReason() != "" {
+			line += "  (" + j.State.Reason + ")"
+		}
+		fmt.Fprintln(w, line)
+	}
+	return nil
+}

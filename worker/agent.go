@@ -1,0 +1,434 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"gpucoord/collectives"
+	"gpucoord/collectives/tcp"
+	"gpucoord/internal/localproc"
+	pb "gpucoord/proto/gpucoordpb"
+	"gpucoord/worker/engine"
+)
+
+// Config configures an Agent. Start from DefaultConfig and override fields.
+type Config struct {
+	// Coordinators are the addresses of the cluster's coordinators; the
+	// agent uses the first that answers and moves on when it fails.
+	Coordinators []string
+	// Token is the join token; empty only for a coordinator on loopback.
+	Token string
+	// Name is the node's unique name in the pool.
+	Name string
+	// Host is the address other nodes reach this one at.
+	Host string
+	// GPUs is the number of rank slots: GPUs, or processes on a CPU machine.
+	GPUs int
+	// NVLinkDomain names the node's NVLink domain; empty is the node alone.
+	NVLinkDomain string
+	// Devices sets CUDA_VISIBLE_DEVICES to each rank's local index.
+	Devices bool
+	// NativeCommand is the argv that runs one rank of a native-engine job
+	// from its environment (RunNativeRank): this binary's hidden command.
+	NativeCommand []string
+	// WorkDir holds each generation's plan file and checkpoint directory.
+	WorkDir string
+	// Output receives every rank's output, each line behind its rank's tag.
+	Output io.Writer
+	// Grace is how long ranks have between SIGTERM and SIGKILL.
+	Grace time.Duration
+	// Retry is the pause between attempts to reach a coordinator.
+	Retry time.Duration
+	// Version is the build version, for display.
+	Version string
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns settings for a real node.
+func DefaultConfig() *Config {
+	host, _ := os.Hostname()
+	return &Config{Name: host, Host: "127.0.0.1", GPUs: 1, Grace: localproc.DefaultGrace, Retry: 500 * time.Millisecond,
+		WorkDir: filepath.Join(os.TempDir(), "gpucoord-worker"), Output: os.Stdout}
+}
+
+// Validate names the first field that cannot work.
+func (c *Config) Validate() error {
+	switch {
+	case len(c.Coordinators) == 0:
+		return errors.New("no coordinator address")
+	case c.Name == "":
+		return errors.New("no node name")
+	case c.GPUs < 1:
+		return fmt.Errorf("gpus %d: want at least 1", c.GPUs)
+	case c.Host == "":
+		return errors.New("no host address")
+	case len(c.NativeCommand) == 0:
+		return errors.New("no native rank command")
+	case c.Grace <= 0 || c.Retry <= 0:
+		return fmt.Errorf("grace %s and retry %s must be positive", c.Grace, c.Retry)
+	}
+	return nil
+}
+
+// ErrRefused marks a coordinator's refusal that retrying cannot fix: a
+// wrong token, another protocol version, a name in use.
+var ErrRefused = errors.New("worker: refused by the coordinator")
+
+// Agent is the worker agent of one node: it registers with a coordinator,
+// keeps its lease alive through its Watch stream, and runs the ranks its
+// assignment names.
+type Agent struct {
+	cfg *Config
+	log *slog.Logger
+	out sync.Mutex // serialises rank output lines
+
+	mu     sync.Mutex
+	client pb.CoordinatorClient // current coordinator
+	lease  int64
+	ttl    time.Duration
+}
+
+// New returns an agent; Run starts it.
+func New(cfg *Config) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Agent{cfg: cfg, log: log.With("component", "agent", "node", cfg.Name)}, nil
+}
+
+// Run registers and serves assignments until ctx ends, then stops its
+// ranks (SIGTERM, Grace, SIGKILL) and leaves the pool. Ranks keep running
+// while the agent moves between coordinators, and are stopped when no
+// coordinator has answered for twice the lease TTL. It returns an
+// ErrRefused error when the coordinator will not take this node.
+func (a *Agent) Run(ctx context.Context) error {
+	conns := make([]*grpc.ClientConn, len(a.cfg.Coordinators))
+	for i, addr := range a.cfg.Coordinators {
+		cc, err := pb.Dial(addr, a.cfg.Token)
+		if err != nil {
+			return fmt.Errorf("worker: coordinator %s: %w", addr, err)
+		}
+		defer cc.Close()
+		conns[i] = cc
+	}
+	run := &runner{agent: a}
+	defer run.stop()
+	lastContact := time.Now()
+	for i := 0; ctx.Err() == nil; i = (i + 1) % len(conns) {
+		client := pb.NewCoordinatorClient(conns[i])
+		err := a.session(ctx, client, run, &lastContact)
+		if ctx.Err() != nil {
+			break
+		}
+		if errors.Is(err, ErrRefused) {
+			return err
+		}
+		a.log.Warn("coordinator connection", "addr", a.cfg.Coordinators[i], "err", err)
+		if ttl := a.leaseTTL(); ttl > 0 && time.Since(lastContact) > 2*ttl && run.active() {
+			a.log.Error("no coordinator for twice the lease TTL: stopping ranks", "since", time.Since(lastContact).Round(time.Millisecond))
+			run.stop()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(a.cfg.Retry):
+		}
+	}
+	run.stop()
+	a.leave()
+	return nil
+}
+
+func (a *Agent) leaseTTL() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ttl
+}
+
+// session registers if needed and follows one Watch stream until it ends.
+func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *runner, lastContact *time.Time) error {
+	a.mu.Lock()
+	lease := a.lease
+	a.mu.Unlock()
+	if lease == 0 {
+		resp, err := client.Register(ctx, &pb.RegisterRequest{Node: &pb.Node{Name: a.cfg.Name, Host: a.cfg.Host, Gpus: int32(a.cfg.GPUs),
+			NvlinkDomain: a.cfg.NVLinkDomain, Protocol: pb.ProtocolVersion, Version: a.cfg.Version}})
+		if err != nil {
+			switch status.Code(err) {
+			case codes.Unauthenticated, codes.FailedPrecondition, codes.InvalidArgument, codes.AlreadyExists, codes.PermissionDenied:
+				return fmt.Errorf("%w: %s", ErrRefused, status.Convert(err).Message())
+			}
+			return err
+		}
+		lease = resp.LeaseId
+		a.mu.Lock()
+		a.lease, a.ttl = lease, time.Duration(resp.TtlSeconds)*time.Second
+		a.mu.Unlock()
+		a.log.Info("registered", "gpus", a.cfg.GPUs, "host", a.cfg.Host)
+	}
+	stream, err := client.Watch(ctx, &pb.WatchRequest{Node: a.cfg.Name, LeaseId: lease})
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.client = client
+	a.mu.Unlock()
+	for {
+		asg, err := stream.Recv()
+		if err != nil {
+			if status.Code(err) == codes.NotFound {
+				// The lease expired while we were away: register anew.
+				a.mu.Lock()
+				a.lease = 0
+				a.mu.Unlock()
+			}
+			return err
+		}
+		*lastContact = time.Now()
+		run.apply(ctx, asg)
+	}
+}
+
+// leave revokes the lease, so that the pool forgets this node at once.
+func (a *Agent) leave() {
+	a.mu.Lock()
+	client, lease := a.client, a.lease
+	a.mu.Unlock()
+	if client == nil || lease == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	client.Leave(ctx, &pb.LeaveRequest{Node: a.cfg.Name, LeaseId: lease})
+}
+
+// report sends r to the current coordinator, retrying across coordinator
+// changes until it is taken or ctx ends.
+func (a *Agent) report(ctx context.Context, r *pb.ReportRequest) error {
+	r.Node = a.cfg.Name
+	for {
+		a.mu.Lock()
+		client := a.client
+		a.mu.Unlock()
+		_, err := client.Report(ctx, r)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		a.log.Warn("report", "job", r.Job, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(a.cfg.Retry):
+		}
+	}
+}
+
+// runner runs the ranks of at most one assignment at a time.
+type runner struct {
+	agent   *Agent
+	cur     *pb.Assignment // what runs now; nil for nothing
+	cancel  context.CancelFunc
+	done    chan struct{}
+	masters chan string // hands the master address to a run waiting for it
+}
+
+func (r *runner) active() bool { return r.cur != nil }
+
+// apply makes the ranks match asg: stops a run of another job or
+// generation, starts a new one, or passes on the master address.
+func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
+	if r.cur != nil && (asg.Job != r.cur.Job || asg.Generation.GetNumber() != r.cur.Generation.GetNumber()) {
+		r.stop()
+	}
+	if asg.Job == "" {
+		return
+	}
+	if r.cur != nil {
+		if asg.Master != "" && r.cur.Master == "" {
+			r.cur.Master = asg.Master
+			r.masters <- asg.Master
+		}
+		return
+	}
+	r.cur = proto.Clone(asg).(*pb.Assignment)
+	rctx, cancel := context.WithCancel(ctx)
+	r.cancel, r.done, r.masters = cancel, make(chan struct{}), make(chan string, 1)
+	if asg.Master != "" {
+		r.masters <- asg.Master
+	}
+	go func(a *pb.Assignment, masters <-chan string, done chan struct{}) {
+		defer close(done)
+		r.agent.run(rctx, a, masters)
+	}(r.cur, r.masters, r.done)
+}
+
+// stop ends the current run and waits for its ranks to exit.
+func (r *runner) stop() {
+	if r.cur == nil {
+		return
+	}
+	r.cancel()
+	<-r.done
+	r.cur = nil
+}
+
+// run bootstraps (on rank 0's node), waits for the master address, runs
+// the node's ranks and reports how they ended.
+func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan string) {
+	log := a.log.With("job", asg.Job, "generation", asg.Generation.GetNumber())
+	me, _ := member(asg, a.cfg.Name)
+	if me == nil {
+		log.Error("assignment without this node")
+		return
+	}
+	native := len(asg.Spec.GetCommand()) == 0
+	if me.FirstRank == 0 && asg.Master == "" {
+		master, stopStore, err := a.bootstrap(ctx, native)
+		if err != nil {
+			log.Error("bootstrap", "err", err)
+			a.reportExit(ctx, asg, 0, 1, "bootstrap: "+err.Error())
+			return
+		}
+		defer stopStore()
+		if err := a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
+			Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: master}}}); err != nil {
+			return
+		}
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case asg.Master = <-masters:
+	}
+	l, err := layout(asg)
+	if err != nil {
+		a.reportExit(ctx, asg, me.FirstRank, 2, err.Error())
+		return
+	}
+	dir := filepath.Join(a.cfg.WorkDir, asg.Job, "gen-"+strconv.FormatInt(asg.Generation.GetNumber(), 10))
+	ckpt := filepath.Join(a.cfg.WorkDir, asg.Job, "checkpoints")
+	planPath := filepath.Join(dir, "plan.json")
+	if err := writePlan(planPath, asg); err == nil {
+		err = os.MkdirAll(ckpt, 0o755)
+	}
+	if err != nil {
+		a.reportExit(ctx, asg, me.FirstRank, 1, err.Error())
+		return
+	}
+	local := make([]int, me.Ranks)
+	for i := range local {
+		local[i] = int(me.FirstRank) + i
+	}
+	argv := asg.Spec.GetCommand()
+	if native {
+		argv = a.cfg.NativeCommand
+	}
+	var writers []*localproc.PrefixWriter
+	tag := func(rank int) io.Writer {
+		w := &localproc.PrefixWriter{W: a.cfg.Output, Prefix: prefix(a.cfg.Name, rank, l), Mu: &a.out}
+		writers = append(writers, w)
+		return w
+	}
+	pcfg := localproc.Config{
+		Ranks: l.World(), Local: local, Store: asg.Master, Grace: a.cfg.Grace,
+		Stdout: tag, Stderr: tag,
+		Command: func(ctx context.Context, rank int, _ string) (*exec.Cmd, error) {
+			env, err := RankEnv(asg, a.cfg.Name, rank, planPath, ckpt, a.cfg.Devices)
+			if err != nil {
+				return nil, err
+			}
+			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+			cmd.Env = append(os.Environ(), env...)
+			if !native && os.Getenv("OMP_NUM_THREADS") == "" {
+				cmd.Env = append(cmd.Env, "OMP_NUM_THREADS=1") // as torchrun does for several local ranks
+			}
+			return cmd, nil
+		},
+	}
+	var emit func(engine.StepResult) error
+	if native && me.FirstRank == 0 {
+		emit = func(s engine.StepResult) error {
+			return a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
+				Kind: &pb.ReportRequest_Step{Step: &pb.Step{Step: int64(s.Step), Loss: s.Loss, Seconds: s.Seconds, SamplesPerSec: s.SamplesPerSec}}})
+		}
+	}
+	log.Info("starting ranks", "first", me.FirstRank, "count", me.Ranks, "master", asg.Master)
+	err = localproc.Run(ctx, pcfg, emit)
+	for _, w := range writers {
+		w.Flush()
+	}
+	if ctx.Err() != nil {
+		log.Info("ranks stopped")
+		return
+	}
+	var ee *localproc.ExitError
+	switch {
+	case err == nil:
+		for _, r := range local {
+			a.reportExit(ctx, asg, int32(r), 0, "")
+		}
+	case errors.As(err, &ee):
+		a.reportExit(ctx, asg, int32(ee.Rank), int32(ee.Code()), ee.Err.Error())
+	default:
+		a.reportExit(ctx, asg, me.FirstRank, 1, err.Error())
+	}
+}
+
+func (a *Agent) reportExit(ctx context.Context, asg *pb.Assignment, rank, code int32, msg string) {
+	a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
+		Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: rank, Code: code, Error: msg}}})
+}
+
+// bootstrap prepares rank 0's rendezvous address on this node: for a
+// native job a store served here until the run ends; for a user's program
+// a free port for its own store (torch's TCPStore on rank 0).
+func (a *Agent) bootstrap(ctx context.Context, native bool) (string, func(), error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(a.cfg.Host, "0"))
+	if err != nil {
+		return "", nil, err
+	}
+	addr := ln.Addr().String()
+	if !native {
+		ln.Close()
+		return addr, func() {}, nil
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tcp.ServeStore(sctx, ln, collectives.NewMemStore())
+	}()
+	return addr, func() { cancel(); <-done }, nil
+}
+
+// writePlan stores the assignment as the GPUCOORD_PLAN file.
+func writePlan(path string, asg *pb.Assignment) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	b, err := protojson.MarshalOptions{Multiline: true}.Marshal(asg)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}

@@ -1,0 +1,93 @@
+package worker
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+
+	pb "gpucoord/proto/gpucoordpb"
+	"gpucoord/topology"
+)
+
+// Env variables a rank's program gets beyond torchrun's.
+const (
+	EnvPlan          = "GPUCOORD_PLAN"
+	EnvCheckpointDir = "GPUCOORD_CHECKPOINT_DIR"
+)
+
+// layout returns the assignment's rank layout: TP and PP as the job asked,
+// DP as the coordinator resolved it for this generation.
+func layout(a *pb.Assignment) (topology.Layout, error) {
+	return topology.NewLayout(int(a.Spec.GetTp()), int(a.Spec.GetPp()), int(a.Generation.GetDp()), a.Spec.GetOrder())
+}
+
+// member returns node's place in the assignment's generation and its index
+// (the torchrun GROUP_RANK).
+func member(a *pb.Assignment, node string) (*pb.Member, int) {
+	for i, m := range a.Generation.GetMembers() {
+		if m.Node == node {
+			return m, i
+		}
+	}
+	return nil, -1
+}
+
+// RankEnv returns the environment of global rank r on node: torchrun's
+// contract, so that a program written for torchrun runs unchanged, and
+// gpucoord's own (its coordinates, the plan file, the checkpoint
+// directory). devices adds CUDA_VISIBLE_DEVICES with the local rank.
+func RankEnv(a *pb.Assignment, node string, r int, planPath, ckptDir string, devices bool) ([]string, error) {
+	l, err := layout(a)
+	if err != nil {
+		return nil, err
+	}
+	m, group := member(a, node)
+	if m == nil {
+		return nil, fmt.Errorf("node %s is not in generation %d of job %s", node, a.Generation.GetNumber(), a.Job)
+	}
+	host, port, err := net.SplitHostPort(a.Master)
+	if err != nil {
+		return nil, fmt.Errorf("job %s: master address %q: %v", a.Job, a.Master, err)
+	}
+	c := l.Coord(topology.Rank(r))
+	restarts := strconv.FormatInt(a.Generation.GetNumber()-1, 10)
+	itoa := strconv.Itoa
+	env := []string{
+		"RANK=" + itoa(r),
+		"LOCAL_RANK=" + itoa(r-int(m.FirstRank)),
+		"WORLD_SIZE=" + itoa(l.World()),
+		"LOCAL_WORLD_SIZE=" + itoa(int(m.Ranks)),
+		"GROUP_RANK=" + itoa(group),
+		"GROUP_WORLD_SIZE=" + itoa(len(a.Generation.GetMembers())),
+		"ROLE_NAME=default",
+		"ROLE_RANK=" + itoa(r),
+		"ROLE_WORLD_SIZE=" + itoa(l.World()),
+		"MASTER_ADDR=" + host,
+		"MASTER_PORT=" + port,
+		"TORCHELASTIC_RESTART_COUNT=" + restarts,
+		"TORCHELASTIC_MAX_RESTARTS=" + itoa(int(a.Spec.GetMaxRestarts())),
+		"TORCHELASTIC_RUN_ID=" + a.Job,
+		"TORCHELASTIC_USE_AGENT_STORE=False",
+		"GPUCOORD_TP_RANK=" + itoa(c.TP), "GPUCOORD_TP_SIZE=" + itoa(l.TP),
+		"GPUCOORD_PP_RANK=" + itoa(c.PP), "GPUCOORD_PP_SIZE=" + itoa(l.PP),
+		"GPUCOORD_DP_RANK=" + itoa(c.DP), "GPUCOORD_DP_SIZE=" + itoa(l.DP),
+		"GPUCOORD_ZERO_STAGE=" + itoa(int(a.Spec.GetZero())),
+		"GPUCOORD_GENERATION=" + strconv.FormatInt(a.Generation.GetNumber(), 10),
+		"GPUCOORD_RESTART_COUNT=" + restarts,
+		EnvPlan + "=" + planPath,
+		EnvCheckpointDir + "=" + ckptDir,
+	}
+	if devices {
+		env = append(env, "CUDA_VISIBLE_DEVICES="+itoa(r-int(m.FirstRank)))
+	}
+	for k, v := range a.Spec.GetEnv() {
+		env = append(env, k+"="+v)
+	}
+	return env, nil
+}
+
+// prefix is the tag of rank r's output lines: "[node1 r5 tp1 pp0 dp2] ".
+func prefix(node string, r int, l topology.Layout) string {
+	c := l.Coord(topology.Rank(r))
+	return fmt.Sprintf("[%s r%d tp%d pp%d dp%d] ", node, r, c.TP, c.PP, c.DP)
+}

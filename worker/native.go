@@ -1,0 +1,78 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	pb "gpucoord/proto/gpucoordpb"
+	"gpucoord/schedule"
+	"gpucoord/worker/engine"
+)
+
+// ReadPlan reads the assignment a rank's GPUCOORD_PLAN names.
+func ReadPlan() (*pb.Assignment, error) {
+	path := os.Getenv(EnvPlan)
+	if path == "" {
+		return nil, fmt.Errorf("%s is not set: this command runs under a gpucoord worker agent", EnvPlan)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	asg := &pb.Assignment{}
+	if err := protojson.Unmarshal(b, asg); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return asg, nil
+}
+
+// NativeConfig is the engine configuration of an assignment's native job.
+func NativeConfig(asg *pb.Assignment) (*engine.Config, error) {
+	spec := asg.Spec
+	job, err := engine.ParseJob(bytes.NewReader(spec.GetNativeJob()), nil)
+	if err != nil {
+		return nil, err
+	}
+	kind := schedule.OneFOneB
+	if spec.GetSchedule() != "" {
+		if kind, err = schedule.ParseKind(spec.GetSchedule()); err != nil {
+			return nil, err
+		}
+	}
+	return engine.NewConfig(job, engine.Shape{NP: int(asg.Generation.GetWorld()), TP: int(spec.GetTp()), PP: int(spec.GetPp()),
+		Virtual: int(spec.GetVpp()), Zero: int(spec.GetZero()), Schedule: kind, Order: spec.GetOrder()})
+}
+
+// RunNativeRank runs one rank of a native-engine job from the environment
+// an agent gives it (RANK, MASTER_ADDR, MASTER_PORT, GPUCOORD_PLAN). Rank
+// 0 writes each step's result to stdout as a JSON line.
+func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
+	asg, err := ReadPlan()
+	if err != nil {
+		return err
+	}
+	cfg, err := NativeConfig(asg)
+	if err != nil {
+		return err
+	}
+	rank, err := strconv.Atoi(os.Getenv("RANK"))
+	if err != nil {
+		return fmt.Errorf("RANK %q: %v", os.Getenv("RANK"), err)
+	}
+	store := net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT"))
+	enc := json.NewEncoder(stdout)
+	return engine.RunProcess(ctx, cfg, engine.Process{Rank: rank, Store: store, Log: stderr}, func(s engine.StepResult) error {
+		if rank == 0 {
+			return enc.Encode(s)
+		}
+		return nil
+	})
+}
