@@ -471,7 +471,7 @@ func (f *follower) run(ctx context.Context) error {
 			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			clients[i].Cancel(cctx, &pb.CancelRequest{Job: f.spec.Id, Reason: "launch interrupted"})
 			cancel()
-			return &exitError{code: 130, err: fmt.Errorf("job %s cancelled: launch interrupted", f.spec.Id)}
+			return &exitError{code: exitInterrupted, err: fmt.Errorf("job %s cancelled: launch interrupted", f.spec.Id)}
 		}
 		if st != nil {
 			return f.finish(st)
@@ -581,7 +581,7 @@ func (f *follower) finish(st *pb.JobState) error {
 		}
 		return nil
 	case pb.JobState_CANCELLED:
-		return &exitError{code: 130, err: fmt.Errorf("job %s cancelled: %s", f.spec.Id, st.Reason)}
+		return &exitError{code: exitInterrupted, err: fmt.Errorf("job %s cancelled: %s", f.spec.Id, st.Reason)}
 	}
 	code := int(st.ExitCode)
 	if code == 0 {

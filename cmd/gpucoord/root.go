@@ -13,6 +13,9 @@ const (
 	exitFailure = 1 // the command failed while running
 	exitUsage   = 2 // invalid input: bad flags, spec or parallel layout
 	exitNoFit   = 3 // plan: the plan is valid but does not fit in memory
+	// exitInterrupted is 128+SIGINT: the command was stopped by SIGINT or
+	// SIGTERM (launch: the job was cancelled).
+	exitInterrupted = 130
 )
 
 // exitError carries a specific process exit code. A nil err prints nothing.
@@ -50,8 +53,24 @@ and data parallelism with ZeRO sharding over a cluster before a GPU is rented
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	root.Version = buildVersion()
+	root.SetVersionTemplate("gpucoord {{.Version}}\n")
 	for _, add := range subcommands {
 		root.AddCommand(add())
+	}
+	// Wrong arguments are invalid input (exit 2) wherever cobra checks them.
+	for _, c := range root.Commands() {
+		if check := c.Args; check != nil {
+			c.Args = func(c *cobra.Command, args []string) error {
+				if err := check(c, args); err != nil {
+					return usageError(err)
+				}
+				return nil
+			}
+		}
+	}
+	if _, _, err := root.Find(args); err != nil {
+		return usageError(err)
 	}
 	return root.ExecuteContext(ctx)
 }

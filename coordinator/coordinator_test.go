@@ -1,0 +1,377 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "gpucoord/proto/gpucoordpb"
+)
+
+// testEtcd starts an embedded etcd for one test and returns its endpoints.
+func testEtcd(t *testing.T) []string {
+	t.Helper()
+	e, err := OpenEtcd(t.Context(), EtcdConfig{DataDir: t.TempDir(), DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e.Endpoints
+}
+
+// testCoordinator runs a coordinator against endpoints with short timeouts
+// until the test ends (or stop is called). edit adjusts the config.
+func testCoordinator(t *testing.T, endpoints []string, edit func(*Config)) (addr string, stop func()) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Listen, cfg.Etcd.Endpoints = "127.0.0.1:0", endpoints
+	cfg.LeaseTTL, cfg.ElectionTTL, cfg.FailureSettle, cfg.Tick = 2*time.Second, 2*time.Second, 200*time.Millisecond, 20*time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	if edit != nil {
+		edit(cfg)
+	}
+	c, err := New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once bool
+	stop = func() {
+		if once {
+			return
+		}
+		once = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("coordinator Run: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return c.Addr(), stop
+}
+
+func client(t *testing.T, addr, token string) pb.CoordinatorClient {
+	t.Helper()
+	cc, err := pb.Dial(addr, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return pb.NewCoordinatorClient(cc)
+}
+
+func node(name string, gpus int32) *pb.Node {
+	return &pb.Node{Name: name, Host: "127.0.0.1", Gpus: gpus, Protocol: pb.ProtocolVersion}
+}
+
+// agent registers a node and opens its Watch stream; the returned channel
+// carries its assignments, and cancel drops the stream as a dying agent
+// would.
+func agent(t *testing.T, c pb.CoordinatorClient, n *pb.Node) (<-chan *pb.Assignment, context.CancelFunc) {
+	t.Helper()
+	resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: n})
+	if err != nil {
+		t.Fatalf("register %s: %v", n.Name, err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	stream, err := c.Watch(ctx, &pb.WatchRequest{Node: n.Name, LeaseId: resp.LeaseId})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan *pb.Assignment, 16)
+	go func() {
+		defer close(ch)
+		for {
+			a, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			ch <- a
+		}
+	}()
+	return ch, cancel
+}
+
+// next waits for an assignment that satisfies ok.
+func next(t *testing.T, ch <-chan *pb.Assignment, ok func(*pb.Assignment) bool) *pb.Assignment {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case a, open := <-ch:
+			if !open {
+				t.Fatal("watch stream ended")
+			}
+			if ok(a) {
+				return a
+			}
+		case <-timeout:
+			t.Fatal("no matching assignment within 10s")
+		}
+	}
+}
+
+// final follows a job until it ends and returns its last state.
+func final(t *testing.T, c pb.CoordinatorClient, id string) *pb.JobState {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	stream, err := c.Follow(ctx, &pb.FollowRequest{Job: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last *pb.JobState
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			if last == nil {
+				t.Fatalf("follow %s: %v", id, err)
+			}
+			return last
+		}
+		last = ev.State
+	}
+}
+
+func spec(id string, nodes, gpus int32) *pb.JobSpec {
+	return &pb.JobSpec{Id: id, Nodes: nodes, GpusPerNode: gpus, Tp: 2, Pp: 2, Command: []string{"true"}}
+}
+
+// TestJobLifecycle: two nodes register, a job of 2x4 ranks freezes into
+// generation 1 with ranks laid out node by node, rank 0's node bootstraps,
+// both get the master address, and the job succeeds when all 8 ranks
+// report exit 0.
+func TestJobLifecycle(t *testing.T) {
+	addr, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, addr, "")
+	a0, _ := agent(t, c, node("n0", 4))
+	a1, _ := agent(t, c, node("n1", 4))
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j1", 2, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	g0 := next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j1" })
+	next(t, a1, func(a *pb.Assignment) bool { return a.Job == "j1" })
+	g := g0.Generation
+	if g.Number != 1 || g.World != 8 || g.Dp != 2 || len(g.Members) != 2 ||
+		g.Members[0].Node != "n0" || g.Members[0].FirstRank != 0 || g.Members[1].Node != "n1" || g.Members[1].FirstRank != 4 {
+		t.Fatalf("generation = %v", g)
+	}
+	if g0.Master != "" {
+		t.Fatalf("master %q before bootstrap", g0.Master)
+	}
+	if _, err := c.Report(t.Context(), &pb.ReportRequest{Job: "j1", Generation: 1, Node: "n0",
+		Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: "127.0.0.1:29500"}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range []<-chan *pb.Assignment{a0, a1} {
+		next(t, ch, func(a *pb.Assignment) bool { return a.Master == "127.0.0.1:29500" })
+	}
+	st, err := c.Status(t.Context(), &pb.StatusRequest{})
+	if err != nil || len(st.Nodes) != 2 || st.Nodes[0].Job != "j1" || st.Jobs[0].State.Phase != pb.JobState_RUNNING {
+		t.Fatalf("status = %v, %v", st, err)
+	}
+	for r := range int32(8) {
+		c.Report(t.Context(), &pb.ReportRequest{Job: "j1", Generation: 1, Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: r}}})
+	}
+	if s := final(t, c, "j1"); s.Phase != pb.JobState_SUCCEEDED {
+		t.Fatalf("state = %v", s)
+	}
+	// The nodes are free again: their assignment is empty.
+	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "" })
+}
+
+// TestRankFailureNamesRank: a rank's non-zero exit fails the job with that
+// code, rank and node.
+func TestRankFailureNamesRank(t *testing.T) {
+	addr, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, addr, "")
+	a0, _ := agent(t, c, node("n0", 2))
+	agent(t, c, node("n1", 2))
+	s := spec("j", 2, 2)
+	s.Tp = 1
+	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
+	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
+	c.Report(t.Context(), &pb.ReportRequest{Job: "j", Generation: 1, Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: 3, Code: 7, Error: "exit status 7"}}})
+	st := final(t, c, "j")
+	if st.Phase != pb.JobState_FAILED || st.ExitCode != 7 || st.FailedRank != 3 || st.FailedNode != "n1" || !strings.Contains(st.Reason, "rank 3 on n1 exited with code 7") {
+		t.Fatalf("state = %v", st)
+	}
+}
+
+// TestNodeLossNamesNodeAndRanks: an agent whose stream drops (as when it is
+// killed) is out of the pool at once, and its running job fails naming the
+// node and its ranks, even when its peers' rank failures come first.
+func TestNodeLossNamesNodeAndRanks(t *testing.T) {
+	addr, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, addr, "")
+	a0, _ := agent(t, c, node("n0", 4))
+	_, kill1 := agent(t, c, node("n1", 4))
+	c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 2, 4)})
+	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
+	// A peer on n0 fails first because n1 vanished.
+	c.Report(t.Context(), &pb.ReportRequest{Job: "j", Generation: 1, Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: 1, Code: 1}}})
+	kill1()
+	st := final(t, c, "j")
+	if st.Phase != pb.JobState_FAILED || len(st.LostNodes) != 1 || st.LostNodes[0] != "n1" ||
+		len(st.LostRanks) != 4 || st.LostRanks[0] != 4 || !strings.Contains(st.Reason, "node lost: n1 (ranks 4-7)") {
+		t.Fatalf("state = %v", st)
+	}
+}
+
+// TestRendezvousWaitsThenTimesOut: too few nodes keep a job pending with a
+// reason naming the count, until the rendezvous timeout fails it.
+func TestRendezvousWaitsThenTimesOut(t *testing.T) {
+	addr, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, addr, "")
+	agent(t, c, node("n0", 4))
+	s := spec("j", 2, 4)
+	s.RendezvousTimeoutMs = 500
+	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
+	st := final(t, c, "j")
+	if st.Phase != pb.JobState_FAILED || !strings.Contains(st.Reason, "rendezvous timed out after 500ms: waiting for nodes: 1 of 2 free with 4 GPUs each (1 registered)") {
+		t.Fatalf("state = %v", st)
+	}
+}
+
+// TestLastCallTakesMoreNodes: with max nodes above nodes, rendezvous waits
+// the last call and takes the nodes that came, up to max.
+func TestLastCallTakesMoreNodes(t *testing.T) {
+	addr, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, addr, "")
+	a0, _ := agent(t, c, node("n0", 2))
+	s := spec("j", 1, 2)
+	s.Tp, s.Pp, s.MaxNodes, s.LastCallMs = 1, 1, 3, 1000
+	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
+	agent(t, c, node("n1", 2))
+	g := next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" }).Generation
+	if len(g.Members) != 2 || g.World != 4 || g.Dp != 4 {
+		t.Fatalf("generation = %v, want both nodes", g)
+	}
+}
+
+// TestRefusals: the errors a stranger or a misconfigured agent gets.
+func TestRefusals(t *testing.T) {
+	addr, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.Token = "s3cret" })
+	if _, err := client(t, addr, "").Status(t.Context(), &pb.StatusRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("no token: err = %v, want Unauthenticated", err)
+	}
+	if _, err := client(t, addr, "wrong").Register(t.Context(), &pb.RegisterRequest{Node: node("n0", 1)}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("wrong token: err = %v, want Unauthenticated", err)
+	}
+	c := client(t, addr, "s3cret")
+	old := node("n0", 1)
+	old.Protocol = pb.ProtocolVersion + 1
+	if _, err := c.Register(t.Context(), &pb.RegisterRequest{Node: old}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("other protocol: err = %v", err)
+	}
+	agent(t, c, node("n0", 1))
+	if _, err := c.Register(t.Context(), &pb.RegisterRequest{Node: node("n0", 1)}); status.Code(err) != codes.AlreadyExists {
+		t.Errorf("name in use: err = %v", err)
+	}
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 1, 1)}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("tp 2 on 1 GPU: err = %v", err)
+	}
+	ok := spec("j", 1, 4)
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: ok}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: ok}); status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), `job "j" already exists`) {
+		t.Errorf("second job j: err = %v", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		edit func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Listen = "0.0.0.0:7070" }, "a join token is required"},
+		{func(c *Config) { c.LeaseTTL = 1500 * time.Millisecond }, "lease TTL"},
+		{func(c *Config) { c.Prefix = "gpucoord" }, "etcd prefix"},
+		{func(c *Config) { c.Listen = "nowhere" }, "listen address"},
+	}
+	for _, tc := range tests {
+		c := DefaultConfig()
+		tc.edit(c)
+		if err := c.Validate(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("err = %v, want %q", err, tc.want)
+		}
+	}
+	c := DefaultConfig()
+	c.Listen, c.Token = "0.0.0.0:7070", "t"
+	if err := c.Validate(); err != nil {
+		t.Errorf("with a token: %v", err)
+	}
+}
+
+// TestBadEnvironment: a port in use and an unreachable etcd are one-line
+// errors from New, with nothing left running.
+func TestBadEnvironment(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg := DefaultConfig()
+	cfg.Listen, cfg.Etcd.DataDir = ln.Addr().String(), t.TempDir()
+	if _, err := New(t.Context(), cfg); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "address already in use") {
+		t.Errorf("port in use: err = %v", err)
+	}
+	cfg = DefaultConfig()
+	cfg.Listen, cfg.Etcd.Endpoints, cfg.Etcd.DialTimeout = "127.0.0.1:0", []string{"http://127.0.0.1:1"}, 500*time.Millisecond
+	start := time.Now()
+	if _, err := New(t.Context(), cfg); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "etcd at http://127.0.0.1:1 did not answer within 500ms") {
+		t.Errorf("unreachable etcd: err = %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("unreachable etcd took %s to report", d)
+	}
+}
+
+// TestStandbyTakesOver: two coordinators share one etcd; when the leader
+// stops, the standby is elected and finishes the job the first froze.
+func TestStandbyTakesOver(t *testing.T) {
+	eps := testEtcd(t)
+	addrA, stopA := testCoordinator(t, eps, func(c *Config) { c.Name = "A" })
+	ca := client(t, addrA, "")
+	waitLeader(t, ca, "A")
+	addrB, _ := testCoordinator(t, eps, func(c *Config) { c.Name = "B" })
+	cb := client(t, addrB, "")
+	a0, _ := agent(t, cb, node("n0", 2))
+	c := spec("j", 1, 2)
+	c.Tp = 1
+	if _, err := cb.Submit(t.Context(), &pb.SubmitRequest{Spec: c}); err != nil {
+		t.Fatal(err)
+	}
+	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
+	stopA()
+	waitLeader(t, cb, "B")
+	for r := range int32(2) {
+		cb.Report(t.Context(), &pb.ReportRequest{Job: "j", Generation: 1, Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: r}}})
+	}
+	if s := final(t, cb, "j"); s.Phase != pb.JobState_SUCCEEDED {
+		t.Fatalf("state = %v", s)
+	}
+}
+
+func waitLeader(t *testing.T, c pb.CoordinatorClient, want string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if st, err := c.Status(t.Context(), &pb.StatusRequest{}); err == nil && st.Leader == want {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s did not become leader within 10s", want)
+}
+
