@@ -17,8 +17,12 @@ build: ## Build the gpucoord binary into bin/
 demo: ## Run the main job on the embedded default: a dry-run plan of an example cluster
 	$(GO) run ./cmd/gpucoord plan --cluster examples/clusters/dgx-h100-32.yaml --model gpt-13b --tp 8 --pp 4 --zero 1
 
+.PHONY: deps
+deps: ## Install the Debian packages the tests use (etcd-server, python3-torch) when missing
+	scripts/deps.sh
+
 .PHONY: test
-test: ## Run every test with the race detector
+test: deps ## Run every test with the race detector (installs what the tests need first)
 	$(GO) test -race -count=1 -timeout 14m $(PKGS)
 
 .PHONY: lint
@@ -38,6 +42,10 @@ fuzz: ## Run every fuzz test for 30s (spec parsers, factorisation, schedules, Ze
 	$(GO) test -run '^$$' -fuzz FuzzBuild -fuzztime 30s ./schedule
 	$(GO) test -run '^$$' -fuzz FuzzPartition -fuzztime 30s ./sharding
 	$(GO) test -run '^$$' -fuzz FuzzHeaderParse -fuzztime 30s ./collectives
+
+.PHONY: proto
+proto: ## Regenerate proto/gpucoordpb from proto/gpucoord.proto (needs protoc, protoc-gen-go, protoc-gen-go-grpc)
+	protoc --go_out=. --go_opt=module=gpucoord --go-grpc_out=. --go-grpc_opt=module=gpucoord proto/gpucoord.proto
 
 .PHONY: tidy
 tidy: ## go mod tidy, failing if go.mod or go.sum change

@@ -138,7 +138,9 @@ func final(t *testing.T, c pb.CoordinatorClient, id string) *pb.JobState {
 			}
 			return last
 		}
-		last = ev.State
+		if ev.State != nil {
+			last = ev.State
+		}
 	}
 }
 
@@ -374,4 +376,3 @@ func waitLeader(t *testing.T, c pb.CoordinatorClient, want string) {
 	}
 	t.Fatalf("%s did not become leader within 10s", want)
 }
-

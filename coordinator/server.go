@@ -309,44 +309,74 @@ func Layout(spec *pb.JobSpec, n int) (topology.Layout, error) {
 	return l, nil
 }
 
-// Follow implements pb.CoordinatorServer.
+// Follow implements pb.CoordinatorServer. Steps come from the etcd watch
+// of the job's keys, so none is skipped however fast they come, and a
+// client that lost its stream resumes from a revision.
 func (s *server) Follow(req *pb.FollowRequest, stream grpc.ServerStreamingServer[pb.JobEvent]) error {
 	ctx := stream.Context()
 	id := req.GetJob()
-	var last *pb.JobEvent
-	for {
-		snap, err := read(ctx, s.cli, s.k, id)
-		if err != nil {
-			return etcdErr(err)
-		}
-		if len(snap.jobs) == 0 {
-			return status.Errorf(codes.NotFound, "no job %q", id)
-		}
+	snap, err := read(ctx, s.cli, s.k, id)
+	if err != nil {
+		return etcdErr(err)
+	}
+	if len(snap.jobs) == 0 {
+		return status.Errorf(codes.NotFound, "no job %q", id)
+	}
+	from := req.GetFromRevision()
+	if from == 0 {
 		j := snap.jobs[0]
-		ev := &pb.JobEvent{State: j.state, Generation: j.gen, Step: j.step}
-		if last == nil || !proto.Equal(ev, last) {
-			if err := stream.Send(ev); err != nil {
-				return err
-			}
-			last = ev
+		if err := stream.Send(&pb.JobEvent{State: j.state, Generation: j.gen, Step: j.step, Revision: snap.rev}); err != nil {
+			return err
 		}
 		if j.terminal() {
 			return nil
 		}
-		// Wait for the next change of this job after the snapshot read.
-		wctx, cancel := context.WithCancel(ctx)
-		w := s.cli.Watch(clientv3.WithRequireLeader(wctx), s.k.job(id), clientv3.WithPrefix(), clientv3.WithRev(snap.rev+1))
+		from = snap.rev + 1
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w := s.cli.Watch(clientv3.WithRequireLeader(wctx), s.k.job(id), clientv3.WithPrefix(), clientv3.WithRev(from))
+	for {
 		select {
 		case <-ctx.Done():
-			cancel()
 			return nil
 		case <-s.stopping:
-			cancel()
 			return status.Error(codes.Unavailable, "coordinator shutting down")
-		case wr := <-w:
-			cancel()
+		case wr, ok := <-w:
+			if !ok {
+				return status.Error(codes.Unavailable, "etcd watch ended")
+			}
+			if wr.CompactRevision != 0 {
+				return status.Errorf(codes.OutOfRange, "job %s: etcd history before revision %d is compacted: follow again from now", id, wr.CompactRevision)
+			}
 			if err := wr.Err(); err != nil {
 				return etcdErr(err)
+			}
+			for _, ev := range wr.Events {
+				if ev.Type != clientv3.EventTypePut {
+					continue
+				}
+				key, rev := string(ev.Kv.Key), ev.Kv.ModRevision
+				var out *pb.JobEvent
+				switch key {
+				case s.k.progress(id):
+					out = &pb.JobEvent{Step: &pb.Step{}, Revision: rev}
+					decode(ev.Kv.Value, out.Step)
+				case s.k.state(id):
+					out = &pb.JobEvent{State: &pb.JobState{}, Revision: rev}
+					decode(ev.Kv.Value, out.State)
+				case s.k.generation(id):
+					out = &pb.JobEvent{Generation: &pb.Generation{}, Revision: rev}
+					decode(ev.Kv.Value, out.Generation)
+				default:
+					continue
+				}
+				if err := stream.Send(out); err != nil {
+					return err
+				}
+				if out.State != nil && (&job{state: out.State}).terminal() {
+					return nil
+				}
 			}
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -335,21 +336,36 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 	if err != nil {
 		return usageError(err)
 	}
-	progress := c.OutOrStdout()
+	// The agents of a standalone cluster write rank output from their own
+	// goroutines to the same writers as the progress lines.
+	stdout, stderr := &lockedWriter{w: c.OutOrStdout()}, &lockedWriter{w: c.ErrOrStderr()}
+	progress := io.Writer(stdout)
 	if f.json {
-		progress = c.ErrOrStderr()
+		progress = stderr
 	}
 	addrs := strings.Split(f.coordinator, ",")
 	if f.standalone {
-		cl, err := startStandalone(ctx, int(spec.Nodes), int(spec.GpusPerNode), f.dataDir, progress, c.ErrOrStderr())
+		cl, err := startStandalone(ctx, int(spec.Nodes), int(spec.GpusPerNode), f.dataDir, progress, stderr)
 		if err != nil {
 			return err
 		}
 		defer cl.stop()
 		addrs, token = []string{cl.addr}, ""
 	}
-	fl := &follower{addrs: addrs, token: token, spec: spec, out: c.OutOrStdout(), progress: progress, json: f.json}
+	fl := &follower{addrs: addrs, token: token, spec: spec, out: stdout, progress: progress, json: f.json}
 	return fl.run(ctx)
+}
+
+// lockedWriter serialises writes from several goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
 }
 
 // standalone is a whole cluster in this process tree: an embedded etcd
@@ -418,6 +434,8 @@ type follower struct {
 	out, progress io.Writer
 	json          bool
 
+	nextRev    int64        // where a new Follow stream resumes
+	state      *pb.JobState // the job's state as last reported
 	lastGen    int64
 	lastNodes  int
 	lastStep   int64
@@ -492,7 +510,7 @@ func (f *follower) run(ctx context.Context) error {
 func (f *follower) follow(ctx context.Context, client pb.CoordinatorClient, lastContact *time.Time) (*pb.JobState, error) {
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := client.Follow(fctx, &pb.FollowRequest{Job: f.spec.Id})
+	stream, err := client.Follow(fctx, &pb.FollowRequest{Job: f.spec.Id, FromRevision: f.nextRev})
 	if err != nil {
 		return nil, err
 	}
@@ -514,24 +532,26 @@ func (f *follower) follow(ctx context.Context, client pb.CoordinatorClient, last
 	}()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	var state *pb.JobState
 	for {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case err := <-errc:
-			if err == io.EOF && state != nil && isTerminal(state) {
-				return state, nil
+			if err == io.EOF && isTerminal(f.state) {
+				return f.state, nil
 			}
 			return nil, err
 		case <-tick.C:
 			// A program that reports no steps still shows it is alive.
-			if state.GetPhase() == pb.JobState_RUNNING && len(f.spec.Command) > 0 {
+			if f.state.GetPhase() == pb.JobState_RUNNING && len(f.spec.Command) > 0 {
 				fmt.Fprintf(f.progress, "running %s: generation %d, %d node%s\n", since(f.started), f.lastGen, f.lastNodes, plural(f.lastNodes))
 			}
 		case ev := <-evs:
 			*lastContact = time.Now()
-			state = ev.State
+			f.nextRev = ev.Revision + 1
+			if ev.State != nil {
+				f.state = ev.State
+			}
 			f.show(ev)
 		}
 	}

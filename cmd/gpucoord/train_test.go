@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"gpucoord/schedule"
@@ -27,16 +28,41 @@ steps: 20
 seed: 7
 `
 
-// buildBinary compiles gpucoord once per test run, so train can re-exec
-// itself as real child processes.
+// buildBinary compiles gpucoord once per test run, so that commands can
+// re-exec it as real child processes. The binary lives until the process
+// ends (TestMain removes its directory).
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	exe := filepath.Join(t.TempDir(), "gpucoord")
-	out, err := exec.CommandContext(t.Context(), "go", "build", "-o", exe, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "gpucoord-test-bin-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binDir, binPath = dir, filepath.Join(dir, "gpucoord")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
 	}
-	return exe
+	return binPath
+}
+
+var (
+	binOnce         sync.Once
+	binDir, binPath string
+	binErr          error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
 }
 
 // TestTrainOverTCPMatchesSingleProcess is the headline test over real TCP

@@ -1340,8 +1340,12 @@ func (x *JobState) GetLostRanks() []int32 {
 }
 
 type FollowRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// from_revision resumes after a broken stream: events from this etcd
+	// revision on (the last event's revision + 1). 0 starts with the job as
+	// it is now.
+	FromRevision  int64 `protobuf:"varint,2,opt,name=from_revision,json=fromRevision,proto3" json:"from_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1383,13 +1387,23 @@ func (x *FollowRequest) GetJob() string {
 	return ""
 }
 
-// JobEvent is a change in a followed job: its state, its generation or a
-// new step. Fields that did not change are repeated.
+func (x *FollowRequest) GetFromRevision() int64 {
+	if x != nil {
+		return x.FromRevision
+	}
+	return 0
+}
+
+// JobEvent is a change in a followed job: the first event has everything,
+// later ones only what changed (a new state, generation or step). Every
+// step rank 0 reports comes as its own event, in order.
 type JobEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	State         *JobState              `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
-	Generation    *Generation            `protobuf:"bytes,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	Step          *Step                  `protobuf:"bytes,3,opt,name=step,proto3" json:"step,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	State      *JobState              `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	Generation *Generation            `protobuf:"bytes,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	Step       *Step                  `protobuf:"bytes,3,opt,name=step,proto3" json:"step,omitempty"`
+	// revision is the etcd revision of the change.
+	Revision      int64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1443,6 +1457,13 @@ func (x *JobEvent) GetStep() *Step {
 		return x.Step
 	}
 	return nil
+}
+
+func (x *JobEvent) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 type CancelRequest struct {
@@ -1875,15 +1896,17 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\tSUCCEEDED\x10\x03\x12\n" +
 	"\n" +
 	"\x06FAILED\x10\x04\x12\r\n" +
-	"\tCANCELLED\x10\x05\"!\n" +
+	"\tCANCELLED\x10\x05\"F\n" +
 	"\rFollowRequest\x12\x10\n" +
-	"\x03job\x18\x01 \x01(\tR\x03job\"\x97\x01\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12#\n" +
+	"\rfrom_revision\x18\x02 \x01(\x03R\ffromRevision\"\xb3\x01\n" +
 	"\bJobEvent\x12+\n" +
 	"\x05state\x18\x01 \x01(\v2\x15.gpucoord.v1.JobStateR\x05state\x127\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\v2\x17.gpucoord.v1.GenerationR\n" +
 	"generation\x12%\n" +
-	"\x04step\x18\x03 \x01(\v2\x11.gpucoord.v1.StepR\x04step\"9\n" +
+	"\x04step\x18\x03 \x01(\v2\x11.gpucoord.v1.StepR\x04step\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\x03R\brevision\"9\n" +
 	"\rCancelRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x10\n" +

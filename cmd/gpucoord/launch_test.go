@@ -1,0 +1,502 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"gpucoord/coordinator"
+	"gpucoord/worker/engine"
+)
+
+// proc is a gpucoord (or etcd) process a test started; it is killed and
+// reaped when the test ends.
+type proc struct {
+	cmd   *exec.Cmd
+	mu    sync.Mutex
+	out   bytes.Buffer // stdout and stderr, merged
+	lines chan string
+	done  chan struct{}
+	err   error
+}
+
+func start(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(name, args...), lines: make(chan string, 4096), done: make(chan struct{})}
+	r, w := io.Pipe()
+	p.cmd.Stdout, p.cmd.Stderr = w, w
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.out.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			select {
+			case p.lines <- sc.Text():
+			default:
+			}
+		}
+	}()
+	go func() {
+		p.err = p.cmd.Wait()
+		w.Close()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("%s %s output:\n%s", filepath.Base(name), strings.Join(args, " "), p.output())
+		}
+	})
+	return p
+}
+
+func (p *proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// waitLine returns the first line containing s, failing after timeout.
+func (p *proc) waitLine(t *testing.T, s string, timeout time.Duration) string {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case l := <-p.lines:
+			if strings.Contains(l, s) {
+				return l
+			}
+		case <-p.done:
+			// Drain what is buffered before giving up.
+			for {
+				select {
+				case l := <-p.lines:
+					if strings.Contains(l, s) {
+						return l
+					}
+				default:
+					t.Fatalf("process exited (%v) before printing %q", p.err, s)
+				}
+			}
+		case <-deadline:
+			t.Fatalf("no line with %q within %s", s, timeout)
+		}
+	}
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *proc) wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		t.Fatalf("process still running after %s", timeout)
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		return ee.ExitCode()
+	}
+	if p.err != nil {
+		t.Fatalf("wait: %v", p.err)
+	}
+	return 0
+}
+
+// losses parses the JSON step lines of train --json or launch --json.
+func losses(t *testing.T, out string) []float64 {
+	t.Helper()
+	var ls []float64
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, `{"step"`) {
+			continue
+		}
+		var s engine.StepResult
+		if err := json.Unmarshal([]byte(line), &s); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		if s.Step != len(ls)+1 {
+			t.Fatalf("step %d after %d steps", s.Step, len(ls))
+		}
+		ls = append(ls, s.Loss)
+	}
+	return ls
+}
+
+// reference runs train --np 1 --json and returns its losses.
+func reference(t *testing.T, exe string, args ...string) []float64 {
+	t.Helper()
+	out, err := exec.CommandContext(t.Context(), exe, append([]string{"train", "--np", "1", "--json"}, args...)...).Output()
+	if err != nil {
+		t.Fatalf("train --np 1: %v", err)
+	}
+	return losses(t, string(out))
+}
+
+func sameLosses(t *testing.T, got, want []float64) {
+	t.Helper()
+	if len(got) != len(want) || len(want) == 0 {
+		t.Fatalf("%d steps, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if math.Abs(got[i]-want[i]) > 1e-5*math.Abs(want[i]) {
+			t.Errorf("step %d: loss %.9g, want %.9g (train --np 1)", i+1, got[i], want[i])
+		}
+	}
+}
+
+// TestLaunchStandaloneMatchesTrain is the headline: an embedded etcd, a
+// coordinator and two local agents of four ranks each run the native job
+// with tp 2 and pp 2, and every step's loss equals train --np 1's.
+func TestLaunchStandaloneMatchesTrain(t *testing.T) {
+	exe := buildBinary(t)
+	want := reference(t, exe, "../../examples/jobs/mlp.yaml")
+	p := start(t, exe, "launch", "--standalone", "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2", "--json", "../../examples/jobs/mlp.yaml")
+	if code := p.wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	sameLosses(t, losses(t, p.output()), want)
+	if !strings.Contains(p.output(), "generation 1: 2 nodes (node0, node1), 8 ranks, tp 2 pp 2 dp 2") {
+		t.Errorf("no generation line in:\n%s", p.output())
+	}
+}
+
+// freePort returns a loopback port nobody listens on now.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// etcdServer starts Debian's etcd-server as an external etcd and returns
+// its client URL.
+func etcdServer(t *testing.T) string {
+	t.Helper()
+	const bin = "/usr/bin/etcd"
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("%s is missing: install Debian's etcd-server (make deps)", bin)
+	}
+	client, peer := "http://127.0.0.1:"+freePort(t), "http://127.0.0.1:"+freePort(t)
+	start(t, bin, "--name", "test", "--data-dir", t.TempDir(), "--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", "test="+peer)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		e, err := coordinator.OpenEtcd(t.Context(), coordinator.EtcdConfig{Endpoints: []string{client}, DialTimeout: time.Second})
+		if err == nil {
+			e.Close()
+			return client
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd at %s: %v", client, err)
+		}
+	}
+}
+
+// coordinatorProc starts `gpucoord coordinator` and returns it with its
+// gRPC address.
+func coordinatorProc(t *testing.T, exe string, args ...string) (*proc, string) {
+	t.Helper()
+	p := start(t, exe, append([]string{"coordinator", "--listen", "127.0.0.1:0", "--data-dir", t.TempDir(),
+		"--lease-ttl", "2s", "--election-ttl", "2s"}, args...)...)
+	line := p.waitLine(t, "coordinator listening on ", 30*time.Second)
+	addr, _, _ := strings.Cut(strings.TrimPrefix(line[strings.Index(line, "on ")+3:], ""), " ")
+	return p, addr
+}
+
+func workerProc(t *testing.T, exe, coords, name string, gpus int) (*proc, string) {
+	t.Helper()
+	dir := t.TempDir()
+	p := start(t, exe, "worker", "--coordinator", coords, "--name", name, "--gpus", strconv.Itoa(gpus), "--work-dir", dir, "--grace", "1s")
+	p.waitLine(t, "registered", 30*time.Second)
+	return p, dir
+}
+
+// TestLaunchExternalEtcd: Debian's etcd-server, a separate coordinator and
+// two worker processes run the same job; its losses equal train's, and
+// status shows the pool and the finished job.
+func TestLaunchExternalEtcd(t *testing.T) {
+	exe := buildBinary(t)
+	want := reference(t, exe, "../../examples/jobs/mlp.yaml")
+	_, addr := coordinatorProc(t, exe, "--etcd", etcdServer(t))
+	workerProc(t, exe, addr, "w0", 4)
+	workerProc(t, exe, addr, "w1", 4)
+	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2",
+		"--json", "--job-id", "external", "../../examples/jobs/mlp.yaml")
+	if code := p.wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d", code)
+	}
+	sameLosses(t, losses(t, p.output()), want)
+	out, err := exec.CommandContext(t.Context(), exe, "status", "--coordinator", addr).CombinedOutput()
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	for _, s := range []string{"nodes: 2", "w0", "w1", "external  succeeded  generation 1: w0,w1, 8 ranks (tp 2 pp 2 dp 2)  step 20"} {
+		if !strings.Contains(string(out), s) {
+			t.Errorf("status lacks %q:\n%s", s, out)
+		}
+	}
+}
+
+// TestLeaderKilled: two coordinators on one external etcd; the leader is
+// killed with SIGKILL while the job runs, the standby takes over, and the
+// job finishes with train's losses.
+func TestLeaderKilled(t *testing.T) {
+	exe := buildBinary(t)
+	const steps = "120"
+	want := reference(t, exe, "--steps", steps, "../../examples/jobs/mlp.yaml")
+	eps := etcdServer(t)
+	ca, addrA := coordinatorProc(t, exe, "--etcd", eps, "--name", "A")
+	ca.waitLine(t, "elected leader", 30*time.Second)
+	cb, addrB := coordinatorProc(t, exe, "--etcd", eps, "--name", "B")
+	both := addrA + "," + addrB
+	workerProc(t, exe, both, "w0", 2)
+	workerProc(t, exe, both, "w1", 2)
+	p := start(t, exe, "launch", "--coordinator", both, "--nodes", "2", "--gpus-per-node", "2", "--pp", "2",
+		"--json", "--steps", steps, "../../examples/jobs/mlp.yaml")
+	p.waitLine(t, `{"step":3,`, time.Minute)
+	ca.cmd.Process.Kill()
+	cb.waitLine(t, "elected leader", 30*time.Second)
+	if code := p.wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d", code)
+	}
+	sameLosses(t, losses(t, p.output()), want)
+}
+
+// TestWorkerKilled: an agent killed with SIGKILL takes its ranks with it,
+// and the job fails naming the node and the ranks it lost.
+func TestWorkerKilled(t *testing.T) {
+	exe := buildBinary(t)
+	_, addr := coordinatorProc(t, exe)
+	workerProc(t, exe, addr, "w0", 4)
+	w1, dir1 := workerProc(t, exe, addr, "w1", 4)
+	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2",
+		"--steps", "1000000", "../../examples/jobs/mlp.yaml")
+	p.waitLine(t, "step 2 ", time.Minute)
+	w1.cmd.Process.Kill()
+	if code := p.wait(t, time.Minute); code == 0 {
+		t.Fatal("launch succeeded after a node was killed")
+	}
+	if !strings.Contains(p.output(), "node lost: w1 (ranks 4-7)") {
+		t.Errorf("launch did not name the lost node and ranks:\n%s", p.output())
+	}
+	// No rank of the killed agent survives it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := ranksUnder(dir1)
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rank processes %v of the killed agent still run", left)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// ranksUnder lists the pids of processes whose GPUCOORD_PLAN lies under dir.
+func ranksUnder(dir string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err == nil && bytes.Contains(env, []byte("GPUCOORD_PLAN="+dir)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// TestLaunchTorchDDP: an unmodified torchrun DDP script (gloo on CPU) runs
+// on 2 nodes x 2 ranks, and all four ranks end with the same parameters.
+func TestLaunchTorchDDP(t *testing.T) {
+	const py = "/usr/bin/python3"
+	if err := exec.Command(py, "-c", "import torch").Run(); err != nil {
+		t.Fatalf("%s cannot import torch (%v): install Debian's python3-torch (make deps)", py, err)
+	}
+	exe := buildBinary(t)
+	p := start(t, exe, "launch", "--standalone", "--nodes", "2", "--gpus-per-node", "2", "--", py, "../../examples/pytorch/ddp.py")
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d", code)
+	}
+	digests := map[string]string{}
+	for _, line := range strings.Split(p.output(), "\n") {
+		if i := strings.Index(line, "final-params "); i >= 0 {
+			digests[line[strings.Index(line, "rank "):strings.Index(line, "/")]] = line[i+len("final-params "):]
+		}
+	}
+	if len(digests) != 4 {
+		t.Fatalf("%d ranks reported parameters, want 4", len(digests))
+	}
+	for r, d := range digests {
+		if d != digests["rank 0"] {
+			t.Errorf("%s parameters %s differ from rank 0's %s", r, d, digests["rank 0"])
+		}
+	}
+	for _, s := range []string{"[node0 r0 tp0 pp0 dp0] step 5/5", "[node1 r3 tp0 pp0 dp3] rank 3/4"} {
+		if !strings.Contains(p.output(), s) {
+			t.Errorf("output lacks %q", s)
+		}
+	}
+}
+
+// TestLaunchEnvironment: every rank gets torchrun's contract and ours, with
+// RANK == tp + TP*dp + TP*DP*pp (Megatron-LM's order).
+func TestLaunchEnvironment(t *testing.T) {
+	script := `echo "ENV RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK ` +
+		`TP=$GPUCOORD_TP_RANK/$GPUCOORD_TP_SIZE PP=$GPUCOORD_PP_RANK/$GPUCOORD_PP_SIZE DP=$GPUCOORD_DP_RANK/$GPUCOORD_DP_SIZE ` +
+		`GEN=$GPUCOORD_GENERATION RUN=$TORCHELASTIC_RUN_ID MASTER=$MASTER_ADDR ZERO=$GPUCOORD_ZERO_STAGE"; test -s "$GPUCOORD_PLAN"`
+	var out, errOut bytes.Buffer
+	err := run(t.Context(), []string{"launch", "--standalone", "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2", "--zero", "1",
+		"--job-id", "envjob", "--", "/bin/sh", "-c", script}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("launch: %v\n%s", err, errOut.String())
+	}
+	got := map[int]string{}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if i := strings.Index(line, "ENV "); i >= 0 {
+			var r int
+			fmt.Sscanf(line[i:], "ENV RANK=%d", &r)
+			got[r] = line[i:]
+		}
+	}
+	if len(got) != 8 {
+		t.Fatalf("%d ranks printed their environment, want 8:\n%s", len(got), out.String())
+	}
+	for r := range 8 {
+		tp, dp, pp := r%2, r/2%2, r/4
+		want := fmt.Sprintf("ENV RANK=%d LOCAL_RANK=%d WORLD_SIZE=8 LOCAL_WORLD_SIZE=4 GROUP_RANK=%d TP=%d/2 PP=%d/2 DP=%d/2 GEN=1 RUN=envjob MASTER=127.0.0.1 ZERO=1",
+			r, r%4, r/4, tp, pp, dp)
+		if got[r] != want {
+			t.Errorf("rank %d:\n got %s\nwant %s", r, got[r], want)
+		}
+	}
+}
+
+// TestLaunchRankFailure: launch exits with the first failing rank's code
+// and names it.
+func TestLaunchRankFailure(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run(t.Context(), []string{"launch", "--standalone", "--nodes", "2", "--gpus-per-node", "2",
+		"--", "/bin/sh", "-c", `if [ "$RANK" = 3 ]; then exit 7; fi; sleep 30`}, &out, &errOut)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 7 || !strings.Contains(err.Error(), "rank 3 on node1 exited with code 7") {
+		t.Fatalf("err = %v, want exit 7 naming rank 3 on node1", err)
+	}
+}
+
+// TestLaunchBadInput: each mistake is a one-line usage error (exit 2) and
+// nothing starts.
+func TestLaunchBadInput(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("model: [\n"), 0o644)
+	hosts := filepath.Join(dir, "hosts")
+	os.WriteFile(hosts, []byte("a slots=4\nb slots=2\n"), 0o644)
+	job := "../../examples/jobs/mlp.yaml"
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--nodes", "1", "--gpus-per-node", "1", job}, "exactly one of --standalone and --coordinator"},
+		{[]string{"--standalone", "--nodes", "1", "--gpus-per-node", "1", "--", "/no/such/program"}, `command "/no/such/program"`},
+		{[]string{"--standalone", "--nodes", "1", "--gpus-per-node", "1", bad}, "bad.yaml"},
+		{[]string{"--standalone", "--nodes", "1", "--gpus-per-node", "3", "--tp", "2", job}, "not divisible by tp*pp"},
+		{[]string{"--standalone", "--nodes", "0", "--gpus-per-node", "1", job}, "--nodes 0"},
+		{[]string{"--standalone", "--nodes", "1", "--gpus-per-node", "1", "--order", "", job}, `--order ""`},
+		{[]string{"--standalone", "--hostfile", hosts, job}, "slots=2 but earlier hosts have 4"},
+		{[]string{"--standalone", "--nodes", "1", "--gpus-per-node", "1", "--steps", "3", "--", "true"}, "--steps is for native-engine jobs"},
+		{[]string{"--standalone", "--nodes", "1", "--gpus-per-node", "1"}, "give one job file"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(t.Context(), append([]string{"launch"}, tc.args...), &out, &errOut)
+			var ee *exitError
+			if !errors.As(err, &ee) || ee.code != exitUsage || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("err = %v, want a one-line usage error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestLaunchAgainstCoordinator: a job nobody can run times out in
+// rendezvous with the reason; its id cannot be used again; a coordinator
+// with a token refuses a launch without it.
+func TestLaunchAgainstCoordinator(t *testing.T) {
+	cfg := coordinator.DefaultConfig()
+	cfg.Listen, cfg.Etcd.DataDir, cfg.Token = "127.0.0.1:0", t.TempDir(), "tok"
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	c, err := coordinator.New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	args := []string{"launch", "--coordinator", c.Addr(), "--nodes", "1", "--gpus-per-node", "1", "--job-id", "lonely", "--rendezvous-timeout", "300ms", "--", "true"}
+	t.Setenv("GPUCOORD_TOKEN", "")
+	var out, errOut bytes.Buffer
+	if err := run(t.Context(), args, &out, &errOut); err == nil || !strings.Contains(err.Error(), "join token missing or wrong") {
+		t.Errorf("without the token: err = %v", err)
+	}
+	t.Setenv("GPUCOORD_TOKEN", "tok")
+	err = run(t.Context(), args, &out, &errOut)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != exitFailure || !strings.Contains(err.Error(), "rendezvous timed out after 300ms: waiting for nodes: 0 of 1 free") {
+		t.Errorf("no nodes: err = %v", err)
+	}
+	if !strings.Contains(out.String(), "pending: waiting for nodes") {
+		t.Errorf("no pending line:\n%s", out.String())
+	}
+	err = run(t.Context(), args, &out, &errOut)
+	if !errors.As(err, &ee) || ee.code != exitUsage || !strings.Contains(err.Error(), `job "lonely" already exists`) {
+		t.Errorf("same id again: err = %v", err)
+	}
+}
+
+// TestLaunchDryRun prints the layout without starting anything.
+func TestLaunchDryRun(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run(t.Context(), []string{"launch", "--dry-run", "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2", "--job-id", "d",
+		"../../examples/jobs/mlp.yaml"}, &out, &errOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"job d: 2 nodes x 4 = 8 ranks, tp 2 pp 2 dp 2, order tp-dp-pp",
+		"node1    r4(tp0 pp1 dp0) r5(tp1 pp1 dp0) r6(tp0 pp1 dp1) r7(tp1 pp1 dp1)",
+		"tp groups: [[0 1] [2 3] [4 5] [6 7]]", "pp groups: [[0 4] [1 5] [2 6] [3 7]]", "dp groups: [[0 2] [1 3] [4 6] [5 7]]"} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("dry run lacks %q:\n%s", s, out.String())
+		}
+	}
+}

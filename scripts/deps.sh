@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests use, when they are missing:
+# etcd-server (the external etcd of the control-plane tests) and
+# python3-torch (the torchrun DDP client under gpucoord launch).
+set -euo pipefail
+need=()
+[ -x /usr/bin/etcd ] || need+=(etcd-server)
+/usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || need+=(python3-torch)
+[ ${#need[@]} -eq 0 ] && exit 0
+sudo=""
+[ "$(id -u)" = 0 ] || sudo=sudo
+echo "installing ${need[*]} with apt-get"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
