@@ -252,7 +252,7 @@ func (s *server) Submit(ctx context.Context, req *pb.SubmitRequest) (*pb.SubmitR
 	key := s.k.spec(spec.Id)
 	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, encode(spec)),
-			clientv3.OpPut(s.k.state(spec.Id), encode(&pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1, Reason: "waiting for the leader"}))).
+			clientv3.OpPut(s.k.state(spec.Id), encode(&pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1, Reason: "waiting for rendezvous"}))).
 		Commit()
 	if err != nil {
 		return nil, etcdErr(err)
