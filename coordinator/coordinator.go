@@ -7,7 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -28,6 +31,9 @@ type Config struct {
 	Etcd EtcdConfig
 	// Prefix is the root of every etcd key; it ends in "/".
 	Prefix string
+	// Metrics is the address of the Prometheus /metrics endpoint; empty
+	// serves none.
+	Metrics string
 	// Token is the join token every call must carry; empty is allowed only
 	// on loopback. It is never logged.
 	Token string
@@ -105,6 +111,9 @@ type Coordinator struct {
 	srv      *server
 	grpc     *grpc.Server
 	stopping chan struct{}
+	metrics  net.Listener // nil without Config.Metrics
+	registry *prometheus.Registry
+	leading  atomic.Bool
 }
 
 // New binds the listen address and opens etcd, so that a port in use or an
@@ -122,16 +131,30 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	if err != nil {
 		return nil, errorf(ErrUnavailable, "listen on %s: %v", cfg.Listen, errors.Unwrap(err))
 	}
+	var mln net.Listener
+	if cfg.Metrics != "" {
+		if mln, err = net.Listen("tcp", cfg.Metrics); err != nil {
+			ln.Close()
+			return nil, errorf(ErrUnavailable, "metrics: listen on %s: %v", cfg.Metrics, errors.Unwrap(err))
+		}
+	}
 	e, err := OpenEtcd(ctx, cfg.Etcd)
 	if err != nil {
 		ln.Close()
+		if mln != nil {
+			mln.Close()
+		}
 		return nil, err
 	}
-	c := &Coordinator{cfg: cfg, log: log.With("component", "coordinator"), ln: ln, etcd: e, stopping: make(chan struct{})}
+	c := &Coordinator{cfg: cfg, log: log.With("component", "coordinator"), ln: ln, etcd: e, stopping: make(chan struct{}), metrics: mln}
 	if c.cfg.Name == "" {
 		c.cfg.Name = ln.Addr().String()
 	}
 	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, name: cfg.Name, stopping: c.stopping}
+	m := newMetrics(c.srv, c.leading.Load)
+	c.srv.keepalive = m.keepalive.Observe
+	c.registry = prometheus.NewRegistry()
+	c.registry.MustRegister(m)
 	c.grpc = grpc.NewServer(grpc.UnaryInterceptor(c.srv.unary), grpc.StreamInterceptor(c.srv.stream))
 	pb.RegisterCoordinatorServer(c.grpc, c.srv)
 	return c, nil
@@ -139,6 +162,14 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 
 // Addr returns the address the gRPC service listens on.
 func (c *Coordinator) Addr() string { return c.ln.Addr().String() }
+
+// MetricsAddr returns the address of the /metrics endpoint, or "".
+func (c *Coordinator) MetricsAddr() string {
+	if c.metrics == nil {
+		return ""
+	}
+	return c.metrics.Addr().String()
+}
 
 // EtcdEndpoints returns the client URLs of the etcd in use.
 func (c *Coordinator) EtcdEndpoints() []string { return c.etcd.Endpoints }
@@ -169,6 +200,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error { return c.campaign(gctx) })
+	if c.metrics != nil {
+		g.Go(func() error { return serveMetrics(gctx, c.metrics, c.registry) })
+	}
 	c.log.Info("coordinator serving", "addr", c.Addr(), "etcd", strings.Join(c.etcd.Endpoints, ","))
 	err := g.Wait()
 	if errors.Is(err, context.Canceled) {

@@ -3,9 +3,12 @@ package coordinator
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,7 +31,7 @@ func testEtcd(t *testing.T) []string {
 
 // testCoordinator runs a coordinator against endpoints with short timeouts
 // until the test ends (or stop is called). edit adjusts the config.
-func testCoordinator(t *testing.T, endpoints []string, edit func(*Config)) (addr string, stop func()) {
+func testCoordinator(t *testing.T, endpoints []string, edit func(*Config)) (c *Coordinator, stop func()) {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Listen, cfg.Etcd.Endpoints = "127.0.0.1:0", endpoints
@@ -56,7 +59,7 @@ func testCoordinator(t *testing.T, endpoints []string, edit func(*Config)) (addr
 		}
 	}
 	t.Cleanup(stop)
-	return c.Addr(), stop
+	return c, stop
 }
 
 func client(t *testing.T, addr, token string) pb.CoordinatorClient {
@@ -153,8 +156,8 @@ func spec(id string, nodes, gpus int32) *pb.JobSpec {
 // both get the master address, and the job succeeds when all 8 ranks
 // report exit 0.
 func TestJobLifecycle(t *testing.T) {
-	addr, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, addr, "")
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr(), "")
 	a0, _ := agent(t, c, node("n0", 4))
 	a1, _ := agent(t, c, node("n1", 4))
 	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j1", 2, 4)}); err != nil {
@@ -194,8 +197,8 @@ func TestJobLifecycle(t *testing.T) {
 // TestRankFailureNamesRank: a rank's non-zero exit fails the job with that
 // code, rank and node.
 func TestRankFailureNamesRank(t *testing.T) {
-	addr, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, addr, "")
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr(), "")
 	a0, _ := agent(t, c, node("n0", 2))
 	agent(t, c, node("n1", 2))
 	s := spec("j", 2, 2)
@@ -213,8 +216,8 @@ func TestRankFailureNamesRank(t *testing.T) {
 // killed) is out of the pool at once, and its running job fails naming the
 // node and its ranks, even when its peers' rank failures come first.
 func TestNodeLossNamesNodeAndRanks(t *testing.T) {
-	addr, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, addr, "")
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr(), "")
 	a0, _ := agent(t, c, node("n0", 4))
 	_, kill1 := agent(t, c, node("n1", 4))
 	c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 2, 4)})
@@ -232,8 +235,8 @@ func TestNodeLossNamesNodeAndRanks(t *testing.T) {
 // TestRendezvousWaitsThenTimesOut: too few nodes keep a job pending with a
 // reason naming the count, until the rendezvous timeout fails it.
 func TestRendezvousWaitsThenTimesOut(t *testing.T) {
-	addr, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, addr, "")
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr(), "")
 	agent(t, c, node("n0", 4))
 	s := spec("j", 2, 4)
 	s.RendezvousTimeoutMs = 500
@@ -247,8 +250,8 @@ func TestRendezvousWaitsThenTimesOut(t *testing.T) {
 // TestLastCallTakesMoreNodes: with max nodes above nodes, rendezvous waits
 // the last call and takes the nodes that came, up to max.
 func TestLastCallTakesMoreNodes(t *testing.T) {
-	addr, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, addr, "")
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr(), "")
 	a0, _ := agent(t, c, node("n0", 2))
 	s := spec("j", 1, 2)
 	s.Tp, s.Pp, s.MaxNodes, s.LastCallMs = 1, 1, 3, 1000
@@ -262,7 +265,8 @@ func TestLastCallTakesMoreNodes(t *testing.T) {
 
 // TestRefusals: the errors a stranger or a misconfigured agent gets.
 func TestRefusals(t *testing.T) {
-	addr, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.Token = "s3cret" })
+	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.Token = "s3cret" })
+	addr := co.Addr()
 	if _, err := client(t, addr, "").Status(t.Context(), &pb.StatusRequest{}); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("no token: err = %v, want Unauthenticated", err)
 	}
@@ -343,11 +347,11 @@ func TestBadEnvironment(t *testing.T) {
 // stops, the standby is elected and finishes the job the first froze.
 func TestStandbyTakesOver(t *testing.T) {
 	eps := testEtcd(t)
-	addrA, stopA := testCoordinator(t, eps, func(c *Config) { c.Name = "A" })
-	ca := client(t, addrA, "")
+	coA, stopA := testCoordinator(t, eps, func(c *Config) { c.Name = "A" })
+	ca := client(t, coA.Addr(), "")
 	waitLeader(t, ca, "A")
-	addrB, _ := testCoordinator(t, eps, func(c *Config) { c.Name = "B" })
-	cb := client(t, addrB, "")
+	coB, _ := testCoordinator(t, eps, func(c *Config) { c.Name = "B" })
+	cb := client(t, coB.Addr(), "")
 	a0, _ := agent(t, cb, node("n0", 2))
 	c := spec("j", 1, 2)
 	c.Tp = 1
@@ -376,3 +380,67 @@ func waitLeader(t *testing.T, c pb.CoordinatorClient, want string) {
 	}
 	t.Fatalf("%s did not become leader within 10s", want)
 }
+
+// TestMetricsAndSecrets: /metrics reports the pool, the leader, a job's
+// generation and the lease renewals; the join token shows in no metric,
+// status or log line.
+func TestMetricsAndSecrets(t *testing.T) {
+	var logs strings.Builder
+	var mu sync.Mutex
+	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) {
+		c.Token, c.Metrics = "tok-9f2a", "127.0.0.1:0"
+		c.Logger = slog.New(slog.NewTextHandler(writerFunc(func(b []byte) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return logs.Write(b)
+		}), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	c := client(t, co.Addr(), "tok-9f2a")
+	a0, _ := agent(t, c, node("n0", 2))
+	s := spec("j", 1, 2)
+	s.Tp = 1
+	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
+	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
+	want := []string{"gpucoord_nodes 1", "gpucoord_nodes_busy 1", "gpucoord_leader 1", `gpucoord_job_generation{job="j"} 1`,
+		`gpucoord_jobs{phase="RUNNING"} 1`, "gpucoord_lease_keepalive_seconds_count"}
+	var body string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + co.MetricsAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body = string(b)
+		missing := ""
+		for _, w := range want {
+			if !strings.Contains(body, w) {
+				missing = w
+			}
+		}
+		// Renewals happen every third of the 2s TTL.
+		if missing == "" && !strings.Contains(body, "gpucoord_lease_keepalive_seconds_count 0") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics lack %q:\n%s", missing, body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	st, err := c.Status(t.Context(), &pb.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for what, text := range map[string]string{"metrics": body, "status": st.String(), "logs": logs.String()} {
+		if strings.Contains(text, "tok-9f2a") {
+			t.Errorf("the token shows in the %s", what)
+		}
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }

@@ -35,6 +35,7 @@ func (c *Coordinator) campaign(ctx context.Context) error {
 			continue
 		}
 		c.log.Info("elected leader", "name", c.cfg.Name)
+		c.leading.Store(true)
 		lctx, cancel := context.WithCancel(ctx)
 		go func() {
 			select {
@@ -46,6 +47,7 @@ func (c *Coordinator) campaign(ctx context.Context) error {
 		}()
 		l := &leader{Coordinator: c, k: k, since: map[string]time.Time{}, enough: map[string]time.Time{}, failed: map[string]time.Time{}}
 		err = l.run(lctx)
+		c.leading.Store(false)
 		cancel()
 		rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
 		el.Resign(rctx)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -34,6 +35,8 @@ type server struct {
 	// stopping is closed when the coordinator shuts down: streams that end
 	// then are not the agents' loss.
 	stopping <-chan struct{}
+	// keepalive observes the latency of a lease renewal, in seconds.
+	keepalive func(float64)
 }
 
 // auth refuses calls without the join token when one is set. The token is
@@ -125,12 +128,10 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	}
 	kctx, stopKeep := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopKeep()
-	alive, err := s.cli.KeepAlive(kctx, lease)
-	if err != nil {
-		return etcdErr(err)
-	}
+	leaseGone := make(chan struct{})
 	go func() {
-		for range alive { // drain; the channel closes when kctx ends or the lease is lost
+		if s.keepAlive(kctx, lease, req.GetNode()) {
+			close(leaseGone)
 		}
 	}()
 	defer func() {
@@ -172,6 +173,8 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			return nil
 		case <-s.stopping:
 			return status.Error(codes.Unavailable, "coordinator shutting down")
+		case <-leaseGone:
+			return status.Errorf(codes.NotFound, "node %q: lease %x expired: register again", req.GetNode(), req.GetLeaseId())
 		case wr, ok := <-w:
 			if !ok {
 				return status.Error(codes.Unavailable, "etcd watch ended")
@@ -185,6 +188,37 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			if err := send(); err != nil {
 				return err
 			}
+		}
+	}
+}
+
+// keepAlive renews a node's lease every third of its TTL until ctx ends,
+// timing each renewal (the heartbeat latency metric). It returns true when
+// the lease no longer exists.
+func (s *server) keepAlive(ctx context.Context, lease clientv3.LeaseID, node string) bool {
+	t := time.NewTicker(s.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		start := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.LeaseTTL/3)
+		_, err := s.cli.KeepAliveOnce(rctx, lease)
+		cancel()
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return true
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("lease renewal", "node", node, "err", err)
+			}
+			continue
+		}
+		if s.keepalive != nil {
+			s.keepalive(time.Since(start).Seconds())
 		}
 	}
 }

@@ -159,6 +159,9 @@ Outside loopback a join token is required (--token-file, GPUCOORD_TOKEN or
 				return err
 			}
 			fmt.Fprintf(c.OutOrStdout(), "coordinator listening on %s (etcd %s)\n", co.Addr(), strings.Join(co.EtcdEndpoints(), ","))
+			if m := co.MetricsAddr(); m != "" {
+				fmt.Fprintf(c.OutOrStdout(), "metrics on http://%s/metrics\n", m)
+			}
 			return co.Run(c.Context())
 		},
 	}
@@ -173,6 +176,8 @@ Outside loopback a join token is required (--token-file, GPUCOORD_TOKEN or
 	fl.StringVar(&cfg.Etcd.CertFile, "etcd-cert", "", "client certificate for etcd (TLS)")
 	fl.StringVar(&cfg.Etcd.KeyFile, "etcd-key", "", "client key for etcd (TLS)")
 	fl.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "root of every etcd key")
+	fl.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9400/metrics)")
+	fl.DurationVar(&cfg.Etcd.DialTimeout, "etcd-dial-timeout", cfg.Etcd.DialTimeout, "how long to wait for etcd to answer at start")
 	fl.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "a node's lease: how long a silent node stays in the pool")
 	fl.DurationVar(&cfg.ElectionTTL, "election-ttl", cfg.ElectionTTL, "the leader's session: how soon a standby takes over")
 	tok.register(cmd)

@@ -1,0 +1,118 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	pb "gpucoord/proto/gpucoordpb"
+)
+
+// metrics are the coordinator's Prometheus metrics. The pool and job
+// figures are read from etcd at each scrape (a collector, not counters
+// kept in memory), so every coordinator, leader or standby, reports the
+// same truth; only the keep-alive latency is this coordinator's own.
+type metrics struct {
+	s         *server
+	leader    func() bool
+	keepalive prometheus.Histogram
+	nodes     *prometheus.Desc
+	busy      *prometheus.Desc
+	isLeader  *prometheus.Desc
+	jobs      *prometheus.Desc
+	gen       *prometheus.Desc
+	step      *prometheus.Desc
+	stepSecs  *prometheus.Desc
+	restarts  *prometheus.Desc
+	members   *prometheus.Desc
+}
+
+func newMetrics(s *server, leader func() bool) *metrics {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("gpucoord_"+name, help, labels, nil)
+	}
+	return &metrics{
+		s: s, leader: leader,
+		keepalive: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "gpucoord_lease_keepalive_seconds",
+			Help:    "Latency of renewing an agent's lease in etcd while its Watch stream is open (the heartbeat).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		nodes:    d("nodes", "Nodes registered and alive in the pool."),
+		busy:     d("nodes_busy", "Nodes running a job's generation."),
+		isLeader: d("leader", "1 when this coordinator is the elected leader."),
+		jobs:     d("jobs", "Jobs by phase.", "phase"),
+		gen:      d("job_generation", "The job's current generation.", "job"),
+		step:     d("job_step", "The last step rank 0 reported.", "job"),
+		stepSecs: d("job_step_seconds", "Wall time of the last reported step.", "job"),
+		restarts: d("job_restarts", "Generations after the first (restarts).", "job"),
+		members:  d("job_members", "Nodes in the job's current generation.", "job"),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{m.nodes, m.busy, m.isLeader, m.jobs, m.gen, m.step, m.stepSecs, m.restarts, m.members} {
+		ch <- d
+	}
+	m.keepalive.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	m.keepalive.Collect(ch)
+	lead := 0.0
+	if m.leader() {
+		lead = 1
+	}
+	ch <- prometheus.MustNewConstMetric(m.isLeader, prometheus.GaugeValue, lead)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	snap, err := read(ctx, m.s.cli, m.s.k, "")
+	if err != nil {
+		return // the scrape shows the gap; etcd's trouble is logged elsewhere
+	}
+	ch <- prometheus.MustNewConstMetric(m.nodes, prometheus.GaugeValue, float64(len(snap.nodes)))
+	ch <- prometheus.MustNewConstMetric(m.busy, prometheus.GaugeValue, float64(len(snap.busy())))
+	phases := map[pb.JobState_Phase]int{}
+	for _, j := range snap.jobs {
+		phases[j.state.GetPhase()]++
+		id := j.spec.Id
+		if j.gen != nil {
+			ch <- prometheus.MustNewConstMetric(m.gen, prometheus.GaugeValue, float64(j.gen.Number), id)
+			ch <- prometheus.MustNewConstMetric(m.restarts, prometheus.GaugeValue, float64(j.gen.Number-1), id)
+			ch <- prometheus.MustNewConstMetric(m.members, prometheus.GaugeValue, float64(len(j.gen.Members)), id)
+		}
+		if j.step != nil {
+			ch <- prometheus.MustNewConstMetric(m.step, prometheus.GaugeValue, float64(j.step.Step), id)
+			ch <- prometheus.MustNewConstMetric(m.stepSecs, prometheus.GaugeValue, j.step.Seconds, id)
+		}
+	}
+	for p, name := range pb.JobState_Phase_name {
+		if p != 0 {
+			ch <- prometheus.MustNewConstMetric(m.jobs, prometheus.GaugeValue, float64(phases[pb.JobState_Phase(p)]), name)
+		}
+	}
+}
+
+// serveMetrics serves /metrics on ln until ctx ends.
+func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
