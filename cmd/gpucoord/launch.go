@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -434,6 +435,7 @@ type follower struct {
 	out, progress io.Writer
 	json          bool
 
+	steps      int          // a native job's total steps
 	nextRev    int64        // where a new Follow stream resumes
 	state      *pb.JobState // the job's state as last reported
 	lastGen    int64
@@ -446,6 +448,11 @@ type follower struct {
 
 func (f *follower) run(ctx context.Context) error {
 	f.started = time.Now()
+	if len(f.spec.NativeJob) > 0 {
+		if job, err := engine.ParseJob(bytes.NewReader(f.spec.NativeJob), nil); err == nil {
+			f.steps = job.Steps
+		}
+	}
 	clients := make([]pb.CoordinatorClient, len(f.addrs))
 	for i, a := range f.addrs {
 		cc, err := pb.Dial(a, f.token)
@@ -581,7 +588,8 @@ func (f *follower) show(ev *pb.JobEvent) {
 		if f.json {
 			json.NewEncoder(f.out).Encode(engine.StepResult{Step: int(s.Step), Loss: s.Loss, Seconds: s.Seconds, SamplesPerSec: s.SamplesPerSec})
 		} else {
-			fmt.Fprintf(f.out, "gen %d step %d  loss %.6f  %7.1f ms\n", f.lastGen, s.Step, s.Loss, 1e3*s.Seconds)
+			fmt.Fprintf(f.out, "step %*d/%d  loss %.6f  %7.1f ms  (generation %d, %d node%s)\n",
+				len(fmt.Sprint(f.steps)), s.Step, f.steps, s.Loss, 1e3*s.Seconds, f.lastGen, f.lastNodes, plural(f.lastNodes))
 		}
 	}
 	if st := ev.State; st.GetPhase() == pb.JobState_PENDING && st.Reason != f.lastReason {

@@ -296,7 +296,10 @@ func TestWorkerKilled(t *testing.T) {
 	w1, dir1 := workerProc(t, exe, addr, "w1", 4)
 	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2",
 		"--steps", "1000000", "../../examples/jobs/mlp.yaml")
-	p.waitLine(t, "step 2 ", time.Minute)
+	p.waitLine(t, "step       2/1000000 ", time.Minute)
+	if n := len(processesWith("GPUCOORD_PLAN=" + dir1 + "/")); n != 4 {
+		t.Fatalf("%d ranks of w1 running before the kill, want 4", n)
+	}
 	w1.cmd.Process.Kill()
 	if code := p.wait(t, time.Minute); code == 0 {
 		t.Fatal("launch succeeded after a node was killed")
@@ -307,7 +310,7 @@ func TestWorkerKilled(t *testing.T) {
 	// No rank of the killed agent survives it.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		left := ranksUnder(dir1)
+		left := processesWith("GPUCOORD_PLAN=" + dir1 + "/")
 		if len(left) == 0 {
 			break
 		}
@@ -316,23 +319,6 @@ func TestWorkerKilled(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// ranksUnder lists the pids of processes whose GPUCOORD_PLAN lies under dir.
-func ranksUnder(dir string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err == nil && bytes.Contains(env, []byte("GPUCOORD_PLAN="+dir)) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 // TestLaunchTorchDDP: an unmodified torchrun DDP script (gloo on CPU) runs
@@ -499,4 +485,44 @@ func TestLaunchDryRun(t *testing.T) {
 			t.Errorf("dry run lacks %q:\n%s", s, out.String())
 		}
 	}
+}
+
+// TestLaunchInterrupted: SIGINT to launch --standalone cancels the job,
+// stops every rank and tears the cluster down; launch exits 130.
+func TestLaunchInterrupted(t *testing.T) {
+	exe := buildBinary(t)
+	marker := fmt.Sprintf("GPUCOORD_TEST_MARK=%d", time.Now().UnixNano())
+	p := start(t, exe, "launch", "--standalone", "--nodes", "2", "--gpus-per-node", "2", "--env", marker, "--", "/bin/sleep", "600")
+	p.waitLine(t, "running ", time.Minute)
+	if n := len(processesWith(marker)); n != 4 {
+		t.Fatalf("%d ranks running, want 4", n)
+	}
+	p.cmd.Process.Signal(os.Interrupt)
+	if code := p.wait(t, 30*time.Second); code != exitInterrupted {
+		t.Errorf("launch exited %d after SIGINT, want %d", code, exitInterrupted)
+	}
+	if left := processesWith(marker); len(left) != 0 {
+		t.Errorf("rank processes %v outlived launch", left)
+	}
+	if !strings.Contains(p.output(), "cancelled: launch interrupted") {
+		t.Errorf("no cancellation line:\n%s", p.output())
+	}
+}
+
+// processesWith lists the pids whose environment holds kv (a prefix of
+// one of its variables is enough).
+func processesWith(kv string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err == nil && bytes.Contains(env, []byte(kv)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
