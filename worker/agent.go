@@ -335,6 +335,12 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 		a.reportExit(ctx, asg, me.FirstRank, 1, err.Error())
 		return
 	}
+	if wd := asg.Spec.GetWorkdir(); wd != "" && !native {
+		if fi, err := os.Stat(wd); err != nil || !fi.IsDir() {
+			a.reportExit(ctx, asg, me.FirstRank, 1, fmt.Sprintf("working directory %s does not exist on node %s", wd, a.cfg.Name))
+			return
+		}
+	}
 	local := make([]int, me.Ranks)
 	for i := range local {
 		local[i] = int(me.FirstRank) + i
@@ -359,6 +365,9 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 			}
 			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 			cmd.Env = append(os.Environ(), env...)
+			if !native {
+				cmd.Dir = asg.Spec.GetWorkdir()
+			}
 			if !native && os.Getenv("OMP_NUM_THREADS") == "" {
 				cmd.Env = append(cmd.Env, "OMP_NUM_THREADS=1") // as torchrun does for several local ranks
 			}

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,6 +49,7 @@ type launchFlags struct {
 	rendezvous, lastCall     time.Duration
 	maxRestarts              int
 	env                      []string
+	workdir                  string
 }
 
 func newLaunchCmd() *cobra.Command {
@@ -115,6 +117,7 @@ with that rank named.`,
 	fl.DurationVar(&f.lastCall, "last-call", 0, "with --max-nodes: how long to wait for more nodes once --nodes have come")
 	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "restarts allowed (TORCHELASTIC_MAX_RESTARTS)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE added to every rank's environment (repeatable)")
+	fl.StringVar(&f.workdir, "workdir", "", "directory the ranks start in; must exist on every node (default: this directory)")
 	f.tok.register(cmd)
 	return cmd
 }
@@ -163,6 +166,7 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 	if f.maxNodes != 0 && f.maxNodes < int(spec.Nodes) {
 		return nil, fmt.Errorf("--max-nodes %d is below --nodes %d", f.maxNodes, spec.Nodes)
 	}
+	var err error
 	if dash := c.ArgsLenAtDash(); dash >= 0 {
 		if dash != 0 {
 			return nil, fmt.Errorf("give either a job file or -- CMD, not both (%q before --)", args[:dash])
@@ -182,6 +186,14 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 			}
 		}
 		spec.Command, spec.Schedule = args, ""
+		if spec.Workdir = f.workdir; spec.Workdir == "" {
+			if spec.Workdir, err = os.Getwd(); err != nil {
+				return nil, err
+			}
+		}
+		if !filepath.IsAbs(spec.Workdir) {
+			return nil, fmt.Errorf("--workdir %q: want an absolute path", spec.Workdir)
+		}
 	} else {
 		if len(args) != 1 {
 			return nil, fmt.Errorf("give one job file, or -- CMD ARGS (got %d arguments)", len(args))

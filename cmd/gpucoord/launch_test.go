@@ -355,11 +355,13 @@ func TestLaunchTorchDDP(t *testing.T) {
 }
 
 // TestLaunchEnvironment: every rank gets torchrun's contract and ours, with
-// RANK == tp + TP*dp + TP*DP*pp (Megatron-LM's order).
+// RANK == tp + TP*dp + TP*DP*pp (Megatron-LM's order), and starts in
+// launch's directory.
 func TestLaunchEnvironment(t *testing.T) {
 	script := `echo "ENV RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK ` +
 		`TP=$GPUCOORD_TP_RANK/$GPUCOORD_TP_SIZE PP=$GPUCOORD_PP_RANK/$GPUCOORD_PP_SIZE DP=$GPUCOORD_DP_RANK/$GPUCOORD_DP_SIZE ` +
-		`GEN=$GPUCOORD_GENERATION RUN=$TORCHELASTIC_RUN_ID MASTER=$MASTER_ADDR ZERO=$GPUCOORD_ZERO_STAGE"; test -s "$GPUCOORD_PLAN"`
+		`GEN=$GPUCOORD_GENERATION RUN=$TORCHELASTIC_RUN_ID MASTER=$MASTER_ADDR ZERO=$GPUCOORD_ZERO_STAGE CWD=$(pwd)"; test -s "$GPUCOORD_PLAN"`
+	wd, _ := os.Getwd()
 	var out, errOut bytes.Buffer
 	err := run(t.Context(), []string{"launch", "--standalone", "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2", "--zero", "1",
 		"--job-id", "envjob", "--", "/bin/sh", "-c", script}, &out, &errOut)
@@ -379,8 +381,8 @@ func TestLaunchEnvironment(t *testing.T) {
 	}
 	for r := range 8 {
 		tp, dp, pp := r%2, r/2%2, r/4
-		want := fmt.Sprintf("ENV RANK=%d LOCAL_RANK=%d WORLD_SIZE=8 LOCAL_WORLD_SIZE=4 GROUP_RANK=%d TP=%d/2 PP=%d/2 DP=%d/2 GEN=1 RUN=envjob MASTER=127.0.0.1 ZERO=1",
-			r, r%4, r/4, tp, pp, dp)
+		want := fmt.Sprintf("ENV RANK=%d LOCAL_RANK=%d WORLD_SIZE=8 LOCAL_WORLD_SIZE=4 GROUP_RANK=%d TP=%d/2 PP=%d/2 DP=%d/2 GEN=1 RUN=envjob MASTER=127.0.0.1 ZERO=1 CWD=%s",
+			r, r%4, r/4, tp, pp, dp, wd)
 		if got[r] != want {
 			t.Errorf("rank %d:\n got %s\nwant %s", r, got[r], want)
 		}

@@ -358,7 +358,10 @@ type JobSpec struct {
 	LastCallMs  int64 `protobuf:"varint,16,opt,name=last_call_ms,json=lastCallMs,proto3" json:"last_call_ms,omitempty"`
 	MaxRestarts int32 `protobuf:"varint,17,opt,name=max_restarts,json=maxRestarts,proto3" json:"max_restarts,omitempty"`
 	// env is added to every rank's environment.
-	Env           map[string]string `protobuf:"bytes,18,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Env map[string]string `protobuf:"bytes,18,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// workdir is the directory ranks start in (launch's own by default); it
+	// must exist on every node, as on a shared file system.
+	Workdir       string `protobuf:"bytes,19,opt,name=workdir,proto3" json:"workdir,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -517,6 +520,13 @@ func (x *JobSpec) GetEnv() map[string]string {
 		return x.Env
 	}
 	return nil
+}
+
+func (x *JobSpec) GetWorkdir() string {
+	if x != nil {
+		return x.Workdir
+	}
+	return ""
 }
 
 // Member is a node of a generation and the global ranks it runs.
@@ -1801,7 +1811,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"ttlSeconds\"=\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\xa9\x04\n" +
+	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\xc3\x04\n" +
 	"\aJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\x12\x1b\n" +
@@ -1823,7 +1833,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\flast_call_ms\x18\x10 \x01(\x03R\n" +
 	"lastCallMs\x12!\n" +
 	"\fmax_restarts\x18\x11 \x01(\x05R\vmaxRestarts\x12/\n" +
-	"\x03env\x18\x12 \x03(\v2\x1d.gpucoord.v1.JobSpec.EnvEntryR\x03env\x1a6\n" +
+	"\x03env\x18\x12 \x03(\v2\x1d.gpucoord.v1.JobSpec.EnvEntryR\x03env\x12\x18\n" +
+	"\aworkdir\x18\x13 \x01(\tR\aworkdir\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"e\n" +
