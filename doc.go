@@ -17,10 +17,12 @@
 //     with an in-memory network for tests; collectives/tcp (sockets and the
 //     TCP bootstrap store), collectives/shm (shared memory between processes
 //     of one host), collectives/nccl (NCCL loaded at run time, no cgo),
-//     collectives/collectivestest (the conformance suite every transport
-//     runs) and collectives/bench (the driver behind `gpucoord bench`).
+//     and collectives/collectivestest (the conformance suite every
+//     transport runs).
 //   - internal/localproc: runs a world of local worker processes joined
 //     through a store on loopback (train and bench use it).
+//   - internal/bench: the driver behind `gpucoord bench`, which times the
+//     collectives over TCP, shared memory or in process, as nccl-tests does.
 //   - worker/engine: a native Go training engine running the schedules with
 //     tensor-parallel layers and ZeRO-sharded Adam.
 //   - cmd/gpucoord: the command line; flags and wiring only.

@@ -153,6 +153,12 @@ func (c *Comm) Size() int { return len(c.world) }
 // WorldRank returns the transport (world) rank of group rank r.
 func (c *Comm) WorldRank(r int) int { return c.world[r] }
 
+// Transport returns the Transport c runs over, shared by every group formed
+// from the same world. Its Mailbox tells whether this rank is blocked in a
+// receive (Mailbox.Waiting), which is how tests see that an operation is
+// in progress.
+func (c *Comm) Transport() Transport { return c.t }
+
 // Grouper is implemented by Communicators that can form sub-groups.
 type Grouper interface {
 	// NewGroup returns a Communicator for the members listed by their ranks

@@ -10,7 +10,7 @@ import (
 // peers need (a TCP listen address, an NCCL unique id) and wait for each
 // other's. collectives/tcp serves one over TCP for local process groups
 // (tcp.ServeStore, tcp.DialStore); the coordinator can back one with etcd
-// (DESIGN.md: jobs/<id>/bootstrap/<gen>/<group>). Keys are plain strings;
+// (docs/COLLECTIVES.md: jobs/<id>/bootstrap/<gen>/<group>). Keys are plain strings;
 // give each world its own prefix.
 //
 // Implementations are safe for concurrent use.

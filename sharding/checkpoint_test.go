@@ -1,10 +1,13 @@
 package sharding
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -393,47 +396,85 @@ func TestCommitErrors(t *testing.T) {
 	}
 }
 
-const childEnv = "GPUCOORD_SHARDING_KILLED_WRITER_ROOT"
+const (
+	childEnv  = "GPUCOORD_SHARDING_KILLED_WRITER_ROOT"
+	killAtEnv = "GPUCOORD_SHARDING_KILLED_WRITER_AT"
+	// killStep is the step during (or after) which the writer is killed.
+	killStep = 3
+	// pausedLine is what the writer prints when it reaches its kill point.
+	pausedLine = "killed-writer: paused"
+)
 
 // killedTensors is the model the killed-writer child checkpoints: 3.6 MB
-// per step in files of 2 chunks, several steps a second, so a kill usually
-// lands in the middle of one.
+// per step, each vector of a shard (600 KB) written in one piece.
 func killedTensors() []Tensor { return vecTensors(200_001, 100_000) }
 
 // TestCheckpointKilledWriter runs a real writer process that checkpoints
-// step after step and kills it with SIGKILL at a moment of its own choosing:
-// the latest complete step must then load bit-exactly and verify, and every
-// step with a manifest must verify.
+// steps 1, 2, ... and kills it with SIGKILL at a chosen point of step
+// killStep, which the writer reports when it reaches it: in the middle of a
+// shard file, with every shard written but no manifest, and just after the
+// commit. The latest complete step must then load bit-exactly and verify,
+// every step with a manifest must verify, and the step directory must hold
+// what was written up to the kill.
 func TestCheckpointKilledWriter(t *testing.T) {
 	if root := os.Getenv(childEnv); root != "" {
-		killedWriterChild(t, root)
+		killedWriterChild(t, root, os.Getenv(killAtEnv))
 		return
 	}
 	if testing.Short() {
 		t.Skip("spawns a writer process")
 	}
-	for round, delay := range []time.Duration{150 * time.Millisecond, 400 * time.Millisecond, 900 * time.Millisecond} {
-		t.Run(fmt.Sprintf("kill after %s", delay), func(t *testing.T) {
+	tests := []struct {
+		at         string
+		wantLatest int64
+		// wantFiles are the patterns that must match in step killStep's
+		// directory, noFiles those that must not.
+		wantFiles, noFiles []string
+	}{
+		{at: "mid-file", wantLatest: killStep - 1,
+			wantFiles: []string{ShardFile(0, 2), "." + ShardFile(1, 2) + ".tmp-*"},
+			noFiles:   []string{ShardFile(1, 2), ManifestFile}},
+		{at: "uncommitted", wantLatest: killStep - 1,
+			wantFiles: []string{ShardFile(0, 2), ShardFile(1, 2)},
+			noFiles:   []string{".*.tmp-*", ManifestFile}},
+		{at: "committed", wantLatest: killStep,
+			wantFiles: []string{ShardFile(0, 2), ShardFile(1, 2), ManifestFile},
+			noFiles:   []string{".*.tmp-*"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.at, func(t *testing.T) {
 			root := t.TempDir()
-			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestCheckpointKilledWriter$")
-			cmd.Env = append(os.Environ(), childEnv+"="+root)
+			ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCheckpointKilledWriter$")
+			cmd.Env = append(os.Environ(), childEnv+"="+root, killAtEnv+"="+tc.at)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			stdin, err := cmd.StdinPipe() // held open: the paused writer reads it until killed
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stdin.Close()
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			// Wait until step 1 is committed, then a while longer.
-			deadline := time.Now().Add(30 * time.Second)
-			for {
-				if _, err := os.Stat(filepath.Join(StepDir(root, 1), ManifestFile)); err == nil {
+			paused := false
+			var out []string
+			for sc := bufio.NewScanner(stdout); sc.Scan(); {
+				if sc.Text() == pausedLine {
+					paused = true
 					break
 				}
-				if time.Now().After(deadline) {
-					cmd.Process.Kill()
-					cmd.Wait()
-					t.Fatal("writer committed no step within 30s")
-				}
-				time.Sleep(5 * time.Millisecond)
+				out = append(out, sc.Text())
 			}
-			time.Sleep(delay + time.Duration(round)*7*time.Millisecond)
+			if !paused {
+				err := cmd.Wait()
+				t.Fatalf("the writer did not reach %s (%v):\n%s\n%s", tc.at, err, strings.Join(out, "\n"), stderr.String())
+			}
 			if err := cmd.Process.Kill(); err != nil {
 				t.Fatal(err)
 			}
@@ -443,8 +484,34 @@ func TestCheckpointKilledWriter(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if latest != tc.wantLatest {
+				t.Errorf("latest complete step %d, want %d", latest, tc.wantLatest)
+			}
+			dir := StepDir(root, killStep)
+			for _, pat := range tc.wantFiles {
+				if m, _ := filepath.Glob(filepath.Join(dir, pat)); len(m) == 0 {
+					t.Errorf("step %d holds no %s after a kill %s", killStep, pat, tc.at)
+				}
+			}
+			if tc.at == "mid-file" {
+				// The header and two of three vectors went through the
+				// 1 MiB write buffer: at least one buffer's worth is on disk.
+				m, _ := filepath.Glob(filepath.Join(dir, ".*.tmp-*"))
+				for _, f := range m {
+					if fi, err := os.Stat(f); err != nil || fi.Size() == 0 {
+						t.Errorf("temporary file %s is empty (%v): the kill was not in the middle of the file", f, err)
+					}
+				}
+			}
+			for _, pat := range tc.noFiles {
+				if m, _ := filepath.Glob(filepath.Join(dir, pat)); len(m) != 0 {
+					t.Errorf("step %d holds %v after a kill %s", killStep, m, tc.at)
+				}
+			}
 			entries, _ := os.ReadDir(root)
-			t.Logf("killed with %d step directories, latest complete %d", len(entries), latest)
+			if len(entries) != killStep {
+				t.Errorf("%d step directories, want %d", len(entries), killStep)
+			}
 			p2, _ := NewPartition(killedTensors(), 3, nil)
 			want := randomState(uint64(latest), p2.Len())
 			for r := range 3 {
@@ -473,13 +540,63 @@ func TestCheckpointKilledWriter(t *testing.T) {
 	}
 }
 
-// killedWriterChild checkpoints steps 1, 2, ... at degree 2 until killed.
-func killedWriterChild(t *testing.T, root string) {
+// pauseCtx is a context that calls pause on its at-th call of Err.
+// WriteShard checks ctx between the pieces it writes, once per vector for
+// killedTensors, so pausing there stops it in the middle of its file.
+type pauseCtx struct {
+	context.Context
+	calls, at int
+	pause     func()
+}
+
+// Err implements context.Context.
+func (c *pauseCtx) Err() error {
+	if c.calls++; c.calls == c.at {
+		c.pause()
+	}
+	return c.Context.Err()
+}
+
+// killedWriterChild checkpoints steps 1, 2, ... at degree 2, rank after
+// rank, and at the point at of step killStep prints pausedLine and waits
+// to be killed.
+func killedWriterChild(t *testing.T, root, at string) {
+	pause := func() {
+		fmt.Println(pausedLine)
+		io.Copy(io.Discard, os.Stdin) // until killed, or the parent is gone
+		os.Exit(1)
+	}
 	p, err := NewPartition(killedTensors(), 2, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for step := int64(1); step <= 200; step++ {
-		writeCheckpoint(t, root, step, p, randomState(uint64(step), p.Len()))
+	for step := int64(1); step <= killStep; step++ {
+		full := randomState(uint64(step), p.Len())
+		infos := make([]ShardInfo, p.Degree())
+		for r := range infos {
+			s, err := ShardOf(p, r, full)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ctx context.Context = context.Background()
+			if step == killStep && r == 1 && at == "mid-file" {
+				// Stop before the last vector: the header and the
+				// others are in the temporary file.
+				ctx = &pauseCtx{Context: ctx, at: len(stateNames), pause: pause}
+			}
+			if infos[r], err = WriteShard(ctx, root, step, p, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if step == killStep && at == "uncommitted" {
+			pause()
+		}
+		if err := Commit(context.Background(), root, step, p, infos); err != nil {
+			t.Fatal(err)
+		}
 	}
+	if at == "committed" {
+		pause()
+	}
+	t.Fatalf("unknown kill point %q", at)
 }

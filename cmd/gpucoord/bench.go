@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"gpucoord/collectives/bench"
+	"gpucoord/internal/bench"
 )
 
 func init() { subcommands = append(subcommands, newBenchCmd, newBenchWorkerCmd) }
@@ -32,7 +32,16 @@ and algbw/busbw in GB/s (1e9 bytes; busbw = algbw * 2(n-1)/n for allreduce).
 
 Ranks are child processes over TCP on 127.0.0.1 (--backend tcp) or shared
 memory (--backend shm), or goroutines with --inproc
-(always with --backend inmem).`,
+(always with --backend inmem).
+
+Every rank holds buffers for the largest size (the buffer, a 1/np shard
+and, for reducescatter, a scratch copy): --np 4 --sizes 4G needs about
+20 GiB. bench refuses, before allocating, a run that needs more than 80% of
+the memory available (MemAvailable in /proc/meminfo).
+
+The timing protocol is that of the peer baselines: to compare with PyTorch
+gloo or OpenMPI, run them side by side with --jsonl; docs/BENCHMARKS.md
+says how.`,
 		Args:      cobra.MaximumNArgs(1),
 		ValidArgs: bench.Ops,
 		RunE: func(c *cobra.Command, args []string) error {
@@ -61,6 +70,13 @@ memory (--backend shm), or goroutines with --inproc
 			if err := cfg.Validate(); err != nil {
 				return usageError(err)
 			}
+			// Refuse before allocating a run that cannot fit; where the
+			// available memory cannot be read, run unchecked.
+			if avail, err := bench.MemAvailable(); err == nil {
+				if err := cfg.CheckMemory(avail); err != nil {
+					return usageError(err)
+				}
+			}
 			return runBench(c, cfg, asJSON, asLines)
 		},
 	}
@@ -81,7 +97,7 @@ memory (--backend shm), or goroutines with --inproc
 	f.IntVar(&cfg.SocketBuffer, "sockbuf", 0, "TCP send/receive buffer in bytes (0: kernel autotuning)")
 	f.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "fail an operation whose peer is silent this long")
 	f.BoolVar(&asJSON, "json", false, "print a JSON list of results")
-	f.BoolVar(&asLines, "jsonl", false, "print one JSON object per line (for shared/bench/bench_matrix.py)")
+	f.BoolVar(&asLines, "jsonl", false, "print one JSON object per line (the form peer-comparison drivers read)")
 	return cmd
 }
 

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"gpucoord/internal/bench"
 )
 
 // benchRecord holds the fields scripts rely on.
@@ -76,7 +78,8 @@ func TestBenchInProcJSON(t *testing.T) {
 }
 
 // TestBenchProcesses runs the real multi-process path (child processes over
-// TCP) in the JSON-lines form that shared/bench/bench_matrix.py reads.
+// TCP) in the JSON-lines form that the peer-comparison driver of
+// docs/BENCHMARKS.md reads.
 func TestBenchProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real processes")
@@ -104,6 +107,39 @@ func TestBenchProcesses(t *testing.T) {
 		if want := 4096 << i; r.Bytes != want {
 			t.Errorf("bytes %d, want %d", r.Bytes, want)
 		}
+	}
+}
+
+// TestBenchRefusesWhatCannotFit: 1024 ranks of 4 GiB need about 4 TiB, so
+// bench must refuse with a usage error naming the need and the supply
+// instead of starting to allocate.
+func TestBenchRefusesWhatCannotFit(t *testing.T) {
+	avail, err := bench.MemAvailable()
+	if err != nil {
+		t.Skipf("no available-memory figure here, so bench does not check: %v", err)
+	}
+	cfg := bench.DefaultConfig()
+	cfg.NP, cfg.Sizes = 1024, []int{4 << 30}
+	if need := cfg.MemoryNeeded(); float64(need) <= bench.MaxMemoryFraction*float64(avail) {
+		t.Skipf("this machine has %d bytes available, enough for %d", avail, need)
+	}
+	var out, errb bytes.Buffer
+	err = run(t.Context(), []string{"bench", "--np", "1024", "--sizes", "4G"}, &out, &errb)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != exitUsage || !errors.Is(err, bench.ErrMemory) {
+		t.Fatalf("err = %v, want a usage error (exit %d) wrapping bench.ErrMemory", err, exitUsage)
+	}
+	msg := err.Error()
+	for _, want := range []string{"sizes up to 4 GiB on 1024 ranks need about 4100.0 GiB", "GiB available"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q does not say %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("error %q is not one line", msg)
+	}
+	if out.Len() != 0 {
+		t.Errorf("a refused run printed %q", out.String())
 	}
 }
 

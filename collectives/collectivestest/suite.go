@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -404,35 +405,68 @@ func testSendRecv(t *testing.T, nw NewWorld) {
 	}
 }
 
-// testBarrier checks that no rank leaves a barrier before the last enters:
-// the last rank sleeps before entering, and everyone notes when they left.
+// testBarrier checks that no rank leaves a barrier before the last enters.
+// The last rank enters only once every other rank is blocked inside the
+// barrier waiting for a frame (or has left it), and raises a flag just
+// before it does; a rank that leaves with the flag down fails.
 func testBarrier(t *testing.T, nw NewWorld) {
 	for _, n := range []int{1, 2, 5, 8} {
 		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
 			comms := nw(t, n, Config(t))
-			var mu sync.Mutex
-			var entered time.Time
-			left := make([]time.Time, n)
+			var lastIn atomic.Bool
+			left := make([]atomic.Bool, n)
 			MustEach(t, comms, func(ctx context.Context, r int, c *collectives.Comm) error {
 				if r == n-1 {
-					time.Sleep(50 * time.Millisecond)
-					mu.Lock()
-					entered = time.Now()
-					mu.Unlock()
+					for q := range n - 1 {
+						err := waitUntil(ctx, fmt.Sprintf("rank %d blocked in the barrier", q), func() bool {
+							return left[q].Load() || blocked(comms[q])
+						})
+						if err != nil {
+							return err
+						}
+					}
+					lastIn.Store(true)
 				}
 				err := c.Barrier(ctx)
-				mu.Lock()
-				left[r] = time.Now()
-				mu.Unlock()
+				early := !lastIn.Load()
+				left[r].Store(true)
+				if err == nil && early {
+					return fmt.Errorf("left the barrier before rank %d entered", n-1)
+				}
 				return err
 			})
-			for r, l := range left {
-				if l.Before(entered) {
-					t.Fatalf("rank %d left the barrier %s before the last rank entered", r, entered.Sub(l))
-				}
-			}
 		})
 	}
+}
+
+// blocked reports whether c's rank is blocked in a receive, waiting for a
+// frame from some peer.
+func blocked(c *collectives.Comm) bool {
+	tr := c.Transport()
+	mb := tr.Mailbox()
+	for src := range tr.Size() {
+		if src != tr.Rank() && mb.Waiting(src) {
+			return true
+		}
+	}
+	return false
+}
+
+// waitUntil polls cond every millisecond until it holds, and fails after
+// 30 s or when ctx ends.
+func waitUntil(ctx context.Context, what string, cond func() bool) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, 30*time.Second, fmt.Errorf("no %s within 30s", what))
+	defer cancel()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	return nil
 }
 
 // testGroups runs the TP and DP groups of a 2x4 grid concurrently, each
@@ -606,13 +640,29 @@ func testTimeout(t *testing.T, nw NewWorld) {
 }
 
 // testCancel: cancelling ctx ends a blocked operation promptly with the
-// context's error.
+// context's error. Only rank 0 calls the all-reduce, and ctx is cancelled
+// once it is blocked waiting for rank 1.
 func testCancel(t *testing.T, nw NewWorld) {
 	comms := nw(t, 2, Config(t))
 	ctx, cancel := context.WithCancel(t.Context())
-	time.AfterFunc(50*time.Millisecond, cancel)
+	defer cancel()
+	var returned atomic.Bool
+	done := make(chan error, 1)
+	go func() {
+		err := comms[0].AllReduce(ctx, collectives.Float32s(make([]float32, 1000)), collectives.Sum)
+		returned.Store(true)
+		done <- err
+	}()
+	err := waitUntil(t.Context(), "all-reduce blocked on rank 1", func() bool { return returned.Load() || blocked(comms[0]) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if returned.Load() {
+		t.Fatalf("the all-reduce returned before it blocked: %v", <-done)
+	}
 	start := time.Now()
-	err := comms[0].AllReduce(ctx, collectives.Float32s(make([]float32, 1000)), collectives.Sum)
+	cancel()
+	err = <-done
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}

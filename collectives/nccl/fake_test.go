@@ -3,7 +3,6 @@ package nccl
 import (
 	"bytes"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -208,12 +207,6 @@ func each(comms []*Communicator, f func(r int, c *Communicator) error) []error {
 	}
 	wg.Wait()
 	return errs
-}
-
-func fnv64(b []byte) int64 {
-	h := fnv.New64a()
-	h.Write(b)
-	return int64(h.Sum64())
 }
 
 // The Store the collectives package exports satisfies ours.

@@ -724,14 +724,33 @@ func TestRankWaitsForUniqueID(t *testing.T) {
 	}
 }
 
+// TestAbortFromAnotherGoroutine: rank 0 broadcasts alone, so its call stays
+// in flight (enqueued, the stream never drains); Abort from another
+// goroutine, once the fake has recorded the enqueue, ends it.
 func TestAbortFromAnotherGoroutine(t *testing.T) {
 	needFake(t)
 	comms := group(t, 2, nil)
-	go func() {
-		time.Sleep(50 * time.Millisecond)
-		comms[0].Abort()
-	}()
-	err := comms[0].Broadcast(t.Context(), collectives.Float32s(make([]float32, 4)), 0)
+	// With CheckShapes (the default) the first call enqueued is the shape
+	// all-gather, then the broadcast itself.
+	calls := func() int { return len(fake.records("ncclAllGather", "ncclBroadcast")) }
+	before := calls()
+	done := make(chan error, 1)
+	go func() { done <- comms[0].Broadcast(t.Context(), collectives.Float32s(make([]float32, 4)), 0) }()
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for calls() == before {
+		select {
+		case err := <-done:
+			t.Fatalf("Broadcast returned before it enqueued anything: %v", err)
+		case <-tick.C:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Broadcast enqueued nothing within 30s")
+		}
+	}
+	comms[0].Abort()
+	err := <-done
 	if !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "Abort called") {
 		t.Fatalf("Broadcast = %v, want ErrAborted from Abort", err)
 	}

@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"errors"
 	"runtime"
 	"sync/atomic"
 	"syscall"
@@ -57,9 +56,6 @@ func newRing(mem []byte, path string) *ring {
 		ts: syscall.NsecToTimespec(int64(futexTimeout)),
 	}
 }
-
-// errStop is returned by a wait whose stop function said to give up.
-var errStop = errors.New("stop")
 
 // waitFor blocks until ready() holds, spinning, then yielding, then
 // sleeping on the futex word seq with the flag waiting raised. stop is

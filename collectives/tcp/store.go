@@ -29,7 +29,9 @@ const (
 
 // ServeStore serves st to clients accepted on ln until ctx ends, then
 // closes ln and every client connection and returns once they are done.
-func ServeStore(ctx context.Context, ln net.Listener, st *collectives.MemStore) error {
+// st is usually a collectives.MemStore; a client's Get waits on the server,
+// in st.Get, until the key is set. st.Get must return when ctx ends.
+func ServeStore(ctx context.Context, ln net.Listener, st collectives.Store) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	conns := map[net.Conn]bool{}
@@ -72,7 +74,7 @@ func ServeStore(ctx context.Context, ln net.Listener, st *collectives.MemStore) 
 	return fmt.Errorf("tcp: store: %w", err)
 }
 
-func serveStoreConn(ctx context.Context, c net.Conn, st *collectives.MemStore) {
+func serveStoreConn(ctx context.Context, c net.Conn, st collectives.Store) {
 	br, bw := bufio.NewReader(c), bufio.NewWriter(c)
 	for {
 		op, key, val, err := readRequest(br)
@@ -144,7 +146,7 @@ var _ collectives.Store = (*StoreClient)(nil)
 // DialStore connects to a store at addr, retrying until ctx ends while the
 // server is not up yet.
 func DialStore(ctx context.Context, addr string) (*StoreClient, error) {
-	c, err := dial(ctx, addr)
+	c, err := dial(ctx, addr, nil)
 	if err != nil {
 		return nil, fmt.Errorf("tcp: store at %s: %w", addr, err)
 	}

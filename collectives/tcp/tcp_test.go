@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -57,6 +58,10 @@ func TestKilledPeerProcess(t *testing.T) {
 	})
 }
 
+// TestAddrsRendezvous: ranks given each other's addresses start one after
+// another, highest first (higher ranks dial lower ones), each only once the
+// one before it has been refused by a peer that is not listening yet; the
+// dials retry until the mesh is up.
 func TestAddrsRendezvous(t *testing.T) {
 	// Reserve three free ports, then let the ranks listen on them.
 	addrs := make([]string, 3)
@@ -70,15 +75,28 @@ func TestAddrsRendezvous(t *testing.T) {
 	}
 	ts := make([]*tcp.Transport, 3)
 	errs := make(chan error, 3)
-	for r := range 3 {
+	deadline := time.After(30 * time.Second)
+	for r := 2; r >= 0; r-- {
+		cfg := tcp.DefaultConfig()
+		cfg.Rank, cfg.Size, cfg.Addrs = r, 3, addrs
+		refused := make(chan struct{})
+		var once sync.Once
+		tcp.SetDialFailedHook(cfg, func(string, error) { once.Do(func() { close(refused) }) })
 		go func() {
-			time.Sleep(time.Duration(r) * 30 * time.Millisecond) // ranks start at different times
-			cfg := tcp.DefaultConfig()
-			cfg.Rank, cfg.Size, cfg.Addrs = r, 3, addrs
 			var err error
 			ts[r], err = tcp.New(t.Context(), cfg)
 			errs <- err
 		}()
+		if r == 0 {
+			break // rank 0 dials no one
+		}
+		select {
+		case <-refused:
+		case err := <-errs:
+			t.Fatalf("a rank returned before rank %d's peers started: %v", r, err)
+		case <-deadline:
+			t.Fatalf("rank %d made no failed dial within 30s", r)
+		}
 	}
 	for range 3 {
 		if err := <-errs; err != nil {
@@ -121,8 +139,25 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-// TestStoreOverTCP: a Get issued before the Set waits for it; a cancelled
-// Get returns the context's error.
+// announcingStore is a MemStore that reports each Get on gets as the server
+// starts to serve it.
+type announcingStore struct {
+	*collectives.MemStore
+	gets chan string
+}
+
+// Get implements collectives.Store.
+func (s *announcingStore) Get(ctx context.Context, key string) ([]byte, error) {
+	select {
+	case s.gets <- key:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.MemStore.Get(ctx, key)
+}
+
+// TestStoreOverTCP: a Get that reached the server before the Set was issued
+// waits for it; a cancelled Get returns the context's error.
 func TestStoreOverTCP(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -130,7 +165,8 @@ func TestStoreOverTCP(t *testing.T) {
 	}
 	ctx, stop := context.WithCancel(t.Context())
 	served := make(chan error, 1)
-	go func() { served <- tcp.ServeStore(ctx, ln, collectives.NewMemStore()) }()
+	st := &announcingStore{MemStore: collectives.NewMemStore(), gets: make(chan string, 4)}
+	go func() { served <- tcp.ServeStore(ctx, ln, st) }()
 	defer func() {
 		stop()
 		if err := <-served; err != nil {
@@ -156,7 +192,21 @@ func TestStoreOverTCP(t *testing.T) {
 		}
 		got <- string(v)
 	}()
-	time.Sleep(20 * time.Millisecond)
+	select {
+	case k := <-st.gets:
+		if k != "k" {
+			t.Fatalf("the server got a Get of %q, want k", k)
+		}
+	case v := <-got:
+		t.Fatalf("Get returned %q before the server saw it", v)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the Get did not reach the server within 30s")
+	}
+	select {
+	case v := <-got:
+		t.Fatalf("Get returned %q before the Set", v) // the key is not set: the reply must wait
+	default:
+	}
 	if err := b.Set(t.Context(), "k", []byte("hello")); err != nil {
 		t.Fatal(err)
 	}

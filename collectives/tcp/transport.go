@@ -55,6 +55,12 @@ type Config struct {
 	PollSpin time.Duration
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
+
+	// dialFailed, if set, is called after each failed dial to a peer,
+	// before the retry. It is a test hook (export_test.go): it lets a test
+	// start the next rank only once this one has found a peer not yet
+	// listening.
+	dialFailed func(addr string, err error)
 }
 
 // DefaultConfig returns settings for local process groups and small
@@ -212,7 +218,7 @@ func (t *Transport) connect(ctx context.Context) error {
 	})
 	for peer := range cfg.Rank {
 		g.Go(func() error {
-			c, err := dial(gctx, addrs[peer])
+			c, err := dial(gctx, addrs[peer], cfg.dialFailed)
 			if err != nil {
 				return fmt.Errorf("dial rank %d at %s: %w", peer, addrs[peer], err)
 			}
@@ -229,13 +235,17 @@ func (t *Transport) connect(ctx context.Context) error {
 	return g.Wait()
 }
 
-// dial retries while the peer is not listening yet.
-func dial(ctx context.Context, addr string) (net.Conn, error) {
+// dial retries while the peer is not listening yet, calling failed (if not
+// nil) after each attempt that fails.
+func dial(ctx context.Context, addr string, failed func(addr string, err error)) (net.Conn, error) {
 	var d net.Dialer
 	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
 			return c, nil
+		}
+		if failed != nil {
+			failed(addr, err)
 		}
 		select {
 		case <-ctx.Done():

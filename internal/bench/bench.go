@@ -22,10 +22,10 @@ import (
 	"gpucoord/internal/localproc"
 )
 
-// Operations Run can time.
+// Ops are the operations Run can time.
 var Ops = []string{"allreduce", "reducescatter", "allgather", "broadcast"}
 
-// Backends Run can use.
+// Backends are the transports Run can use.
 var Backends = []string{"tcp", "shm", "inmem"}
 
 // Config configures a benchmark run. Start from DefaultConfig.
@@ -56,12 +56,14 @@ type Config struct {
 	MinSample time.Duration `json:"min_sample"`
 	// Budget is roughly how long the samples of one size may take.
 	Budget time.Duration `json:"budget"`
-	// ChunkBytes, DirectBytes and SmallBytes override the collectives
-	// defaults when > 0 (DirectBytes or SmallBytes < 0 sets it to 0, turning
-	// that algorithm off).
-	ChunkBytes  int `json:"chunk_bytes"`
+	// ChunkBytes overrides collectives.Config.ChunkBytes when > 0.
+	ChunkBytes int `json:"chunk_bytes"`
+	// DirectBytes overrides collectives.Config.DirectBytes when > 0; < 0
+	// sets it to 0, turning the one-round all-reduce off.
 	DirectBytes int `json:"direct_bytes"`
-	SmallBytes  int `json:"small_bytes"`
+	// SmallBytes overrides collectives.Config.SmallBytes when > 0; < 0 sets
+	// it to 0, turning the latency algorithms off.
+	SmallBytes int `json:"small_bytes"`
 	// SocketBuffer sets the TCP send and receive buffers in bytes (0: the
 	// kernel's autotuning).
 	SocketBuffer int `json:"socket_buffer"`
@@ -127,23 +129,40 @@ func (c *Config) collectives() *collectives.Config {
 }
 
 // Result is the timing of one size. The JSON field names are those of
-// nccl-tests-style tools and of the shared/bench peer scripts (bytes,
-// median_s), so their drivers read it unchanged.
+// nccl-tests-style tools and of the peer baselines in docs/BENCHMARKS.md
+// (bytes, median_s), so their drivers read it unchanged.
 type Result struct {
-	Op        string  `json:"op"`
-	Backend   string  `json:"backend"`
-	N         int     `json:"n"`
-	SizeBytes int     `json:"size_bytes"`
-	Bytes     int     `json:"bytes"`
-	Count     int     `json:"count"`
-	Seconds   float64 `json:"seconds"`
-	MedianS   float64 `json:"median_s"`
-	MinS      float64 `json:"min_s"`
-	AlgBW     float64 `json:"algbw_gbps"`
-	BusBW     float64 `json:"busbw_gbps"`
-	Iters     int     `json:"iters"`
-	Batch     int     `json:"batch"`
-	Correct   bool    `json:"correct"`
+	// Op is the operation timed.
+	Op string `json:"op"`
+	// Backend is the transport used.
+	Backend string `json:"backend"`
+	// N is the number of ranks.
+	N int `json:"n"`
+	// SizeBytes is the buffer size in bytes after rounding to whole
+	// elements (Count * 4).
+	SizeBytes int `json:"size_bytes"`
+	// Bytes equals SizeBytes, under the name peer scripts use.
+	Bytes int `json:"bytes"`
+	// Count is the number of float32 elements in the buffer.
+	Count int `json:"count"`
+	// Seconds is the median time of one operation, slowest rank per sample.
+	Seconds float64 `json:"seconds"`
+	// MedianS equals Seconds, under the name peer scripts use.
+	MedianS float64 `json:"median_s"`
+	// MinS is the fastest sample's time of one operation.
+	MinS float64 `json:"min_s"`
+	// AlgBW is Bytes / Seconds in GB/s (1e9 bytes).
+	AlgBW float64 `json:"algbw_gbps"`
+	// BusBW is AlgBW times the operation's bus factor, as nccl-tests
+	// defines it.
+	BusBW float64 `json:"busbw_gbps"`
+	// Iters is the number of timed samples.
+	Iters int `json:"iters"`
+	// Batch is the number of back-to-back operations in one sample.
+	Batch int `json:"batch"`
+	// Correct reports whether the checked call gave the expected result on
+	// every rank.
+	Correct bool `json:"correct"`
 }
 
 // busFactor converts algbw to busbw as nccl-tests does.
@@ -360,17 +379,25 @@ func RunWorker(ctx context.Context, out io.Writer) error {
 	return err
 }
 
+// elements is the number of float32 elements measure uses for size bytes on
+// n ranks: whole elements, a multiple of n where the operation splits the
+// buffer into one block per rank, and at least n.
+func elements(op string, n, size int) int {
+	count := size / 4
+	if op == "reducescatter" || op == "allgather" {
+		count = count / n * n
+	}
+	if count == 0 {
+		count = n
+	}
+	return count
+}
+
 // measure runs the whole size sweep on one rank.
 func measure(ctx context.Context, cfg *Config, c *collectives.Comm, emit func(Result) error) error {
 	n, r := c.Size(), c.Rank()
 	for _, size := range cfg.Sizes {
-		count := size / 4
-		if cfg.Op == "reducescatter" || cfg.Op == "allgather" {
-			count = count / n * n
-		}
-		if count == 0 {
-			count = n
-		}
+		count := elements(cfg.Op, n, size)
 		buf := make([]float32, count)
 		shard := make([]float32, count/n)
 		op := func() error {

@@ -1,0 +1,26 @@
+// Package bench times collectives like nccl-tests: for each size, warm-up,
+// a correctness check, then samples of back-to-back operations, each sample
+// timed on every rank and the slowest rank kept, and the median reported
+// with algbw (bytes / time) and busbw (algbw times the operation's bus
+// factor, 2(n-1)/n for all-reduce). The timing protocol is the one of the
+// peer baselines it is compared with (PyTorch gloo and OpenMPI, run side by
+// side as docs/BENCHMARKS.md describes), so figures compare directly.
+//
+// # Usage
+//
+// Run starts Config.NP ranks, as goroutines (InProc, or the inmem backend)
+// or as child processes joined over TCP on 127.0.0.1 or shared memory
+// (Backend "shm") through a store it serves. A child is
+// Config.WorkerCommand with the rank's settings in the environment variable
+// WorkerEnv; the child calls RunWorker. `gpucoord bench` is the
+// command-line front end.
+//
+// Every rank allocates its buffers for the size it times, so a sweep to
+// large sizes on many ranks can take most of the machine's memory.
+// Config.MemoryNeeded estimates the peak; before Run, the front end calls
+// Config.CheckMemory with MemAvailable and refuses a run that needs more
+// than MaxMemoryFraction of it.
+//
+// It lives under internal/ because it is an application, not an API: the
+// collectives it times are in gpucoord/collectives.
+package bench
