@@ -21,9 +21,13 @@
 // # Stages
 //
 // Stage.Spec gives, as data, what each ZeRO stage keeps whole and what it
-// shards, how gradients are reduced and when parameters are gathered. The
-// bytes that follow from it are the planner's one accounting,
-// topology/estimate.ModelStates (Rajbhandari et al. 2020, Figure 1).
+// shards, how gradients are reduced and when parameters are gathered;
+// ShardsOptimizer, ShardsGradients and ShardsParams answer the common
+// questions. This is the one definition of the stages: the engine
+// (worker/engine) allocates and communicates by it, and the planner's
+// memory and traffic (topology/estimate, e.g. ModelStates after Rajbhandari
+// et al. 2020, Figure 1) count by it. topology, a layer below, only checks
+// that a stage is 0-3 and enumerates the stages for the layout search.
 //
 // # State vectors and re-sharding
 //

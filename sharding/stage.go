@@ -24,6 +24,28 @@ func (s Stage) Validate() error {
 	return nil
 }
 
+// ShardsOptimizer reports whether each data-parallel rank keeps only its
+// block of the master weights and optimizer moments (stages 1-3). It is
+// false for a stage outside 0-3.
+func (s Stage) ShardsOptimizer() bool { return s.spec().OptState == Sharded }
+
+// ShardsGradients reports whether each data-parallel rank keeps only its
+// block of the gradients between micro-batches (stages 2 and 3). It is
+// false for a stage outside 0-3.
+func (s Stage) ShardsGradients() bool { return s.spec().Grads == Sharded }
+
+// ShardsParams reports whether each data-parallel rank keeps only its block
+// of the working parameters between uses, gathering the rest before each
+// forward and backward (stage 3). It is false for a stage outside 0-3.
+func (s Stage) ShardsParams() bool { return s.spec().Params == Sharded }
+
+// spec is Spec with the zero StageSpec (nothing sharded) for an invalid
+// stage, for the predicates.
+func (s Stage) spec() StageSpec {
+	sp, _ := s.Spec()
+	return sp
+}
+
 // String returns "zero-<n>".
 func (s Stage) String() string { return fmt.Sprintf("zero-%d", int(s)) }
 

@@ -32,3 +32,26 @@ func TestStageSpec(t *testing.T) {
 		t.Errorf("Stage(7).Spec err = %v, want ErrInvalid", err)
 	}
 }
+
+// TestStagePredicates checks the predicates against Rajbhandari et al. 2020,
+// Sec. 5: P_os shards the optimizer state, P_os+g also the gradients,
+// P_os+g+p also the parameters; a stage outside 0-3 shards nothing.
+func TestStagePredicates(t *testing.T) {
+	tests := []struct {
+		stage                   Stage
+		optimizer, grads, param bool
+	}{
+		{Stage0, false, false, false},
+		{Stage1, true, false, false},
+		{Stage2, true, true, false},
+		{Stage3, true, true, true},
+		{Stage(-1), false, false, false},
+		{Stage(4), false, false, false},
+	}
+	for _, tc := range tests {
+		got := [3]bool{tc.stage.ShardsOptimizer(), tc.stage.ShardsGradients(), tc.stage.ShardsParams()}
+		if want := [3]bool{tc.optimizer, tc.grads, tc.param}; got != want {
+			t.Errorf("stage %d: shards optimizer, grads, params = %v, want %v", int(tc.stage), got, want)
+		}
+	}
+}

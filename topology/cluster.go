@@ -1,15 +1,10 @@
 package topology
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"sort"
 	"strings"
-
-	"gopkg.in/yaml.v3"
 )
 
 // GiB is 2^30 bytes.
@@ -80,7 +75,7 @@ func (c Cluster) Validate() error {
 		return invalid("cluster nvlink_domain %d: must divide or be a multiple of gpus_per_node %d", d, c.GPUsPerNode)
 	}
 	if d > c.World() && d%c.World() != 0 {
-		return invalid("cluster nvlink_domain %d: larger than the %d GPUs of the cluster", d, c.World())
+		return invalid("cluster nvlink_domain %d: larger than the %s of the cluster", d, plural(c.World(), "GPU", "GPUs"))
 	}
 	return nil
 }
@@ -174,19 +169,6 @@ func parseWithPreset[T any](data []byte, what string, preset func(string) (T, er
 		return base, invalid("%s spec: %v", what, err)
 	}
 	return over.Spec, nil
-}
-
-// decodeStrict decodes one YAML document, rejecting unknown fields.
-func decodeStrict(data []byte, v any) error {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			return fmt.Errorf("empty document")
-		}
-		return err
-	}
-	return nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {

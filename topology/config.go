@@ -80,6 +80,8 @@ func (c Config) validateEnums() error {
 	if _, err := schedule.ParseKind(string(c.Schedule)); err != nil {
 		return invalid("schedule %q: must be one of %v", c.Schedule, schedule.Kinds())
 	}
+	// Only the range: what each stage shards is sharding.Stage's, a layer
+	// above this package, which topology/estimate and the engine use.
 	if c.Zero < 0 || c.Zero > 3 {
 		return invalid("zero %d: ZeRO stage must be 0, 1, 2 or 3", c.Zero)
 	}

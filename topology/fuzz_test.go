@@ -6,18 +6,21 @@ import (
 )
 
 // FuzzParseCluster: any document either parses into a valid cluster or is
-// refused with ErrInvalid or ErrUnknownPreset; never a panic.
+// refused with ErrInvalid or ErrUnknownPreset in one line without Go type
+// names; never a panic.
 func FuzzParseCluster(f *testing.F) {
 	f.Add([]byte("preset: dgx-h100\nnodes: 4\n"))
 	f.Add([]byte("nodes: 16\ngpus_per_node: 8\nnvlink_domain: 8\ngpu_memory_gib: 80\npeak_tflops: 312\nnvlink_gbps: 300\ninter_node_gbps: 25\n"))
 	f.Add([]byte("nodes: [1\n"))
 	f.Add([]byte("preset: nope\n"))
+	f.Add([]byte("nodes: 1\ngpus_per_node: many\ncolour: red\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := ParseCluster(data)
 		if err != nil {
 			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrUnknownPreset) {
 				t.Fatalf("unclassified error %v", err)
 			}
+			checkOneLine(t, err)
 			return
 		}
 		if err := c.Validate(); err != nil {
@@ -38,6 +41,7 @@ func FuzzParseModel(f *testing.F) {
 			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrUnknownPreset) {
 				t.Fatalf("unclassified error %v", err)
 			}
+			checkOneLine(t, err)
 			return
 		}
 		if err := m.Validate(); err != nil {

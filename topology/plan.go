@@ -1,6 +1,10 @@
 package topology
 
-import "gpucoord/schedule"
+import (
+	"fmt"
+
+	"gpucoord/schedule"
+)
 
 // Plan is a validated parallel layout of a model on a cluster: the rank
 // order, every rank's coordinates and placement, and the process groups.
@@ -52,8 +56,8 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 		return nil, invalid("pp %d: must be at least 1", cfg.PP)
 	}
 	if world%(cfg.TP*cfg.PP) != 0 {
-		return nil, invalid("world size %d (%d nodes x %d GPUs) is not divisible by tp*pp = %d (tp %d x pp %d)",
-			world, cl.Nodes, cl.GPUsPerNode, cfg.TP*cfg.PP, cfg.TP, cfg.PP)
+		return nil, invalid("world size %d (%s x %s) is not divisible by tp*pp = %d (tp %d x pp %d)",
+			world, plural(cl.Nodes, "node", "nodes"), plural(cl.GPUsPerNode, "GPU", "GPUs"), cfg.TP*cfg.PP, cfg.TP, cfg.PP)
 	}
 	if cfg.DP == 0 {
 		cfg.DP = world / (cfg.TP * cfg.PP)
@@ -63,7 +67,7 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 			cfg.DP, cfg.TP*cfg.PP*cfg.DP, world)
 	}
 	if d := cl.Domain(); cfg.TP > d {
-		return nil, invalid("tp %d is larger than the NVLink domain of %d GPUs: a tensor-parallel group must stay inside one NVLink domain", cfg.TP, d)
+		return nil, invalid("tp %d is larger than the NVLink domain of %s: a tensor-parallel group must stay inside one NVLink domain", cfg.TP, plural(d, "GPU", "GPUs"))
 	}
 	if cfg.VPP == 0 {
 		cfg.VPP = 1
@@ -107,8 +111,8 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 	}
 	mb := cfg.GlobalBatch / (cfg.MicroBatch * cfg.DP)
 	if cfg.Schedule == schedule.Interleaved && mb%cfg.PP != 0 {
-		return nil, invalid("interleaved schedule: %d micro-batches per replica (global batch %d / (micro-batch %d x dp %d)) is not a multiple of pp %d",
-			mb, cfg.GlobalBatch, cfg.MicroBatch, cfg.DP, cfg.PP)
+		return nil, invalid("interleaved schedule: %s per replica (global batch %d / (micro-batch %d x dp %d)) is not a multiple of pp %d",
+			plural(mb, "micro-batch", "micro-batches"), cfg.GlobalBatch, cfg.MicroBatch, cfg.DP, cfg.PP)
 	}
 	layout, err := NewLayout(cfg.TP, cfg.PP, cfg.DP, cfg.Order)
 	if err != nil {
@@ -155,3 +159,11 @@ func (p *Plan) RankMap() []RankInfo {
 
 // checkTPDomains refuses a layout whose TP group spans NVLink domains.
 func (p *Plan) checkTPDomains() error { return p.Layout.CheckDomains(p.Cluster.Domain()) }
+
+// plural formats n with the singular or plural noun: "1 GPU", "8 GPUs".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, one)
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}

@@ -1,13 +1,11 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -91,12 +89,17 @@ Exit status: 0 the plan fits, 3 it does not fit (printed in full with the reason
 // resolve turns the flags into a cluster, a model and a config.
 func (f *planFlags) resolve(cmd *cobra.Command) (topology.Cluster, topology.Model, topology.Config, error) {
 	var m topology.Model
+	var cl topology.Cluster
 	cfg := f.cfg
+	changed := cmd.Flags().Changed
+	if changed("order") && strings.TrimSpace(f.order) == "" {
+		// The library reads "" as the default; a flag given empty is a mistake.
+		return cl, m, cfg, usageError(fmt.Errorf("--order %q: give an order, fastest axis first, such as %s or pipe-data-model", f.order, topology.DefaultOrder))
+	}
 	cl, err := topology.LoadCluster(f.cluster)
 	if err != nil {
 		return cl, m, cfg, err
 	}
-	changed := cmd.Flags().Changed
 	if changed("nodes") {
 		cl.Nodes = f.nodes
 	}
@@ -189,17 +192,6 @@ func writePlan(out io.Writer, f *planFlags, p *topology.Plan, r estimate.Report)
 	return estimate.WriteText(out, p, r)
 }
 
-// autoPlan is one ranked plan in `plan --auto --json`.
-type autoPlan struct {
-	Rank     int                   `json:"rank"`
-	Parallel topology.Config       `json:"parallel"`
-	Memory   estimate.MemoryReport `json:"memory"`
-	Pipeline estimate.Pipeline     `json:"pipeline"`
-	Step     estimate.Step         `json:"step"`
-	Traffic  []estimate.Traffic    `json:"traffic"`
-	Fits     bool                  `json:"fits"`
-}
-
 func runAuto(cmd *cobra.Command, f *planFlags, cl topology.Cluster, m topology.Model, base topology.Config) error {
 	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
 	if err := cl.Validate(); err != nil {
@@ -222,40 +214,14 @@ func runAuto(cmd *cobra.Command, f *planFlags, cl topology.Cluster, m topology.M
 		return classify(err)
 	}
 	if f.json {
-		doc := struct {
-			Candidates int        `json:"candidates"`
-			Fitting    int        `json:"fitting"`
-			Why        string     `json:"why"`
-			Plans      []autoPlan `json:"plans"`
-		}{Candidates: res.Candidates, Fitting: res.Fitting, Why: res.Why, Plans: []autoPlan{}}
-		for i, t := range res.Top {
-			doc.Plans = append(doc.Plans, autoPlan{Rank: i + 1, Parallel: t.Plan.Config, Memory: t.Report.Memory,
-				Pipeline: t.Report.Pipeline, Step: t.Report.Step, Traffic: t.Report.Traffic, Fits: t.Report.Fits})
-		}
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(doc); err != nil {
-			return err
-		}
+		err = estimate.WriteSearchJSON(out, res)
 	} else {
-		fmt.Fprintf(out, "searched %d valid layouts of %s on %d GPUs; %d fit\n\n", res.Candidates, m.Name, cl.World(), res.Fitting)
-		if len(res.Top) > 0 {
-			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "#\ttp\tpp\tdp\tvpp\tzero\tmb\trecompute\tschedule\tstep s\tTFLOP/s/GPU\tbubble\tmem GiB")
-			for i, t := range res.Top {
-				c := t.Plan.Config
-				fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%.3f\t%.0f\t%.1f%%\t%.1f\n", i+1, c.TP, c.PP, c.DP, c.VPP, c.Zero, c.MicroBatch,
-					c.Recompute, c.Schedule, t.Report.Step.Seconds, t.Report.Step.TFLOPSPerGPU, 100*t.Report.Pipeline.BubbleFraction,
-					t.Report.Memory.PerGPU.Total/topology.GiB)
-			}
-			tw.Flush()
-			fmt.Fprintf(out, "\nwhy: %s\n", res.Why)
-		}
+		err = estimate.WriteSearchText(out, cl, m, res)
+	}
+	if err != nil {
+		return err
 	}
 	if len(res.Top) == 0 {
-		if !f.json {
-			fmt.Fprintln(out, "no layout fits: try more GPUs, a larger --global-batch split, or --offload-optimizer")
-		}
 		return &exitError{code: exitNoFit}
 	}
 	if f.svg != "" {

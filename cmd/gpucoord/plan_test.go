@@ -48,6 +48,9 @@ func TestPlanExitCodes(t *testing.T) {
 		{"bad flag value", []string{"plan", "--tp", "two"}, 2, "invalid argument"},
 		{"bad recompute", []string{"plan", "--model", "gpt-13b", "--recompute", "some"}, 2, `recompute "some"`},
 		{"bare params", []string{"plan", "--params", "7.5e9", "--nodes", "8", "--zero", "3"}, 0, "no time estimate for a bare parameter count"},
+		{"empty order", []string{"plan", "--model", "gpt-13b", "--order", ""}, 2, `--order "": give an order`},
+		{"empty order with auto", []string{"plan", "--model", "gpt-13b", "--auto", "--order="}, 2, `--order "": give an order`},
+		{"one GPU reads singular", []string{"plan", "--model", "gpt-1.7b", "--gpus-per-node", "1", "--global-batch", "1"}, 0, "1 node x 1 GPU, 80 GiB each, NVLink domain 1 GPU"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -69,25 +72,44 @@ func TestPlanExitCodes(t *testing.T) {
 	}
 }
 
+// TestPlanMalformedYAML checks that a bad cluster or model file is a usage
+// error (exit 2) of one line naming the file, the line and the field in the
+// file's terms, without Go type names.
 func TestPlanMalformedYAML(t *testing.T) {
 	dir := t.TempDir()
-	for name, body := range map[string]string{
-		"unknown-field.yaml": "nodes: 2\ngpus_per_node: 8\ngpu_memory_gib: 80\npeak_tflops: 1\nnvlink_gbps: 1\ninter_node_gbps: 1\ncolour: red\n",
-		"broken.yaml":        "nodes: [2\n",
-		"wrong-type.yaml":    "nodes: many\n",
-		"empty.yaml":         "",
-	} {
-		path := filepath.Join(dir, name)
-		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		_, code, err := runCLI(t, "plan", "--cluster", path, "--model", "gpt-1.7b")
-		if code != exitUsage {
-			t.Errorf("%s: exit %d (err %v), want 2", name, code, err)
-		}
-		if err != nil && !strings.Contains(err.Error(), name) {
-			t.Errorf("%s: error %q does not name the file", name, err)
-		}
+	tests := []struct {
+		name, flag, body, want string
+	}{
+		{"unknown-field.yaml", "--cluster", "nodes: 2\ngpus_per_node: 8\ngpu_memory_gib: 80\npeak_tflops: 1\nnvlink_gbps: 1\ninter_node_gbps: 1\ncolour: red\n",
+			`unknown-field.yaml: cluster spec: line 7: unknown field "colour" (known: `},
+		{"broken.yaml", "--cluster", "nodes: [2\n", "broken.yaml: cluster spec: line 1: did not find expected ',' or ']'"},
+		{"wrong-type.yaml", "--cluster", "nodes: many\n", `wrong-type.yaml: cluster spec: line 1: nodes: want a whole number, got "many"`},
+		{"gpus.yaml", "--cluster", "preset: dgx-h100\ngpus_per_node: many\n", `gpus.yaml: cluster spec: line 2: gpus_per_node: want a whole number, got "many"`},
+		{"empty.yaml", "--cluster", "", "empty.yaml: cluster spec: empty document"},
+		{"model.yaml", "--model", "preset: gpt-13b\nlayers: forty\n", `model.yaml: model spec: line 2: layers: want a whole number, got "forty"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, tc.name)
+			if err := os.WriteFile(path, []byte(tc.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			args := []string{"plan", "--cluster", path, "--model", "gpt-1.7b"}
+			if tc.flag == "--model" {
+				args = []string{"plan", "--model", path}
+			}
+			_, code, err := runCLI(t, args...)
+			if code != exitUsage {
+				t.Fatalf("exit %d (err %v), want 2", code, err)
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, tc.want) {
+				t.Errorf("error %q\nwant it to contain %q", msg, tc.want)
+			}
+			if strings.Contains(msg, "\n") || strings.Contains(msg, "topology.") || strings.Contains(msg, "cannot unmarshal") {
+				t.Errorf("error %q: want one line without Go type names", msg)
+			}
+		})
 	}
 }
 

@@ -81,6 +81,13 @@ computes the same losses as a single process.`,
 			if err != nil {
 				return usageError(err)
 			}
+			if f.saveParams != "" {
+				// Before any training: a directory that cannot take the
+				// files fails now, and no other run's files stay mixed in.
+				if err := engine.PrepareParamsDir(f.saveParams); err != nil {
+					return usageError(fmt.Errorf("--save-params %s: %w", f.saveParams, err))
+				}
+			}
 			out := newStepPrinter(cmd.OutOrStdout(), cfg, f.json)
 			if f.inproc {
 				res, err := engine.RunInProc(cmd.Context(), cfg, out.print)
@@ -119,9 +126,10 @@ func newStepPrinter(w io.Writer, cfg *engine.Config, asJSON bool) *stepPrinter {
 	if asJSON {
 		p.json = json.NewEncoder(w)
 	} else {
-		fmt.Fprintf(w, "training %s: tp %d pp %d dp %d (%d ranks), %s x%d chunks, ZeRO %d, %d micro-batches of %d, %d steps\n",
-			cfg.Job.Name, cfg.TP, cfg.PP, cfg.DP, cfg.World(), cfg.Schedule, cfg.Virtual, cfg.Zero,
-			cfg.Microbatches(), cfg.Job.Batch.Micro, cfg.Job.Steps)
+		fmt.Fprintf(w, "training %s: tp %d pp %d dp %d (%s), %s x%s, ZeRO %d, %s of %d, %s\n",
+			cfg.Job.Name, cfg.TP, cfg.PP, cfg.DP, nounCount(cfg.World(), "rank", "ranks"), cfg.Schedule,
+			nounCount(cfg.Virtual, "chunk", "chunks"), cfg.Zero, nounCount(cfg.Microbatches(), "micro-batch", "micro-batches"),
+			cfg.Job.Batch.Micro, nounCount(cfg.Job.Steps, "step", "steps"))
 	}
 	return p
 }
@@ -138,11 +146,20 @@ func (p *stepPrinter) print(s engine.StepResult) error {
 
 func (p *stepPrinter) done() error {
 	if p.last.Step != p.cfg.Job.Steps {
-		return fmt.Errorf("training ended after %d of %d steps", p.last.Step, p.cfg.Job.Steps)
+		return fmt.Errorf("training ended after %d of %s", p.last.Step, nounCount(p.cfg.Job.Steps, "step", "steps"))
 	}
 	if p.json == nil {
-		fmt.Fprintf(p.w, "done: %d steps in %.2f s, final loss %.6f, %.0f samples/s\n",
-			p.last.Step, p.total, p.last.Loss, float64(p.cfg.Job.Steps*p.cfg.Job.Batch.Global)/p.total)
+		fmt.Fprintf(p.w, "done: %s in %.2f s, final loss %.6f, %.0f samples/s\n",
+			nounCount(p.last.Step, "step", "steps"), p.total, p.last.Loss, float64(p.cfg.Job.Steps*p.cfg.Job.Batch.Global)/p.total)
 	}
 	return nil
+}
+
+// nounCount formats n with the singular or plural noun: "1 rank",
+// "8 ranks", "1 micro-batch", "4 micro-batches".
+func nounCount(n int, one, many string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, one)
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }

@@ -225,6 +225,9 @@ func TestTrainInProc(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := out.String()
+	if head := "training tiny: tp 2 pp 2 dp 1 (4 ranks), interleaved x2 chunks, ZeRO 0, 8 micro-batches of 2, 3 steps\n"; !strings.HasPrefix(text, head) {
+		t.Errorf("header: want %q in:\n%s", head, text)
+	}
 	for s, l := range want.Losses {
 		if line := fmt.Sprintf("step %d/3  loss %.6f", s+1, l); !strings.Contains(text, line) {
 			t.Errorf("output lacks %q:\n%s", line, text)
@@ -232,5 +235,119 @@ func TestTrainInProc(t *testing.T) {
 	}
 	if !strings.Contains(text, "done: 3 steps") {
 		t.Errorf("no summary line:\n%s", text)
+	}
+}
+
+// TestTrainSaveParamsDir checks --save-params before any training: files
+// another run left in the directory (here a valid parameter file of another
+// seed, named as a pipeline stage of another layout would name it) are
+// removed and others kept, so the saved model reads back as this run's
+// exactly; a directory that cannot be written is a one-line usage error
+// with nothing trained.
+func TestTrainSaveParamsDir(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "job.yaml")
+	if err := os.WriteFile(path, []byte(tinyJob), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	train := func(args ...string) (string, error) {
+		var out, errOut bytes.Buffer
+		err := run(t.Context(), append([]string{"train", "--inproc", "--steps", "3"}, append(args, path)...), &out, &errOut)
+		return out.String(), err
+	}
+	other, params := filepath.Join(dir, "other"), filepath.Join(dir, "params")
+	if _, err := train("--seed", "1", "--save-params", other); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(params, 0o755)
+	if err := os.Rename(filepath.Join(other, "params-full.gob"), filepath.Join(params, "params-pp1-tp0.gob")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(params, "notes.txt"), []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := train("--save-params", params); err != nil {
+		t.Fatal(err)
+	}
+	job, _ := engine.LoadJob(path, nil)
+	job.Steps = 3
+	want, err := engine.RunInProc(t.Context(), engine.DefaultConfig(job), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := engine.ReadParams(params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, where := got.MaxRelDiff(want.Params, 1); d != 0 {
+		t.Errorf("saved parameters differ from this run's by %.3g in %s: another run's file was read with them", d, where)
+	}
+	if _, err := os.Stat(filepath.Join(params, "params-pp1-tp0.gob")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale params-pp1-tp0.gob: stat err = %v, want it removed", err)
+	}
+	if _, err := os.Stat(filepath.Join(params, "notes.txt")); err != nil {
+		t.Errorf("notes.txt, not a parameter file, was touched: %v", err)
+	}
+	entries, _ := os.ReadDir(params)
+	if len(entries) != 2 {
+		t.Errorf("directory holds %d entries, want params-full.gob and notes.txt: %v", len(entries), entries)
+	}
+
+	unwritable := []struct{ name, dir string }{
+		{"below a file", filepath.Join(dir, "job.yaml", "params")},
+	}
+	if os.Geteuid() != 0 { // root writes through permissions
+		ro := filepath.Join(dir, "read-only")
+		os.Mkdir(ro, 0o555)
+		unwritable = append(unwritable, struct{ name, dir string }{"read-only", ro})
+	}
+	for _, tc := range unwritable {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := train("--save-params", tc.dir)
+			var ee *exitError
+			if !errors.As(err, &ee) || ee.code != exitUsage {
+				t.Fatalf("err = %v, want a usage error", err)
+			}
+			if msg := err.Error(); !strings.HasPrefix(msg, "--save-params "+tc.dir+": ") || strings.Contains(msg, "\n") {
+				t.Errorf("error %q: want one line naming --save-params %s", msg, tc.dir)
+			}
+			if out != "" {
+				t.Errorf("trained before failing:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestTrainDivergedNamesStep: with a learning rate of 1e38 the first update
+// leaves the weights overflowing, so step 2's loss is not finite: the error
+// names step 2 and no line for step 2 is printed before it.
+func TestTrainDivergedNamesStep(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "diverge.yaml")
+	job := strings.Replace(strings.Replace(tinyJob, "lr: 0.01", "lr: 1e38", 1), "outputs: 3}", "outputs: 3, loss: mse}", 1)
+	os.WriteFile(path, []byte(job), 0o644)
+	var out, errOut bytes.Buffer
+	err := run(t.Context(), []string{"train", "--inproc", "--steps", "3", path}, &out, &errOut)
+	if !errors.Is(err, engine.ErrDiverged) || !strings.Contains(err.Error(), "step 2: engine: loss is not finite") {
+		t.Fatalf("err = %v, want step 2 named as diverged", err)
+	}
+	if text := out.String(); !strings.Contains(text, "step 1/3") || strings.Contains(text, "step 2/3") {
+		t.Errorf("want step 1's line and none for step 2:\n%s", text)
+	}
+}
+
+// TestTrainSingular: a run of one rank, one micro-batch and one step says
+// so in the singular.
+func TestTrainSingular(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "job.yaml")
+	os.WriteFile(path, []byte(strings.Replace(tinyJob, "batch: {global: 16, micro: 2}", "batch: {global: 2, micro: 2}", 1)), 0o644)
+	var out, errOut bytes.Buffer
+	if err := run(t.Context(), []string{"train", "--inproc", "--steps", "1", path}, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	for _, want := range []string{"(1 rank), 1f1b x1 chunk, ZeRO 0, 1 micro-batch of 2, 1 step\n", "done: 1 step in "} {
+		if !strings.Contains(text, want) {
+			t.Errorf("want %q in:\n%s", want, text)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package estimate
 
 import (
+	"gpucoord/sharding"
 	"gpucoord/topology"
 )
 
@@ -33,6 +34,10 @@ const (
 	fragmentation = 0.05
 )
 
+// zeroStage returns the plan's ZeRO stage as sharding's Stage, the one
+// source of what each stage shards and communicates.
+func zeroStage(p *topology.Plan) sharding.Stage { return sharding.Stage(p.Config.Zero) }
+
 // bytesPerParam returns the bytes per parameter of weights, gradients and
 // optimizer state. Mixed precision Adam is 2 + 2 + 12 (fp32 master weights,
 // momentum and variance), as Rajbhandari et al. 2020 (ZeRO) count it, Sec. 3.1;
@@ -54,20 +59,21 @@ func activationBytes(p topology.Precision) float64 {
 
 // ModelStates returns the weights, gradients and optimizer bytes held by one
 // GPU for params parameters on its model-parallel shard, with data-parallel
-// degree dp and ZeRO stage zero (Rajbhandari et al. 2020, Sec. 5 and
-// Figure 1: stage 1 partitions the optimizer state, stage 2 also the
-// gradients, stage 3 also the weights, each across the dp replicas).
-func ModelStates(params float64, dp, zero int, prec topology.Precision) (w, g, o float64) {
+// degree dp and ZeRO stage stage. What each stage shards is sharding's
+// Stage semantics (Rajbhandari et al. 2020, Sec. 5 and Figure 1: stage 1
+// partitions the optimizer state, stage 2 also the gradients, stage 3 also
+// the weights, each across the dp replicas).
+func ModelStates(params float64, dp int, stage sharding.Stage, prec topology.Precision) (w, g, o float64) {
 	bw, bg, bo := bytesPerParam(prec)
 	w, g, o = bw*params, bg*params, bo*params
 	d := float64(dp)
-	if zero >= 1 {
+	if stage.ShardsOptimizer() {
 		o /= d
 	}
-	if zero >= 2 {
+	if stage.ShardsGradients() {
 		g /= d
 	}
-	if zero >= 3 {
+	if stage.ShardsParams() {
 		w /= d
 	}
 	return w, g, o
@@ -187,12 +193,12 @@ func stageActivations(p *topology.Plan, stage, inflight int) float64 {
 }
 
 // otherBytes is the stated allowance beyond model states and activations:
-// contextBytes, fragmentation of the allocated tensors, and under ZeRO-3 the
-// buffers that hold two gathered layers' 16-bit weights (the one computing
-// and the one prefetched).
+// contextBytes, fragmentation of the allocated tensors, and, when the ZeRO
+// stage shards the parameters (stage 3), the buffers that hold two gathered
+// layers' 16-bit weights (the one computing and the one prefetched).
 func otherBytes(p *topology.Plan, allocated float64) float64 {
 	o := contextBytes + fragmentation*allocated
-	if p.Config.Zero == 3 && !p.Model.Bare() { // a bare model has no layer size
+	if zeroStage(p).ShardsParams() && !p.Model.Bare() { // a bare model has no layer size
 		bw, _, _ := bytesPerParam(p.Config.Precision)
 		o += 2 * bw * p.Model.LayerParams() / float64(p.Config.TP)
 	}
@@ -202,7 +208,7 @@ func otherBytes(p *topology.Plan, allocated float64) float64 {
 // StageMemory returns the memory of one GPU of pipeline stage stage.
 func StageMemory(p *topology.Plan, stage, inflight int) (gpu Memory, hostOptimizer float64) {
 	c := p.Config
-	w, g, o := ModelStates(stageParams(p, stage), c.DP, c.Zero, c.Precision)
+	w, g, o := ModelStates(stageParams(p, stage), c.DP, zeroStage(p), c.Precision)
 	if c.OffloadOptimizer {
 		hostOptimizer, o = o, 0
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"gpucoord/sharding"
 	"gpucoord/topology"
 )
 
@@ -25,13 +26,21 @@ func reasons(p *topology.Plan, r Report) []string {
 		}
 		out = append(out, msg+")")
 		if len(out) == 3 && st < len(r.Memory.Stages)-1 {
-			out = append(out, fmt.Sprintf("and %d more stages do not fit", countOver(r.Memory.Stages[st+1:], r.Memory.CapacityBytes)))
+			if n := countOver(r.Memory.Stages[st+1:], r.Memory.CapacityBytes); n == 1 {
+				out = append(out, "and 1 more stage does not fit")
+			} else {
+				out = append(out, fmt.Sprintf("and %d more stages do not fit", n))
+			}
 			break
 		}
 	}
 	if host := p.Cluster.HostMemoryGiB * topology.GiB; r.Memory.HostOptimizerBytes > 0 && host > 0 && r.Memory.HostOptimizerBytes > host {
-		out = append(out, fmt.Sprintf("does not fit: offloaded optimizer state needs %s of host memory per node, the node has %s (try --zero 1 or more tp/pp)",
-			gib(r.Memory.HostOptimizerBytes), gib(host)))
+		tip := "more tp/pp"
+		if !zeroStage(p).ShardsOptimizer() && p.Config.DP > 1 {
+			tip = fmt.Sprintf("--zero %d or more tp/pp", sharding.Stage1)
+		}
+		out = append(out, fmt.Sprintf("does not fit: offloaded optimizer state needs %s of host memory per node, the node has %s (try %s)",
+			gib(r.Memory.HostOptimizerBytes), gib(host), tip))
 	}
 	return out
 }
@@ -62,7 +71,7 @@ func largestPart(m Memory) (string, float64) {
 
 // remedies suggests flags that shrink part, skipping what is already set.
 func remedies(p *topology.Plan, part string) []string {
-	c := p.Config
+	c, stage := p.Config, zeroStage(p)
 	var tips []string
 	switch part {
 	case "activations":
@@ -79,19 +88,19 @@ func remedies(p *topology.Plan, part string) []string {
 			tips = append(tips, "--flash-attention")
 		}
 	case "optimizer":
-		if c.Zero < 1 && c.DP > 1 {
-			tips = append(tips, "--zero 1")
+		if !stage.ShardsOptimizer() && c.DP > 1 {
+			tips = append(tips, fmt.Sprintf("--zero %d", sharding.Stage1))
 		}
 		if !c.OffloadOptimizer {
 			tips = append(tips, "--offload-optimizer")
 		}
 	case "grads":
-		if c.Zero < 2 && c.DP > 1 {
-			tips = append(tips, "--zero 2")
+		if !stage.ShardsGradients() && c.DP > 1 {
+			tips = append(tips, fmt.Sprintf("--zero %d", sharding.Stage2))
 		}
 	case "params":
-		if c.Zero < 3 && c.DP > 1 {
-			tips = append(tips, "--zero 3")
+		if !stage.ShardsParams() && c.DP > 1 {
+			tips = append(tips, fmt.Sprintf("--zero %d", sharding.Stage3))
 		}
 	}
 	tips = append(tips, "more --tp or --pp")

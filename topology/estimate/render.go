@@ -59,12 +59,12 @@ func WriteText(w io.Writer, p *topology.Plan, r Report) error {
 	if name == "" {
 		name = "model"
 	}
-	fmt.Fprintf(b, "plan     %s (%.2fB params) on %s: %d nodes x %d GPUs, %.0f GiB each, NVLink domain %d GPUs\n",
-		name, m.TotalParams()/1e9, cl.Name, cl.Nodes, cl.GPUsPerNode, cl.GPUMemoryGiB, cl.Domain())
-	fmt.Fprintf(b, "layout   tp %d x pp %d x dp %d = %d GPUs, order %s, vpp %d, ZeRO %d, %s, schedule %s\n",
-		c.TP, c.PP, c.DP, p.World(), c.Order, c.VPP, c.Zero, c.Precision, c.Schedule)
-	fmt.Fprintf(b, "batch    global %d, micro-batch %d, %d micro-batches per replica; recompute %s, sequence parallel %s, flash attention %s, optimizer offload %s\n",
-		c.GlobalBatch, c.MicroBatch, p.Microbatches(), c.Recompute, onOff(c.SequenceParallel), onOff(c.FlashAttention), onOff(c.OffloadOptimizer))
+	fmt.Fprintf(b, "plan     %s (%.2fB params) on %s: %s x %s, %.0f GiB each, NVLink domain %s\n",
+		name, m.TotalParams()/1e9, cl.Name, plural(cl.Nodes, "node", "nodes"), plural(cl.GPUsPerNode, "GPU", "GPUs"), cl.GPUMemoryGiB, plural(cl.Domain(), "GPU", "GPUs"))
+	fmt.Fprintf(b, "layout   tp %d x pp %d x dp %d = %s, order %s, vpp %d, ZeRO %d, %s, schedule %s\n",
+		c.TP, c.PP, c.DP, plural(p.World(), "GPU", "GPUs"), c.Order, c.VPP, c.Zero, c.Precision, c.Schedule)
+	fmt.Fprintf(b, "batch    global %d, micro-batch %d, %s per replica; recompute %s, sequence parallel %s, flash attention %s, optimizer offload %s\n",
+		c.GlobalBatch, c.MicroBatch, plural(p.Microbatches(), "micro-batch", "micro-batches"), c.Recompute, onOff(c.SequenceParallel), onOff(c.FlashAttention), onOff(c.OffloadOptimizer))
 
 	b.WriteString("\nrank map (ranks fill nodes in order)\n")
 	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
@@ -73,7 +73,7 @@ func WriteText(w io.Writer, p *topology.Plan, r Report) error {
 	g := cl.GPUsPerNode
 	for node := 0; node < cl.Nodes; node++ {
 		if cl.Nodes > maxListed && node == maxListed-2 {
-			fmt.Fprintf(tw, "  ...\t%d more nodes\t\t\t\n", cl.Nodes-maxListed)
+			fmt.Fprintf(tw, "  ...\t%s more\t\t\t\n", plural(cl.Nodes-maxListed, "node", "nodes"))
 			node = cl.Nodes - 2
 		}
 		rows := rm[node*g : (node+1)*g]
@@ -92,7 +92,7 @@ func WriteText(w io.Writer, p *topology.Plan, r Report) error {
 		gs   [][]topology.Rank
 		link string
 	}{{"tp", groups.TP, l.tp.name}, {"pp", groups.PP, l.pp.name}, {"dp", groups.DP, l.dp.name}} {
-		fmt.Fprintf(b, "  %s  %d groups of %d over %s:", ax.name, len(ax.gs), len(ax.gs[0]), ax.link)
+		fmt.Fprintf(b, "  %s  %s of %d over %s:", ax.name, plural(len(ax.gs), "group", "groups"), len(ax.gs[0]), ax.link)
 		for i, gr := range ax.gs {
 			if i == 4 && len(ax.gs) > 5 {
 				b.WriteString(" ... " + rankList(ax.gs[len(ax.gs)-1]))
@@ -125,8 +125,8 @@ func WriteText(w io.Writer, p *topology.Plan, r Report) error {
 		fmt.Fprintf(b, "  optimizer offloaded: %.1f GiB of host memory per node\n", mr.HostOptimizerBytes/topology.GiB)
 	}
 
-	fmt.Fprintf(b, "\npipeline %s, %d stages x %d virtual, %d micro-batches: bubble %.1f%% of ideal compute\n",
-		r.Pipeline.Schedule, c.PP, c.VPP, r.Pipeline.Microbatches, 100*r.Pipeline.BubbleFraction)
+	fmt.Fprintf(b, "\npipeline %s, %s x %d virtual, %s: bubble %.1f%% of ideal compute\n",
+		r.Pipeline.Schedule, plural(c.PP, "stage", "stages"), c.VPP, plural(r.Pipeline.Microbatches, "micro-batch", "micro-batches"), 100*r.Pipeline.BubbleFraction)
 	if len(r.Traffic) > 0 {
 		b.WriteString("\ntraffic per step, per GPU\n")
 		tw = tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
@@ -152,6 +152,88 @@ func WriteText(w io.Writer, p *topology.Plan, r Report) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// SearchPlan is one ranked plan in the JSON form of a search
+// (`gpucoord plan --auto --json`).
+type SearchPlan struct {
+	// Rank is the plan's place, 1 for the fastest.
+	Rank int `json:"rank"`
+	// Parallel is the plan's layout and training setup.
+	Parallel topology.Config `json:"parallel"`
+	// Memory is the plan's per-GPU memory.
+	Memory MemoryReport `json:"memory"`
+	// Pipeline is the schedule's shape and bubble.
+	Pipeline Pipeline `json:"pipeline"`
+	// Step is the estimated cost of one training step.
+	Step Step `json:"step"`
+	// Traffic lists the communication of one step per process group.
+	Traffic []Traffic `json:"traffic"`
+	// Fits reports whether the plan fits (always true for a ranked plan).
+	Fits bool `json:"fits"`
+}
+
+// SearchDocument is the JSON form of a SearchResult, the shape scripts read
+// from `gpucoord plan --auto --json`.
+type SearchDocument struct {
+	// Candidates is the number of valid layouts evaluated.
+	Candidates int `json:"candidates"`
+	// Fitting is how many of them fit.
+	Fitting int `json:"fitting"`
+	// Why explains why the first plan wins over the runner-up.
+	Why string `json:"why"`
+	// Plans holds the ranked plans, fastest first; empty, not null, when
+	// nothing fits.
+	Plans []SearchPlan `json:"plans"`
+}
+
+// NewSearchDocument assembles the JSON document of res.
+func NewSearchDocument(res SearchResult) SearchDocument {
+	doc := SearchDocument{Candidates: res.Candidates, Fitting: res.Fitting, Why: res.Why, Plans: []SearchPlan{}}
+	for i, t := range res.Top {
+		doc.Plans = append(doc.Plans, SearchPlan{Rank: i + 1, Parallel: t.Plan.Config, Memory: t.Report.Memory,
+			Pipeline: t.Report.Pipeline, Step: t.Report.Step, Traffic: t.Report.Traffic, Fits: t.Report.Fits})
+	}
+	return doc
+}
+
+// WriteSearchJSON writes the document of res, indented.
+func WriteSearchJSON(w io.Writer, res SearchResult) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(NewSearchDocument(res))
+}
+
+// WriteSearchText writes res, a search of model m on cluster cl, as a
+// table of the top plans and why the first wins, or a line saying that no
+// layout fits.
+func WriteSearchText(w io.Writer, cl topology.Cluster, m topology.Model, res SearchResult) error {
+	b := &strings.Builder{}
+	fmt.Fprintf(b, "searched %s of %s on %s; %d fit\n\n", plural(res.Candidates, "valid layout", "valid layouts"), m.Name, plural(cl.World(), "GPU", "GPUs"), res.Fitting)
+	if len(res.Top) == 0 {
+		b.WriteString("no layout fits: try more GPUs, a larger --global-batch split, or --offload-optimizer\n")
+	} else {
+		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "#\ttp\tpp\tdp\tvpp\tzero\tmb\trecompute\tschedule\tstep s\tTFLOP/s/GPU\tbubble\tmem GiB")
+		for i, t := range res.Top {
+			c := t.Plan.Config
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%.3f\t%.0f\t%.1f%%\t%.1f\n", i+1, c.TP, c.PP, c.DP, c.VPP, c.Zero, c.MicroBatch,
+				c.Recompute, c.Schedule, t.Report.Step.Seconds, t.Report.Step.TFLOPSPerGPU, 100*t.Report.Pipeline.BubbleFraction,
+				t.Report.Memory.PerGPU.Total/topology.GiB)
+		}
+		tw.Flush()
+		fmt.Fprintf(b, "\nwhy: %s\n", res.Why)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// plural formats n with the singular or plural noun: "1 rank", "2 ranks".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, one)
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
 
 func onOff(b bool) string {

@@ -45,7 +45,7 @@ func Search(cl topology.Cluster, m topology.Model, base topology.Config, space t
 			return false
 		}
 		if r.Fits {
-			fits = append(fits, Ranked{Plan: p, Report: r, bound: lowerBound(p, r), built: b})
+			fits = append(fits, Ranked{Plan: p, Report: r, bound: e.lowerBound(p, r), built: b})
 		}
 		if seen++; progress != nil && seen%1000 == 0 {
 			progress(seen)

@@ -2,6 +2,7 @@ package estimate
 
 import (
 	"gpucoord/schedule"
+	"gpucoord/sharding"
 	"gpucoord/topology"
 )
 
@@ -88,13 +89,13 @@ func ppMessage(p *topology.Plan) float64 {
 // simulated with: F is the forward compute plus its TP all-reduces, B the
 // backward (twice the forward's compute, plus recomputation), W the
 // weight-gradient half of B for split-backward schedules, Comm one
-// pipeline hop.
-func stageCosts(p *topology.Plan, l groupLinks, kind schedule.Kind) schedule.Costs {
+// pipeline hop. Compute runs at computeRate with constants eff.
+func stageCosts(p *topology.Plan, l groupLinks, kind schedule.Kind, eff efficiency) schedule.Costs {
 	m, c := p.Model, p.Config
 	if m.Bare() {
 		return schedule.Costs{F: 1, B: 2}
 	}
-	rate := computeRate(p) * float64(c.TP)
+	rate := computeRate(p, eff) * float64(c.TP)
 	layers := float64(m.Layers / (c.PP * c.VPP))
 	b := float64(c.MicroBatch)
 	fwd := b * layers * layerForwardFLOPs(m) / rate
@@ -115,9 +116,10 @@ func stageCosts(p *topology.Plan, l groupLinks, kind schedule.Kind) schedule.Cos
 	return costs
 }
 
-// traffic lists one GPU's communication per step. Message sizes are those
-// of a first-stage GPU; counts cover every micro-batch.
-func traffic(p *topology.Plan, l groupLinks) []Traffic {
+// traffic lists one GPU's communication per step, with spec the semantics
+// of the plan's ZeRO stage. Message sizes are those of a first-stage GPU;
+// counts cover every micro-batch.
+func traffic(p *topology.Plan, l groupLinks, spec sharding.StageSpec) []Traffic {
 	c := p.Config
 	mbs := p.Microbatches()
 	var out []Traffic
@@ -144,22 +146,18 @@ func traffic(p *topology.Plan, l groupLinks) []Traffic {
 		bw, _, _ := bytesPerParam(c.Precision)
 		grads := bg * stageParams(p, 0)
 		params := bw * stageParams(p, 0)
-		switch c.Zero {
-		case 0:
+		switch spec.GradSync {
+		case sharding.AllReduce:
 			sent, sec := ringAllReduce(grads, c.DP, l.dp)
 			out = append(out, Traffic{Group: "dp", Collective: "all-reduce", Count: 1, MessageBytes: grads, BytesPerGPU: sent, Link: l.dp.name, Seconds: sec})
-		default:
-			// ZeRO 1-2: reduce-scatter the gradients, all-gather the updated
-			// weights: the all-reduce's volume (Rajbhandari et al. 2020 Sec. 7).
+		case sharding.ReduceScatter:
+			// Reduce-scatter the gradients, all-gather the updated weights:
+			// the all-reduce's volume (Rajbhandari et al. 2020 Sec. 7).
 			sent, sec := ringHalf(grads, c.DP, l.dp)
 			out = append(out, Traffic{Group: "dp", Collective: "reduce-scatter", Count: 1, MessageBytes: grads, BytesPerGPU: sent, Link: l.dp.name, Seconds: sec})
-			gathers := 1
-			if c.Zero == 3 {
-				// ZeRO 3 gathers the weights before the forward and again
-				// before the backward: 1.5x the all-reduce volume.
-				gathers = 2
-			}
-			sent, sec = ringHalf(params, c.DP, l.dp)
+		}
+		if gathers := paramGathers(spec.Gather); gathers > 0 {
+			sent, sec := ringHalf(params, c.DP, l.dp)
 			out = append(out, Traffic{Group: "dp", Collective: "all-gather", Count: gathers, MessageBytes: params,
 				BytesPerGPU: float64(gathers) * sent, Link: l.dp.name, Seconds: float64(gathers) * sec})
 		}
@@ -167,9 +165,25 @@ func traffic(p *topology.Plan, l groupLinks) []Traffic {
 	return out
 }
 
+// paramGathers counts the all-gathers of the parameters per step under
+// gather policy g: none for replicated parameters, one after the optimizer
+// step (ZeRO 1-2), two when they live as shards and are gathered before use,
+// once for the forward and again for the backward (ZeRO 3: 1.5x the
+// all-reduce volume in all, Rajbhandari et al. 2020 Sec. 7).
+func paramGathers(g sharding.ParamSync) int {
+	switch g {
+	case sharding.GatherAfterStep:
+		return 1
+	case sharding.GatherBeforeUse:
+		return 2
+	}
+	return 0
+}
+
 // step combines the simulated pipeline with the data-parallel traffic and
-// the output layer into the step estimate.
-func step(p *topology.Plan, makespan float64, tr []Traffic) Step {
+// the output layer (computed at computeRate with constants eff) into the
+// step estimate.
+func step(p *topology.Plan, makespan float64, tr []Traffic, eff efficiency) Step {
 	s := Step{FLOPs: StepFLOPs(p), PipelineSeconds: makespan}
 	for _, t := range tr {
 		if t.Group == "dp" {
@@ -182,7 +196,7 @@ func step(p *topology.Plan, makespan float64, tr []Traffic) Step {
 	// The output layer (3 x 2shV per sequence) runs on the last stage
 	// outside the uniform per-chunk costs the schedule is simulated with.
 	m, c := p.Model, p.Config
-	rate := computeRate(p) * float64(c.TP)
+	rate := computeRate(p, eff) * float64(c.TP)
 	logits := float64(p.Microbatches()*c.MicroBatch) * 3 * logitFLOPs(m) / rate
 	s.Seconds = s.PipelineSeconds + logits + s.DPSeconds
 	s.TFLOPSPerGPU = s.FLOPs / (s.Seconds * float64(p.World())) / 1e12

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"gpucoord/schedule"
+	"gpucoord/sharding"
 )
 
 // Config configures one run of the engine on a 3D layout. Start from
@@ -39,6 +40,10 @@ func DefaultConfig(job *Job) *Config {
 	return &Config{Job: job, TP: 1, PP: 1, DP: 1, Virtual: 1, Schedule: schedule.OneFOneB}
 }
 
+// Stage returns the ZeRO stage as sharding's Stage, whose Spec says what the
+// engine keeps whole, what it shards and how it communicates.
+func (c *Config) Stage() sharding.Stage { return sharding.Stage(c.Zero) }
+
 // World returns tp*pp*dp.
 func (c *Config) World() int { return c.TP * c.PP * c.DP }
 
@@ -63,7 +68,7 @@ func (c *Config) Validate() error {
 		return bad("tp %d, pp %d and dp %d must each be at least 1", c.TP, c.PP, c.DP)
 	case c.Virtual < 1:
 		return bad("virtual stages %d must be at least 1", c.Virtual)
-	case c.Zero < 0 || c.Zero > 3:
+	case c.Stage().Validate() != nil:
 		return bad("ZeRO stage %d: want 0, 1, 2 or 3", c.Zero)
 	case m.Hidden%c.TP != 0:
 		return bad("model.hidden %d is not divisible by tp %d", m.Hidden, c.TP)

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"gpucoord/schedule"
+	"gpucoord/sharding"
 	"gpucoord/topology"
 	"gpucoord/topology/estimate"
 )
@@ -51,7 +52,7 @@ func TestMemoryAgainstPlanner(t *testing.T) {
 			sched, _ := cfg.schedule()
 			inflight := sched.PeakInFlight()
 			for s, mem := range prof.Memory {
-				w, g, o := estimate.ModelStates(float64(prof.Params[s]), tc.dp, tc.zero, topology.PrecisionFP32)
+				w, g, o := estimate.ModelStates(float64(prof.Params[s]), tc.dp, sharding.Stage(tc.zero), topology.PrecisionFP32)
 				b := job.Batch.Micro
 				act := 4 * inflight[s] * stashFloats(job.Model, b, job.Model.Blocks/tc.pp, tc.tp, s == tc.pp-1)
 				slack := int64(4 * 4 * b * job.Model.Width)

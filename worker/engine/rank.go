@@ -66,17 +66,17 @@ type chunkState struct {
 	*chunk
 	part     *sharding.Partition
 	owned    sharding.Range // this DP rank's block of the padded flat buffer
-	params   []float32      // full local params (padded); ZeRO-3: nil outside use
-	shard    []float32      // ZeRO-3: the owned block of params
-	grads    []float32      // full local gradients; ZeRO-2/3: nil outside a weight pass
-	gshard   []float32      // ZeRO-1..3: reduced gradients of the owned block
-	m, v     []float32      // Adam moments of the owned range (ZeRO-0: everything)
+	params   []float32      // full local params (padded); sharded params (ZeRO-3): nil
+	shard    []float32      // sharded params (ZeRO-3): the owned block of params
+	grads    []float32      // full local gradients; sharded gradients (ZeRO-2/3): nil
+	gshard   []float32      // reduce-scattered gradients (ZeRO-1..3): the owned block
+	m, v     []float32      // Adam moments of the owned range (replicated optimizer, ZeRO-0: everything)
 	stash    map[int]*mbStash
 	actIn    map[int][]float32
 	gradIn   map[int][]float32
 	actOut   map[int][]float32
 	gradOut  map[int][]float32
-	sendTemp []float32 // all-gather source: a copy of the owned block
+	sendTemp []float32 // gathered after the step (ZeRO-1/2): all-gather source, a copy of the owned block
 
 	// Scratch reused by every pass instead of allocated per micro-batch,
 	// made on first use: ZeRO-3's gathered parameters (between acquire and
@@ -105,6 +105,7 @@ func reuse(buf *[]float32, n int, zero bool) []float32 {
 // methods must not be called concurrently.
 type Rank struct {
 	cfg     *Config
+	zero    sharding.StageSpec // what the ZeRO stage keeps whole, shards and communicates
 	coord   topology.Coord
 	g       Groups
 	ops     []schedule.Op
@@ -148,9 +149,13 @@ func NewRank(cfg *Config, coord topology.Coord, g Groups) (*Rank, error) {
 	if err != nil {
 		return nil, err
 	}
+	zero, err := cfg.Stage().Spec()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidJob, err)
+	}
 	job := cfg.Job
 	r := &Rank{
-		cfg: cfg, coord: coord, g: g, ops: sched.Ranks[coord.PP], split: sched.Kind.SplitBackward(),
+		cfg: cfg, zero: zero, coord: coord, g: g, ops: sched.Ranks[coord.PP], split: sched.Kind.SplitBackward(),
 		teacher: newTeacher(job.Model, job.Seed),
 		log:     cfg.logger().With("component", "engine", "tp", coord.TP, "pp", coord.PP, "dp", coord.DP),
 		tp:      cfg.TP, pp: cfg.PP, dp: cfg.DP, micro: job.Batch.Micro,
@@ -195,31 +200,34 @@ func (r *Rank) newChunkState(c *chunk) (*chunkState, error) {
 	for i, ti := range c.tensors {
 		initLocal(ti, r.cfg.Job.Seed, r.coord.TP, r.tp, c.view(full, i))
 	}
+	// Allocate as the stage's Spec says. Buffers made once here are counted
+	// once; those made per pass are counted by the pass.
 	shardLen := part.ShardLen()
-	if r.cfg.Zero == 0 {
-		shardLen = part.PaddedLen()
+	optLen := len(full)
+	if r.zero.OptState == sharding.Sharded {
+		optLen = shardLen
 	}
-	cs.m, cs.v = make([]float32, shardLen), make([]float32, shardLen)
-	r.mem.add(MemOptimizer, 2*shardLen)
-	switch r.cfg.Zero {
-	case 0:
-		cs.params, cs.grads = full, make([]float32, len(full))
-		r.mem.add(MemParams, len(full))
-		r.mem.add(MemGrads, len(full))
-	case 1:
-		cs.params, cs.grads = full, make([]float32, len(full))
-		cs.gshard, cs.sendTemp = make([]float32, shardLen), make([]float32, shardLen)
-		r.mem.add(MemParams, len(full)+shardLen)
-		r.mem.add(MemGrads, len(full)+shardLen)
-	case 2:
+	cs.m, cs.v = make([]float32, optLen), make([]float32, optLen)
+	r.mem.add(MemOptimizer, 2*optLen)
+	switch r.zero.Params {
+	case sharding.Replicated:
 		cs.params = full
-		cs.gshard, cs.sendTemp = make([]float32, shardLen), make([]float32, shardLen)
-		r.mem.add(MemParams, len(full)+shardLen)
-		r.mem.add(MemGrads, shardLen)
-	case 3:
+		r.mem.add(MemParams, len(full))
+	case sharding.Sharded:
 		cs.shard = append([]float32(nil), full[owned.Lo:owned.Hi]...)
-		cs.gshard = make([]float32, shardLen)
 		r.mem.add(MemParams, shardLen)
+	}
+	if r.zero.Gather == sharding.GatherAfterStep {
+		// The updated block is copied out of params and gathered back.
+		cs.sendTemp = make([]float32, shardLen)
+		r.mem.add(MemParams, shardLen)
+	}
+	if r.zero.Grads == sharding.Replicated {
+		cs.grads = make([]float32, len(full))
+		r.mem.add(MemGrads, len(full))
+	}
+	if r.zero.GradSync == sharding.ReduceScatter {
+		cs.gshard = make([]float32, shardLen)
 		r.mem.add(MemGrads, shardLen)
 	}
 	return cs, nil
@@ -235,36 +243,39 @@ func (r *Rank) Spans() []Span { return r.spans }
 func (r *Rank) Stats() StepStats { return r.stats }
 
 // Step runs optimizer step number step (counting from 0) and returns the
-// mean loss over the global batch, the same on every rank.
+// mean loss over the global batch, the same on every rank. Its errors name
+// the step counting from 1, as StepResult.Step does; a loss that is not
+// finite is ErrDiverged, named for the step whose forward produced it.
 func (r *Rank) Step(ctx context.Context, step int) (float64, error) {
+	n := step + 1 // the step as reported
 	r.step, r.loss, r.stats, r.spans = step, 0, StepStats{}, r.spans[:0]
 	r.mem.resetPeaks()
 	r.t0 = time.Now()
 	stepped := false
 	for _, o := range r.ops {
 		if err := r.exec(ctx, o); err != nil {
-			return 0, fmt.Errorf("step %d, %s: %w", step, o, err)
+			return 0, fmt.Errorf("step %d, %s: %w", n, o, err)
 		}
 		stepped = stepped || o.Kind == schedule.OptimizerStep
 	}
 	if !stepped {
 		if err := r.exec(ctx, schedule.Op{Kind: schedule.OptimizerStep}); err != nil {
-			return 0, fmt.Errorf("step %d, optimizer: %w", step, err)
+			return 0, fmt.Errorf("step %d, optimizer: %w", n, err)
 		}
 	}
 	for _, cs := range r.chunks {
-		if n := len(cs.stash) + len(cs.actIn) + len(cs.gradIn) + len(cs.actOut) + len(cs.gradOut); n != 0 {
-			return 0, fmt.Errorf("step %d: schedule left %d buffers of chunk %d unconsumed", step, n, cs.index)
+		if left := len(cs.stash) + len(cs.actIn) + len(cs.gradIn) + len(cs.actOut) + len(cs.gradOut); left != 0 {
+			return 0, fmt.Errorf("step %d: schedule left %d buffers of chunk %d unconsumed", n, left, cs.index)
 		}
 	}
 	r.stepMem = r.mem
 	loss, err := r.reduceLoss(ctx)
 	r.stats.Wall = time.Since(r.t0)
 	if err != nil {
-		return 0, fmt.Errorf("step %d, loss: %w", step, err)
+		return 0, fmt.Errorf("step %d, loss: %w", n, err)
 	}
 	if math.IsNaN(loss) || math.IsInf(loss, 0) {
-		return loss, fmt.Errorf("step %d: %w (%v)", step, ErrDiverged, loss)
+		return loss, fmt.Errorf("step %d: %w (%v)", n, ErrDiverged, loss)
 	}
 	return loss, nil
 }
@@ -388,10 +399,11 @@ func (r *Rank) countActivations() {
 	r.mem.addBytes(MemActivations, n-r.mem.cur[MemActivations])
 }
 
-// acquire returns the chunk's full local parameters; under ZeRO-3 it
-// all-gathers them across DP first (release frees them again).
+// acquire returns the chunk's full local parameters; when the stage gathers
+// them before use (ZeRO-3) it all-gathers them across DP first (release
+// frees them again).
 func (r *Rank) acquire(ctx context.Context, cs *chunkState) ([]float32, error) {
-	if r.cfg.Zero != 3 {
+	if r.zero.Gather != sharding.GatherBeforeUse {
 		return cs.params, nil
 	}
 	start := time.Now()
@@ -409,7 +421,7 @@ func (r *Rank) acquire(ctx context.Context, cs *chunkState) ([]float32, error) {
 }
 
 func (r *Rank) release(cs *chunkState, full []float32) {
-	if r.cfg.Zero == 3 {
+	if r.zero.Gather == sharding.GatherBeforeUse {
 		r.mem.add(MemParams, -len(full))
 	}
 }
@@ -493,16 +505,16 @@ func (r *Rank) backward(ctx context.Context, cs *chunkState, o schedule.Op) erro
 	return nil
 }
 
-// weight runs the weight-gradient pass of (mb, chunk). Under ZeRO-2/3 the
-// micro-batch's gradient is reduce-scattered at once into the owned shard,
-// so no full gradient buffer outlives the pass.
+// weight runs the weight-gradient pass of (mb, chunk). When the stage shards
+// the gradients (ZeRO-2/3) the micro-batch's gradient is reduce-scattered at
+// once into the owned shard, so no full gradient buffer outlives the pass.
 func (r *Rank) weight(ctx context.Context, cs *chunkState, mb int) error {
 	st, ok := cs.stash[mb]
 	if !ok || st.dlogits == nil && st.blocks[0].dz == nil {
 		return fmt.Errorf("weight pass of micro-batch %d before its backward", mb)
 	}
 	delete(cs.stash, mb)
-	if r.cfg.Zero < 2 {
+	if r.zero.Grads == sharding.Replicated {
 		cs.backwardWeight(cs.grads, st)
 		return nil
 	}
@@ -529,15 +541,16 @@ func (r *Rank) weight(ctx context.Context, cs *chunkState, mb int) error {
 }
 
 // optimizerStep reduces gradients across DP as the ZeRO stage says, runs Adam
-// on what this rank owns and, for stages 1 and 2, all-gathers the updated
-// parameters.
+// on what this rank owns and, when the stage gathers after the step (ZeRO 1
+// and 2), all-gathers the updated parameters.
 func (r *Rank) optimizerStep(ctx context.Context) error {
 	t := r.step + 1
 	o := r.cfg.Job.Optimizer
 	for _, cs := range r.chunks {
 		dpStart := time.Now()
-		switch r.cfg.Zero {
-		case 0:
+		switch {
+		case r.zero.GradSync == sharding.AllReduce:
+			// Replicated optimizer: every rank updates its whole replica.
 			if r.dp > 1 {
 				if err := r.g.DP.AllReduce(ctx, collectives.Float32s(cs.grads), collectives.Sum); err != nil {
 					return err
@@ -549,7 +562,10 @@ func (r *Rank) optimizerStep(ctx context.Context) error {
 			clear(cs.grads)
 			r.stats.Compute += time.Since(start)
 			continue
-		case 1:
+		case r.zero.Grads == sharding.Replicated:
+			// Whole gradients accumulated over the micro-batches (ZeRO-1):
+			// reduce-scatter them now. Sharded gradients were
+			// reduce-scattered pass by pass into gshard.
 			if r.dp > 1 {
 				if err := r.g.DP.ReduceScatter(ctx, collectives.Float32s(cs.grads), collectives.Float32s(cs.gshard), collectives.Sum); err != nil {
 					return err
@@ -562,14 +578,14 @@ func (r *Rank) optimizerStep(ctx context.Context) error {
 		r.stats.DP += time.Since(dpStart)
 		start := time.Now()
 		owned := cs.shard
-		if r.cfg.Zero < 3 {
+		if r.zero.Params == sharding.Replicated {
 			owned = cs.sendTemp
 			copy(owned, cs.params[cs.owned.Lo:cs.owned.Hi])
 		}
 		adamUpdate(o, t, owned, cs.gshard, cs.m, cs.v)
 		clear(cs.gshard)
 		r.stats.Compute += time.Since(start)
-		if r.cfg.Zero == 3 {
+		if r.zero.Gather != sharding.GatherAfterStep {
 			continue
 		}
 		gStart := time.Now()
@@ -586,7 +602,7 @@ func (r *Rank) optimizerStep(ctx context.Context) error {
 }
 
 // pieces returns this rank's parameter pieces for reassembly, gathering
-// ZeRO-3 shards across DP first.
+// sharded parameters (ZeRO-3) across DP first.
 func (r *Rank) pieces(ctx context.Context) ([]paramPiece, error) {
 	var out []paramPiece
 	for _, cs := range r.chunks {

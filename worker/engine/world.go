@@ -3,8 +3,10 @@ package engine
 import (
 	"context"
 	"encoding/gob"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -145,6 +147,43 @@ func SaveParams(dir string, p Params) error {
 	return writePieces(filepath.Join(dir, "params-full.gob"), p.pieces())
 }
 
+// paramsPattern matches the files WriteParams and SaveParams write, and
+// their temporary files.
+const paramsPattern = "params-*.gob"
+
+// PrepareParamsDir makes dir ready for WriteParams or SaveParams before a
+// run starts: it creates dir, removes the parameter files an earlier run
+// left there (params-*.gob and their .tmp files, which another layout would
+// leave mixed with this run's; nothing else is touched) and checks that a
+// file can be created in it. Call it once per run, before any rank trains.
+func PrepareParamsDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("engine: parameter directory: %w", err)
+	}
+	for _, pat := range []string{paramsPattern, paramsPattern + ".tmp"} {
+		stale, err := filepath.Glob(filepath.Join(dir, pat))
+		if err != nil {
+			return err
+		}
+		for _, name := range stale {
+			if err := os.Remove(name); err != nil {
+				return fmt.Errorf("engine: parameter directory: %w", err)
+			}
+		}
+	}
+	probe, err := os.CreateTemp(dir, ".write-probe-*")
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is the probe's, not the user's
+		}
+		return fmt.Errorf("engine: parameter directory %s is not writable: %w", dir, err)
+	}
+	name := probe.Name()
+	probe.Close()
+	return os.Remove(name)
+}
+
 // writePieces writes pieces to path through a temporary file and a rename.
 func writePieces(path string, pieces []paramPiece) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -166,7 +205,7 @@ func writePieces(path string, pieces []paramPiece) error {
 
 // ReadParams assembles the full model from the files WriteParams left in dir.
 func ReadParams(dir string) (Params, error) {
-	files, err := filepath.Glob(filepath.Join(dir, "params-*.gob"))
+	files, err := filepath.Glob(filepath.Join(dir, paramsPattern))
 	if err != nil {
 		return nil, err
 	}
