@@ -14,7 +14,11 @@ build: ## Build the gpucoord binary into bin/
 	$(GO) build -o bin/gpucoord ./cmd/gpucoord
 
 .PHONY: demo
-demo: ## Run the main job on the embedded default: a dry-run plan of an example cluster
+demo: ## Run the main job on the embedded default: launch --standalone of the native engine, 2 nodes x 4 ranks
+	$(GO) run ./cmd/gpucoord launch --standalone --nodes 2 --gpus-per-node 4 --tp 2 --pp 2 examples/jobs/mlp.yaml
+
+.PHONY: plan-demo
+plan-demo: ## The planner's worked example: gpt-13b on 32 H100s (tp 8, pp 4, ZeRO 1)
 	$(GO) run ./cmd/gpucoord plan --cluster examples/clusters/dgx-h100-32.yaml --model gpt-13b --tp 8 --pp 4 --zero 1
 
 .PHONY: deps

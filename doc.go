@@ -4,6 +4,9 @@
 //
 //   - topology: a cluster, a model and a parallel configuration become a
 //     Plan: the rank map, every process group, validation and auto-search.
+//     Its Layout (tp, pp, dp and their order: coordinates and groups, no
+//     cluster) is the one rank layout the planner, the engine, the
+//     coordinator and the agents share.
 //   - topology/estimate: memory, FLOPs, traffic and step time of a Plan, as
 //     pure functions with their formulas cited (docs/PLANNING.md).
 //   - schedule: micro-batch pipeline schedules as data (GPipe, 1F1B,
@@ -19,14 +22,27 @@
 //     of one host), collectives/nccl (NCCL loaded at run time, no cgo),
 //     and collectives/collectivestest (the conformance suite every
 //     transport runs).
-//   - internal/localproc: runs a world of local worker processes joined
-//     through a store on loopback (train and bench use it).
+//   - internal/localproc: runs a world of local worker processes, or this
+//     node's part of one, joined through a rendezvous store; each rank in
+//     its own process group, stopped with SIGTERM then SIGKILL, dying with
+//     its parent (train, bench and the worker agent use it).
 //   - internal/bench: the driver behind `gpucoord bench`, which times the
 //     collectives over TCP, shared memory or in process, as nccl-tests does.
+//   - proto: the wire protocol (proto/gpucoord.proto, generated code in
+//     proto/gpucoordpb): the Coordinator gRPC service and the messages that
+//     are also the values of the coordinator's etcd keys.
+//   - coordinator: the control plane: job state in etcd (embedded or
+//     external), the gRPC service every coordinator serves, and, in the
+//     elected leader, rendezvous into generations and failure handling.
+//   - worker: the agent on each node: registers, keeps its lease alive,
+//     runs the ranks of its assignment with torchrun's environment and
+//     reports how they end; also the native-engine rank started by it.
 //   - worker/engine: a native Go training engine running the schedules with
 //     tensor-parallel layers and ZeRO-sharded Adam.
 //   - cmd/gpucoord: the command line; flags and wiring only.
 //
-// Imports point one way: topology and schedule at the bottom, then sharding
-// and collectives, then worker and coordinator, then cmd.
+// Imports point one way: proto, topology and schedule at the bottom, then
+// sharding and collectives, then worker and coordinator (which never import
+// each other: they meet in proto), then cmd. docs/ARCHITECTURE.md draws the
+// map.
 package gpucoord

@@ -36,7 +36,7 @@ func golden(t *testing.T, name string, got []byte) {
 }
 
 // TestWriteTextGolden renders the worked example of docs/PLANNING.md (the
-// plan `make demo` prints, with the cluster file it uses) and a one-GPU
+// plan `make plan-demo` prints, with the cluster file it uses) and a one-GPU
 // plan, whose counts of one read in the singular.
 func TestWriteTextGolden(t *testing.T) {
 	cl, err := topology.LoadCluster(filepath.Join("..", "..", "examples", "clusters", "dgx-h100-32.yaml"))

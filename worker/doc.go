@@ -1,0 +1,22 @@
+// Package worker is the agent that runs on every node: it registers the
+// node with a coordinator, keeps its lease alive through its Watch stream,
+// and runs the ranks of its assignment as local processes
+// (internal/localproc), the native engine (RunNativeRank) or the job's
+// command, each with torchrun's environment plus gpucoord's (RankEnv).
+//
+// The agent of rank 0's node bootstraps a generation: for a native job it
+// serves the rendezvous store the ranks join; for a command it finds a free
+// port for the program's own store (torch's TCPStore on rank 0). Every rank
+// output line is tagged "[node rR tpT ppP dpD]".
+//
+// # Failure
+//
+// Ranks run in their own process groups with a parent-death signal, so
+// they die with the agent even when it is killed with SIGKILL. They are
+// stopped with SIGTERM, then SIGKILL after Config.Grace, when their
+// generation ends, when the agent stops, or when no coordinator has
+// answered for twice the lease TTL. The agent moves between coordinators
+// without stopping its ranks.
+//
+// The agent never imports package coordinator: they meet in gpucoordpb.
+package worker
