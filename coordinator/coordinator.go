@@ -10,11 +10,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	"gpucoord/internal/gossip"
 	pb "gpucoord/proto/gpucoordpb"
 )
 
@@ -34,6 +36,13 @@ type Config struct {
 	// Metrics is the address of the Prometheus /metrics endpoint; empty
 	// serves none.
 	Metrics string
+	// Gossip is the address of this coordinator's member of the gossip
+	// pool (TCP and UDP); port 0 picks a free one. Agents learn it from
+	// Register.
+	Gossip string
+	// GossipTuning sets how fast the pool declares a silent member dead;
+	// agents are told to use the same.
+	GossipTuning gossip.Tuning
 	// Token is the join token every call must carry; empty is allowed only
 	// on loopback. It is never logged.
 	Token string
@@ -65,6 +74,8 @@ func DefaultConfig() *Config {
 		FailureSettle: time.Second,
 		Tick:          200 * time.Millisecond,
 		Etcd:          EtcdConfig{DialTimeout: 5 * time.Second},
+		Gossip:        "127.0.0.1:0",
+		GossipTuning:  gossip.DefaultTuning(),
 	}
 }
 
@@ -81,6 +92,12 @@ func (c *Config) Validate() error {
 		return errorf(ErrInvalid, "etcd prefix %q: want a path that starts and ends with '/'", c.Prefix)
 	case c.Etcd.DialTimeout <= 0:
 		return errorf(ErrInvalid, "etcd dial timeout %s: want a positive duration", c.Etcd.DialTimeout)
+	}
+	if err := c.GossipTuning.Validate(); err != nil {
+		return errorf(ErrInvalid, "%v", err)
+	}
+	if _, _, err := net.SplitHostPort(c.Gossip); err != nil {
+		return errorf(ErrInvalid, "gossip address %q: %v", c.Gossip, err)
 	}
 	host, _, err := net.SplitHostPort(c.Listen)
 	if err != nil {
@@ -114,6 +131,8 @@ type Coordinator struct {
 	metrics  net.Listener // nil without Config.Metrics
 	registry *prometheus.Registry
 	leading  atomic.Bool
+	pool     *memberlist.Memberlist
+	dead     chan string // members the pool declared dead, for revokeDead
 }
 
 // New binds the listen address and opens etcd, so that a port in use or an
@@ -149,6 +168,16 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	c := &Coordinator{cfg: cfg, log: log.With("component", "coordinator"), ln: ln, etcd: e, stopping: make(chan struct{}), metrics: mln}
 	if c.cfg.Name == "" {
 		c.cfg.Name = ln.Addr().String()
+	}
+	c.dead = make(chan string, 1024)
+	c.pool, err = gossip.New(coordinatorMember+c.cfg.Name, cfg.Gossip, cfg.GossipTuning, c, slogWriter{c.log.With("component", "gossip")})
+	if err != nil {
+		ln.Close()
+		if mln != nil {
+			mln.Close()
+		}
+		e.Close()
+		return nil, errorf(ErrUnavailable, "%v", err)
 	}
 	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, name: cfg.Name, stopping: c.stopping}
 	m := newMetrics(c.srv, c.leading.Load)
@@ -200,11 +229,15 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error { return c.campaign(gctx) })
+	g.Go(func() error { return c.advertise(gctx) })
+	g.Go(func() error { return c.revokeDead(gctx) })
 	if c.metrics != nil {
 		g.Go(func() error { return serveMetrics(gctx, c.metrics, c.registry) })
 	}
-	c.log.Info("coordinator serving", "addr", c.Addr(), "etcd", strings.Join(c.etcd.Endpoints, ","))
+	c.log.Info("coordinator serving", "addr", c.Addr(), "etcd", strings.Join(c.etcd.Endpoints, ","), "gossip", c.pool.LocalNode().Address())
 	err := g.Wait()
+	c.pool.Leave(time.Second)
+	c.pool.Shutdown()
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}

@@ -89,8 +89,8 @@ func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 	case n.GetProtocol() != pb.ProtocolVersion:
 		return nil, status.Errorf(codes.FailedPrecondition, "agent %q speaks protocol %d (version %s); this coordinator speaks %d: run the same gpucoord version on every node",
 			n.GetName(), n.GetProtocol(), n.GetVersion(), pb.ProtocolVersion)
-	case n.GetName() == "" || strings.ContainsAny(n.GetName(), "/ \t\n"):
-		return nil, status.Errorf(codes.InvalidArgument, "node name %q: want a non-empty name without '/' or spaces", n.GetName())
+	case n.GetName() == "" || strings.ContainsAny(n.GetName(), "/ \t\n") || strings.HasPrefix(n.GetName(), coordinatorMember):
+		return nil, status.Errorf(codes.InvalidArgument, "node name %q: want a non-empty name without '/' or spaces, not starting with %q", n.GetName(), coordinatorMember)
 	case n.GetGpus() < 1:
 		return nil, status.Errorf(codes.InvalidArgument, "node %q: %d GPUs: want at least 1", n.GetName(), n.GetGpus())
 	case n.GetHost() == "":
@@ -115,7 +115,7 @@ func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 		return nil, status.Errorf(codes.AlreadyExists, "a node named %q is already registered and alive: give this agent another --name", n.Name)
 	}
 	s.log.Info("node registered", "node", n.Name, "host", n.Host, "gpus", n.Gpus)
-	return &pb.RegisterResponse{LeaseId: int64(lease.ID), TtlSeconds: ttl}, nil
+	return &pb.RegisterResponse{LeaseId: int64(lease.ID), TtlSeconds: ttl, Gossip: s.gossipFor(ctx)}, nil
 }
 
 // Watch implements pb.CoordinatorServer. The node's lease is kept alive

@@ -25,17 +25,20 @@ import (
 //	jobs/<id>/progress                 Step: rank 0's last finished step
 //	jobs/<id>/exits/<gen>/<rank>       RankExit
 //	leader                             the election (etcd concurrency package)
+//	coordinators/<name>                a coordinator's gossip address, leased
 type keys string
 
-func (k keys) nodes() string               { return string(k) + "nodes/" }
-func (k keys) node(name string) string     { return k.nodes() + name }
-func (k keys) jobs() string                { return string(k) + "jobs/" }
-func (k keys) job(id string) string        { return k.jobs() + id + "/" }
-func (k keys) spec(id string) string       { return k.job(id) + "spec" }
-func (k keys) state(id string) string      { return k.job(id) + "state" }
-func (k keys) generation(id string) string { return k.job(id) + "generation" }
-func (k keys) progress(id string) string   { return k.job(id) + "progress" }
-func (k keys) leader() string              { return string(k) + "leader" }
+func (k keys) nodes() string                  { return string(k) + "nodes/" }
+func (k keys) node(name string) string        { return k.nodes() + name }
+func (k keys) jobs() string                   { return string(k) + "jobs/" }
+func (k keys) job(id string) string           { return k.jobs() + id + "/" }
+func (k keys) spec(id string) string          { return k.job(id) + "spec" }
+func (k keys) state(id string) string         { return k.job(id) + "state" }
+func (k keys) generation(id string) string    { return k.job(id) + "generation" }
+func (k keys) progress(id string) string      { return k.job(id) + "progress" }
+func (k keys) leader() string                 { return string(k) + "leader" }
+func (k keys) coordinators() string           { return string(k) + "coordinators/" }
+func (k keys) coordinator(name string) string { return k.coordinators() + name }
 func (k keys) bootstrap(id string, gen int64) string {
 	return k.job(id) + "bootstrap/" + strconv.FormatInt(gen, 10)
 }

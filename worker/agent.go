@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -22,6 +23,7 @@ import (
 
 	"gpucoord/collectives"
 	"gpucoord/collectives/tcp"
+	"gpucoord/internal/gossip"
 	"gpucoord/internal/localproc"
 	pb "gpucoord/proto/gpucoordpb"
 	"gpucoord/worker/engine"
@@ -42,6 +44,9 @@ type Config struct {
 	GPUs int
 	// NVLinkDomain names the node's NVLink domain; empty is the node alone.
 	NVLinkDomain string
+	// Gossip is the address of the node's member of the failure-detection
+	// pool (TCP and UDP); empty means Host with a free port.
+	Gossip string
 	// Devices sets CUDA_VISIBLE_DEVICES to each rank's local index.
 	Devices bool
 	// NativeCommand is the argv that runs one rank of a native-engine job
@@ -103,6 +108,7 @@ type Agent struct {
 	client pb.CoordinatorClient // current coordinator
 	lease  int64
 	ttl    time.Duration
+	pool   *memberlist.Memberlist // nil until the first registration
 }
 
 // New returns an agent; Run starts it.
@@ -156,6 +162,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	run.stop()
 	a.leave()
+	if a.pool != nil {
+		a.pool.Leave(time.Second)
+		a.pool.Shutdown()
+	}
 	return nil
 }
 
@@ -185,6 +195,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		a.lease, a.ttl = lease, time.Duration(resp.TtlSeconds)*time.Second
 		a.mu.Unlock()
 		a.log.Info("registered", "gpus", a.cfg.GPUs, "host", a.cfg.Host)
+		a.joinPool(resp.Gossip)
 	}
 	stream, err := client.Watch(ctx, &pb.WatchRequest{Node: a.cfg.Name, LeaseId: lease})
 	if err != nil {
@@ -206,6 +217,32 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		}
 		*lastContact = time.Now()
 		run.apply(ctx, asg)
+	}
+}
+
+// joinPool makes this node a member of the gossip pool the coordinators
+// announced (once), and joins their members. A node outside the pool still
+// works; only its failures are noticed later (by its stream or its lease).
+func (a *Agent) joinPool(g *pb.Gossip) {
+	if g == nil || len(g.Seeds) == 0 {
+		return
+	}
+	if a.pool == nil {
+		bind := a.cfg.Gossip
+		if bind == "" {
+			bind = net.JoinHostPort(a.cfg.Host, "0")
+		}
+		t := gossip.Tuning{ProbeInterval: time.Duration(g.ProbeIntervalMs) * time.Millisecond,
+			ProbeTimeout: time.Duration(g.ProbeTimeoutMs) * time.Millisecond, SuspicionMult: int(g.SuspicionMult)}
+		pool, err := gossip.New(a.cfg.Name, bind, t, nil, nil)
+		if err != nil {
+			a.log.Warn("gossip pool", "err", err)
+			return
+		}
+		a.pool = pool
+	}
+	if _, err := a.pool.Join(g.Seeds); err != nil {
+		a.log.Warn("gossip join", "seeds", g.Seeds, "err", err)
 	}
 }
 

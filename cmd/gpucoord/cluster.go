@@ -180,6 +180,10 @@ Outside loopback a join token is required (--token-file, GPUCOORD_TOKEN or
 	fl.DurationVar(&cfg.Etcd.DialTimeout, "etcd-dial-timeout", cfg.Etcd.DialTimeout, "how long to wait for etcd to answer at start")
 	fl.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "a node's lease: how long a silent node stays in the pool")
 	fl.DurationVar(&cfg.ElectionTTL, "election-ttl", cfg.ElectionTTL, "the leader's session: how soon a standby takes over")
+	fl.StringVar(&cfg.Gossip, "gossip", cfg.Gossip, "address of this coordinator's member of the failure-detection pool, TCP and UDP (port 0: a free one)")
+	fl.DurationVar(&cfg.GossipTuning.ProbeInterval, "probe-interval", cfg.GossipTuning.ProbeInterval, "gossip: how often each member probes another")
+	fl.DurationVar(&cfg.GossipTuning.ProbeTimeout, "probe-timeout", cfg.GossipTuning.ProbeTimeout, "gossip: how long a probe waits for its answer")
+	fl.IntVar(&cfg.GossipTuning.SuspicionMult, "suspicion-mult", cfg.GossipTuning.SuspicionMult, "gossip: probe intervals a suspect has to refute before it is declared dead")
 	tok.register(cmd)
 	logs.register(cmd)
 	if p := os.Getenv("ETCD_PASSWORD"); p != "" {
@@ -236,6 +240,7 @@ the agent even when it is killed.`,
 	fl.StringVar(&cfg.Host, "host", cfg.Host, "address other nodes reach this one at")
 	fl.IntVar(&cfg.GPUs, "gpus", cfg.GPUs, "rank slots: GPUs, or processes on a CPU machine")
 	fl.StringVar(&cfg.NVLinkDomain, "nvlink-domain", "", "name of the node's NVLink domain (default: the node alone)")
+	fl.StringVar(&cfg.Gossip, "gossip", "", "address of this node's member of the failure-detection pool, TCP and UDP (default: --host, a free port)")
 	fl.BoolVar(&cfg.Devices, "cuda", false, "set CUDA_VISIBLE_DEVICES to each rank's local index")
 	fl.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "where plan files and checkpoints go")
 	fl.DurationVar(&cfg.Grace, "grace", cfg.Grace, "time between SIGTERM and SIGKILL when ranks stop")

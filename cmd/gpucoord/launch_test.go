@@ -528,3 +528,26 @@ func processesWith(kv string) []int {
 	}
 	return pids
 }
+
+// TestWorkerFrozen: an agent stopped with SIGSTOP keeps its TCP connection
+// (and, without gossip, its lease) alive; the gossip pool's probes find it
+// silent, and the job fails naming the node within seconds.
+func TestWorkerFrozen(t *testing.T) {
+	exe := buildBinary(t)
+	_, addr := coordinatorProc(t, exe)
+	workerProc(t, exe, addr, "w0", 2)
+	w1, _ := workerProc(t, exe, addr, "w1", 2)
+	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "2", "--pp", "2",
+		"--steps", "1000000", "../../examples/jobs/mlp.yaml")
+	p.waitLine(t, "step       2/1000000 ", time.Minute)
+	frozen := time.Now()
+	w1.cmd.Process.Signal(syscall.SIGSTOP)
+	defer w1.cmd.Process.Signal(syscall.SIGCONT)
+	if code := p.wait(t, 30*time.Second); code == 0 {
+		t.Fatal("launch succeeded with a frozen node")
+	}
+	t.Logf("frozen node detected and the job ended %s after SIGSTOP", time.Since(frozen).Round(time.Millisecond))
+	if !strings.Contains(p.output(), "node lost: w1 (ranks 2-3)") {
+		t.Errorf("launch did not name the frozen node:\n%s", p.output())
+	}
+}

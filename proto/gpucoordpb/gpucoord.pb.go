@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18, 0}
 }
 
 // Node is one machine in the pool.
@@ -224,7 +224,9 @@ type RegisterResponse struct {
 	// lease_id is the etcd lease that keeps the node's key alive.
 	LeaseId int64 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// ttl_seconds is the lease's time to live.
-	TtlSeconds    int64 `protobuf:"varint,2,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	TtlSeconds int64 `protobuf:"varint,2,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// gossip tells the agent how to join the failure-detection pool.
+	Gossip        *Gossip `protobuf:"bytes,3,opt,name=gossip,proto3" json:"gossip,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -273,6 +275,84 @@ func (x *RegisterResponse) GetTtlSeconds() int64 {
 	return 0
 }
 
+func (x *RegisterResponse) GetGossip() *Gossip {
+	if x != nil {
+		return x.Gossip
+	}
+	return nil
+}
+
+// Gossip is the memberlist pool of agents and coordinators: the addresses
+// of the coordinators' members (any one is enough to join) and the probe
+// tuning every member must share.
+type Gossip struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Seeds           []string               `protobuf:"bytes,1,rep,name=seeds,proto3" json:"seeds,omitempty"`
+	ProbeIntervalMs int64                  `protobuf:"varint,2,opt,name=probe_interval_ms,json=probeIntervalMs,proto3" json:"probe_interval_ms,omitempty"`
+	ProbeTimeoutMs  int64                  `protobuf:"varint,3,opt,name=probe_timeout_ms,json=probeTimeoutMs,proto3" json:"probe_timeout_ms,omitempty"`
+	SuspicionMult   int32                  `protobuf:"varint,4,opt,name=suspicion_mult,json=suspicionMult,proto3" json:"suspicion_mult,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Gossip) Reset() {
+	*x = Gossip{}
+	mi := &file_proto_gpucoord_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Gossip) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Gossip) ProtoMessage() {}
+
+func (x *Gossip) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Gossip.ProtoReflect.Descriptor instead.
+func (*Gossip) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Gossip) GetSeeds() []string {
+	if x != nil {
+		return x.Seeds
+	}
+	return nil
+}
+
+func (x *Gossip) GetProbeIntervalMs() int64 {
+	if x != nil {
+		return x.ProbeIntervalMs
+	}
+	return 0
+}
+
+func (x *Gossip) GetProbeTimeoutMs() int64 {
+	if x != nil {
+		return x.ProbeTimeoutMs
+	}
+	return 0
+}
+
+func (x *Gossip) GetSuspicionMult() int32 {
+	if x != nil {
+		return x.SuspicionMult
+	}
+	return 0
+}
+
 type WatchRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -283,7 +363,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[3]
+	mi := &file_proto_gpucoord_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -295,7 +375,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[3]
+	mi := &file_proto_gpucoord_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -308,7 +388,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{3}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *WatchRequest) GetNode() string {
@@ -368,7 +448,7 @@ type JobSpec struct {
 
 func (x *JobSpec) Reset() {
 	*x = JobSpec{}
-	mi := &file_proto_gpucoord_proto_msgTypes[4]
+	mi := &file_proto_gpucoord_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +460,7 @@ func (x *JobSpec) String() string {
 func (*JobSpec) ProtoMessage() {}
 
 func (x *JobSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[4]
+	mi := &file_proto_gpucoord_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +473,7 @@ func (x *JobSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobSpec.ProtoReflect.Descriptor instead.
 func (*JobSpec) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{4}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *JobSpec) GetId() string {
@@ -544,7 +624,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_proto_gpucoord_proto_msgTypes[5]
+	mi := &file_proto_gpucoord_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +636,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[5]
+	mi := &file_proto_gpucoord_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +649,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{5}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Member) GetNode() string {
@@ -615,7 +695,7 @@ type Generation struct {
 
 func (x *Generation) Reset() {
 	*x = Generation{}
-	mi := &file_proto_gpucoord_proto_msgTypes[6]
+	mi := &file_proto_gpucoord_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +707,7 @@ func (x *Generation) String() string {
 func (*Generation) ProtoMessage() {}
 
 func (x *Generation) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[6]
+	mi := &file_proto_gpucoord_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +720,7 @@ func (x *Generation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Generation.ProtoReflect.Descriptor instead.
 func (*Generation) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{6}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Generation) GetJob() string {
@@ -694,7 +774,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_proto_gpucoord_proto_msgTypes[7]
+	mi := &file_proto_gpucoord_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +786,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[7]
+	mi := &file_proto_gpucoord_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +799,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{7}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Assignment) GetJob() string {
@@ -759,7 +839,7 @@ type Bootstrap struct {
 
 func (x *Bootstrap) Reset() {
 	*x = Bootstrap{}
-	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	mi := &file_proto_gpucoord_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +851,7 @@ func (x *Bootstrap) String() string {
 func (*Bootstrap) ProtoMessage() {}
 
 func (x *Bootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	mi := &file_proto_gpucoord_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +864,7 @@ func (x *Bootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bootstrap.ProtoReflect.Descriptor instead.
 func (*Bootstrap) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{8}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Bootstrap) GetMaster() string {
@@ -807,7 +887,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_proto_gpucoord_proto_msgTypes[9]
+	mi := &file_proto_gpucoord_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -819,7 +899,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[9]
+	mi := &file_proto_gpucoord_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -832,7 +912,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{9}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Step) GetStep() int64 {
@@ -876,7 +956,7 @@ type RankExit struct {
 
 func (x *RankExit) Reset() {
 	*x = RankExit{}
-	mi := &file_proto_gpucoord_proto_msgTypes[10]
+	mi := &file_proto_gpucoord_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +968,7 @@ func (x *RankExit) String() string {
 func (*RankExit) ProtoMessage() {}
 
 func (x *RankExit) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[10]
+	mi := &file_proto_gpucoord_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +981,7 @@ func (x *RankExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankExit.ProtoReflect.Descriptor instead.
 func (*RankExit) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{10}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RankExit) GetRank() int32 {
@@ -942,7 +1022,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[11]
+	mi := &file_proto_gpucoord_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -954,7 +1034,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[11]
+	mi := &file_proto_gpucoord_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1047,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{11}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReportRequest) GetJob() string {
@@ -1055,7 +1135,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	mi := &file_proto_gpucoord_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1067,7 +1147,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	mi := &file_proto_gpucoord_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1080,7 +1160,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{12}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{13}
 }
 
 type LeaveRequest struct {
@@ -1093,7 +1173,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1185,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1198,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{13}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -1143,7 +1223,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1155,7 +1235,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1168,7 +1248,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
 }
 
 type SubmitRequest struct {
@@ -1180,7 +1260,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1272,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1285,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -1223,7 +1303,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1315,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1328,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
 }
 
 // JobState is where a job stands.
@@ -1272,7 +1352,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1364,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1377,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -1362,7 +1442,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1374,7 +1454,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1387,7 +1467,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -1420,7 +1500,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1512,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1525,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -1486,7 +1566,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1578,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1591,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -1536,7 +1616,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1628,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1641,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
 }
 
 type StatusRequest struct {
@@ -1572,7 +1652,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1664,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1677,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
 }
 
 type NodeStatus struct {
@@ -1611,7 +1691,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1623,7 +1703,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1636,7 +1716,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -1667,7 +1747,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1759,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1772,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -1742,7 +1822,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1754,7 +1834,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1767,7 +1847,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -1804,11 +1884,17 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\bprotocol\x18\x05 \x01(\x05R\bprotocol\x12\x18\n" +
 	"\aversion\x18\x06 \x01(\tR\aversion\"8\n" +
 	"\x0fRegisterRequest\x12%\n" +
-	"\x04node\x18\x01 \x01(\v2\x11.gpucoord.v1.NodeR\x04node\"N\n" +
+	"\x04node\x18\x01 \x01(\v2\x11.gpucoord.v1.NodeR\x04node\"{\n" +
 	"\x10RegisterResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x03R\aleaseId\x12\x1f\n" +
 	"\vttl_seconds\x18\x02 \x01(\x03R\n" +
-	"ttlSeconds\"=\n" +
+	"ttlSeconds\x12+\n" +
+	"\x06gossip\x18\x03 \x01(\v2\x13.gpucoord.v1.GossipR\x06gossip\"\x9b\x01\n" +
+	"\x06Gossip\x12\x14\n" +
+	"\x05seeds\x18\x01 \x03(\tR\x05seeds\x12*\n" +
+	"\x11probe_interval_ms\x18\x02 \x01(\x03R\x0fprobeIntervalMs\x12(\n" +
+	"\x10probe_timeout_ms\x18\x03 \x01(\x03R\x0eprobeTimeoutMs\x12%\n" +
+	"\x0esuspicion_mult\x18\x04 \x01(\x05R\rsuspicionMult\"=\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\xc3\x04\n" +
@@ -1962,79 +2048,81 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),      // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),             // 1: gpucoord.v1.Node
 	(*RegisterRequest)(nil),  // 2: gpucoord.v1.RegisterRequest
 	(*RegisterResponse)(nil), // 3: gpucoord.v1.RegisterResponse
-	(*WatchRequest)(nil),     // 4: gpucoord.v1.WatchRequest
-	(*JobSpec)(nil),          // 5: gpucoord.v1.JobSpec
-	(*Member)(nil),           // 6: gpucoord.v1.Member
-	(*Generation)(nil),       // 7: gpucoord.v1.Generation
-	(*Assignment)(nil),       // 8: gpucoord.v1.Assignment
-	(*Bootstrap)(nil),        // 9: gpucoord.v1.Bootstrap
-	(*Step)(nil),             // 10: gpucoord.v1.Step
-	(*RankExit)(nil),         // 11: gpucoord.v1.RankExit
-	(*ReportRequest)(nil),    // 12: gpucoord.v1.ReportRequest
-	(*ReportResponse)(nil),   // 13: gpucoord.v1.ReportResponse
-	(*LeaveRequest)(nil),     // 14: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),    // 15: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),    // 16: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),   // 17: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),         // 18: gpucoord.v1.JobState
-	(*FollowRequest)(nil),    // 19: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),         // 20: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),    // 21: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),   // 22: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),    // 23: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),       // 24: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),        // 25: gpucoord.v1.JobStatus
-	(*StatusResponse)(nil),   // 26: gpucoord.v1.StatusResponse
-	nil,                      // 27: gpucoord.v1.JobSpec.EnvEntry
+	(*Gossip)(nil),           // 4: gpucoord.v1.Gossip
+	(*WatchRequest)(nil),     // 5: gpucoord.v1.WatchRequest
+	(*JobSpec)(nil),          // 6: gpucoord.v1.JobSpec
+	(*Member)(nil),           // 7: gpucoord.v1.Member
+	(*Generation)(nil),       // 8: gpucoord.v1.Generation
+	(*Assignment)(nil),       // 9: gpucoord.v1.Assignment
+	(*Bootstrap)(nil),        // 10: gpucoord.v1.Bootstrap
+	(*Step)(nil),             // 11: gpucoord.v1.Step
+	(*RankExit)(nil),         // 12: gpucoord.v1.RankExit
+	(*ReportRequest)(nil),    // 13: gpucoord.v1.ReportRequest
+	(*ReportResponse)(nil),   // 14: gpucoord.v1.ReportResponse
+	(*LeaveRequest)(nil),     // 15: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),    // 16: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),    // 17: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),   // 18: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),         // 19: gpucoord.v1.JobState
+	(*FollowRequest)(nil),    // 20: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),         // 21: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),    // 22: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),   // 23: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),    // 24: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),       // 25: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),        // 26: gpucoord.v1.JobStatus
+	(*StatusResponse)(nil),   // 27: gpucoord.v1.StatusResponse
+	nil,                      // 28: gpucoord.v1.JobSpec.EnvEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
-	27, // 1: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
-	6,  // 2: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
-	5,  // 3: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
-	7,  // 4: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
-	9,  // 5: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
-	10, // 6: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
-	11, // 7: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
-	5,  // 8: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 9: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	18, // 10: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	7,  // 11: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	10, // 12: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	1,  // 13: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	5,  // 14: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	18, // 15: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	7,  // 16: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	10, // 17: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	24, // 18: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	25, // 19: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	2,  // 20: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	4,  // 21: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	12, // 22: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	14, // 23: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	16, // 24: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	19, // 25: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	21, // 26: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	23, // 27: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	3,  // 28: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	8,  // 29: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	13, // 30: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	15, // 31: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	17, // 32: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	20, // 33: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	22, // 34: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	26, // 35: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	28, // [28:36] is the sub-list for method output_type
-	20, // [20:28] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
+	28, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	7,  // 3: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
+	6,  // 4: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
+	8,  // 5: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
+	10, // 6: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
+	11, // 7: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
+	12, // 8: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
+	6,  // 9: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 10: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	19, // 11: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	8,  // 12: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	11, // 13: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	1,  // 14: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	6,  // 15: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	19, // 16: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	8,  // 17: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	11, // 18: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	25, // 19: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	26, // 20: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	2,  // 21: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 22: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	13, // 23: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	15, // 24: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	17, // 25: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	20, // 26: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	22, // 27: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	24, // 28: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	3,  // 29: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	9,  // 30: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	14, // 31: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	16, // 32: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	18, // 33: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	21, // 34: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	23, // 35: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	27, // 36: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	29, // [29:37] is the sub-list for method output_type
+	21, // [21:29] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -2042,7 +2130,7 @@ func file_proto_gpucoord_proto_init() {
 	if File_proto_gpucoord_proto != nil {
 		return
 	}
-	file_proto_gpucoord_proto_msgTypes[11].OneofWrappers = []any{
+	file_proto_gpucoord_proto_msgTypes[12].OneofWrappers = []any{
 		(*ReportRequest_Bootstrap)(nil),
 		(*ReportRequest_Step)(nil),
 		(*ReportRequest_Exit)(nil),
@@ -2053,7 +2141,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,125 @@
+package coordinator
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	pb "gpucoord/proto/gpucoordpb"
+)
+
+// coordinatorMember prefixes a coordinator's name in the gossip pool; node
+// names may not start with it.
+const coordinatorMember = "coordinator:"
+
+// Dead implements gossip.Events: a node the pool declared dead is handed to
+// revokeDead, which takes it out of etcd. It never blocks memberlist.
+func (c *Coordinator) Dead(name string) {
+	if strings.HasPrefix(name, coordinatorMember) {
+		return
+	}
+	select {
+	case c.dead <- name:
+	default:
+		c.log.Warn("gossip: dropped a dead-node event", "node", name)
+	}
+}
+
+// revokeDead revokes the lease of every node the pool declares dead, so
+// that the node is lost at once for the leader, however its gRPC stream
+// looks (a frozen or cut-off agent keeps its TCP connection open). Every
+// coordinator does it; a revocation is idempotent.
+func (c *Coordinator) revokeDead(ctx context.Context) error {
+	k := keys(c.cfg.Prefix)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case name := <-c.dead:
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			resp, err := c.etcd.Client.Get(rctx, k.node(name))
+			if err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0 {
+				if _, err = c.etcd.Client.Revoke(rctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err == nil {
+					c.log.Warn("node failed its gossip probes: removed from the pool", "node", name)
+				}
+			}
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				c.log.Warn("gossip: revoke", "node", name, "err", err)
+			}
+		}
+	}
+}
+
+// advertise publishes this coordinator's gossip address under
+// coordinators/<name> for as long as it runs (a leased key), joins the
+// members already published, and keeps the key alive.
+func (c *Coordinator) advertise(ctx context.Context) error {
+	k := keys(c.cfg.Prefix)
+	cli := c.etcd.Client
+	for ctx.Err() == nil {
+		lease, err := cli.Grant(ctx, int64(c.cfg.ElectionTTL/time.Second))
+		if err == nil {
+			_, err = cli.Put(ctx, k.coordinator(c.cfg.Name), c.pool.LocalNode().Address(), clientv3.WithLease(lease.ID))
+		}
+		var alive <-chan *clientv3.LeaseKeepAliveResponse
+		if err == nil {
+			if seeds, err := gossipSeeds(ctx, cli, k); err == nil {
+				if _, err := c.pool.Join(seeds); err != nil && len(seeds) > 1 {
+					c.log.Warn("gossip: join", "seeds", seeds, "err", err)
+				}
+			}
+			alive, err = cli.KeepAlive(ctx, lease.ID)
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				c.log.Warn("gossip: advertise", "err", err)
+			}
+		} else {
+			for range alive { // until ctx ends or the lease is lost
+			}
+		}
+		if ctx.Err() == nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		} else if err == nil {
+			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			cli.Revoke(rctx, lease.ID)
+			cancel()
+		}
+	}
+	return nil
+}
+
+// gossipSeeds lists the coordinators' gossip addresses.
+func gossipSeeds(ctx context.Context, cli *clientv3.Client, k keys) ([]string, error) {
+	resp, err := cli.Get(ctx, k.coordinators(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	seeds := make([]string, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		seeds = append(seeds, string(kv.Value))
+	}
+	return seeds, nil
+}
+
+// gossipFor is what Register tells an agent about the pool.
+func (s *server) gossipFor(ctx context.Context) *pb.Gossip {
+	seeds, _ := gossipSeeds(ctx, s.cli, s.k)
+	t := s.cfg.GossipTuning
+	return &pb.Gossip{Seeds: seeds, ProbeIntervalMs: t.ProbeInterval.Milliseconds(), ProbeTimeoutMs: t.ProbeTimeout.Milliseconds(), SuspicionMult: int32(t.SuspicionMult)}
+}
+
+// slogWriter turns memberlist's log lines into debug records.
+type slogWriter struct{ log *slog.Logger }
+
+func (w slogWriter) Write(b []byte) (int, error) {
+	w.log.Debug(strings.TrimSpace(string(b)))
+	return len(b), nil
+}

@@ -1,0 +1,117 @@
+// Package gossip builds the memberlist (SWIM) pool that gpucoord's agents
+// and coordinators share for failure detection: every member probes the
+// others over UDP, and a member that stops answering (crashed, frozen or
+// cut off) is suspected and then declared dead within about a second with
+// the default tuning. It is the one place the memberlist configuration is
+// made, so the coordinator and the agent probe alike.
+package gossip
+
+import (
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Tuning sets how fast a silent member is declared dead: roughly
+// ProbeInterval (until some member probes it) + ProbeTimeout + indirect
+// probes + SuspicionMult * ProbeInterval (for pools under ten members; the
+// suspicion grows with log10 of the pool size).
+type Tuning struct {
+	// ProbeInterval is how often each member probes a random other.
+	ProbeInterval time.Duration
+	// ProbeTimeout is how long a probe waits for its ack.
+	ProbeTimeout time.Duration
+	// SuspicionMult scales how long a suspect may refute before it is
+	// declared dead.
+	SuspicionMult int
+}
+
+// DefaultTuning detects a dead member in about a second on a LAN.
+func DefaultTuning() Tuning {
+	return Tuning{ProbeInterval: 200 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond, SuspicionMult: 3}
+}
+
+// Validate names the first field that cannot work.
+func (t Tuning) Validate() error {
+	if t.ProbeInterval < 10*time.Millisecond || t.ProbeTimeout <= 0 || t.ProbeTimeout >= t.ProbeInterval || t.SuspicionMult < 1 {
+		return fmt.Errorf("gossip: probe interval %s, timeout %s, suspicion %d: want interval >= 10ms, 0 < timeout < interval, suspicion >= 1",
+			t.ProbeInterval, t.ProbeTimeout, t.SuspicionMult)
+	}
+	return nil
+}
+
+// Events receives membership changes. Calls come from memberlist's
+// goroutines, one at a time.
+type Events interface {
+	// Dead is called when the member named name has left or been declared
+	// dead.
+	Dead(name string)
+}
+
+// New starts a member named name listening on bind ("host:port"; port 0
+// picks a free one, the same for TCP and UDP). events may be nil. Logs go
+// to logw (nil discards them). Shutdown with Leave then Shutdown.
+func New(name, bind string, t Tuning, events Events, logw io.Writer) (*memberlist.Memberlist, error) {
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	host, portStr, err := net.SplitHostPort(bind)
+	if err != nil {
+		return nil, fmt.Errorf("gossip address %q: %v", bind, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("gossip address %q: bad port", bind)
+	}
+	if port == 0 {
+		if port, err = freePort(host); err != nil {
+			return nil, err
+		}
+	}
+	c := memberlist.DefaultLANConfig()
+	c.Name, c.BindAddr, c.BindPort, c.AdvertisePort = name, host, port, port
+	c.ProbeInterval, c.ProbeTimeout, c.SuspicionMult = t.ProbeInterval, t.ProbeTimeout, t.SuspicionMult
+	c.GossipInterval = t.ProbeInterval / 2
+	c.TCPTimeout = 10 * t.ProbeInterval
+	if logw == nil {
+		logw = io.Discard
+	}
+	c.Logger = log.New(logw, "", 0)
+	if events != nil {
+		c.Events = eventAdapter{events}
+	}
+	m, err := memberlist.Create(c)
+	if err != nil {
+		return nil, fmt.Errorf("gossip on %s: %w", net.JoinHostPort(host, strconv.Itoa(port)), err)
+	}
+	return m, nil
+}
+
+// freePort finds a port free for both TCP and UDP on host.
+func freePort(host string) (int, error) {
+	for range 20 {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return 0, fmt.Errorf("gossip: %w", err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		pc, err := net.ListenPacket("udp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err == nil {
+			pc.Close()
+			return port, nil
+		}
+	}
+	return 0, fmt.Errorf("gossip: no port free for both TCP and UDP on %s", host)
+}
+
+type eventAdapter struct{ e Events }
+
+func (a eventAdapter) NotifyJoin(*memberlist.Node)   {}
+func (a eventAdapter) NotifyUpdate(*memberlist.Node) {}
+func (a eventAdapter) NotifyLeave(n *memberlist.Node) { a.e.Dead(n.Name) }
