@@ -82,7 +82,7 @@ func OpenEtcd(ctx context.Context, c EtcdConfig) (*Etcd, error) {
 	cli, err := clientv3.New(cc)
 	if err != nil {
 		e.Close()
-		return nil, fmt.Errorf("etcd %s: %w", strings.Join(e.Endpoints, ","), err)
+		return nil, errorf(ErrUnavailable, "etcd at %s: %v", strings.Join(e.Endpoints, ","), err)
 	}
 	e.Client = cli
 	// The client connects lazily: ask something so that an unreachable or
