@@ -165,4 +165,3 @@ func certificate(t *testing.T, dir, name string, parent *x509.Certificate, paren
 	}
 	return cert, key
 }
-
