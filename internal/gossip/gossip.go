@@ -112,6 +112,6 @@ func freePort(host string) (int, error) {
 
 type eventAdapter struct{ e Events }
 
-func (a eventAdapter) NotifyJoin(*memberlist.Node)   {}
-func (a eventAdapter) NotifyUpdate(*memberlist.Node) {}
+func (a eventAdapter) NotifyJoin(*memberlist.Node)    {}
+func (a eventAdapter) NotifyUpdate(*memberlist.Node)  {}
 func (a eventAdapter) NotifyLeave(n *memberlist.Node) { a.e.Dead(n.Name) }
