@@ -551,3 +551,29 @@ func TestWorkerFrozen(t *testing.T) {
 		t.Errorf("launch did not name the frozen node:\n%s", p.output())
 	}
 }
+
+// TestWorkerSIGTERM: an agent told to stop passes SIGTERM to its ranks,
+// waits for them, leaves the pool (the job fails naming the node at once)
+// and exits 0.
+func TestWorkerSIGTERM(t *testing.T) {
+	exe := buildBinary(t)
+	_, addr := coordinatorProc(t, exe)
+	workerProc(t, exe, addr, "w0", 2)
+	w1, dir1 := workerProc(t, exe, addr, "w1", 2)
+	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "2", "--pp", "2",
+		"--steps", "1000000", "../../examples/jobs/mlp.yaml")
+	p.waitLine(t, "step       2/1000000 ", time.Minute)
+	if n := len(processesWith("GPUCOORD_PLAN=" + dir1 + "/")); n != 2 {
+		t.Fatalf("%d ranks of w1 running, want 2", n)
+	}
+	w1.cmd.Process.Signal(syscall.SIGTERM)
+	if code := w1.wait(t, 30*time.Second); code != 0 {
+		t.Errorf("worker exited %d after SIGTERM, want 0", code)
+	}
+	if left := processesWith("GPUCOORD_PLAN=" + dir1 + "/"); len(left) != 0 {
+		t.Errorf("ranks %v outlived their agent", left)
+	}
+	if code := p.wait(t, 30*time.Second); code == 0 || !strings.Contains(p.output(), "node lost: w1 (ranks 2-3)") {
+		t.Errorf("launch exited %d; want the job failed naming w1:\n%s", code, p.output())
+	}
+}
