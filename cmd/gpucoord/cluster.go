@@ -112,6 +112,20 @@ func (f *tokenFlags) resolve() (string, error) {
 	return os.Getenv("GPUCOORD_TOKEN"), nil
 }
 
+// resolveDaemon reads the token and logging flags of the long-running
+// commands (coordinator, worker); a bad one is a usage error.
+func resolveDaemon(c *cobra.Command, tok *tokenFlags, logs *logFlags) (string, *slog.Logger, error) {
+	token, err := tok.resolve()
+	if err != nil {
+		return "", nil, usageError(err)
+	}
+	log, err := logs.logger(c.ErrOrStderr())
+	if err != nil {
+		return "", nil, usageError(err)
+	}
+	return token, log, nil
+}
+
 // defaultDataDir is where the embedded etcd keeps its data by default.
 func defaultDataDir() string {
 	dir, err := os.UserCacheDir()
@@ -142,11 +156,8 @@ Outside loopback a join token is required (--token-file, GPUCOORD_TOKEN or
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var err error
-			if cfg.Token, err = tok.resolve(); err != nil {
-				return usageError(err)
-			}
-			if cfg.Logger, err = logs.logger(c.ErrOrStderr()); err != nil {
-				return usageError(err)
+			if cfg.Token, cfg.Logger, err = resolveDaemon(c, &tok, &logs); err != nil {
+				return err
 			}
 			if etcd != "" {
 				cfg.Etcd.Endpoints = strings.Split(etcd, ",")
@@ -212,11 +223,8 @@ the agent even when it is killed.`,
 		Args:    cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var err error
-			if cfg.Token, err = tok.resolve(); err != nil {
-				return usageError(err)
-			}
-			if cfg.Logger, err = logs.logger(c.ErrOrStderr()); err != nil {
-				return usageError(err)
+			if cfg.Token, cfg.Logger, err = resolveDaemon(c, &tok, &logs); err != nil {
+				return err
 			}
 			if coords != "" {
 				cfg.Coordinators = strings.Split(coords, ",")
