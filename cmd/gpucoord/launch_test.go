@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"gpucoord/coordinator"
+	"gpucoord/worker"
 	"gpucoord/worker/engine"
 )
 
@@ -575,5 +576,51 @@ func TestWorkerSIGTERM(t *testing.T) {
 	}
 	if code := p.wait(t, 30*time.Second); code == 0 || !strings.Contains(p.output(), "node lost: w1 (ranks 2-3)") {
 		t.Errorf("launch exited %d; want the job failed naming w1:\n%s", code, p.output())
+	}
+}
+
+// TestLaunchHostfile: a DeepSpeed-style hostfile picks the nodes and their
+// order (rank 0 on its first host) and the ranks per node.
+func TestLaunchHostfile(t *testing.T) {
+	cfg := coordinator.DefaultConfig()
+	cfg.Listen, cfg.Etcd.DataDir = "127.0.0.1:0", t.TempDir()
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	c, err := coordinator.New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() { c.Run(ctx) })
+	var out lockedWriter
+	var buf bytes.Buffer
+	out.w = &buf
+	for _, name := range []string{"a", "b", "c"} {
+		wc := worker.DefaultConfig()
+		wc.Coordinators, wc.Name, wc.GPUs, wc.NativeCommand = []string{c.Addr()}, name, 2, []string{"false"}
+		wc.WorkDir, wc.Output, wc.Logger = t.TempDir(), &out, cfg.Logger
+		a, err := worker.New(wc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { a.Run(ctx) })
+	}
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	os.WriteFile(hosts, []byte("# two of the three nodes, b first\nb slots=2\na slots=2\n"), 0o644)
+	var stdout, stderr bytes.Buffer
+	err = run(t.Context(), []string{"launch", "--coordinator", c.Addr(), "--hostfile", hosts, "--", "/bin/sh", "-c", `echo "at GROUP_RANK=$GROUP_RANK"`}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("launch: %v\n%s", err, stderr.String())
+	}
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	for _, want := range []string{"[b r0 tp0 pp0 dp0] at GROUP_RANK=0", "[b r1 tp0 pp0 dp1] at GROUP_RANK=0", "[a r2 tp0 pp0 dp2] at GROUP_RANK=1", "[a r3 tp0 pp0 dp3] at GROUP_RANK=1"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("rank output lacks %q:\n%s", want, buf.String())
+		}
+	}
+	if strings.Contains(buf.String(), "[c ") {
+		t.Errorf("node c, not in the hostfile, ran ranks:\n%s", buf.String())
 	}
 }
