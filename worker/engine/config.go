@@ -31,6 +31,17 @@ type Config struct {
 	Order string
 	// Timeline records a span per executed op for bubble measurements.
 	Timeline bool
+	// CheckpointDir is where Train writes sharded checkpoints (Rank.
+	// Checkpoint) and Resume reads from; empty writes none.
+	CheckpointDir string
+	// CheckpointEvery writes a checkpoint after every this many steps, and
+	// after the last; 0 with a CheckpointDir means only after the last.
+	CheckpointEvery int
+	// Resume is the number of steps already done: Train restores their
+	// checkpoint from CheckpointDir (written at any DP degree) and goes on
+	// with the next step. Data and Adam's step count depend only on the
+	// step, so the run continues as if it had not stopped.
+	Resume int
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -70,6 +81,10 @@ func (c *Config) Validate() error {
 		return bad("virtual stages %d must be at least 1", c.Virtual)
 	case c.Stage().Validate() != nil:
 		return bad("ZeRO stage %d: want 0, 1, 2 or 3", c.Zero)
+	case c.CheckpointEvery < 0 || c.Resume < 0 || c.Resume > c.Job.Steps:
+		return bad("checkpoint every %d and resume after %d steps: want both >= 0 and resume <= steps %d", c.CheckpointEvery, c.Resume, c.Job.Steps)
+	case c.CheckpointDir == "" && (c.CheckpointEvery > 0 || c.Resume > 0):
+		return bad("checkpointing and resuming need a checkpoint directory")
 	case m.Hidden%c.TP != 0:
 		return bad("model.hidden %d is not divisible by tp %d", m.Hidden, c.TP)
 	case m.Blocks%(c.PP*c.Virtual) != 0:

@@ -78,6 +78,9 @@ type StepResult struct {
 	Seconds float64 `json:"seconds"`
 	// SamplesPerSec is the global batch divided by Seconds.
 	SamplesPerSec float64 `json:"samples_per_sec"`
+	// Checkpointed says the state after this step is in a committed
+	// checkpoint of every rank.
+	Checkpointed bool `json:"checkpointed,omitempty"`
 	// Stats splits the step's time on this rank.
 	Stats StepStats `json:"-"`
 }
@@ -95,16 +98,31 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 		g.Close()
 		return nil, err
 	}
-	for s := range cfg.Job.Steps {
+	if cfg.Resume > 0 {
+		if err := r.Restore(ctx, cfg.CheckpointDir, cfg.Resume); err != nil {
+			return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
+		}
+	}
+	for s := cfg.Resume; s < cfg.Job.Steps; s++ {
 		start := time.Now()
 		loss, err := r.Step(ctx, s)
 		if err != nil {
 			return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
 		}
 		secs := time.Since(start).Seconds()
+		res := StepResult{Step: s + 1, Loss: loss, Seconds: secs, SamplesPerSec: float64(cfg.Job.Batch.Global) / secs, Stats: r.Stats()}
+		if n := s + 1; cfg.CheckpointDir != "" && (n == cfg.Job.Steps || cfg.CheckpointEvery > 0 && n%cfg.CheckpointEvery == 0) {
+			if err := r.Checkpoint(ctx, cfg.CheckpointDir, n); err != nil {
+				return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
+			}
+			// Committed only once every (tp, pp) position has its manifest.
+			if err := world.Barrier(ctx); err != nil {
+				return r, err
+			}
+			res.Checkpointed = true
+		}
 		if report != nil {
-			if err := report(StepResult{Step: s + 1, Loss: loss, Seconds: secs,
-				SamplesPerSec: float64(cfg.Job.Batch.Global) / secs, Stats: r.Stats()}); err != nil {
+			if err := report(res); err != nil {
 				return r, err
 			}
 		}
