@@ -56,6 +56,10 @@ type Config struct {
 	// before it decides the cause, so that a node lost at the same moment
 	// (whose peers failed because it vanished) is named as the cause.
 	FailureSettle time.Duration
+	// StableFor is how long a node must have been registered, without
+	// losing its lease, before a running job takes it in (a rejoining or
+	// replacement node); a flapping node does not thrash the job.
+	StableFor time.Duration
 	// Tick is the leader's reconcile interval for time-based decisions
 	// (rendezvous timeouts, last call); changes in etcd act at once.
 	Tick time.Duration
@@ -72,6 +76,7 @@ func DefaultConfig() *Config {
 		LeaseTTL:      5 * time.Second,
 		ElectionTTL:   5 * time.Second,
 		FailureSettle: time.Second,
+		StableFor:     2 * time.Second,
 		Tick:          200 * time.Millisecond,
 		Etcd:          EtcdConfig{DialTimeout: 5 * time.Second},
 		Gossip:        "127.0.0.1:0",

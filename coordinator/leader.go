@@ -45,7 +45,7 @@ func (c *Coordinator) campaign(ctx context.Context) error {
 			}
 			cancel()
 		}()
-		l := &leader{Coordinator: c, k: k, since: map[string]time.Time{}, enough: map[string]time.Time{}, failed: map[string]time.Time{}}
+		l := &leader{Coordinator: c, k: k, since: map[string]time.Time{}, enough: map[string]time.Time{}, failed: map[string]time.Time{}, seen: map[string]seen{}}
 		err = l.run(lctx)
 		c.leading.Store(false)
 		cancel()
@@ -70,6 +70,15 @@ type leader struct {
 	// enough nodes were first free for it, failed when it first saw a
 	// failure of its running generation.
 	since, enough, failed map[string]time.Time
+	// seen is when each node's current registration was first seen.
+	seen map[string]seen
+}
+
+// seen is a node registration (its key's create revision) and when the
+// leader first saw it.
+type seen struct {
+	rev int64
+	at  time.Time
 }
 
 func (l *leader) run(ctx context.Context) error {
@@ -103,6 +112,11 @@ func (l *leader) reconcile(ctx context.Context) error {
 	}
 	busy := snap.busy()
 	now := time.Now()
+	for name, rev := range snap.nodeRev {
+		if l.seen[name].rev != rev {
+			l.seen[name] = seen{rev: rev, at: now}
+		}
+	}
 	for _, j := range snap.jobs {
 		if j.terminal() {
 			delete(l.since, j.spec.Id)
@@ -114,7 +128,7 @@ func (l *leader) reconcile(ctx context.Context) error {
 		if j.gen == nil {
 			err = l.rendezvous(ctx, snap, j, busy, now)
 		} else {
-			err = l.watchRunning(ctx, snap, j, now)
+			err = l.watchRunning(ctx, snap, j, busy, now)
 		}
 		if err != nil {
 			return fmt.Errorf("job %s: %w", j.spec.Id, err)
@@ -149,21 +163,15 @@ func (l *leader) rendezvous(ctx context.Context, snap *snapshot, j *job, busy ma
 		return nil // last call: wait a little for more
 	}
 	// The most nodes, up to max, on which the layout works.
-	n := min(len(free), most)
-	for ; n > need; n-- {
-		if _, err := Layout(spec, n); err == nil {
-			break
-		}
+	n := usableNodes(spec, min(len(free), most), need)
+	if n == 0 {
+		_, err := Layout(spec, need)
+		return l.setState(ctx, j, &pb.JobState{Phase: pb.JobState_FAILED, ExitCode: 2, FailedRank: -1, Reason: fmt.Sprint(err)})
 	}
-	layout, err := Layout(spec, n)
-	if err != nil {
-		return l.setState(ctx, j, &pb.JobState{Phase: pb.JobState_FAILED, ExitCode: 2, FailedRank: -1, Reason: err.Error()})
-	}
-	gen := &pb.Generation{Job: spec.Id, Number: 1, World: int32(layout.World()), Dp: int32(layout.DP)}
-	for i, node := range free[:n] {
-		gen.Members = append(gen.Members, &pb.Member{Node: node.Name, Host: node.Host,
-			FirstRank: int32(i) * spec.GpusPerNode, Ranks: spec.GpusPerNode})
-		busy[node.Name] = spec.Id
+	layout, _ := Layout(spec, n)
+	gen := buildGeneration(spec, 1, free[:n], layout.DP, 0, "")
+	for _, m := range gen.Members {
+		busy[m.Node] = spec.Id
 	}
 	st := &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1}
 	resp, err := l.etcd.Client.Txn(ctx).
@@ -227,7 +235,7 @@ func waitingFor(snap *snapshot, spec *pb.JobSpec, free int) string {
 
 // watchRunning ends a running generation: succeeded when every rank exited
 // 0, failed when a rank failed or a member node was lost.
-func (l *leader) watchRunning(ctx context.Context, snap *snapshot, j *job, now time.Time) error {
+func (l *leader) watchRunning(ctx context.Context, snap *snapshot, j *job, busy map[string]string, now time.Time) error {
 	var lost []string
 	var lostRanks []int32
 	for _, m := range j.gen.Members {
@@ -249,7 +257,7 @@ func (l *leader) watchRunning(ctx context.Context, snap *snapshot, j *job, now t
 		if len(j.exits) == int(j.gen.World) {
 			return l.setState(ctx, j, &pb.JobState{Phase: pb.JobState_SUCCEEDED, FailedRank: -1})
 		}
-		return nil
+		return l.admit(ctx, snap, j, busy, now)
 	}
 	if _, ok := l.failed[j.spec.Id]; !ok {
 		l.failed[j.spec.Id] = now
@@ -277,8 +285,131 @@ func (l *leader) watchRunning(ctx context.Context, snap *snapshot, j *job, now t
 			st.Reason += ": " + first.Error
 		}
 	}
+	if ok, err := l.recover(ctx, snap, j, st.Reason, now); ok || err != nil {
+		return err
+	}
 	l.log.Warn("job failed", "job", j.spec.Id, "generation", j.gen.Number, "reason", st.Reason)
 	return l.setState(ctx, j, st)
+}
+
+// restartsLeft reports whether the job may make another generation.
+func restartsLeft(j *job) bool { return j.gen.Number-1 < int64(j.spec.MaxRestarts) }
+
+// minNodes is the fewest nodes a job may run on.
+func minNodes(spec *pb.JobSpec) int {
+	if spec.MinNodes > 0 {
+		return int(spec.MinNodes)
+	}
+	return int(spec.Nodes)
+}
+
+// resumeStep is the step a new generation of j starts from: its last
+// committed checkpoint, or the beginning.
+func resumeStep(j *job) int64 {
+	if j.commit == nil {
+		return 0
+	}
+	return j.commit.Step
+}
+
+// recover makes the next generation of a job whose generation failed, from
+// the member nodes still alive (in their rank order, so rank 0 stays put
+// when its node lives): TP and PP as planned, DP what the nodes hold, from
+// the last committed step. It reports false when the job may not or cannot
+// go on (no restarts left, fewer live nodes than min_nodes or than any
+// layout needs).
+func (l *leader) recover(ctx context.Context, snap *snapshot, j *job, why string, now time.Time) (bool, error) {
+	if !restartsLeft(j) {
+		return false, nil
+	}
+	var live []*pb.Node
+	for _, m := range j.gen.Members {
+		if n := snap.nodes[m.Node]; n != nil {
+			live = append(live, n)
+		}
+	}
+	n := usableNodes(j.spec, len(live), minNodes(j.spec))
+	if n == 0 {
+		return false, nil
+	}
+	return l.nextGeneration(ctx, j, live[:n], why, now)
+}
+
+// usableNodes is the most nodes, at most have and at least least, on which
+// the job's layout works; 0 when none.
+func usableNodes(spec *pb.JobSpec, have, least int) int {
+	for n := have; n >= max(least, 1); n-- {
+		if _, err := Layout(spec, n); err == nil {
+			return n
+		}
+	}
+	return 0
+}
+
+// admit grows a running job that has fewer nodes than it asked for with
+// free nodes registered for at least StableFor, at a step boundary (the
+// last reported step is committed, so no work is lost).
+func (l *leader) admit(ctx context.Context, snap *snapshot, j *job, busy map[string]string, now time.Time) error {
+	spec := j.spec
+	most := max(int(spec.MaxNodes), int(spec.Nodes))
+	if len(j.gen.Members) >= most || !restartsLeft(j) || j.commit == nil || j.step == nil || j.commit.Step != j.step.Step ||
+		j.gen.Number != j.commit.Generation {
+		return nil
+	}
+	var nodes []*pb.Node
+	for _, m := range j.gen.Members {
+		nodes = append(nodes, snap.nodes[m.Node])
+	}
+	var added []string
+	for _, n := range freeNodes(snap, spec, busy) {
+		if len(nodes) < most && now.Sub(l.seen[n.Name].at) >= l.cfg.StableFor {
+			nodes, added = append(nodes, n), append(added, n.Name)
+		}
+	}
+	if len(added) == 0 {
+		return nil
+	}
+	n := usableNodes(spec, len(nodes), len(j.gen.Members)+1)
+	if n == 0 {
+		return nil
+	}
+	_, err := l.nextGeneration(ctx, j, nodes[:n], "nodes joined: "+strings.Join(added, ", "), now)
+	return err
+}
+
+// nextGeneration writes generation g+1 of j on nodes, if g is still the
+// current one.
+func (l *leader) nextGeneration(ctx context.Context, j *job, nodes []*pb.Node, why string, now time.Time) (bool, error) {
+	layout, err := Layout(j.spec, len(nodes))
+	if err != nil {
+		return false, err
+	}
+	resume := resumeStep(j)
+	gen := buildGeneration(j.spec, j.gen.Number+1, nodes, layout.DP, resume, why)
+	st := &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1, Reason: fmt.Sprintf("generation %d: %s; resuming after step %d", gen.Number, why, resume)}
+	resp, err := l.etcd.Client.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(l.k.generation(j.spec.Id)), "=", j.genRev),
+			clientv3.Compare(clientv3.ModRevision(l.k.state(j.spec.Id)), "=", j.stateRev)).
+		Then(clientv3.OpPut(l.k.generation(j.spec.Id), encode(gen)), clientv3.OpPut(l.k.state(j.spec.Id), encode(st))).
+		Commit()
+	if err != nil {
+		return false, err
+	}
+	if resp.Succeeded {
+		l.log.Warn("new generation", "job", j.spec.Id, "generation", gen.Number, "nodes", len(nodes), "dp", gen.Dp, "resume", resume, "why", why)
+		delete(l.failed, j.spec.Id)
+	}
+	return resp.Succeeded, nil
+}
+
+// buildGeneration lays out generation number of a job on nodes, in order:
+// node i runs ranks i*G .. i*G+G-1.
+func buildGeneration(spec *pb.JobSpec, number int64, nodes []*pb.Node, dp int, resume int64, why string) *pb.Generation {
+	g := &pb.Generation{Job: spec.Id, Number: number, World: int32(len(nodes)) * spec.GpusPerNode, Dp: int32(dp), ResumeStep: resume, Reason: why}
+	for i, n := range nodes {
+		g.Members = append(g.Members, &pb.Member{Node: n.Name, Host: n.Host, FirstRank: int32(i) * spec.GpusPerNode, Ranks: spec.GpusPerNode})
+	}
+	return g
 }
 
 // memberOf names the node running rank r.

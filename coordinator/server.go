@@ -253,8 +253,14 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 		if gr, err = s.cli.Get(ctx, s.k.generation(id)); err == nil && len(gr.Kvs) == 1 {
 			g := &pb.Generation{}
 			if decode(gr.Kvs[0].Value, g) == nil && g.Number == gen {
+				st := proto.Clone(k.Step).(*pb.Step)
+				st.Generation, st.Dp = g.Number, g.Dp
+				ops := []clientv3.Op{clientv3.OpPut(s.k.progress(id), encode(st))}
+				if st.Checkpointed {
+					ops = append(ops, clientv3.OpPut(s.k.commit(id), encode(st)))
+				}
 				_, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", gr.Kvs[0].ModRevision)).
-					Then(clientv3.OpPut(s.k.progress(id), encode(k.Step))).Commit()
+					Then(ops...).Commit()
 			}
 		}
 	case *pb.ReportRequest_Exit:
@@ -455,8 +461,8 @@ func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusRes
 	slices.SortFunc(resp.Nodes, func(a, b *pb.NodeStatus) int { return strings.Compare(a.Node.Name, b.Node.Name) })
 	for _, j := range snap.jobs {
 		js := &pb.JobStatus{Spec: j.spec, State: j.state, Generation: j.gen, LastStep: j.step}
-		if j.step != nil {
-			js.CommittedStep = j.step.Step
+		if j.commit != nil {
+			js.CommittedStep = j.commit.Step
 		}
 		resp.Jobs = append(resp.Jobs, js)
 	}

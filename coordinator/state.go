@@ -23,6 +23,7 @@ import (
 //	jobs/<id>/generation               Generation: the frozen members and layout
 //	jobs/<id>/bootstrap/<gen>          rank 0's rendezvous address
 //	jobs/<id>/progress                 Step: rank 0's last finished step
+//	jobs/<id>/commit                   Step: the last step in a committed checkpoint
 //	jobs/<id>/exits/<gen>/<rank>       RankExit
 //	leader                             the election (etcd concurrency package)
 //	coordinators/<name>                a coordinator's gossip address, leased
@@ -36,6 +37,7 @@ func (k keys) spec(id string) string          { return k.job(id) + "spec" }
 func (k keys) state(id string) string         { return k.job(id) + "state" }
 func (k keys) generation(id string) string    { return k.job(id) + "generation" }
 func (k keys) progress(id string) string      { return k.job(id) + "progress" }
+func (k keys) commit(id string) string        { return k.job(id) + "commit" }
 func (k keys) leader() string                 { return string(k) + "leader" }
 func (k keys) coordinators() string           { return string(k) + "coordinators/" }
 func (k keys) coordinator(name string) string { return k.coordinators() + name }
@@ -72,6 +74,7 @@ type job struct {
 	genRev    int64
 	master    string // bootstrap of the current generation
 	step      *pb.Step
+	commit    *pb.Step               // last committed step; nil before the first
 	exits     map[int32]*pb.RankExit // of the current generation
 	exitOrder []int32                // ranks in the order their exits were written
 	created   int64                  // create revision of the spec: submission order
@@ -90,6 +93,9 @@ func (j *job) terminal() bool {
 type snapshot struct {
 	rev   int64
 	nodes map[string]*pb.Node
+	// nodeRev is each node key's create revision: a node that registered
+	// again (after its lease was lost) has a new one.
+	nodeRev map[string]int64
 	jobs  []*job // in submission order
 }
 
@@ -107,11 +113,11 @@ func read(ctx context.Context, cli *clientv3.Client, k keys, only string) (*snap
 	if err != nil {
 		return nil, err
 	}
-	s := &snapshot{rev: nodes.Header.Revision, nodes: map[string]*pb.Node{}}
+	s := &snapshot{rev: nodes.Header.Revision, nodes: map[string]*pb.Node{}, nodeRev: map[string]int64{}}
 	for _, kv := range nodes.Kvs {
 		n := &pb.Node{}
 		if decode(kv.Value, n) == nil {
-			s.nodes[n.Name] = n
+			s.nodes[n.Name], s.nodeRev[n.Name] = n, kv.CreateRevision
 		}
 	}
 	byID := map[string]*job{}
@@ -153,6 +159,9 @@ func read(ctx context.Context, cli *clientv3.Client, k keys, only string) (*snap
 		case field == "progress":
 			j.step = &pb.Step{}
 			decode(kv.Value, j.step)
+		case field == "commit":
+			j.commit = &pb.Step{}
+			decode(kv.Value, j.commit)
 		case strings.HasPrefix(field, "bootstrap/"):
 			g, _ := strconv.ParseInt(strings.TrimPrefix(field, "bootstrap/"), 10, 64)
 			if boots[id] == nil {

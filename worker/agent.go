@@ -363,7 +363,10 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 		return
 	}
 	dir := filepath.Join(a.cfg.WorkDir, asg.Job, "gen-"+strconv.FormatInt(asg.Generation.GetNumber(), 10))
-	ckpt := filepath.Join(a.cfg.WorkDir, asg.Job, "checkpoints")
+	ckpt := asg.Spec.GetCheckpointDir()
+	if ckpt == "" {
+		ckpt = filepath.Join(a.cfg.WorkDir, asg.Job, "checkpoints")
+	}
 	planPath := filepath.Join(dir, "plan.json")
 	if err := writePlan(planPath, asg); err == nil {
 		err = os.MkdirAll(ckpt, 0o755)
@@ -415,7 +418,7 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 	if native && me.FirstRank == 0 {
 		emit = func(s engine.StepResult) error {
 			return a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
-				Kind: &pb.ReportRequest_Step{Step: &pb.Step{Step: int64(s.Step), Loss: s.Loss, Seconds: s.Seconds, SamplesPerSec: s.SamplesPerSec}}})
+				Kind: &pb.ReportRequest_Step{Step: &pb.Step{Step: int64(s.Step), Loss: s.Loss, Seconds: s.Seconds, SamplesPerSec: s.SamplesPerSec, Checkpointed: s.Checkpointed}}})
 		}
 	}
 	log.Info("starting ranks", "first", me.FirstRank, "count", me.Ranks, "master", asg.Master)

@@ -47,8 +47,19 @@ func NativeConfig(asg *pb.Assignment) (*engine.Config, error) {
 			return nil, err
 		}
 	}
-	return engine.NewConfig(job, engine.Shape{NP: int(asg.Generation.GetWorld()), TP: int(spec.GetTp()), PP: int(spec.GetPp()),
+	cfg, err := engine.NewConfig(job, engine.Shape{NP: int(asg.Generation.GetWorld()), TP: int(spec.GetTp()), PP: int(spec.GetPp()),
 		Virtual: int(spec.GetVpp()), Zero: int(spec.GetZero()), Schedule: kind, Order: spec.GetOrder()})
+	if err != nil {
+		return nil, err
+	}
+	// A generation after a loss resumes from the job's last committed
+	// checkpoint, which every node reaches in the job's checkpoint dir.
+	cfg.CheckpointDir, cfg.CheckpointEvery = spec.GetCheckpointDir(), int(spec.GetCheckpointEvery())
+	cfg.Resume = int(asg.Generation.GetResumeStep())
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
 }
 
 // RunNativeRank runs one rank of a native-engine job from the environment

@@ -50,6 +50,8 @@ type launchFlags struct {
 	maxRestarts              int
 	env                      []string
 	workdir                  string
+	minNodes, ckptEvery      int
+	ckptDir                  string
 }
 
 func newLaunchCmd() *cobra.Command {
@@ -115,7 +117,10 @@ with that rank named.`,
 	fl.StringVar(&f.dataDir, "data-dir", "", "standalone: the embedded etcd's data directory (default a temporary one, removed after)")
 	fl.DurationVar(&f.rendezvous, "rendezvous-timeout", 5*time.Minute, "fail when the nodes have not come within this time (0 waits forever)")
 	fl.DurationVar(&f.lastCall, "last-call", 0, "with --max-nodes: how long to wait for more nodes once --nodes have come")
-	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "restarts allowed (TORCHELASTIC_MAX_RESTARTS)")
+	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "new generations allowed after a failure or for a rejoining node (TORCHELASTIC_MAX_RESTARTS)")
+	fl.IntVar(&f.minNodes, "min-nodes", 0, "after a node is lost, go on with as few as this many nodes (default --nodes: no shrinking)")
+	fl.IntVar(&f.ckptEvery, "checkpoint-every", 0, "native: commit a sharded checkpoint every N steps (and after the last); a new generation resumes from the last")
+	fl.StringVar(&f.ckptDir, "checkpoint-dir", "", "where checkpoints go; every node must reach it (default: a directory under the temporary directory, removed with a standalone cluster)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE added to every rank's environment (repeatable)")
 	fl.StringVar(&f.workdir, "workdir", "", "directory the ranks start in; must exist on every node (default: this directory)")
 	f.tok.register(cmd)
@@ -127,6 +132,7 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 	if f.standalone == (f.coordinator != "") && !f.dryRun {
 		return nil, errors.New("give exactly one of --standalone and --coordinator ADDR")
 	}
+	var err error
 	id := f.jobID
 	if id == "" {
 		b := make([]byte, 3)
@@ -136,7 +142,18 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 	spec := &pb.JobSpec{Id: id, Nodes: int32(f.nodes), MaxNodes: int32(f.maxNodes), GpusPerNode: int32(f.gpus),
 		Tp: int32(f.tp), Pp: int32(f.pp), Dp: int32(f.dp), Vpp: int32(f.vpp), Zero: int32(f.zero), Schedule: f.schedule,
 		Order: f.order, RendezvousTimeoutMs: f.rendezvous.Milliseconds(), LastCallMs: f.lastCall.Milliseconds(),
-		MaxRestarts: int32(f.maxRestarts), Env: map[string]string{}}
+		MaxRestarts: int32(f.maxRestarts), Env: map[string]string{}, MinNodes: int32(f.minNodes), CheckpointEvery: int32(f.ckptEvery),
+		CheckpointDir: f.ckptDir}
+	if f.minNodes < 0 || f.minNodes > f.nodes && f.hostfile == "" || f.ckptEvery < 0 || f.maxRestarts < 0 {
+		return nil, fmt.Errorf("--min-nodes %d (at most --nodes), --checkpoint-every %d and --max-restarts %d must not be negative", f.minNodes, f.ckptEvery, f.maxRestarts)
+	}
+	if spec.CheckpointDir == "" {
+		spec.CheckpointDir = filepath.Join(os.TempDir(), "gpucoord-checkpoints", id)
+	} else if !filepath.IsAbs(spec.CheckpointDir) {
+		if spec.CheckpointDir, err = filepath.Abs(spec.CheckpointDir); err != nil {
+			return nil, err
+		}
+	}
 	if f.order == "" {
 		return nil, errors.New(`--order "": give an order such as tp-cp-dp-pp`)
 	}
@@ -166,7 +183,6 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 	if f.maxNodes != 0 && f.maxNodes < int(spec.Nodes) {
 		return nil, fmt.Errorf("--max-nodes %d is below --nodes %d", f.maxNodes, spec.Nodes)
 	}
-	var err error
 	if dash := c.ArgsLenAtDash(); dash >= 0 {
 		if dash != 0 {
 			return nil, fmt.Errorf("give either a job file or -- CMD, not both (%q before --)", args[:dash])
@@ -364,6 +380,9 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 		}
 		defer cl.stop()
 		addrs, token = []string{cl.addr}, ""
+	}
+	if f.ckptDir == "" {
+		defer os.RemoveAll(spec.CheckpointDir) // the default place is ours
 	}
 	fl := &follower{addrs: addrs, token: token, spec: spec, out: stdout, progress: progress, json: f.json}
 	return fl.run(ctx)
@@ -592,13 +611,23 @@ func (f *follower) show(ev *pb.JobEvent) {
 		for i, m := range g.Members {
 			names[i] = m.Node
 		}
-		fmt.Fprintf(f.progress, "generation %d: %d node%s (%s), %d ranks, tp %d pp %d dp %d\n",
+		line := fmt.Sprintf("generation %d: %d node%s (%s), %d ranks, tp %d pp %d dp %d",
 			g.Number, len(names), plural(len(names)), strings.Join(names, ", "), g.World, f.spec.Tp, f.spec.Pp, g.Dp)
+		if g.Reason != "" {
+			line += fmt.Sprintf(" (%s; resuming after step %d)", g.Reason, g.ResumeStep)
+		}
+		fmt.Fprintln(f.progress, line)
+		if g.Number > 1 {
+			// Steps after the resume point are trained again by this
+			// generation: show them again.
+			f.lastStep = g.ResumeStep
+		}
 	}
-	if s := ev.Step; s != nil && s.Step > f.lastStep {
+	if s := ev.Step; s != nil && s.Step > f.lastStep && (s.Generation == 0 || s.Generation == f.lastGen) {
 		f.lastStep, f.lastLoss = s.Step, s.Loss
 		if f.json {
-			json.NewEncoder(f.out).Encode(engine.StepResult{Step: int(s.Step), Loss: s.Loss, Seconds: s.Seconds, SamplesPerSec: s.SamplesPerSec})
+			json.NewEncoder(f.out).Encode(launchStep{StepResult: engine.StepResult{Step: int(s.Step), Loss: s.Loss, Seconds: s.Seconds,
+				SamplesPerSec: s.SamplesPerSec, Checkpointed: s.Checkpointed}, Generation: s.Generation, DP: int(s.Dp)})
 		} else {
 			fmt.Fprintf(f.out, "step %*d/%d  loss %.6f  %7.1f ms  (generation %d, %d node%s)\n",
 				len(fmt.Sprint(f.steps)), s.Step, f.steps, s.Loss, 1e3*s.Seconds, f.lastGen, f.lastNodes, plural(f.lastNodes))
@@ -608,6 +637,14 @@ func (f *follower) show(ev *pb.JobEvent) {
 		f.lastReason = st.Reason
 		fmt.Fprintf(f.progress, "pending: %s\n", st.Reason)
 	}
+}
+
+// launchStep is a step line of launch --json: train --json's fields plus
+// the generation and the data-parallel degree that trained the step.
+type launchStep struct {
+	engine.StepResult
+	Generation int64 `json:"generation"`
+	DP         int   `json:"dp"`
 }
 
 // finish turns the final state into launch's result.

@@ -441,9 +441,18 @@ type JobSpec struct {
 	Env map[string]string `protobuf:"bytes,18,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// workdir is the directory ranks start in (launch's own by default); it
 	// must exist on every node, as on a shared file system.
-	Workdir       string `protobuf:"bytes,19,opt,name=workdir,proto3" json:"workdir,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Workdir string `protobuf:"bytes,19,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	// min_nodes is the fewest nodes the job may shrink to after a loss; 0
+	// means nodes (no shrinking).
+	MinNodes int32 `protobuf:"varint,20,opt,name=min_nodes,json=minNodes,proto3" json:"min_nodes,omitempty"`
+	// checkpoint_dir is where a native job's sharded checkpoints go (every
+	// node must reach it); a command gets it as GPUCOORD_CHECKPOINT_DIR.
+	CheckpointDir string `protobuf:"bytes,21,opt,name=checkpoint_dir,json=checkpointDir,proto3" json:"checkpoint_dir,omitempty"`
+	// checkpoint_every commits a native job's checkpoint every this many
+	// steps (and after the last); 0 only after the last.
+	CheckpointEvery int32 `protobuf:"varint,22,opt,name=checkpoint_every,json=checkpointEvery,proto3" json:"checkpoint_every,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -609,6 +618,27 @@ func (x *JobSpec) GetWorkdir() string {
 	return ""
 }
 
+func (x *JobSpec) GetMinNodes() int32 {
+	if x != nil {
+		return x.MinNodes
+	}
+	return 0
+}
+
+func (x *JobSpec) GetCheckpointDir() string {
+	if x != nil {
+		return x.CheckpointDir
+	}
+	return ""
+}
+
+func (x *JobSpec) GetCheckpointEvery() int32 {
+	if x != nil {
+		return x.CheckpointEvery
+	}
+	return 0
+}
+
 // Member is a node of a generation and the global ranks it runs.
 type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -688,7 +718,13 @@ type Generation struct {
 	Members []*Member              `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
 	World   int32                  `protobuf:"varint,4,opt,name=world,proto3" json:"world,omitempty"`
 	// dp is the resolved data-parallel degree.
-	Dp            int32 `protobuf:"varint,5,opt,name=dp,proto3" json:"dp,omitempty"`
+	Dp int32 `protobuf:"varint,5,opt,name=dp,proto3" json:"dp,omitempty"`
+	// resume_step is the last committed step the generation starts from
+	// (0: from the beginning).
+	ResumeStep int64 `protobuf:"varint,6,opt,name=resume_step,json=resumeStep,proto3" json:"resume_step,omitempty"`
+	// reason says why this generation was made, for generations after the
+	// first.
+	Reason        string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -756,6 +792,20 @@ func (x *Generation) GetDp() int32 {
 		return x.Dp
 	}
 	return 0
+}
+
+func (x *Generation) GetResumeStep() int64 {
+	if x != nil {
+		return x.ResumeStep
+	}
+	return 0
+}
+
+func (x *Generation) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 // Assignment is everything a node should run now. An empty job means run
@@ -881,6 +931,12 @@ type Step struct {
 	Loss          float64                `protobuf:"fixed64,2,opt,name=loss,proto3" json:"loss,omitempty"`
 	Seconds       float64                `protobuf:"fixed64,3,opt,name=seconds,proto3" json:"seconds,omitempty"`
 	SamplesPerSec float64                `protobuf:"fixed64,4,opt,name=samples_per_sec,json=samplesPerSec,proto3" json:"samples_per_sec,omitempty"`
+	// checkpointed says every rank's state after this step is committed.
+	Checkpointed bool `protobuf:"varint,5,opt,name=checkpointed,proto3" json:"checkpointed,omitempty"`
+	// generation and dp say which generation, at which data-parallel
+	// degree, trained the step.
+	Generation    int64 `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
+	Dp            int32 `protobuf:"varint,7,opt,name=dp,proto3" json:"dp,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -939,6 +995,27 @@ func (x *Step) GetSeconds() float64 {
 func (x *Step) GetSamplesPerSec() float64 {
 	if x != nil {
 		return x.SamplesPerSec
+	}
+	return 0
+}
+
+func (x *Step) GetCheckpointed() bool {
+	if x != nil {
+		return x.Checkpointed
+	}
+	return false
+}
+
+func (x *Step) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Step) GetDp() int32 {
+	if x != nil {
+		return x.Dp
 	}
 	return 0
 }
@@ -1897,7 +1974,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x0esuspicion_mult\x18\x04 \x01(\x05R\rsuspicionMult\"=\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\xc3\x04\n" +
+	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\xb2\x05\n" +
 	"\aJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\x12\x1b\n" +
@@ -1920,7 +1997,10 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"lastCallMs\x12!\n" +
 	"\fmax_restarts\x18\x11 \x01(\x05R\vmaxRestarts\x12/\n" +
 	"\x03env\x18\x12 \x03(\v2\x1d.gpucoord.v1.JobSpec.EnvEntryR\x03env\x12\x18\n" +
-	"\aworkdir\x18\x13 \x01(\tR\aworkdir\x1a6\n" +
+	"\aworkdir\x18\x13 \x01(\tR\aworkdir\x12\x1b\n" +
+	"\tmin_nodes\x18\x14 \x01(\x05R\bminNodes\x12%\n" +
+	"\x0echeckpoint_dir\x18\x15 \x01(\tR\rcheckpointDir\x12)\n" +
+	"\x10checkpoint_every\x18\x16 \x01(\x05R\x0fcheckpointEvery\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"e\n" +
@@ -1929,14 +2009,17 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x1d\n" +
 	"\n" +
 	"first_rank\x18\x03 \x01(\x05R\tfirstRank\x12\x14\n" +
-	"\x05ranks\x18\x04 \x01(\x05R\x05ranks\"\x8b\x01\n" +
+	"\x05ranks\x18\x04 \x01(\x05R\x05ranks\"\xc4\x01\n" +
 	"\n" +
 	"Generation\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
 	"\x06number\x18\x02 \x01(\x03R\x06number\x12-\n" +
 	"\amembers\x18\x03 \x03(\v2\x13.gpucoord.v1.MemberR\amembers\x12\x14\n" +
 	"\x05world\x18\x04 \x01(\x05R\x05world\x12\x0e\n" +
-	"\x02dp\x18\x05 \x01(\x05R\x02dp\"\x99\x01\n" +
+	"\x02dp\x18\x05 \x01(\x05R\x02dp\x12\x1f\n" +
+	"\vresume_step\x18\x06 \x01(\x03R\n" +
+	"resumeStep\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\"\x99\x01\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -1946,12 +2029,17 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"generation\x12\x16\n" +
 	"\x06master\x18\x04 \x01(\tR\x06master\"#\n" +
 	"\tBootstrap\x12\x16\n" +
-	"\x06master\x18\x01 \x01(\tR\x06master\"p\n" +
+	"\x06master\x18\x01 \x01(\tR\x06master\"\xc4\x01\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x12\n" +
 	"\x04loss\x18\x02 \x01(\x01R\x04loss\x12\x18\n" +
 	"\aseconds\x18\x03 \x01(\x01R\aseconds\x12&\n" +
-	"\x0fsamples_per_sec\x18\x04 \x01(\x01R\rsamplesPerSec\"H\n" +
+	"\x0fsamples_per_sec\x18\x04 \x01(\x01R\rsamplesPerSec\x12\"\n" +
+	"\fcheckpointed\x18\x05 \x01(\bR\fcheckpointed\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x06 \x01(\x03R\n" +
+	"generation\x12\x0e\n" +
+	"\x02dp\x18\a \x01(\x05R\x02dp\"H\n" +
 	"\bRankExit\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
