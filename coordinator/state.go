@@ -96,7 +96,7 @@ type snapshot struct {
 	// nodeRev is each node key's create revision: a node that registered
 	// again (after its lease was lost) has a new one.
 	nodeRev map[string]int64
-	jobs  []*job // in submission order
+	jobs    []*job // in submission order
 }
 
 // read loads a snapshot; only is a job id to read just that job ("" all).
