@@ -444,3 +444,85 @@ func TestMetricsAndSecrets(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// report sends one report of generation gen.
+func report(t *testing.T, c pb.CoordinatorClient, job string, gen int64, kind any) {
+	t.Helper()
+	r := &pb.ReportRequest{Job: job, Generation: gen}
+	switch k := kind.(type) {
+	case *pb.Step:
+		r.Kind = &pb.ReportRequest_Step{Step: k}
+	case *pb.RankExit:
+		r.Kind = &pb.ReportRequest_Exit{Exit: k}
+	}
+	if _, err := c.Report(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRecoveryGenerations walks the elastic state machine: a node lost
+// with restarts left makes generation 2 on the live node, resuming after
+// the last committed step (not the last reported one); a rank failure
+// makes generation 3 on the same node; a node that registers joins at a
+// step boundary once it has been registered for StableFor (generation 4,
+// dp back to 2); with no restarts left, the next loss fails the job.
+func TestRecoveryGenerations(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.StableFor = 300 * time.Millisecond })
+	c := client(t, co.Addr(), "")
+	a0, _ := agent(t, c, node("n0", 4))
+	_, kill1 := agent(t, c, node("n1", 4))
+	s := spec("j", 2, 4)
+	s.MinNodes, s.MaxRestarts = 1, 3
+	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
+	next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 1 })
+	report(t, c, "j", 1, &pb.Step{Step: 1, Checkpointed: true})
+	report(t, c, "j", 1, &pb.Step{Step: 2, Checkpointed: true})
+	report(t, c, "j", 1, &pb.Step{Step: 3}) // not committed
+	kill1()
+	g := next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
+	if len(g.Members) != 1 || g.Members[0].Node != "n0" || g.World != 4 || g.Dp != 1 || g.ResumeStep != 2 || g.Reason != "node lost: n1 (ranks 4-7)" {
+		t.Fatalf("generation 2 = %v", g)
+	}
+	// A rank of generation 1 reporting late changes nothing; one of
+	// generation 2 failing makes generation 3.
+	report(t, c, "j", 1, &pb.RankExit{Rank: 0, Code: 1})
+	report(t, c, "j", 2, &pb.Step{Step: 3, Checkpointed: true})
+	report(t, c, "j", 2, &pb.RankExit{Rank: 2, Code: 9})
+	g = next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 3 }).Generation
+	if len(g.Members) != 1 || g.ResumeStep != 3 || !strings.Contains(g.Reason, "rank 2 on n0 exited with code 9") {
+		t.Fatalf("generation 3 = %v", g)
+	}
+	registered := time.Now()
+	agent(t, c, node("n2", 4))
+	report(t, c, "j", 3, &pb.Step{Step: 4, Checkpointed: true})
+	g = next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 4 }).Generation
+	if d := time.Since(registered); d < 300*time.Millisecond {
+		t.Errorf("n2 admitted %s after it registered, before StableFor", d)
+	}
+	if len(g.Members) != 2 || g.Members[1].Node != "n2" || g.Dp != 2 || g.ResumeStep != 4 || g.Reason != "nodes joined: n2" {
+		t.Fatalf("generation 4 = %v", g)
+	}
+	// Three restarts used: the next failure ends the job.
+	report(t, c, "j", 4, &pb.RankExit{Rank: 5, Code: 3})
+	st := final(t, c, "j")
+	if st.Phase != pb.JobState_FAILED || st.ExitCode != 3 || st.FailedNode != "n2" {
+		t.Fatalf("state = %v", st)
+	}
+}
+
+// TestNoShrinkBelowMinNodes: a loss that leaves fewer nodes than min_nodes
+// fails the job rather than running it smaller.
+func TestNoShrinkBelowMinNodes(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr(), "")
+	a0, _ := agent(t, c, node("n0", 4))
+	_, kill1 := agent(t, c, node("n1", 4))
+	s := spec("j", 2, 4)
+	s.MaxRestarts = 3 // min_nodes 0 means nodes: 2
+	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
+	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
+	kill1()
+	if st := final(t, c, "j"); st.Phase != pb.JobState_FAILED || !strings.Contains(st.Reason, "node lost: n1") {
+		t.Fatalf("state = %v", st)
+	}
+}
