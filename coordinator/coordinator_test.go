@@ -526,3 +526,27 @@ func TestNoShrinkBelowMinNodes(t *testing.T) {
 		t.Fatalf("state = %v", st)
 	}
 }
+
+// TestShrinkKeepsGlobalBatch: after a loss the leader takes the most live
+// nodes whose DP degree divides the global batch into whole micro-batches:
+// 3 live nodes of 2 ranks give dp 3, which does not divide 16/2 = 8, so the
+// new generation runs on 2 nodes (dp 2).
+func TestShrinkKeepsGlobalBatch(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr(), "")
+	a0, _ := agent(t, c, node("n0", 2))
+	agent(t, c, node("n1", 2))
+	agent(t, c, node("n2", 2))
+	_, kill3 := agent(t, c, node("n3", 2))
+	s := spec("j", 4, 2)
+	s.Tp, s.Pp, s.MinNodes, s.MaxRestarts, s.GlobalBatch, s.MicroBatch = 2, 1, 1, 1, 16, 2
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); err != nil {
+		t.Fatal(err)
+	}
+	next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 1 })
+	kill3()
+	g := next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
+	if len(g.Members) != 2 || g.Dp != 2 {
+		t.Fatalf("generation 2 = %v, want 2 nodes at dp 2", g)
+	}
+}

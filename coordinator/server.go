@@ -339,6 +339,17 @@ func Layout(spec *pb.JobSpec, n int) (topology.Layout, error) {
 	if spec.GetDp() != 0 && int(spec.GetDp()) != dp {
 		return topology.Layout{}, fmt.Errorf("dp %d: tp*pp*dp = %d must equal the world size %d", spec.GetDp(), tp*pp*int(spec.GetDp()), world)
 	}
+	// The global batch is kept in every generation: each replica runs
+	// global/(micro*dp) micro-batches, so dp must divide global/micro (and,
+	// interleaved, leave a multiple of pp micro-batches).
+	if g, m := int(spec.GetGlobalBatch()), int(spec.GetMicroBatch()); g > 0 && m > 0 {
+		if g%(m*dp) != 0 {
+			return topology.Layout{}, fmt.Errorf("dp %d on %d nodes does not divide the global batch %d into micro-batches of %d", dp, n, g, m)
+		}
+		if spec.GetSchedule() == "interleaved" && (g/(m*dp))%pp != 0 {
+			return topology.Layout{}, fmt.Errorf("dp %d on %d nodes leaves %d micro-batches per replica, not a multiple of pp %d (interleaved)", dp, n, g/(m*dp), pp)
+		}
+	}
 	l, err := topology.NewLayout(tp, pp, dp, spec.GetOrder())
 	if err != nil {
 		return topology.Layout{}, err

@@ -236,6 +236,7 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		if spec.NativeJob, err = yaml.Marshal(job); err != nil {
 			return nil, err
 		}
+		spec.GlobalBatch, spec.MicroBatch = int32(job.Batch.Global), int32(job.Batch.Micro)
 	}
 	if err := coordinator.ValidateSpec(spec); err != nil {
 		return nil, err

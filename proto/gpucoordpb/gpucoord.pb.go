@@ -451,8 +451,13 @@ type JobSpec struct {
 	// checkpoint_every commits a native job's checkpoint every this many
 	// steps (and after the last); 0 only after the last.
 	CheckpointEvery int32 `protobuf:"varint,22,opt,name=checkpoint_every,json=checkpointEvery,proto3" json:"checkpoint_every,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// global_batch and micro_batch are a native job's batch sizes: every
+	// generation keeps the global batch, so its DP degree must divide
+	// global_batch / micro_batch (0: no such constraint).
+	GlobalBatch   int32 `protobuf:"varint,23,opt,name=global_batch,json=globalBatch,proto3" json:"global_batch,omitempty"`
+	MicroBatch    int32 `protobuf:"varint,24,opt,name=micro_batch,json=microBatch,proto3" json:"micro_batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -635,6 +640,20 @@ func (x *JobSpec) GetCheckpointDir() string {
 func (x *JobSpec) GetCheckpointEvery() int32 {
 	if x != nil {
 		return x.CheckpointEvery
+	}
+	return 0
+}
+
+func (x *JobSpec) GetGlobalBatch() int32 {
+	if x != nil {
+		return x.GlobalBatch
+	}
+	return 0
+}
+
+func (x *JobSpec) GetMicroBatch() int32 {
+	if x != nil {
+		return x.MicroBatch
 	}
 	return 0
 }
@@ -1974,7 +1993,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x0esuspicion_mult\x18\x04 \x01(\x05R\rsuspicionMult\"=\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\xb2\x05\n" +
+	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\xf6\x05\n" +
 	"\aJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\x12\x1b\n" +
@@ -2000,7 +2019,10 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\aworkdir\x18\x13 \x01(\tR\aworkdir\x12\x1b\n" +
 	"\tmin_nodes\x18\x14 \x01(\x05R\bminNodes\x12%\n" +
 	"\x0echeckpoint_dir\x18\x15 \x01(\tR\rcheckpointDir\x12)\n" +
-	"\x10checkpoint_every\x18\x16 \x01(\x05R\x0fcheckpointEvery\x1a6\n" +
+	"\x10checkpoint_every\x18\x16 \x01(\x05R\x0fcheckpointEvery\x12!\n" +
+	"\fglobal_batch\x18\x17 \x01(\x05R\vglobalBatch\x12\x1f\n" +
+	"\vmicro_batch\x18\x18 \x01(\x05R\n" +
+	"microBatch\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"e\n" +
