@@ -510,10 +510,12 @@ func TestRecoveryGenerations(t *testing.T) {
 	}
 }
 
-// TestNoShrinkBelowMinNodes: a loss that leaves fewer nodes than min_nodes
-// fails the job rather than running it smaller.
-func TestNoShrinkBelowMinNodes(t *testing.T) {
-	co, _ := testCoordinator(t, testEtcd(t), nil)
+// TestPauseBelowMinNodes: a loss that leaves fewer nodes than min_nodes
+// pauses the job (its nodes are told to run nothing) with the reason; a
+// new node brings it back as the next generation; without one, the pause
+// ends in failure after the rendezvous timeout.
+func TestPauseBelowMinNodes(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.StableFor = 100 * time.Millisecond })
 	c := client(t, co.Addr(), "")
 	a0, _ := agent(t, c, node("n0", 4))
 	_, kill1 := agent(t, c, node("n1", 4))
@@ -522,8 +524,27 @@ func TestNoShrinkBelowMinNodes(t *testing.T) {
 	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
 	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
 	kill1()
-	if st := final(t, c, "j"); st.Phase != pb.JobState_FAILED || !strings.Contains(st.Reason, "node lost: n1") {
-		t.Fatalf("state = %v", st)
+	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "" })
+	st, err := c.Status(t.Context(), &pb.StatusRequest{})
+	if err != nil || st.Jobs[0].State.Phase != pb.JobState_PENDING ||
+		st.Jobs[0].State.Reason != "paused after generation 1: node lost: n1 (ranks 4-7); waiting for nodes: 1 live of at least 2" {
+		t.Fatalf("status = %v, %v", st, err)
+	}
+	agent(t, c, node("n2", 4))
+	g := next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
+	if len(g.Members) != 2 || g.Members[0].Node != "n0" || g.Members[1].Node != "n2" || g.Reason != "resumed on 2 nodes after a pause" {
+		t.Fatalf("generation 2 = %v", g)
+	}
+
+	s2 := spec("k", 2, 4)
+	s2.MaxRestarts, s2.RendezvousTimeoutMs = 3, 500
+	_, kill3 := agent(t, c, node("n3", 4))
+	agent(t, c, node("n4", 4))
+	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s2})
+	waitPhase(t, c, "k", pb.JobState_RUNNING)
+	kill3()
+	if st := final(t, c, "k"); st.Phase != pb.JobState_FAILED || !strings.Contains(st.Reason, "paused for 500ms without enough nodes") {
+		t.Fatalf("state of k = %v", st)
 	}
 }
 
@@ -549,4 +570,21 @@ func TestShrinkKeepsGlobalBatch(t *testing.T) {
 	if len(g.Members) != 2 || g.Dp != 2 {
 		t.Fatalf("generation 2 = %v, want 2 nodes at dp 2", g)
 	}
+}
+
+// waitPhase waits until job id reaches phase.
+func waitPhase(t *testing.T, c pb.CoordinatorClient, id string, phase pb.JobState_Phase) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		st, err := c.Status(t.Context(), &pb.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range st.Jobs {
+			if j.Spec.Id == id && j.State.Phase == phase {
+				return
+			}
+		}
+	}
+	t.Fatalf("job %s not %v within 10s", id, phase)
 }

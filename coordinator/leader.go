@@ -125,9 +125,12 @@ func (l *leader) reconcile(ctx context.Context) error {
 			continue
 		}
 		var err error
-		if j.gen == nil {
+		switch {
+		case j.gen == nil:
 			err = l.rendezvous(ctx, snap, j, busy, now)
-		} else {
+		case j.state.GetPhase() == pb.JobState_PENDING:
+			err = l.resumePaused(ctx, snap, j, busy, now)
+		default:
 			err = l.watchRunning(ctx, snap, j, busy, now)
 		}
 		if err != nil {
@@ -288,8 +291,57 @@ func (l *leader) watchRunning(ctx context.Context, snap *snapshot, j *job, busy 
 	if ok, err := l.recover(ctx, snap, j, st.Reason, now); ok || err != nil {
 		return err
 	}
+	if restartsLeft(j) {
+		// Too few live nodes: pause until enough come back, or the
+		// rendezvous timeout passes.
+		l.since[j.spec.Id] = now
+		l.log.Warn("job paused", "job", j.spec.Id, "generation", j.gen.Number, "reason", st.Reason)
+		return l.setState(ctx, j, &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1,
+			Reason: fmt.Sprintf("paused after generation %d: %s; %s", j.gen.Number, st.Reason, l.shortOf(snap, j))})
+	}
 	l.log.Warn("job failed", "job", j.spec.Id, "generation", j.gen.Number, "reason", st.Reason)
 	return l.setState(ctx, j, st)
+}
+
+// shortOf says how many nodes a paused job has and needs.
+func (l *leader) shortOf(snap *snapshot, j *job) string {
+	live := 0
+	for _, m := range j.gen.Members {
+		if snap.nodes[m.Node] != nil {
+			live++
+		}
+	}
+	return fmt.Sprintf("waiting for nodes: %d live of at least %d", live, minNodes(j.spec))
+}
+
+// resumePaused restarts a paused job as soon as its live members and free
+// nodes (registered for StableFor) make a usable layout of at least
+// min_nodes, or fails it when the rendezvous timeout passes first.
+func (l *leader) resumePaused(ctx context.Context, snap *snapshot, j *job, busy map[string]string, now time.Time) error {
+	if _, ok := l.since[j.spec.Id]; !ok {
+		l.since[j.spec.Id] = now // a leader that took over mid-pause starts the clock again
+	}
+	most := max(int(j.spec.MaxNodes), int(j.spec.Nodes))
+	var nodes []*pb.Node
+	for _, m := range j.gen.Members {
+		if n := snap.nodes[m.Node]; n != nil {
+			nodes = append(nodes, n)
+		}
+	}
+	for _, n := range freeNodes(snap, j.spec, busy) {
+		if len(nodes) < most && now.Sub(l.seen[n.Name].at) >= l.cfg.StableFor {
+			nodes = append(nodes, n)
+		}
+	}
+	if n := usableNodes(j.spec, len(nodes), minNodes(j.spec)); n > 0 {
+		_, err := l.nextGeneration(ctx, j, nodes[:n], fmt.Sprintf("resumed on %d node%s after a pause", n, map[bool]string{true: "", false: "s"}[n == 1]), now)
+		return err
+	}
+	if t := time.Duration(j.spec.RendezvousTimeoutMs) * time.Millisecond; t > 0 && now.Sub(l.since[j.spec.Id]) >= t {
+		return l.setState(ctx, j, &pb.JobState{Phase: pb.JobState_FAILED, ExitCode: 1, FailedRank: -1,
+			Reason: fmt.Sprintf("paused for %s without enough nodes: %s", t, j.state.Reason)})
+	}
+	return nil
 }
 
 // restartsLeft reports whether the job may make another generation.

@@ -224,8 +224,8 @@ func (s *snapshot) busy() map[string]string {
 // unfinished job that holds it, or an empty Assignment.
 func (s *snapshot) assignment(node string) *pb.Assignment {
 	for _, j := range s.jobs {
-		if j.terminal() || j.gen == nil {
-			continue
+		if j.state.GetPhase() != pb.JobState_RUNNING || j.gen == nil {
+			continue // pending, paused or ended: nothing runs
 		}
 		for _, m := range j.gen.Members {
 			if m.Node == node {
