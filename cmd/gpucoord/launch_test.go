@@ -677,3 +677,30 @@ func TestElasticKillAndRejoin(t *testing.T) {
 		}
 	}
 }
+
+// TestElasticTorchProgram: examples/pytorch/elastic.py, a torchrun-style
+// program checkpointing to GPUCOORD_CHECKPOINT_DIR, survives the SIGKILL
+// of one of its two nodes' agents: the job goes on with the other node's
+// ranks from its last step and finishes.
+func TestElasticTorchProgram(t *testing.T) {
+	const py = "/usr/bin/python3"
+	if err := exec.Command(py, "-c", "import torch").Run(); err != nil {
+		t.Fatalf("%s cannot import torch (%v): install Debian's python3-torch (make deps)", py, err)
+	}
+	exe := buildBinary(t)
+	_, addr := coordinatorProc(t, exe)
+	w0, _ := workerProc(t, exe, addr, "w0", 2)
+	w1, _ := workerProc(t, exe, addr, "w1", 2)
+	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "2", "--min-nodes", "1", "--max-restarts", "3",
+		"--checkpoint-dir", t.TempDir(), "--env", "ELASTIC_STEPS=40", "--env", "ELASTIC_STEP_SLEEP=0.1",
+		"--", py, "../../examples/pytorch/elastic.py")
+	w0.waitLine(t, "step 5/40", 2*time.Minute)
+	w1.cmd.Process.Kill()
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d", code)
+	}
+	w0.waitLine(t, "done: 40 steps, world 2", 10*time.Second)
+	if !strings.Contains(w0.output(), "resumed after step") || !strings.Contains(p.output(), "generation 2: 1 node (w0)") {
+		t.Errorf("no resumed generation:\n%s\n%s", p.output(), w0.output())
+	}
+}
