@@ -530,6 +530,9 @@ func TestPauseBelowMinNodes(t *testing.T) {
 		st.Jobs[0].State.Reason != "paused after generation 1: node lost: n1 (ranks 4-7); waiting for nodes: 1 live of at least 2" {
 		t.Fatalf("status = %v, %v", st, err)
 	}
+	if m := st.Jobs[0].Members; len(m) != 2 || m[0].Node != "n0" || m[0].State != "alive" || m[1].Node != "n1" || m[1].State != "lost" || m[1].FirstRank != 4 {
+		t.Errorf("members = %v, want n0 alive and n1 lost", m)
+	}
 	agent(t, c, node("n2", 4))
 	g := next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
 	if len(g.Members) != 2 || g.Members[0].Node != "n0" || g.Members[1].Node != "n2" || g.Reason != "resumed on 2 nodes after a pause" {

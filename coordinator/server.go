@@ -475,6 +475,13 @@ func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusRes
 		if j.commit != nil {
 			js.CommittedStep = j.commit.Step
 		}
+		for _, m := range j.gen.GetMembers() {
+			state := "lost"
+			if snap.nodes[m.Node] != nil {
+				state = "alive"
+			}
+			js.Members = append(js.Members, &pb.MemberStatus{Node: m.Node, FirstRank: m.FirstRank, Ranks: m.Ranks, State: state})
+		}
 		resp.Jobs = append(resp.Jobs, js)
 	}
 	return resp, nil

@@ -47,6 +47,11 @@ func printStatus(w io.Writer, s *pb.StatusResponse, asJSON bool) error {
 			line += "  (" + j.State.Reason + ")"
 		}
 		fmt.Fprintln(w, line)
+		if !isTerminal(j.State) {
+			for _, m := range j.Members {
+				fmt.Fprintf(w, "    %-12s ranks %d-%d  %s\n", m.Node, m.FirstRank, m.FirstRank+m.Ranks-1, m.State)
+			}
+		}
 	}
 	return nil
 }

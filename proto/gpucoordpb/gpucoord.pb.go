@@ -1835,8 +1835,10 @@ type JobStatus struct {
 	State      *JobState              `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
 	Generation *Generation            `protobuf:"bytes,3,opt,name=generation,proto3" json:"generation,omitempty"`
 	LastStep   *Step                  `protobuf:"bytes,4,opt,name=last_step,json=lastStep,proto3" json:"last_step,omitempty"`
-	// committed_step is the last step every data-parallel replica finished.
+	// committed_step is the last step in a committed checkpoint.
 	CommittedStep int64 `protobuf:"varint,5,opt,name=committed_step,json=committedStep,proto3" json:"committed_step,omitempty"`
+	// members are the current generation's nodes and their state.
+	Members       []*MemberStatus `protobuf:"bytes,6,rep,name=members,proto3" json:"members,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1906,6 +1908,83 @@ func (x *JobStatus) GetCommittedStep() int64 {
 	return 0
 }
 
+func (x *JobStatus) GetMembers() []*MemberStatus {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+// MemberStatus is a node of a job's current generation.
+type MemberStatus struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Node      string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	FirstRank int32                  `protobuf:"varint,2,opt,name=first_rank,json=firstRank,proto3" json:"first_rank,omitempty"`
+	Ranks     int32                  `protobuf:"varint,3,opt,name=ranks,proto3" json:"ranks,omitempty"`
+	// state is "alive" while the node is in the pool, else "lost".
+	State         string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemberStatus) Reset() {
+	*x = MemberStatus{}
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberStatus) ProtoMessage() {}
+
+func (x *MemberStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
+func (*MemberStatus) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *MemberStatus) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetFirstRank() int32 {
+	if x != nil {
+		return x.FirstRank
+	}
+	return 0
+}
+
+func (x *MemberStatus) GetRanks() int32 {
+	if x != nil {
+		return x.Ranks
+	}
+	return 0
+}
+
+func (x *MemberStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
 type StatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// leader is the name of the coordinator that leads.
@@ -1918,7 +1997,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1930,7 +2009,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1943,7 +2022,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -2122,7 +2201,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
 	"NodeStatus\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.gpucoord.v1.NodeR\x04node\x12\x10\n" +
-	"\x03job\x18\x02 \x01(\tR\x03job\"\xf2\x01\n" +
+	"\x03job\x18\x02 \x01(\tR\x03job\"\xa7\x02\n" +
 	"\tJobStatus\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.gpucoord.v1.JobSpecR\x04spec\x12+\n" +
 	"\x05state\x18\x02 \x01(\v2\x15.gpucoord.v1.JobStateR\x05state\x127\n" +
@@ -2130,7 +2209,14 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\v2\x17.gpucoord.v1.GenerationR\n" +
 	"generation\x12.\n" +
 	"\tlast_step\x18\x04 \x01(\v2\x11.gpucoord.v1.StepR\blastStep\x12%\n" +
-	"\x0ecommitted_step\x18\x05 \x01(\x03R\rcommittedStep\"\x83\x01\n" +
+	"\x0ecommitted_step\x18\x05 \x01(\x03R\rcommittedStep\x123\n" +
+	"\amembers\x18\x06 \x03(\v2\x19.gpucoord.v1.MemberStatusR\amembers\"m\n" +
+	"\fMemberStatus\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
+	"\n" +
+	"first_rank\x18\x02 \x01(\x05R\tfirstRank\x12\x14\n" +
+	"\x05ranks\x18\x03 \x01(\x05R\x05ranks\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\"\x83\x01\n" +
 	"\x0eStatusResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\tR\x06leader\x12-\n" +
 	"\x05nodes\x18\x02 \x03(\v2\x17.gpucoord.v1.NodeStatusR\x05nodes\x12*\n" +
@@ -2158,7 +2244,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),      // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),             // 1: gpucoord.v1.Node
@@ -2187,13 +2273,14 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*StatusRequest)(nil),    // 24: gpucoord.v1.StatusRequest
 	(*NodeStatus)(nil),       // 25: gpucoord.v1.NodeStatus
 	(*JobStatus)(nil),        // 26: gpucoord.v1.JobStatus
-	(*StatusResponse)(nil),   // 27: gpucoord.v1.StatusResponse
-	nil,                      // 28: gpucoord.v1.JobSpec.EnvEntry
+	(*MemberStatus)(nil),     // 27: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),   // 28: gpucoord.v1.StatusResponse
+	nil,                      // 29: gpucoord.v1.JobSpec.EnvEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	28, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	29, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
 	7,  // 3: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
 	6,  // 4: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
 	8,  // 5: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
@@ -2210,29 +2297,30 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	19, // 16: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
 	8,  // 17: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
 	11, // 18: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	25, // 19: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	26, // 20: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	2,  // 21: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 22: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	13, // 23: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	15, // 24: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	17, // 25: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	20, // 26: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	22, // 27: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	24, // 28: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	3,  // 29: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	9,  // 30: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	14, // 31: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	16, // 32: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	18, // 33: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	21, // 34: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	23, // 35: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	27, // 36: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	29, // [29:37] is the sub-list for method output_type
-	21, // [21:29] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	27, // 19: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	25, // 20: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	26, // 21: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	2,  // 22: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 23: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	13, // 24: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	15, // 25: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	17, // 26: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	20, // 27: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	22, // 28: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	24, // 29: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	3,  // 30: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	9,  // 31: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	14, // 32: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	16, // 33: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	18, // 34: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	21, // 35: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	23, // 36: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	28, // 37: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	30, // [30:38] is the sub-list for method output_type
+	22, // [22:30] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -2251,7 +2339,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
