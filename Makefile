@@ -29,6 +29,10 @@ deps: ## Install the Debian packages the tests use (etcd-server, python3-torch) 
 test: deps ## Run every test with the race detector (installs what the tests need first)
 	$(GO) test -race -count=1 -timeout 14m $(PKGS)
 
+.PHONY: stress
+stress: ## Kill or preempt an agent at 40 random steps of an elastic job (minutes; not part of make test)
+	GPUCOORD_STRESS=1 $(GO) test -count=1 -timeout 30m -run TestElasticStress -v ./cmd/gpucoord
+
 .PHONY: lint
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

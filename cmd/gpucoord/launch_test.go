@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -702,5 +703,60 @@ func TestElasticTorchProgram(t *testing.T) {
 	w0.waitLine(t, "done: 40 steps, world 2", 10*time.Second)
 	if !strings.Contains(w0.output(), "resumed after step") || !strings.Contains(p.output(), "generation 2: 1 node (w0)") {
 		t.Errorf("no resumed generation:\n%s\n%s", p.output(), w0.output())
+	}
+}
+
+// TestElasticStress kills (SIGKILL) or preempts (SIGTERM) one of two
+// agents at 20 random steps each, and checks every time that the job ends,
+// that no generation resumed before a step the job had committed, and that
+// every step's loss equals train --np 1's. It takes minutes: it runs with
+// GPUCOORD_STRESS=1 (make stress), not in make test.
+func TestElasticStress(t *testing.T) {
+	if os.Getenv("GPUCOORD_STRESS") == "" {
+		t.Skip("set GPUCOORD_STRESS=1 (make stress) to run the 40 kills")
+	}
+	exe := buildBinary(t)
+	const steps = 60
+	want := reference(t, exe, "--steps", strconv.Itoa(steps), "../../examples/jobs/mlp.yaml")
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 40 {
+		sig, name := os.Signal(syscall.SIGKILL), "kill"
+		if i%2 == 1 {
+			sig, name = syscall.SIGTERM, "term"
+		}
+		at := 2 + rng.IntN(steps-10)
+		t.Run(fmt.Sprintf("%s-at-%d", name, at), func(t *testing.T) {
+			_, addr := coordinatorProc(t, exe)
+			workerProc(t, exe, addr, "w0", 4)
+			w1, _ := workerProc(t, exe, addr, "w1", 4)
+			p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2",
+				"--min-nodes", "1", "--max-restarts", "1", "--checkpoint-every", "1", "--checkpoint-dir", t.TempDir(),
+				"--steps", strconv.Itoa(steps), "--json", "../../examples/jobs/mlp.yaml")
+			p.waitLine(t, fmt.Sprintf(`{"step":%d,`, at), time.Minute)
+			signalled := time.Now()
+			w1.cmd.Process.Signal(sig)
+			if code := p.wait(t, time.Minute); code != 0 {
+				t.Fatalf("launch exited %d", code)
+			}
+			sameLosses(t, losses(t, p.output()), want)
+			committed, resumed := int64(0), false
+			for _, line := range strings.Split(p.output(), "\n") {
+				var s launchStep
+				if strings.HasPrefix(line, `{"step"`) && json.Unmarshal([]byte(line), &s) == nil && s.Checkpointed && s.Generation == 1 {
+					committed = max(committed, int64(s.Step))
+				}
+				if i := strings.Index(line, "resuming after step "); i >= 0 && strings.HasPrefix(line, "generation 2") {
+					r, _ := strconv.ParseInt(strings.TrimSuffix(line[i+len("resuming after step "):], ")"), 10, 64)
+					if r < committed {
+						t.Errorf("generation 2 resumed after step %d, but step %d was committed", r, committed)
+					}
+					resumed = true
+				}
+			}
+			if !resumed {
+				t.Errorf("no generation 2 after the %s at step %d", name, at)
+			}
+			t.Logf("%s at step %d: job done %s later", name, at, time.Since(signalled).Round(time.Millisecond))
+		})
 	}
 }
