@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -140,6 +142,34 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	run := &runner{agent: a}
 	defer run.stop()
+	// The sessions outlive ctx by the preemption: the Watch stream keeps
+	// the node's lease (and so its place in the job) while its ranks
+	// checkpoint.
+	sctx, stopSessions := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopSessions()
+	ended := make(chan error, 1)
+	go func() { ended <- a.sessions(sctx, conns, run) }()
+	var err error
+	select {
+	case <-ctx.Done():
+		run.preempt(a.cfg.Grace)
+		stopSessions()
+		<-ended
+	case err = <-ended:
+	}
+	run.stop()
+	a.leave()
+	if a.pool != nil {
+		a.pool.Leave(time.Second)
+		a.pool.Shutdown()
+	}
+	return err
+}
+
+// sessions moves between the coordinators until ctx ends or one refuses
+// the node; it stops the ranks when none has answered for twice the lease
+// TTL.
+func (a *Agent) sessions(ctx context.Context, conns []*grpc.ClientConn, run *runner) error {
 	lastContact := time.Now()
 	for i := 0; ctx.Err() == nil; i = (i + 1) % len(conns) {
 		client := pb.NewCoordinatorClient(conns[i])
@@ -159,12 +189,6 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		case <-time.After(a.cfg.Retry):
 		}
-	}
-	run.stop()
-	a.leave()
-	if a.pool != nil {
-		a.pool.Leave(time.Second)
-		a.pool.Shutdown()
 	}
 	return nil
 }
@@ -282,20 +306,31 @@ func (a *Agent) report(ctx context.Context, r *pb.ReportRequest) error {
 
 // runner runs the ranks of at most one assignment at a time.
 type runner struct {
-	agent   *Agent
+	agent *Agent
+	mu    sync.Mutex          // guards procs
+	procs map[int]*os.Process // the current run's ranks, once started
+	// life guards the fields below: apply and stop come from the session
+	// goroutine, preempt and the last stop from Run's.
+	life    sync.Mutex
 	cur     *pb.Assignment // what runs now; nil for nothing
 	cancel  context.CancelFunc
 	done    chan struct{}
 	masters chan string // hands the master address to a run waiting for it
 }
 
-func (r *runner) active() bool { return r.cur != nil }
+func (r *runner) active() bool {
+	r.life.Lock()
+	defer r.life.Unlock()
+	return r.cur != nil
+}
 
 // apply makes the ranks match asg: stops a run of another job or
 // generation, starts a new one, or passes on the master address.
 func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
+	r.life.Lock()
+	defer r.life.Unlock()
 	if r.cur != nil && (asg.Job != r.cur.Job || asg.Generation.GetNumber() != r.cur.Generation.GetNumber()) {
-		r.stop()
+		r.stopLocked()
 	}
 	if asg.Job == "" {
 		return
@@ -308,19 +343,62 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 		return
 	}
 	r.cur = proto.Clone(asg).(*pb.Assignment)
-	rctx, cancel := context.WithCancel(ctx)
+	// The ranks outlive the agent's context: when the agent is told to
+	// stop, Run first lets them checkpoint (preempt), then stops them.
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cancel, r.done, r.masters = cancel, make(chan struct{}), make(chan string, 1)
 	if asg.Master != "" {
 		r.masters <- asg.Master
 	}
+	r.mu.Lock()
+	r.procs = map[int]*os.Process{}
+	r.mu.Unlock()
+	started := func(rank int, p *os.Process) {
+		r.mu.Lock()
+		r.procs[rank] = p
+		r.mu.Unlock()
+	}
 	go func(a *pb.Assignment, masters <-chan string, done chan struct{}) {
 		defer close(done)
-		r.agent.run(rctx, a, masters)
+		r.agent.run(rctx, a, masters, started)
 	}(r.cur, r.masters, r.done)
+}
+
+// preempt asks the current run's native ranks to checkpoint the step in
+// progress and stop (PreemptSignal), and waits up to grace for them; a
+// command's ranks, or a run without checkpoints, are left to stop.
+func (r *runner) preempt(grace time.Duration) {
+	r.life.Lock()
+	cur, done := r.cur, r.done
+	r.life.Unlock()
+	if cur == nil || len(cur.Spec.GetCommand()) > 0 || cur.Spec.GetCheckpointDir() == "" {
+		return
+	}
+	r.mu.Lock()
+	procs := slices.Collect(maps.Values(r.procs))
+	r.mu.Unlock()
+	if len(procs) == 0 {
+		return
+	}
+	r.agent.log.Info("preempted: ranks checkpoint, then stop", "ranks", len(procs), "grace", grace)
+	for _, p := range procs {
+		p.Signal(PreemptSignal)
+	}
+	select {
+	case <-done:
+	case <-time.After(grace):
+		r.agent.log.Warn("ranks did not stop within the grace period after preemption")
+	}
 }
 
 // stop ends the current run and waits for its ranks to exit.
 func (r *runner) stop() {
+	r.life.Lock()
+	defer r.life.Unlock()
+	r.stopLocked()
+}
+
+func (r *runner) stopLocked() {
 	if r.cur == nil {
 		return
 	}
@@ -331,7 +409,7 @@ func (r *runner) stop() {
 
 // run bootstraps (on rank 0's node), waits for the master address, runs
 // the node's ranks and reports how they ended.
-func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan string) {
+func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan string, started func(int, *os.Process)) {
 	log := a.log.With("job", asg.Job, "generation", asg.Generation.GetNumber())
 	me, _ := member(asg, a.cfg.Name)
 	if me == nil {
@@ -397,7 +475,7 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 	}
 	pcfg := localproc.Config{
 		Ranks: l.World(), Local: local, Store: asg.Master, Grace: a.cfg.Grace,
-		Stdout: tag, Stderr: tag,
+		Stdout: tag, Stderr: tag, Started: started,
 		Command: func(ctx context.Context, rank int, _ string) (*exec.Cmd, error) {
 			env, err := RankEnv(asg, a.cfg.Name, rank, planPath, ckpt, a.cfg.Devices)
 			if err != nil {

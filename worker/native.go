@@ -8,7 +8,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"strconv"
+	"sync/atomic"
+	"syscall"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -16,6 +19,11 @@ import (
 	"gpucoord/schedule"
 	"gpucoord/worker/engine"
 )
+
+// PreemptSignal is what an agent sends its native ranks when the node is
+// told to leave (SIGTERM to the agent): they checkpoint the step every rank
+// finishes, then stop.
+const PreemptSignal = syscall.SIGUSR1
 
 // ReadPlan reads the assignment a rank's GPUCOORD_PLAN names.
 func ReadPlan() (*pb.Assignment, error) {
@@ -77,6 +85,20 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 	rank, err := strconv.Atoi(os.Getenv("RANK"))
 	if err != nil {
 		return fmt.Errorf("RANK %q: %v", os.Getenv("RANK"), err)
+	}
+	if cfg.CheckpointDir != "" {
+		// The agent sends SIGUSR1 when its node is told to leave: every
+		// rank then checkpoints the step in progress and this one stops.
+		var preempted atomic.Bool
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, PreemptSignal)
+		defer signal.Stop(sig)
+		go func() {
+			if _, ok := <-sig; ok {
+				preempted.Store(true)
+			}
+		}()
+		cfg.Preempted = preempted.Load
 	}
 	store := net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT"))
 	enc := json.NewEncoder(stdout)

@@ -760,3 +760,42 @@ func TestElasticStress(t *testing.T) {
 		})
 	}
 }
+
+// TestElasticPreemption: SIGTERM to an agent (a cloud's preemption notice)
+// makes every rank checkpoint the step in progress before the node's ranks
+// stop (no --checkpoint-every: only that checkpoint is taken), so the job
+// shrinks and resumes from the last step it trained: none is lost.
+func TestElasticPreemption(t *testing.T) {
+	exe := buildBinary(t)
+	const steps = 200
+	want := reference(t, exe, "--steps", strconv.Itoa(steps), "../../examples/jobs/mlp.yaml")
+	_, addr := coordinatorProc(t, exe)
+	workerProc(t, exe, addr, "w0", 4)
+	w1, _ := workerProc(t, exe, addr, "w1", 4)
+	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2",
+		"--min-nodes", "1", "--max-restarts", "1", "--checkpoint-dir", t.TempDir(),
+		"--steps", strconv.Itoa(steps), "--json", "../../examples/jobs/mlp.yaml")
+	p.waitLine(t, `{"step":10,`, time.Minute)
+	w1.cmd.Process.Signal(syscall.SIGTERM)
+	if code := w1.wait(t, 30*time.Second); code != 0 {
+		t.Errorf("preempted worker exited %d, want 0", code)
+	}
+	if code := p.wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d", code)
+	}
+	sameLosses(t, losses(t, p.output()), want)
+	var lastGen1 launchStep
+	resume := int64(-1)
+	for _, line := range strings.Split(p.output(), "\n") {
+		var s launchStep
+		if strings.HasPrefix(line, `{"step"`) && json.Unmarshal([]byte(line), &s) == nil && s.Generation == 1 && s.Step > lastGen1.Step {
+			lastGen1 = s
+		}
+		if i := strings.Index(line, "resuming after step "); i >= 0 && strings.HasPrefix(line, "generation 2") {
+			resume, _ = strconv.ParseInt(strings.TrimSuffix(line[i+len("resuming after step "):], ")"), 10, 64)
+		}
+	}
+	if resume != int64(lastGen1.Step) || !lastGen1.Checkpointed {
+		t.Errorf("generation 2 resumed after step %d; generation 1's last step was %+v: want it checkpointed and resumed from", resume, lastGen1)
+	}
+}

@@ -56,6 +56,9 @@ type Config struct {
 	// Grace is how long a rank has between SIGTERM and SIGKILL when the
 	// world stops; 0 means DefaultGrace.
 	Grace time.Duration
+	// Started, if set, is called with each rank's process once it runs
+	// (for signals of the caller's own); it must not block.
+	Started func(rank int, p *os.Process)
 }
 
 // ExitError is the failure of one rank: its global rank and how it ended.
@@ -146,6 +149,9 @@ func Run[T any](ctx context.Context, cfg Config, emit func(T) error) error {
 		}
 		if err == nil {
 			err = cmd.Start()
+		}
+		if err == nil && cfg.Started != nil {
+			cfg.Started(rank, cmd.Process)
 		}
 		if err != nil {
 			// Stop the ranks already started and wait for them.

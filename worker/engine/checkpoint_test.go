@@ -1,12 +1,15 @@
 package engine
 
 import (
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"gpucoord/schedule"
+	"gpucoord/sharding"
 )
 
 // TestResumeAcrossDP checks the elastic contract of the engine's
@@ -63,6 +66,46 @@ func TestResumeAcrossDP(t *testing.T) {
 					t.Errorf("zero %d dp %d->%d step %d: loss %.9g, want %.9g (exact: %v)", zero, from, to, i+1, got[i], want[i], exact)
 				}
 			}
+		}
+	}
+}
+
+// TestPreemptionCheckpoints: a rank that reports itself preempted makes
+// every rank checkpoint the step they all finished (no CheckpointEvery is
+// set), and returns ErrPreempted; resuming from that step gives the
+// uninterrupted run's losses bit for bit.
+func TestPreemptionCheckpoints(t *testing.T) {
+	job := tinyJob(LossMSE)
+	job.Steps = 6
+	base := DefaultConfig(job)
+	base.TP, base.PP, base.DP, base.Zero = 1, 2, 2, 1
+	want, err := RunInProc(t.Context(), base, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var asked atomic.Int64
+	c := *base
+	c.CheckpointDir = dir
+	// Every rank asks once per step; the fifth question (step 2 at the
+	// latest, as 4 ranks ask per step) and later say "preempted".
+	c.Preempted = func() bool { return asked.Add(1) > 4 }
+	if _, err := RunInProc(t.Context(), &c, nil); !errors.Is(err, ErrPreempted) {
+		t.Fatalf("err = %v, want ErrPreempted", err)
+	}
+	step, err := sharding.LatestComplete(t.Context(), filepath.Join(dir, "tp0-of-1", "chunk0-of-2"))
+	if err != nil || step < 1 || step > 2 {
+		t.Fatalf("latest committed step %d (%v), want 1 or 2", step, err)
+	}
+	r := *base
+	r.CheckpointDir, r.Resume = dir, int(step)
+	got, err := RunInProc(t.Context(), &r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range got.Losses {
+		if w := want.Losses[int(step)+i]; l != w {
+			t.Errorf("step %d after resuming from %d: loss %.9g, want %.9g", int(step)+i+1, step, l, w)
 		}
 	}
 }

@@ -37,6 +37,12 @@ type Config struct {
 	// CheckpointEvery writes a checkpoint after every this many steps, and
 	// after the last; 0 with a CheckpointDir means only after the last.
 	CheckpointEvery int
+	// Preempted, when set with a CheckpointDir, is asked after every step:
+	// if it is true on any rank (an all-reduce of one value per step), every
+	// rank checkpoints that step, and the preempted ranks return
+	// ErrPreempted while the others go on. A node told to leave (a cloud's
+	// preemption notice) so loses no step.
+	Preempted func() bool
 	// Resume is the number of steps already done: Train restores their
 	// checkpoint from CheckpointDir (written at any DP degree) and goes on
 	// with the next step. Data and Adam's step count depend only on the

@@ -9,3 +9,7 @@ var ErrInvalidJob = errors.New("engine: invalid job")
 
 // ErrDiverged is returned when a step produces a loss that is not finite.
 var ErrDiverged = errors.New("engine: loss is not finite")
+
+// ErrPreempted is returned by Train on a rank whose Config.Preempted
+// reported true, after the checkpoint of the step every rank finished.
+var ErrPreempted = errors.New("engine: preempted after a checkpoint")

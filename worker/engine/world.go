@@ -111,7 +111,19 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 		}
 		secs := time.Since(start).Seconds()
 		res := StepResult{Step: s + 1, Loss: loss, Seconds: secs, SamplesPerSec: float64(cfg.Job.Batch.Global) / secs, Stats: r.Stats()}
-		if n := s + 1; cfg.CheckpointDir != "" && (n == cfg.Job.Steps || cfg.CheckpointEvery > 0 && n%cfg.CheckpointEvery == 0) {
+		preempted, me := false, false
+		if cfg.CheckpointDir != "" && cfg.Preempted != nil {
+			me = cfg.Preempted()
+			flag := []float64{0}
+			if me {
+				flag[0] = 1
+			}
+			if err := world.AllReduce(ctx, collectives.Float64s(flag), collectives.Max); err != nil {
+				return r, fmt.Errorf("rank %d %+v: preemption flag: %w", world.Rank(), coord, err)
+			}
+			preempted = flag[0] > 0
+		}
+		if n := s + 1; cfg.CheckpointDir != "" && (preempted || n == cfg.Job.Steps || cfg.CheckpointEvery > 0 && n%cfg.CheckpointEvery == 0) {
 			if err := r.Checkpoint(ctx, cfg.CheckpointDir, n); err != nil {
 				return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
 			}
@@ -125,6 +137,9 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 			if err := report(res); err != nil {
 				return r, err
 			}
+		}
+		if me && s+1 < cfg.Job.Steps {
+			return r, ErrPreempted
 		}
 	}
 	return r, nil
