@@ -60,6 +60,11 @@ type Config struct {
 	// losing its lease, before a running job takes it in (a rejoining or
 	// replacement node); a flapping node does not thrash the job.
 	StableFor time.Duration
+	// StragglerFactor flags a rank whose mean compute time per step is more
+	// than this many times the median of its generation's ranks...
+	StragglerFactor float64
+	// StragglerWindows ... in this many consecutive reported windows.
+	StragglerWindows int
 	// Tick is the leader's reconcile interval for time-based decisions
 	// (rendezvous timeouts, last call); changes in etcd act at once.
 	Tick time.Duration
@@ -71,16 +76,18 @@ type Config struct {
 // loopback, 5 s leases.
 func DefaultConfig() *Config {
 	return &Config{
-		Listen:        "127.0.0.1:7070",
-		Prefix:        "/gpucoord/",
-		LeaseTTL:      5 * time.Second,
-		ElectionTTL:   5 * time.Second,
-		FailureSettle: time.Second,
-		StableFor:     2 * time.Second,
-		Tick:          200 * time.Millisecond,
-		Etcd:          EtcdConfig{DialTimeout: 5 * time.Second},
-		Gossip:        "127.0.0.1:0",
-		GossipTuning:  gossip.DefaultTuning(),
+		Listen:           "127.0.0.1:7070",
+		Prefix:           "/gpucoord/",
+		LeaseTTL:         5 * time.Second,
+		ElectionTTL:      5 * time.Second,
+		FailureSettle:    time.Second,
+		StableFor:        2 * time.Second,
+		StragglerFactor:  2,
+		StragglerWindows: 3,
+		Tick:             200 * time.Millisecond,
+		Etcd:             EtcdConfig{DialTimeout: 5 * time.Second},
+		Gossip:           "127.0.0.1:0",
+		GossipTuning:     gossip.DefaultTuning(),
 	}
 }
 
@@ -91,6 +98,8 @@ func (c *Config) Validate() error {
 		return errorf(ErrInvalid, "lease TTL %s: want whole seconds, at least 2s (etcd's lease granularity)", c.LeaseTTL)
 	case c.ElectionTTL < 2*time.Second || c.ElectionTTL%time.Second != 0:
 		return errorf(ErrInvalid, "election TTL %s: want whole seconds, at least 2s", c.ElectionTTL)
+	case c.StragglerFactor <= 1 || c.StragglerWindows < 1:
+		return errorf(ErrInvalid, "straggler factor %g and windows %d: want a factor above 1 and at least 1 window", c.StragglerFactor, c.StragglerWindows)
 	case c.FailureSettle < 0 || c.Tick < time.Millisecond:
 		return errorf(ErrInvalid, "failure settle %s and tick %s: want settle >= 0 and tick >= 1ms", c.FailureSettle, c.Tick)
 	case !strings.HasSuffix(c.Prefix, "/") || !strings.HasPrefix(c.Prefix, "/"):

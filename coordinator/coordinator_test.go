@@ -591,3 +591,119 @@ func waitPhase(t *testing.T, c pb.CoordinatorClient, id string, phase pb.JobStat
 	}
 	t.Fatalf("job %s not %v within 10s", id, phase)
 }
+
+// TestStragglers: a rank whose compute time stayed above twice the median
+// in each of its last three windows is a straggler, named with its node and
+// GPU in status; with evict_stragglers its node is dropped and the job
+// goes on without it. Two slow windows out of three are not enough.
+func TestStragglers(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.Metrics = "127.0.0.1:0" })
+	c := client(t, co.Addr(), "")
+	a0, _ := agent(t, c, node("n0", 2))
+	agent(t, c, node("n1", 2))
+	s := spec("j", 2, 2)
+	s.Tp, s.Pp, s.MinNodes, s.MaxRestarts = 1, 1, 1, 2
+	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
+	next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 1 })
+	window := func(job string, slow float64) {
+		for _, n := range []struct {
+			node  string
+			ranks []*pb.RankTime
+		}{
+			{"n0", []*pb.RankTime{{Rank: 0, ComputeSeconds: 0.010, Steps: 20}, {Rank: 1, ComputeSeconds: 0.011, Steps: 20}}},
+			{"n1", []*pb.RankTime{{Rank: 2, ComputeSeconds: 0.010, Steps: 20}, {Rank: 3, ComputeSeconds: slow, Steps: 20}}},
+		} {
+			if _, err := c.Report(t.Context(), &pb.ReportRequest{Job: job, Generation: 1, Node: n.node,
+				Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: n.ranks}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, slow := range []float64{0.05, 0.05, 0.011, 0.05, 0.05} {
+		window("j", slow)
+	}
+	// The leader acts on etcd's changes in order: once it has answered a
+	// job submitted after these reports, it has weighed them.
+	probe := spec("probe", 9, 1)
+	probe.Tp, probe.Pp = 1, 1
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: probe}); err != nil {
+		t.Fatal(err)
+	}
+	waitReason(t, c, "probe", "waiting for nodes")
+	st, _ := c.Status(t.Context(), &pb.StatusRequest{})
+	if len(st.Jobs[0].Stragglers) != 0 {
+		t.Fatalf("stragglers %v with a normal window among the last three", st.Jobs[0].Stragglers)
+	}
+	window("j", 0.05) // now slow in each of the last three
+	sts := waitStragglers(t, c, "j")
+	if len(sts) != 1 || sts[0].Rank != 3 || sts[0].Node != "n1" || sts[0].LocalRank != 1 || sts[0].Ratio != 4.76 {
+		t.Fatalf("stragglers = %v, want rank 3 on n1 (GPU 1) at 4.76x the median", sts)
+	}
+	resp, err := http.Get("http://" + co.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := `gpucoord_job_straggler_ratio{gpu="1",job="j",node="n1",rank="3"} 4.76`; !strings.Contains(string(body), want) {
+		t.Errorf("metrics lack %q", want)
+	}
+
+	// With eviction the straggler's node leaves the job.
+	e := spec("e", 2, 2)
+	e.Tp, e.Pp, e.MinNodes, e.MaxRestarts, e.EvictStragglers = 1, 1, 1, 2, true
+	b0, _ := agent(t, c, node("n2", 2))
+	agent(t, c, node("n3", 2))
+	c.Submit(t.Context(), &pb.SubmitRequest{Spec: e})
+	next(t, b0, func(a *pb.Assignment) bool { return a.Job == "e" && a.Generation.GetNumber() == 1 })
+	for range 3 {
+		for _, n := range []struct {
+			node  string
+			ranks []*pb.RankTime
+		}{
+			{"n2", []*pb.RankTime{{Rank: 0, ComputeSeconds: 0.010}, {Rank: 1, ComputeSeconds: 0.011}}},
+			{"n3", []*pb.RankTime{{Rank: 2, ComputeSeconds: 0.010}, {Rank: 3, ComputeSeconds: 0.05}}},
+		} {
+			c.Report(t.Context(), &pb.ReportRequest{Job: "e", Generation: 1, Node: n.node, Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: n.ranks}}})
+		}
+	}
+	g := next(t, b0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
+	if len(g.Members) != 1 || g.Members[0].Node != "n2" || g.Reason != "stragglers evicted: n3" {
+		t.Fatalf("generation 2 of e = %v", g)
+	}
+}
+
+// waitReason waits until job id's state reason contains want.
+func waitReason(t *testing.T, c pb.CoordinatorClient, id, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		st, err := c.Status(t.Context(), &pb.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range st.Jobs {
+			if j.Spec.Id == id && strings.Contains(j.State.GetReason(), want) {
+				return
+			}
+		}
+	}
+	t.Fatalf("job %s's reason never said %q", id, want)
+}
+
+// waitStragglers waits until job id has stragglers and returns them.
+func waitStragglers(t *testing.T, c pb.CoordinatorClient, id string) []*pb.Straggler {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		st, err := c.Status(t.Context(), &pb.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range st.Jobs {
+			if j.Spec.Id == id && len(j.Stragglers) > 0 {
+				return j.Stragglers
+			}
+		}
+	}
+	t.Fatalf("job %s has no stragglers within 10s", id)
+	return nil
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -45,7 +47,8 @@ func (c *Coordinator) campaign(ctx context.Context) error {
 			}
 			cancel()
 		}()
-		l := &leader{Coordinator: c, k: k, since: map[string]time.Time{}, enough: map[string]time.Time{}, failed: map[string]time.Time{}, seen: map[string]seen{}}
+		l := &leader{Coordinator: c, k: k, since: map[string]time.Time{}, enough: map[string]time.Time{}, failed: map[string]time.Time{}, seen: map[string]seen{},
+			strikes: map[string]int{}, cooldown: map[string]time.Time{}}
 		err = l.run(lctx)
 		c.leading.Store(false)
 		cancel()
@@ -72,6 +75,11 @@ type leader struct {
 	since, enough, failed map[string]time.Time
 	// seen is when each node's current registration was first seen.
 	seen map[string]seen
+	// strikes counts each node's losses and evictions; a struck node waits
+	// StableFor * 2^strikes (at most 10 minutes) before a job takes it
+	// back, so a host that keeps failing is kept out longer each time.
+	strikes  map[string]int
+	cooldown map[string]time.Time
 }
 
 // seen is a node registration (its key's create revision) and when the
@@ -260,6 +268,9 @@ func (l *leader) watchRunning(ctx context.Context, snap *snapshot, j *job, busy 
 		if len(j.exits) == int(j.gen.World) {
 			return l.setState(ctx, j, &pb.JobState{Phase: pb.JobState_SUCCEEDED, FailedRank: -1})
 		}
+		if evicted, err := l.stragglers(ctx, snap, j, now); evicted || err != nil {
+			return err
+		}
 		return l.admit(ctx, snap, j, busy, now)
 	}
 	if _, ok := l.failed[j.spec.Id]; !ok {
@@ -287,6 +298,9 @@ func (l *leader) watchRunning(ctx context.Context, snap *snapshot, j *job, busy 
 		if first.Error != "" {
 			st.Reason += ": " + first.Error
 		}
+	}
+	for _, n := range lost {
+		l.strike(n, now)
 	}
 	if ok, err := l.recover(ctx, snap, j, st.Reason, now); ok || err != nil {
 		return err
@@ -329,7 +343,7 @@ func (l *leader) resumePaused(ctx context.Context, snap *snapshot, j *job, busy 
 		}
 	}
 	for _, n := range freeNodes(snap, j.spec, busy) {
-		if len(nodes) < most && now.Sub(l.seen[n.Name].at) >= l.cfg.StableFor {
+		if len(nodes) < most && !l.cooling(n.Name, now) {
 			nodes = append(nodes, n)
 		}
 	}
@@ -342,6 +356,100 @@ func (l *leader) resumePaused(ctx context.Context, snap *snapshot, j *job, busy 
 			Reason: fmt.Sprintf("paused for %s without enough nodes: %s", t, j.state.Reason)})
 	}
 	return nil
+}
+
+// stragglers updates the job's stragglers from its nodes' recent windows
+// of compute times: a rank is one when in each of its last
+// StragglerWindows windows its mean exceeded StragglerFactor times the
+// median of every rank's latest mean. The decision is a function of what
+// etcd holds, not of when the leader looked. Stragglers are written to etcd
+// (status, metrics) and logged with node and GPU; with evict_stragglers
+// their nodes are dropped as failed (the job goes on without them, within
+// max_restarts, and they wait out a cooldown). It reports whether it made
+// a new generation.
+func (l *leader) stragglers(ctx context.Context, snap *snapshot, j *job, now time.Time) (bool, error) {
+	id := j.spec.Id
+	var latest []float64
+	for _, h := range j.times {
+		if n := len(h.Windows); n > 0 {
+			for _, r := range h.Windows[n-1].Ranks {
+				latest = append(latest, r.ComputeSeconds)
+			}
+		}
+	}
+	if len(latest) < 3 {
+		return false, nil // a median of two says nothing about which is slow
+	}
+	slices.Sort(latest)
+	median := latest[len(latest)/2]
+	if len(latest)%2 == 0 {
+		median = (latest[len(latest)/2-1] + latest[len(latest)/2]) / 2
+	}
+	if median <= 0 {
+		return false, nil
+	}
+	found := &pb.Stragglers{Generation: j.gen.Number}
+	evict := map[string]bool{}
+	for node, h := range j.times {
+		if len(h.Windows) < l.cfg.StragglerWindows {
+			continue
+		}
+		slowest := map[int32]float64{} // the fastest of each rank's windows
+		count := map[int32]int{}
+		for _, w := range h.Windows {
+			for _, r := range w.Ranks {
+				if count[r.Rank] == 0 || r.ComputeSeconds < slowest[r.Rank] {
+					slowest[r.Rank] = r.ComputeSeconds
+				}
+				count[r.Rank]++
+			}
+		}
+		for rank, fastest := range slowest {
+			if count[rank] < l.cfg.StragglerWindows || fastest <= l.cfg.StragglerFactor*median {
+				continue
+			}
+			local := rank
+			for _, m := range j.gen.Members {
+				if m.Node == node {
+					local = rank - m.FirstRank
+				}
+			}
+			found.Ranks = append(found.Ranks, &pb.Straggler{Rank: rank, Node: node, LocalRank: local, Ratio: math.Round(fastest/median*100) / 100})
+			evict[node] = true
+		}
+	}
+	slices.SortFunc(found.Ranks, func(a, b *pb.Straggler) int { return int(a.Rank - b.Rank) })
+	if (len(found.Ranks) > 0 || j.stragglers != nil) && encode(found) != encode(j.stragglers) {
+		for _, s := range found.Ranks {
+			l.log.Warn("straggler", "job", id, "generation", j.gen.Number, "rank", s.Rank, "node", s.Node, "gpu", s.LocalRank, "ratio", s.Ratio)
+		}
+		if _, err := l.etcd.Client.Put(ctx, l.k.stragglers(id), encode(found)); err != nil {
+			return false, err
+		}
+	}
+	if !j.spec.EvictStragglers || len(evict) == 0 {
+		return false, nil
+	}
+	names := slices.Sorted(maps.Keys(evict))
+	ok, err := l.recoverWithout(ctx, snap, j, "stragglers evicted: "+strings.Join(names, ", "), evict, now)
+	if ok {
+		for _, n := range names {
+			l.strike(n, now)
+		}
+	}
+	return ok, err
+}
+
+// strike puts node in a cooldown that doubles with each strike.
+func (l *leader) strike(node string, now time.Time) {
+	l.strikes[node]++
+	d := l.cfg.StableFor << min(l.strikes[node], 20)
+	l.cooldown[node] = now.Add(min(d, 10*time.Minute))
+}
+
+// cooling reports whether node may not join a running job yet.
+func (l *leader) cooling(node string, now time.Time) bool {
+	return now.Before(l.cooldown[node]) || now.Sub(l.seen[node].at) < l.cfg.StableFor
 }
 
 // restartsLeft reports whether the job may make another generation.
@@ -371,12 +479,17 @@ func resumeStep(j *job) int64 {
 // go on (no restarts left, fewer live nodes than min_nodes or than any
 // layout needs).
 func (l *leader) recover(ctx context.Context, snap *snapshot, j *job, why string, now time.Time) (bool, error) {
+	return l.recoverWithout(ctx, snap, j, why, nil, now)
+}
+
+// recoverWithout is recover leaving out the nodes in exclude as well.
+func (l *leader) recoverWithout(ctx context.Context, snap *snapshot, j *job, why string, exclude map[string]bool, now time.Time) (bool, error) {
 	if !restartsLeft(j) {
 		return false, nil
 	}
 	var live []*pb.Node
 	for _, m := range j.gen.Members {
-		if n := snap.nodes[m.Node]; n != nil {
+		if n := snap.nodes[m.Node]; n != nil && !exclude[m.Node] {
 			live = append(live, n)
 		}
 	}
@@ -414,7 +527,7 @@ func (l *leader) admit(ctx context.Context, snap *snapshot, j *job, busy map[str
 	}
 	var added []string
 	for _, n := range freeNodes(snap, spec, busy) {
-		if len(nodes) < most && now.Sub(l.seen[n.Name].at) >= l.cfg.StableFor {
+		if len(nodes) < most && !l.cooling(n.Name, now) {
 			nodes, added = append(nodes, n), append(added, n.Name)
 		}
 	}

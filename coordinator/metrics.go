@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +31,7 @@ type metrics struct {
 	stepSecs  *prometheus.Desc
 	restarts  *prometheus.Desc
 	members   *prometheus.Desc
+	straggler *prometheus.Desc
 }
 
 func newMetrics(s *server, leader func() bool) *metrics {
@@ -43,21 +45,22 @@ func newMetrics(s *server, leader func() bool) *metrics {
 			Help:    "Latency of renewing an agent's lease in etcd while its Watch stream is open (the heartbeat).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
-		nodes:    d("nodes", "Nodes registered and alive in the pool."),
-		busy:     d("nodes_busy", "Nodes running a job's generation."),
-		isLeader: d("leader", "1 when this coordinator is the elected leader."),
-		jobs:     d("jobs", "Jobs by phase.", "phase"),
-		gen:      d("job_generation", "The job's current generation.", "job"),
-		step:     d("job_step", "The last step rank 0 reported.", "job"),
-		stepSecs: d("job_step_seconds", "Wall time of the last reported step.", "job"),
-		restarts: d("job_restarts", "Generations after the first (restarts).", "job"),
-		members:  d("job_members", "Nodes in the job's current generation.", "job"),
+		nodes:     d("nodes", "Nodes registered and alive in the pool."),
+		busy:      d("nodes_busy", "Nodes running a job's generation."),
+		isLeader:  d("leader", "1 when this coordinator is the elected leader."),
+		jobs:      d("jobs", "Jobs by phase.", "phase"),
+		gen:       d("job_generation", "The job's current generation.", "job"),
+		step:      d("job_step", "The last step rank 0 reported.", "job"),
+		stepSecs:  d("job_step_seconds", "Wall time of the last reported step.", "job"),
+		restarts:  d("job_restarts", "Generations after the first (restarts).", "job"),
+		members:   d("job_members", "Nodes in the job's current generation.", "job"),
+		straggler: d("job_straggler_ratio", "A straggling rank's compute time over the median of its generation.", "job", "node", "rank", "gpu"),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.nodes, m.busy, m.isLeader, m.jobs, m.gen, m.step, m.stepSecs, m.restarts, m.members} {
+	for _, d := range []*prometheus.Desc{m.nodes, m.busy, m.isLeader, m.jobs, m.gen, m.step, m.stepSecs, m.restarts, m.members, m.straggler} {
 		ch <- d
 	}
 	m.keepalive.Describe(ch)
@@ -87,6 +90,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(m.gen, prometheus.GaugeValue, float64(j.gen.Number), id)
 			ch <- prometheus.MustNewConstMetric(m.restarts, prometheus.GaugeValue, float64(j.gen.Number-1), id)
 			ch <- prometheus.MustNewConstMetric(m.members, prometheus.GaugeValue, float64(len(j.gen.Members)), id)
+		}
+		for _, s := range j.stragglers.GetRanks() {
+			ch <- prometheus.MustNewConstMetric(m.straggler, prometheus.GaugeValue, s.Ratio, id, s.Node, strconv.Itoa(int(s.Rank)), strconv.Itoa(int(s.LocalRank)))
 		}
 		if j.step != nil {
 			ch <- prometheus.MustNewConstMetric(m.step, prometheus.GaugeValue, float64(j.step.Step), id)

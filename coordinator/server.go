@@ -263,6 +263,11 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 					Then(ops...).Commit()
 			}
 		}
+	case *pb.ReportRequest_Times:
+		if req.GetNode() == "" {
+			return nil, status.Error(codes.InvalidArgument, "times without a node")
+		}
+		err = s.appendTimes(ctx, s.k.times(id, gen, req.GetNode()), k.Times)
 	case *pb.ReportRequest_Exit:
 		_, err = s.cli.Put(ctx, s.k.exit(id, gen, k.Exit.GetRank()), encode(k.Exit))
 		if k.Exit.GetCode() != 0 {
@@ -272,6 +277,32 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 		return nil, status.Error(codes.InvalidArgument, "empty report")
 	}
 	return &pb.ReportResponse{}, etcdErr(err)
+}
+
+// appendTimes adds a window to a node's history, keeping the last
+// StragglerWindows, in a transaction on the key's revision (one writer per
+// key, so a retry is rare).
+func (s *server) appendTimes(ctx context.Context, key string, w *pb.RankTimes) error {
+	for {
+		h := &pb.TimesHistory{}
+		var rev int64
+		resp, err := s.cli.Get(ctx, key)
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) == 1 {
+			decode(resp.Kvs[0].Value, h)
+			rev = resp.Kvs[0].ModRevision
+		}
+		h.Windows = append(h.Windows, w)
+		if n := s.cfg.StragglerWindows; len(h.Windows) > n {
+			h.Windows = h.Windows[len(h.Windows)-n:]
+		}
+		tx, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(clientv3.OpPut(key, encode(h))).Commit()
+		if err != nil || tx.Succeeded {
+			return err
+		}
+	}
 }
 
 // Leave implements pb.CoordinatorServer.
@@ -475,6 +506,7 @@ func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusRes
 		if j.commit != nil {
 			js.CommittedStep = j.commit.Step
 		}
+		js.Stragglers = j.stragglers.GetRanks()
 		for _, m := range j.gen.GetMembers() {
 			state := "lost"
 			if snap.nodes[m.Node] != nil {

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,19 +26,25 @@ import (
 //	jobs/<id>/progress                 Step: rank 0's last finished step
 //	jobs/<id>/commit                   Step: the last step in a committed checkpoint
 //	jobs/<id>/exits/<gen>/<rank>       RankExit
+//	jobs/<id>/times/<gen>/<node>       RankTimes: the node's ranks' last window
+//	jobs/<id>/stragglers               Stragglers of the current generation
 //	leader                             the election (etcd concurrency package)
 //	coordinators/<name>                a coordinator's gossip address, leased
 type keys string
 
-func (k keys) nodes() string                  { return string(k) + "nodes/" }
-func (k keys) node(name string) string        { return k.nodes() + name }
-func (k keys) jobs() string                   { return string(k) + "jobs/" }
-func (k keys) job(id string) string           { return k.jobs() + id + "/" }
-func (k keys) spec(id string) string          { return k.job(id) + "spec" }
-func (k keys) state(id string) string         { return k.job(id) + "state" }
-func (k keys) generation(id string) string    { return k.job(id) + "generation" }
-func (k keys) progress(id string) string      { return k.job(id) + "progress" }
-func (k keys) commit(id string) string        { return k.job(id) + "commit" }
+func (k keys) nodes() string               { return string(k) + "nodes/" }
+func (k keys) node(name string) string     { return k.nodes() + name }
+func (k keys) jobs() string                { return string(k) + "jobs/" }
+func (k keys) job(id string) string        { return k.jobs() + id + "/" }
+func (k keys) spec(id string) string       { return k.job(id) + "spec" }
+func (k keys) state(id string) string      { return k.job(id) + "state" }
+func (k keys) generation(id string) string { return k.job(id) + "generation" }
+func (k keys) progress(id string) string   { return k.job(id) + "progress" }
+func (k keys) commit(id string) string     { return k.job(id) + "commit" }
+func (k keys) times(id string, gen int64, node string) string {
+	return k.job(id) + "times/" + strconv.FormatInt(gen, 10) + "/" + node
+}
+func (k keys) stragglers(id string) string    { return k.job(id) + "stragglers" }
 func (k keys) leader() string                 { return string(k) + "leader" }
 func (k keys) coordinators() string           { return string(k) + "coordinators/" }
 func (k keys) coordinator(name string) string { return k.coordinators() + name }
@@ -77,7 +84,11 @@ type job struct {
 	commit    *pb.Step               // last committed step; nil before the first
 	exits     map[int32]*pb.RankExit // of the current generation
 	exitOrder []int32                // ranks in the order their exits were written
-	created   int64                  // create revision of the spec: submission order
+	// times holds each member node's last window of compute times in the
+	// current generation, with the revision that wrote it.
+	times      map[string]*pb.TimesHistory
+	stragglers *pb.Stragglers
+	created    int64 // create revision of the spec: submission order
 }
 
 // terminal reports whether the job has ended.
@@ -125,7 +136,7 @@ func read(ctx context.Context, cli *clientv3.Client, k keys, only string) (*snap
 		if j := byID[id]; j != nil {
 			return j
 		}
-		j := &job{exits: map[int32]*pb.RankExit{}}
+		j := &job{exits: map[int32]*pb.RankExit{}, times: map[string]*pb.TimesHistory{}}
 		byID[id] = j
 		return j
 	}
@@ -136,6 +147,7 @@ func read(ctx context.Context, cli *clientv3.Client, k keys, only string) (*snap
 		e    *pb.RankExit
 	}
 	exits := map[string][]exitKV{}
+	timesOf := map[string]map[int64]map[string]*pb.TimesHistory{}
 	boots := map[string]map[int64]string{}
 	for _, kv := range jr.Kvs {
 		rest := strings.TrimPrefix(string(kv.Key), k.jobs())
@@ -162,6 +174,25 @@ func read(ctx context.Context, cli *clientv3.Client, k keys, only string) (*snap
 		case field == "commit":
 			j.commit = &pb.Step{}
 			decode(kv.Value, j.commit)
+		case field == "stragglers":
+			j.stragglers = &pb.Stragglers{}
+			decode(kv.Value, j.stragglers)
+		case strings.HasPrefix(field, "times/"):
+			parts := strings.Split(field, "/")
+			if len(parts) != 3 {
+				continue
+			}
+			g, _ := strconv.ParseInt(parts[1], 10, 64)
+			t := &pb.TimesHistory{}
+			if decode(kv.Value, t) == nil {
+				if timesOf[id] == nil {
+					timesOf[id] = map[int64]map[string]*pb.TimesHistory{}
+				}
+				if timesOf[id][g] == nil {
+					timesOf[id][g] = map[string]*pb.TimesHistory{}
+				}
+				timesOf[id][g][parts[2]] = t
+			}
 		case strings.HasPrefix(field, "bootstrap/"):
 			g, _ := strconv.ParseInt(strings.TrimPrefix(field, "bootstrap/"), 10, 64)
 			if boots[id] == nil {
@@ -188,6 +219,10 @@ func read(ctx context.Context, cli *clientv3.Client, k keys, only string) (*snap
 			j.state = &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1}
 		}
 		if j.gen != nil {
+			maps.Copy(j.times, timesOf[id][j.gen.Number])
+			if j.stragglers != nil && j.stragglers.Generation != j.gen.Number {
+				j.stragglers = nil
+			}
 			j.master = boots[id][j.gen.Number]
 			es := exits[id]
 			slices.SortFunc(es, func(a, b exitKV) int { return int(a.rev - b.rev) })

@@ -1,7 +1,9 @@
 package worker
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -62,6 +64,9 @@ type Config struct {
 	Grace time.Duration
 	// Retry is the pause between attempts to reach a coordinator.
 	Retry time.Duration
+	// TimesEvery is the window over which the ranks' compute times are
+	// averaged and reported for straggler detection.
+	TimesEvery time.Duration
 	// Version is the build version, for display.
 	Version string
 	// Logger receives structured logs; nil means slog.Default().
@@ -71,7 +76,7 @@ type Config struct {
 // DefaultConfig returns settings for a real node.
 func DefaultConfig() *Config {
 	host, _ := os.Hostname()
-	return &Config{Name: host, Host: "127.0.0.1", GPUs: 1, Grace: localproc.DefaultGrace, Retry: 500 * time.Millisecond,
+	return &Config{Name: host, Host: "127.0.0.1", GPUs: 1, Grace: localproc.DefaultGrace, Retry: 500 * time.Millisecond, TimesEvery: time.Second,
 		WorkDir: filepath.Join(os.TempDir(), "gpucoord-worker"), Output: os.Stdout}
 }
 
@@ -88,8 +93,8 @@ func (c *Config) Validate() error {
 		return errors.New("no host address")
 	case len(c.NativeCommand) == 0:
 		return errors.New("no native rank command")
-	case c.Grace <= 0 || c.Retry <= 0:
-		return fmt.Errorf("grace %s and retry %s must be positive", c.Grace, c.Retry)
+	case c.Grace <= 0 || c.Retry <= 0 || c.TimesEvery <= 0:
+		return fmt.Errorf("grace %s, retry %s and times window %s must be positive", c.Grace, c.Retry, c.TimesEvery)
 	}
 	return nil
 }
@@ -493,11 +498,33 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 		},
 	}
 	var emit func(engine.StepResult) error
-	if native && me.FirstRank == 0 {
-		emit = func(s engine.StepResult) error {
-			return a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
-				Kind: &pb.ReportRequest_Step{Step: &pb.Step{Step: int64(s.Step), Loss: s.Loss, Seconds: s.Seconds, SamplesPerSec: s.SamplesPerSec, Checkpointed: s.Checkpointed}}})
+	if native {
+		// Every native rank prints its steps as JSON lines: rank 0's go to
+		// the coordinator as the job's progress, and every rank's compute
+		// time is averaged over a window and reported for straggler
+		// detection. Other lines are output, tagged.
+		times := newStepTimes()
+		pcfg.Stdout = func(rank int) io.Writer {
+			out := tag(rank)
+			return &lineWriter{line: func(b []byte) {
+				var s engine.StepResult
+				if bytes.HasPrefix(b, []byte(`{"step"`)) && json.Unmarshal(b, &s) == nil {
+					times.add(rank, s.ComputeSeconds)
+					return
+				}
+				out.Write(b)
+			}}
 		}
+		if me.FirstRank == 0 {
+			emit = func(s engine.StepResult) error {
+				times.add(0, s.ComputeSeconds)
+				return a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
+					Kind: &pb.ReportRequest_Step{Step: &pb.Step{Step: int64(s.Step), Loss: s.Loss, Seconds: s.Seconds, SamplesPerSec: s.SamplesPerSec, Checkpointed: s.Checkpointed}}})
+			}
+		}
+		tctx, stopTimes := context.WithCancel(ctx)
+		defer stopTimes()
+		go a.reportTimes(tctx, asg, times)
 	}
 	log.Info("starting ranks", "first", me.FirstRank, "count", me.Ranks, "master", asg.Master)
 	err = localproc.Run(ctx, pcfg, emit)
@@ -518,6 +545,72 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 		a.reportExit(ctx, asg, int32(ee.Rank), int32(ee.Code()), ee.Err.Error())
 	default:
 		a.reportExit(ctx, asg, me.FirstRank, 1, err.Error())
+	}
+}
+
+// reportTimes sends the local ranks' mean compute times every window.
+func (a *Agent) reportTimes(ctx context.Context, asg *pb.Assignment, times *stepTimes) {
+	t := time.NewTicker(a.cfg.TimesEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if ranks := times.take(); len(ranks) > 0 {
+			a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
+				Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: ranks}}})
+		}
+	}
+}
+
+// stepTimes sums the local ranks' compute times between reports.
+type stepTimes struct {
+	mu  sync.Mutex
+	sum map[int]float64
+	n   map[int]int
+}
+
+func newStepTimes() *stepTimes { return &stepTimes{sum: map[int]float64{}, n: map[int]int{}} }
+
+func (t *stepTimes) add(rank int, secs float64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.sum[rank] += secs
+	t.n[rank]++
+}
+
+// take returns each rank's mean since the last take, by rank, and starts
+// a new window.
+func (t *stepTimes) take() []*pb.RankTime {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*pb.RankTime, 0, len(t.n))
+	for _, r := range slices.Sorted(maps.Keys(t.n)) {
+		out = append(out, &pb.RankTime{Rank: int32(r), ComputeSeconds: t.sum[r] / float64(t.n[r]), Steps: int32(t.n[r])})
+	}
+	clear(t.sum)
+	clear(t.n)
+	return out
+}
+
+// lineWriter hands each complete line written to it to line, and the
+// unterminated rest on the next write.
+type lineWriter struct {
+	line func([]byte)
+	buf  []byte
+}
+
+func (w *lineWriter) Write(b []byte) (int, error) {
+	w.buf = append(w.buf, b...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			return len(b), nil
+		}
+		w.line(w.buf[:i+1])
+		w.buf = w.buf[i+1:]
 	}
 }
 

@@ -71,8 +71,8 @@ func NativeConfig(asg *pb.Assignment) (*engine.Config, error) {
 }
 
 // RunNativeRank runs one rank of a native-engine job from the environment
-// an agent gives it (RANK, MASTER_ADDR, MASTER_PORT, GPUCOORD_PLAN). Rank
-// 0 writes each step's result to stdout as a JSON line.
+// an agent gives it (RANK, MASTER_ADDR, MASTER_PORT, GPUCOORD_PLAN). Each
+// rank writes each step's result to stdout as a JSON line.
 func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 	asg, err := ReadPlan()
 	if err != nil {
@@ -102,10 +102,9 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 	store := net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT"))
 	enc := json.NewEncoder(stdout)
+	// Every rank reports its steps: rank 0's lines carry the loss to the
+	// coordinator, every rank's its compute time for straggler detection.
 	return engine.RunProcess(ctx, cfg, engine.Process{Rank: rank, Store: store, Log: stderr}, func(s engine.StepResult) error {
-		if rank == 0 {
-			return enc.Encode(s)
-		}
-		return nil
+		return enc.Encode(s)
 	})
 }

@@ -52,6 +52,7 @@ type launchFlags struct {
 	workdir                  string
 	minNodes, ckptEvery      int
 	ckptDir                  string
+	evictStragglers          bool
 }
 
 func newLaunchCmd() *cobra.Command {
@@ -118,6 +119,7 @@ with that rank named.`,
 	fl.DurationVar(&f.rendezvous, "rendezvous-timeout", 5*time.Minute, "fail when the nodes have not come within this time (0 waits forever)")
 	fl.DurationVar(&f.lastCall, "last-call", 0, "with --max-nodes: how long to wait for more nodes once --nodes have come")
 	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "new generations allowed after a failure or for a rejoining node (TORCHELASTIC_MAX_RESTARTS)")
+	fl.BoolVar(&f.evictStragglers, "evict-stragglers", false, "treat a node with a straggling rank (2x the median compute time for 3 windows) as failed: the job goes on without it")
 	fl.IntVar(&f.minNodes, "min-nodes", 0, "after a node is lost, go on with as few as this many nodes (default --nodes: no shrinking)")
 	fl.IntVar(&f.ckptEvery, "checkpoint-every", 0, "native: commit a sharded checkpoint every N steps (and after the last); a new generation resumes from the last")
 	fl.StringVar(&f.ckptDir, "checkpoint-dir", "", "where checkpoints go; every node must reach it (default: a directory under the temporary directory, removed with a standalone cluster)")
@@ -143,7 +145,7 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		Tp: int32(f.tp), Pp: int32(f.pp), Dp: int32(f.dp), Vpp: int32(f.vpp), Zero: int32(f.zero), Schedule: f.schedule,
 		Order: f.order, RendezvousTimeoutMs: f.rendezvous.Milliseconds(), LastCallMs: f.lastCall.Milliseconds(),
 		MaxRestarts: int32(f.maxRestarts), Env: map[string]string{}, MinNodes: int32(f.minNodes), CheckpointEvery: int32(f.ckptEvery),
-		CheckpointDir: f.ckptDir}
+		CheckpointDir: f.ckptDir, EvictStragglers: f.evictStragglers}
 	if f.minNodes < 0 || f.minNodes > f.nodes && f.hostfile == "" || f.ckptEvery < 0 || f.maxRestarts < 0 {
 		return nil, fmt.Errorf("--min-nodes %d (at most --nodes), --checkpoint-every %d and --max-restarts %d must not be negative", f.minNodes, f.ckptEvery, f.maxRestarts)
 	}

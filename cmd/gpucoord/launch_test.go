@@ -799,3 +799,48 @@ func TestElasticPreemption(t *testing.T) {
 		t.Errorf("generation 2 resumed after step %d; generation 1's last step was %+v: want it checkpointed and resumed from", resume, lastGen1)
 	}
 }
+
+// TestStragglerEvicted: one rank of w1 is slowed by stopping it three
+// quarters of the time (SIGSTOP/SIGCONT); its compute time per step stays
+// above twice the median, the coordinator flags it and, with
+// --evict-stragglers, the job goes on without w1 and finishes.
+func TestStragglerEvicted(t *testing.T) {
+	exe := buildBinary(t)
+	_, addr := coordinatorProc(t, exe)
+	workerProc(t, exe, addr, "w0", 2)
+	_, dir1 := workerProc(t, exe, addr, "w1", 2)
+	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "2", "--min-nodes", "1", "--max-restarts", "1",
+		"--evict-stragglers", "--checkpoint-every", "1", "--checkpoint-dir", t.TempDir(), "--steps", "600", "../../examples/jobs/mlp.yaml")
+	p.waitLine(t, "step  10/600", time.Minute)
+	var slow []int
+	for _, pid := range processesWith("GPUCOORD_PLAN=" + dir1 + "/") {
+		if env, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ")); err == nil && bytes.Contains(env, []byte("\x00RANK=3\x00")) {
+			slow = append(slow, pid)
+		}
+	}
+	if len(slow) != 1 {
+		t.Fatalf("found %d processes of rank 3, want 1", len(slow))
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // stopped 30 ms of every 40
+		defer close(done)
+		for {
+			syscall.Kill(slow[0], syscall.SIGSTOP)
+			select {
+			case <-stop:
+				syscall.Kill(slow[0], syscall.SIGCONT)
+				return
+			case <-time.After(30 * time.Millisecond):
+			}
+			syscall.Kill(slow[0], syscall.SIGCONT)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	p.waitLine(t, "stragglers evicted: w1", time.Minute)
+	close(stop)
+	<-done
+	if code := p.wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d", code)
+	}
+}

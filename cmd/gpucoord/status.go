@@ -51,6 +51,9 @@ func printStatus(w io.Writer, s *pb.StatusResponse, asJSON bool) error {
 			for _, m := range j.Members {
 				fmt.Fprintf(w, "    %-12s ranks %d-%d  %s\n", m.Node, m.FirstRank, m.FirstRank+m.Ranks-1, m.State)
 			}
+			for _, s := range j.Stragglers {
+				fmt.Fprintf(w, "    straggler: rank %d on %s (GPU %d), %.2fx the median compute time\n", s.Rank, s.Node, s.LocalRank, s.Ratio)
+			}
 		}
 	}
 	return nil

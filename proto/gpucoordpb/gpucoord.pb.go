@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23, 0}
 }
 
 // Node is one machine in the pool.
@@ -454,10 +454,13 @@ type JobSpec struct {
 	// global_batch and micro_batch are a native job's batch sizes: every
 	// generation keeps the global batch, so its DP degree must divide
 	// global_batch / micro_batch (0: no such constraint).
-	GlobalBatch   int32 `protobuf:"varint,23,opt,name=global_batch,json=globalBatch,proto3" json:"global_batch,omitempty"`
-	MicroBatch    int32 `protobuf:"varint,24,opt,name=micro_batch,json=microBatch,proto3" json:"micro_batch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	GlobalBatch int32 `protobuf:"varint,23,opt,name=global_batch,json=globalBatch,proto3" json:"global_batch,omitempty"`
+	MicroBatch  int32 `protobuf:"varint,24,opt,name=micro_batch,json=microBatch,proto3" json:"micro_batch,omitempty"`
+	// evict_stragglers treats a straggler's node as failed: the job goes on
+	// without it (within max_restarts).
+	EvictStragglers bool `protobuf:"varint,25,opt,name=evict_stragglers,json=evictStragglers,proto3" json:"evict_stragglers,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -656,6 +659,13 @@ func (x *JobSpec) GetMicroBatch() int32 {
 		return x.MicroBatch
 	}
 	return 0
+}
+
+func (x *JobSpec) GetEvictStragglers() bool {
+	if x != nil {
+		return x.EvictStragglers
+	}
+	return false
 }
 
 // Member is a node of a generation and the global ranks it runs.
@@ -1101,6 +1111,283 @@ func (x *RankExit) GetError() string {
 	return ""
 }
 
+// RankTimes is a node's ranks' mean compute time per step over the last
+// window (about a second of steps): what straggler detection compares.
+type RankTimes struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ranks         []*RankTime            `protobuf:"bytes,1,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RankTimes) Reset() {
+	*x = RankTimes{}
+	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankTimes) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankTimes) ProtoMessage() {}
+
+func (x *RankTimes) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankTimes.ProtoReflect.Descriptor instead.
+func (*RankTimes) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RankTimes) GetRanks() []*RankTime {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
+// TimesHistory is a node's last few windows, newest last, as the
+// coordinator keeps them.
+type TimesHistory struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Windows       []*RankTimes           `protobuf:"bytes,1,rep,name=windows,proto3" json:"windows,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimesHistory) Reset() {
+	*x = TimesHistory{}
+	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimesHistory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimesHistory) ProtoMessage() {}
+
+func (x *TimesHistory) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimesHistory.ProtoReflect.Descriptor instead.
+func (*TimesHistory) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *TimesHistory) GetWindows() []*RankTimes {
+	if x != nil {
+		return x.Windows
+	}
+	return nil
+}
+
+type RankTime struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rank  int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	// compute_seconds is the mean time per step in forward, backward and
+	// the optimizer, without waits for peers.
+	ComputeSeconds float64 `protobuf:"fixed64,2,opt,name=compute_seconds,json=computeSeconds,proto3" json:"compute_seconds,omitempty"`
+	Steps          int32   `protobuf:"varint,3,opt,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RankTime) Reset() {
+	*x = RankTime{}
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankTime) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankTime) ProtoMessage() {}
+
+func (x *RankTime) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankTime.ProtoReflect.Descriptor instead.
+func (*RankTime) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RankTime) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *RankTime) GetComputeSeconds() float64 {
+	if x != nil {
+		return x.ComputeSeconds
+	}
+	return 0
+}
+
+func (x *RankTime) GetSteps() int32 {
+	if x != nil {
+		return x.Steps
+	}
+	return 0
+}
+
+// Straggler is a rank persistently slower than its peers.
+type Straggler struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rank  int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Node  string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// local_rank is the rank's index on its node (its GPU).
+	LocalRank int32 `protobuf:"varint,3,opt,name=local_rank,json=localRank,proto3" json:"local_rank,omitempty"`
+	// ratio is its compute time over the median of the generation's ranks.
+	Ratio         float64 `protobuf:"fixed64,4,opt,name=ratio,proto3" json:"ratio,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Straggler) Reset() {
+	*x = Straggler{}
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Straggler) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Straggler) ProtoMessage() {}
+
+func (x *Straggler) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Straggler.ProtoReflect.Descriptor instead.
+func (*Straggler) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Straggler) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *Straggler) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Straggler) GetLocalRank() int32 {
+	if x != nil {
+		return x.LocalRank
+	}
+	return 0
+}
+
+func (x *Straggler) GetRatio() float64 {
+	if x != nil {
+		return x.Ratio
+	}
+	return 0
+}
+
+type Stragglers struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    int64                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	Ranks         []*Straggler           `protobuf:"bytes,2,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Stragglers) Reset() {
+	*x = Stragglers{}
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Stragglers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Stragglers) ProtoMessage() {}
+
+func (x *Stragglers) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Stragglers.ProtoReflect.Descriptor instead.
+func (*Stragglers) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *Stragglers) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Stragglers) GetRanks() []*Straggler {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
 type ReportRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Job        string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
@@ -1111,6 +1398,7 @@ type ReportRequest struct {
 	//	*ReportRequest_Bootstrap
 	//	*ReportRequest_Step
 	//	*ReportRequest_Exit
+	//	*ReportRequest_Times
 	Kind          isReportRequest_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1118,7 +1406,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1418,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1431,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{12}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReportRequest) GetJob() string {
@@ -1201,6 +1489,15 @@ func (x *ReportRequest) GetExit() *RankExit {
 	return nil
 }
 
+func (x *ReportRequest) GetTimes() *RankTimes {
+	if x != nil {
+		if x, ok := x.Kind.(*ReportRequest_Times); ok {
+			return x.Times
+		}
+	}
+	return nil
+}
+
 type isReportRequest_Kind interface {
 	isReportRequest_Kind()
 }
@@ -1217,11 +1514,17 @@ type ReportRequest_Exit struct {
 	Exit *RankExit `protobuf:"bytes,6,opt,name=exit,proto3,oneof"`
 }
 
+type ReportRequest_Times struct {
+	Times *RankTimes `protobuf:"bytes,7,opt,name=times,proto3,oneof"`
+}
+
 func (*ReportRequest_Bootstrap) isReportRequest_Kind() {}
 
 func (*ReportRequest_Step) isReportRequest_Kind() {}
 
 func (*ReportRequest_Exit) isReportRequest_Kind() {}
+
+func (*ReportRequest_Times) isReportRequest_Kind() {}
 
 type ReportResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1231,7 +1534,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +1546,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +1559,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{13}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
 }
 
 type LeaveRequest struct {
@@ -1269,7 +1572,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1584,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1597,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -1319,7 +1622,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1634,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1647,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
 }
 
 type SubmitRequest struct {
@@ -1356,7 +1659,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1671,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1684,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -1399,7 +1702,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1714,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1727,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
 }
 
 // JobState is where a job stands.
@@ -1448,7 +1751,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1460,7 +1763,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1473,7 +1776,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -1538,7 +1841,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +1853,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +1866,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -1596,7 +1899,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1911,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1924,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -1662,7 +1965,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1674,7 +1977,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1687,7 +1990,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -1712,7 +2015,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +2027,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +2040,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
 }
 
 type StatusRequest struct {
@@ -1748,7 +2051,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +2063,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +2076,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
 }
 
 type NodeStatus struct {
@@ -1787,7 +2090,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1799,7 +2102,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1812,7 +2115,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -1838,14 +2141,16 @@ type JobStatus struct {
 	// committed_step is the last step in a committed checkpoint.
 	CommittedStep int64 `protobuf:"varint,5,opt,name=committed_step,json=committedStep,proto3" json:"committed_step,omitempty"`
 	// members are the current generation's nodes and their state.
-	Members       []*MemberStatus `protobuf:"bytes,6,rep,name=members,proto3" json:"members,omitempty"`
+	Members []*MemberStatus `protobuf:"bytes,6,rep,name=members,proto3" json:"members,omitempty"`
+	// stragglers are the current generation's persistently slow ranks.
+	Stragglers    []*Straggler `protobuf:"bytes,7,rep,name=stragglers,proto3" json:"stragglers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1857,7 +2162,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1870,7 +2175,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -1915,6 +2220,13 @@ func (x *JobStatus) GetMembers() []*MemberStatus {
 	return nil
 }
 
+func (x *JobStatus) GetStragglers() []*Straggler {
+	if x != nil {
+		return x.Stragglers
+	}
+	return nil
+}
+
 // MemberStatus is a node of a job's current generation.
 type MemberStatus struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1929,7 +2241,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2253,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2266,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -1997,7 +2309,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2009,7 +2321,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2022,7 +2334,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -2072,7 +2384,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x0esuspicion_mult\x18\x04 \x01(\x05R\rsuspicionMult\"=\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\xf6\x05\n" +
+	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\xa1\x06\n" +
 	"\aJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\x12\x1b\n" +
@@ -2101,7 +2413,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x10checkpoint_every\x18\x16 \x01(\x05R\x0fcheckpointEvery\x12!\n" +
 	"\fglobal_batch\x18\x17 \x01(\x05R\vglobalBatch\x12\x1f\n" +
 	"\vmicro_batch\x18\x18 \x01(\x05R\n" +
-	"microBatch\x1a6\n" +
+	"microBatch\x12)\n" +
+	"\x10evict_stragglers\x18\x19 \x01(\bR\x0fevictStragglers\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"e\n" +
@@ -2144,7 +2457,27 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\bRankExit\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\xeb\x01\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"8\n" +
+	"\tRankTimes\x12+\n" +
+	"\x05ranks\x18\x01 \x03(\v2\x15.gpucoord.v1.RankTimeR\x05ranks\"@\n" +
+	"\fTimesHistory\x120\n" +
+	"\awindows\x18\x01 \x03(\v2\x16.gpucoord.v1.RankTimesR\awindows\"]\n" +
+	"\bRankTime\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12'\n" +
+	"\x0fcompute_seconds\x18\x02 \x01(\x01R\x0ecomputeSeconds\x12\x14\n" +
+	"\x05steps\x18\x03 \x01(\x05R\x05steps\"h\n" +
+	"\tStraggler\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1d\n" +
+	"\n" +
+	"local_rank\x18\x03 \x01(\x05R\tlocalRank\x12\x14\n" +
+	"\x05ratio\x18\x04 \x01(\x01R\x05ratio\"Z\n" +
+	"\n" +
+	"Stragglers\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x03R\n" +
+	"generation\x12,\n" +
+	"\x05ranks\x18\x02 \x03(\v2\x16.gpucoord.v1.StragglerR\x05ranks\"\x9b\x02\n" +
 	"\rReportRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -2153,7 +2486,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x126\n" +
 	"\tbootstrap\x18\x04 \x01(\v2\x16.gpucoord.v1.BootstrapH\x00R\tbootstrap\x12'\n" +
 	"\x04step\x18\x05 \x01(\v2\x11.gpucoord.v1.StepH\x00R\x04step\x12+\n" +
-	"\x04exit\x18\x06 \x01(\v2\x15.gpucoord.v1.RankExitH\x00R\x04exitB\x06\n" +
+	"\x04exit\x18\x06 \x01(\v2\x15.gpucoord.v1.RankExitH\x00R\x04exit\x12.\n" +
+	"\x05times\x18\a \x01(\v2\x16.gpucoord.v1.RankTimesH\x00R\x05timesB\x06\n" +
 	"\x04kind\"\x10\n" +
 	"\x0eReportResponse\"=\n" +
 	"\fLeaveRequest\x12\x12\n" +
@@ -2201,7 +2535,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
 	"NodeStatus\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.gpucoord.v1.NodeR\x04node\x12\x10\n" +
-	"\x03job\x18\x02 \x01(\tR\x03job\"\xa7\x02\n" +
+	"\x03job\x18\x02 \x01(\tR\x03job\"\xdf\x02\n" +
 	"\tJobStatus\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.gpucoord.v1.JobSpecR\x04spec\x12+\n" +
 	"\x05state\x18\x02 \x01(\v2\x15.gpucoord.v1.JobStateR\x05state\x127\n" +
@@ -2210,7 +2544,10 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"generation\x12.\n" +
 	"\tlast_step\x18\x04 \x01(\v2\x11.gpucoord.v1.StepR\blastStep\x12%\n" +
 	"\x0ecommitted_step\x18\x05 \x01(\x03R\rcommittedStep\x123\n" +
-	"\amembers\x18\x06 \x03(\v2\x19.gpucoord.v1.MemberStatusR\amembers\"m\n" +
+	"\amembers\x18\x06 \x03(\v2\x19.gpucoord.v1.MemberStatusR\amembers\x126\n" +
+	"\n" +
+	"stragglers\x18\a \x03(\v2\x16.gpucoord.v1.StragglerR\n" +
+	"stragglers\"m\n" +
 	"\fMemberStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
 	"\n" +
@@ -2244,7 +2581,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),      // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),             // 1: gpucoord.v1.Node
@@ -2259,68 +2596,78 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*Bootstrap)(nil),        // 10: gpucoord.v1.Bootstrap
 	(*Step)(nil),             // 11: gpucoord.v1.Step
 	(*RankExit)(nil),         // 12: gpucoord.v1.RankExit
-	(*ReportRequest)(nil),    // 13: gpucoord.v1.ReportRequest
-	(*ReportResponse)(nil),   // 14: gpucoord.v1.ReportResponse
-	(*LeaveRequest)(nil),     // 15: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),    // 16: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),    // 17: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),   // 18: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),         // 19: gpucoord.v1.JobState
-	(*FollowRequest)(nil),    // 20: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),         // 21: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),    // 22: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),   // 23: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),    // 24: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),       // 25: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),        // 26: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),     // 27: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),   // 28: gpucoord.v1.StatusResponse
-	nil,                      // 29: gpucoord.v1.JobSpec.EnvEntry
+	(*RankTimes)(nil),        // 13: gpucoord.v1.RankTimes
+	(*TimesHistory)(nil),     // 14: gpucoord.v1.TimesHistory
+	(*RankTime)(nil),         // 15: gpucoord.v1.RankTime
+	(*Straggler)(nil),        // 16: gpucoord.v1.Straggler
+	(*Stragglers)(nil),       // 17: gpucoord.v1.Stragglers
+	(*ReportRequest)(nil),    // 18: gpucoord.v1.ReportRequest
+	(*ReportResponse)(nil),   // 19: gpucoord.v1.ReportResponse
+	(*LeaveRequest)(nil),     // 20: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),    // 21: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),    // 22: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),   // 23: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),         // 24: gpucoord.v1.JobState
+	(*FollowRequest)(nil),    // 25: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),         // 26: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),    // 27: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),   // 28: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),    // 29: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),       // 30: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),        // 31: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),     // 32: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),   // 33: gpucoord.v1.StatusResponse
+	nil,                      // 34: gpucoord.v1.JobSpec.EnvEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	29, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	34, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
 	7,  // 3: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
 	6,  // 4: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
 	8,  // 5: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
-	10, // 6: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
-	11, // 7: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
-	12, // 8: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
-	6,  // 9: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 10: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	19, // 11: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	8,  // 12: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	11, // 13: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	1,  // 14: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	6,  // 15: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	19, // 16: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	8,  // 17: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	11, // 18: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	27, // 19: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	25, // 20: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	26, // 21: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	2,  // 22: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 23: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	13, // 24: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	15, // 25: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	17, // 26: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	20, // 27: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	22, // 28: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	24, // 29: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	3,  // 30: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	9,  // 31: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	14, // 32: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	16, // 33: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	18, // 34: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	21, // 35: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	23, // 36: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	28, // 37: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	30, // [30:38] is the sub-list for method output_type
-	22, // [22:30] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	15, // 6: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
+	13, // 7: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
+	16, // 8: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
+	10, // 9: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
+	11, // 10: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
+	12, // 11: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
+	13, // 12: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
+	6,  // 13: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 14: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	24, // 15: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	8,  // 16: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	11, // 17: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	1,  // 18: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	6,  // 19: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	24, // 20: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	8,  // 21: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	11, // 22: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	32, // 23: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	16, // 24: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	30, // 25: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	31, // 26: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	2,  // 27: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 28: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	18, // 29: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	20, // 30: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	22, // 31: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	25, // 32: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	27, // 33: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	29, // 34: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	3,  // 35: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	9,  // 36: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	19, // 37: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	21, // 38: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	23, // 39: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	26, // 40: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	28, // 41: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	33, // 42: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	35, // [35:43] is the sub-list for method output_type
+	27, // [27:35] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -2328,10 +2675,11 @@ func file_proto_gpucoord_proto_init() {
 	if File_proto_gpucoord_proto != nil {
 		return
 	}
-	file_proto_gpucoord_proto_msgTypes[12].OneofWrappers = []any{
+	file_proto_gpucoord_proto_msgTypes[17].OneofWrappers = []any{
 		(*ReportRequest_Bootstrap)(nil),
 		(*ReportRequest_Step)(nil),
 		(*ReportRequest_Exit)(nil),
+		(*ReportRequest_Times)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2339,7 +2687,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   29,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

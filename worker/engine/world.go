@@ -78,6 +78,10 @@ type StepResult struct {
 	Seconds float64 `json:"seconds"`
 	// SamplesPerSec is the global batch divided by Seconds.
 	SamplesPerSec float64 `json:"samples_per_sec"`
+	// ComputeSeconds is this rank's time in forward, backward and the
+	// optimizer in the step, without waits for peers: what straggler
+	// detection compares across ranks.
+	ComputeSeconds float64 `json:"compute_seconds,omitempty"`
 	// Checkpointed says the state after this step is in a committed
 	// checkpoint of every rank.
 	Checkpointed bool `json:"checkpointed,omitempty"`
@@ -110,7 +114,8 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 			return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
 		}
 		secs := time.Since(start).Seconds()
-		res := StepResult{Step: s + 1, Loss: loss, Seconds: secs, SamplesPerSec: float64(cfg.Job.Batch.Global) / secs, Stats: r.Stats()}
+		res := StepResult{Step: s + 1, Loss: loss, Seconds: secs, SamplesPerSec: float64(cfg.Job.Batch.Global) / secs, Stats: r.Stats(),
+			ComputeSeconds: r.Stats().Compute.Seconds()}
 		preempted, me := false, false
 		if cfg.CheckpointDir != "" && cfg.Preempted != nil {
 			me = cfg.Preempted()
