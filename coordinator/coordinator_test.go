@@ -544,7 +544,7 @@ func TestPauseBelowMinNodes(t *testing.T) {
 	_, kill3 := agent(t, c, node("n3", 4))
 	agent(t, c, node("n4", 4))
 	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s2})
-	waitPhase(t, c, "k", pb.JobState_RUNNING)
+	waitJob(t, c, "k", func(j *pb.JobStatus) bool { return j.State.GetPhase() == pb.JobState_RUNNING })
 	kill3()
 	if st := final(t, c, "k"); st.Phase != pb.JobState_FAILED || !strings.Contains(st.Reason, "paused for 500ms without enough nodes") {
 		t.Fatalf("state of k = %v", st)
@@ -575,22 +575,6 @@ func TestShrinkKeepsGlobalBatch(t *testing.T) {
 	}
 }
 
-// waitPhase waits until job id reaches phase.
-func waitPhase(t *testing.T, c pb.CoordinatorClient, id string, phase pb.JobState_Phase) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		st, err := c.Status(t.Context(), &pb.StatusRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, j := range st.Jobs {
-			if j.Spec.Id == id && j.State.Phase == phase {
-				return
-			}
-		}
-	}
-	t.Fatalf("job %s not %v within 10s", id, phase)
-}
 
 // TestStragglers: a rank whose compute time stayed above twice the median
 // in each of its last three windows is a straggler, named with its node and
@@ -629,13 +613,13 @@ func TestStragglers(t *testing.T) {
 	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: probe}); err != nil {
 		t.Fatal(err)
 	}
-	waitReason(t, c, "probe", "waiting for nodes")
+	waitJob(t, c, "probe", func(j *pb.JobStatus) bool { return strings.Contains(j.State.GetReason(), "waiting for nodes") })
 	st, _ := c.Status(t.Context(), &pb.StatusRequest{})
 	if len(st.Jobs[0].Stragglers) != 0 {
 		t.Fatalf("stragglers %v with a normal window among the last three", st.Jobs[0].Stragglers)
 	}
 	window("j", 0.05) // now slow in each of the last three
-	sts := waitStragglers(t, c, "j")
+	sts := waitJob(t, c, "j", func(j *pb.JobStatus) bool { return len(j.Stragglers) > 0 }).Stragglers
 	if len(sts) != 1 || sts[0].Rank != 3 || sts[0].Node != "n1" || sts[0].LocalRank != 1 || sts[0].Ratio != 4.76 {
 		t.Fatalf("stragglers = %v, want rank 3 on n1 (GPU 1) at 4.76x the median", sts)
 	}
@@ -673,25 +657,10 @@ func TestStragglers(t *testing.T) {
 	}
 }
 
-// waitReason waits until job id's state reason contains want.
-func waitReason(t *testing.T, c pb.CoordinatorClient, id, want string) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		st, err := c.Status(t.Context(), &pb.StatusRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, j := range st.Jobs {
-			if j.Spec.Id == id && strings.Contains(j.State.GetReason(), want) {
-				return
-			}
-		}
-	}
-	t.Fatalf("job %s's reason never said %q", id, want)
-}
 
-// waitStragglers waits until job id has stragglers and returns them.
-func waitStragglers(t *testing.T, c pb.CoordinatorClient, id string) []*pb.Straggler {
+
+// waitJob polls status until job id satisfies ok, and returns it.
+func waitJob(t *testing.T, c pb.CoordinatorClient, id string, ok func(*pb.JobStatus) bool) *pb.JobStatus {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		st, err := c.Status(t.Context(), &pb.StatusRequest{})
@@ -699,11 +668,11 @@ func waitStragglers(t *testing.T, c pb.CoordinatorClient, id string) []*pb.Strag
 			t.Fatal(err)
 		}
 		for _, j := range st.Jobs {
-			if j.Spec.Id == id && len(j.Stragglers) > 0 {
-				return j.Stragglers
+			if j.Spec.Id == id && ok(j) {
+				return j
 			}
 		}
 	}
-	t.Fatalf("job %s has no stragglers within 10s", id)
+	t.Fatalf("job %s did not get there within 10s", id)
 	return nil
 }
