@@ -575,7 +575,6 @@ func TestShrinkKeepsGlobalBatch(t *testing.T) {
 	}
 }
 
-
 // TestStragglers: a rank whose compute time stayed above twice the median
 // in each of its last three windows is a straggler, named with its node and
 // GPU in status; with evict_stragglers its node is dropped and the job
@@ -656,8 +655,6 @@ func TestStragglers(t *testing.T) {
 		t.Fatalf("generation 2 of e = %v", g)
 	}
 }
-
-
 
 // waitJob polls status until job id satisfies ok, and returns it.
 func waitJob(t *testing.T, c pb.CoordinatorClient, id string, ok func(*pb.JobStatus) bool) *pb.JobStatus {
