@@ -78,6 +78,13 @@ torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) plus
 GPUCOORD_TP_RANK/SIZE, GPUCOORD_PP_RANK/SIZE, GPUCOORD_DP_RANK/SIZE,
 GPUCOORD_PLAN and more, so a torchrun script runs unchanged.
 
+Elastic: with --min-nodes M --max-restarts R a lost node (killed, frozen or
+cut off), a failed rank or a preempted node (SIGTERM to its agent) makes a
+new generation on the live nodes, DP shrunk, from the last checkpoint
+(--checkpoint-every N for the native engine; your program gets
+GPUCOORD_CHECKPOINT_DIR); a node that comes back rejoins. docs/LAUNCH.md
+has the details.
+
 Prints one line per step (or per second for a program that reports none)
 and exits with the job's status: 0, or the first failing rank's exit code
 with that rank named.`,
@@ -122,7 +129,7 @@ with that rank named.`,
 	fl.BoolVar(&f.evictStragglers, "evict-stragglers", false, "treat a node with a straggling rank (2x the median compute time for 3 windows) as failed: the job goes on without it")
 	fl.IntVar(&f.minNodes, "min-nodes", 0, "after a node is lost, go on with as few as this many nodes (default --nodes: no shrinking)")
 	fl.IntVar(&f.ckptEvery, "checkpoint-every", 0, "native: commit a sharded checkpoint every N steps (and after the last); a new generation resumes from the last")
-	fl.StringVar(&f.ckptDir, "checkpoint-dir", "", "where checkpoints go; every node must reach it (default: a directory under the temporary directory, removed with a standalone cluster)")
+	fl.StringVar(&f.ckptDir, "checkpoint-dir", "", "where checkpoints go; every node must reach it (default: a directory under the temporary directory, removed when launch ends)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE added to every rank's environment (repeatable)")
 	fl.StringVar(&f.workdir, "workdir", "", "directory the ranks start in; must exist on every node (default: this directory)")
 	f.tok.register(cmd)
