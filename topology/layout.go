@@ -106,21 +106,38 @@ func (l Layout) groups(a Axis) [][]Rank {
 // two NVLink domains of domain consecutive ranks (ranks fill nodes, and
 // domains, in order).
 func (l Layout) CheckDomains(domain int) error {
-	if l.TP == 1 {
-		return nil
+	if r, ok := l.crossing(AxisTP, domain); ok {
+		g := l.Group(AxisTP, r)
+		return invalid("order %s puts tensor-parallel group %v across NVLink domains %d and %d (domain size %d): TP groups must stay inside one domain; put tp first in --order",
+			l.Order, g, int(g[0])/domain, int(g[len(g)-1])/domain, domain)
 	}
-	// A TP group is base + k*stride for k < TP: it stays in one domain
-	// when its first and last members do. Bases are the ranks with TP
-	// coordinate 0: runs of stride ranks, every stride*TP ranks.
-	s, t, d := l.stride[0], l.TP, domain
-	last := (t - 1) * s
-	for r0 := 0; r0 < l.World(); r0 += s * t {
+	return nil
+}
+
+// Crosses reports whether some group along axis a has members in two
+// NVLink domains of domain consecutive ranks.
+func (l Layout) Crosses(a Axis, domain int) bool {
+	_, ok := l.crossing(a, domain)
+	return ok
+}
+
+// crossing finds the first group along axis a that spans two domains and
+// returns its first member. A group is base + k*stride for k < size, so it
+// stays in one domain when its first and last members do; the bases are
+// the ranks with coordinate 0 on a: runs of stride ranks, every
+// stride*size ranks. It visits world/size ranks.
+func (l Layout) crossing(a Axis, domain int) (Rank, bool) {
+	s, n := l.stride[axisIndex(a)], l.size(a)
+	if n == 1 {
+		return 0, false
+	}
+	last := (n - 1) * s
+	for r0 := 0; r0 < l.World(); r0 += s * n {
 		for r := r0; r < r0+s; r++ {
-			if r/d != (r+last)/d {
-				return invalid("order %s puts tensor-parallel group %v across NVLink domains %d and %d (domain size %d): TP groups must stay inside one domain; put tp first in --order",
-					l.Order, l.Group(AxisTP, Rank(r)), r/d, (r+last)/d, d)
+			if r/domain != (r+last)/domain {
+				return Rank(r), true
 			}
 		}
 	}
-	return nil
+	return 0, false
 }

@@ -233,3 +233,76 @@ func TestInterleavedActivationFactor(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupLinksEveryGroup: a group's link is the slowest link any of its
+// members crosses, over every group of the axis, not only rank 0's. The
+// cases are layouts where rank 0's groups stay in one NVLink domain but
+// others cross into the next: on gb200-nvl72 (domains of 72) with 80 GPUs,
+// PP group [39 79] and DP group [47 55 63 71 79] cross; on DGX nodes of 8
+// with order tp-pp-dp, tp 2 and pp 3, rank 0's PP group [0 2 4] stays in
+// node 0 but [6 8 10] crosses into node 1. Layouts that truly stay inside
+// a domain keep NVLink.
+func TestGroupLinksEveryGroup(t *testing.T) {
+	tests := []struct {
+		name           string
+		cluster        string
+		nodes          int
+		model          string
+		tp, pp         int
+		order          string
+		wantPP, wantDP string
+	}{
+		{"nvl72 80 GPUs: pp and dp groups cross domains", "gb200-nvl72", 20, "llama-70b", 8, 2, "", LinkInterNode, LinkInterNode},
+		{"nvl72 72 GPUs: all inside one domain", "gb200-nvl72", 18, "llama-70b", 8, 1, "", LinkNVLink, LinkNVLink},
+		{"nvl72 144 GPUs, pp 2: pp groups span the two domains, dp stays", "gb200-nvl72", 36, "llama-70b", 8, 2, "", LinkInterNode, LinkNVLink},
+		{"dgx 24 GPUs, tp 2 pp 3, order tp-pp-dp: pp [6 8 10] crosses nodes", "dgx-h100", 3, "gpt-175b", 2, 3, "tp-pp-dp", LinkInterNode, LinkInterNode},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cl, err := topology.ClusterPreset(tc.cluster)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cl.Nodes = tc.nodes
+			m, err := topology.ModelPreset(tc.model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := topology.DefaultConfig()
+			cfg.TP, cfg.PP, cfg.Order = tc.tp, tc.pp, tc.order
+			cfg.GlobalBatch = 0
+			p, err := topology.New(cl, m, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The truth, by brute force over every group.
+			crosses := func(groups [][]topology.Rank) bool {
+				for _, g := range groups {
+					for _, r := range g {
+						if p.NVLinkDomain(r) != p.NVLinkDomain(g[0]) {
+							return true
+						}
+					}
+				}
+				return false
+			}
+			gs := p.Groups()
+			if got := crosses(gs.PP); got != (tc.wantPP == LinkInterNode) {
+				t.Fatalf("test case wrong: pp groups cross = %v", got)
+			}
+			if got := crosses(gs.DP); got != (tc.wantDP == LinkInterNode) {
+				t.Fatalf("test case wrong: dp groups cross = %v", got)
+			}
+			r, err := Evaluate(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tr := range r.Traffic {
+				want := map[string]string{"tp": LinkNVLink, "pp": tc.wantPP, "dp": tc.wantDP}[tr.Group]
+				if tr.Link != want {
+					t.Errorf("%s %s over %s, want %s", tr.Group, tr.Collective, tr.Link, want)
+				}
+			}
+		})
+	}
+}

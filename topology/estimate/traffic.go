@@ -21,18 +21,17 @@ type link struct {
 // groupLinks holds the slowest link each group axis crosses.
 type groupLinks struct{ tp, pp, dp link }
 
-// linksOf finds, for rank 0's TP, PP and DP groups, whether they stay inside
-// one NVLink domain. Every group of an axis has the same shape under a
-// strided order, so rank 0's groups stand for all.
+// linksOf finds, for each axis, the slowest link any of its groups
+// crosses: inter-node when some group has members in two NVLink domains.
+// Every group is looked at, not only rank 0's: groups of one axis need not
+// look alike (on 80 GPUs in domains of 72, PP [0 40] stays inside and
+// [39 79] crosses).
 func linksOf(p *topology.Plan) groupLinks {
 	nv := link{LinkNVLink, p.Cluster.NVLinkGBps * 1e9}
 	ib := link{LinkInterNode, p.Cluster.InterNodeGBps * 1e9}
 	pick := func(a topology.Axis) link {
-		g := p.Group(a, 0)
-		for _, r := range g[1:] {
-			if p.NVLinkDomain(r) != p.NVLinkDomain(g[0]) {
-				return ib
-			}
+		if p.Crosses(a, p.Cluster.Domain()) {
+			return ib
 		}
 		return nv
 	}
