@@ -101,11 +101,28 @@ func (m Model) TotalParams() float64 {
 	return float64(m.Layers)*m.LayerParams() + m.EmbeddingParams() + m.OutputParams()
 }
 
+// MaxParams is the largest bare parameter count a plan accepts: far above
+// any model trained (about 2e12 in 2026), far below where the byte counts
+// stop meaning anything.
+const MaxParams = 1e15
+
+// CheckParams refuses a bare parameter count that is not a number between 1
+// and MaxParams.
+func CheckParams(p float64) error {
+	if !(p >= 1 && p <= MaxParams) { // NaN fails every comparison
+		return invalid("model params %g: want a parameter count between 1 and %g", p, MaxParams)
+	}
+	return nil
+}
+
 // Validate names the first field that cannot work.
 func (m Model) Validate() error {
 	if m.Bare() {
-		if m.Params <= 0 {
+		if m.Params == 0 {
 			return invalid("model: give --params or an architecture (--layers, --hidden, --heads, --vocab, --seq)")
+		}
+		if err := CheckParams(m.Params); err != nil {
+			return err
 		}
 		if m.Hidden != 0 || m.Heads != 0 {
 			return invalid("model layers 0: an architecture needs --layers as well as --hidden and --heads")

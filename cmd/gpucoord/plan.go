@@ -115,6 +115,9 @@ func (f *planFlags) resolve(cmd *cobra.Command) (topology.Cluster, topology.Mode
 	case arch:
 		m = topology.Model{Name: "custom", LearnedPositions: true}
 	case changed("params"):
+		if err := topology.CheckParams(f.params); err != nil {
+			return cl, m, cfg, usageError(err)
+		}
 		m = topology.Model{Name: fmt.Sprintf("%.3g params", f.params)}
 	default:
 		return cl, m, cfg, usageError(errors.New("no model: give --model PRESET|FILE, an architecture (--layers --hidden --heads --vocab --seq) or --params N"))

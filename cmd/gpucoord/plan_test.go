@@ -50,6 +50,11 @@ func TestPlanExitCodes(t *testing.T) {
 		{"bare params", []string{"plan", "--params", "7.5e9", "--nodes", "8", "--zero", "3"}, 0, "no time estimate for a bare parameter count"},
 		{"empty order", []string{"plan", "--model", "gpt-13b", "--order", ""}, 2, `--order "": give an order`},
 		{"empty order with auto", []string{"plan", "--model", "gpt-13b", "--auto", "--order="}, 2, `--order "": give an order`},
+		{"params NaN", []string{"plan", "--params", "NaN"}, 2, "params NaN: want a parameter count between 1 and 1e+15"},
+		{"params Inf", []string{"plan", "--params", "Inf"}, 2, "params +Inf: want a parameter count between 1 and 1e+15"},
+		{"params absurd", []string{"plan", "--params", "1e30"}, 2, "params 1e+30: want a parameter count between 1 and 1e+15"},
+		{"params zero", []string{"plan", "--params", "0"}, 2, "params 0: want a parameter count between 1 and 1e+15"},
+		{"params negative", []string{"plan", "--params", "-5"}, 2, "params -5: want a parameter count between 1 and 1e+15"},
 		{"one GPU reads singular", []string{"plan", "--model", "gpt-1.7b", "--gpus-per-node", "1", "--global-batch", "1"}, 0, "1 node x 1 GPU, 80 GiB each, NVLink domain 1 GPU"},
 	}
 	for _, tc := range tests {
