@@ -306,3 +306,26 @@ func TestGroupLinksEveryGroup(t *testing.T) {
 		})
 	}
 }
+
+// TestSearchTopOneExplains: with --top 1 the winner is still explained
+// against the runner-up; "the only layout that fits" is said only when it
+// is.
+func TestSearchTopOneExplains(t *testing.T) {
+	cl, _ := topology.ClusterPreset("dgx-h100")
+	cl.Nodes = 4
+	m, _ := topology.ModelPreset("gpt-13b")
+	one, err := Search(cl, m, topology.DefaultConfig(), topology.DefaultSearchSpace(), 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	five, err := Search(cl, m, topology.DefaultConfig(), topology.DefaultSearchSpace(), 5, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if one.Fitting < 2 || len(one.Top) != 1 {
+		t.Fatalf("fitting %d, top %d: the case needs several fitting layouts and one shown", one.Fitting, len(one.Top))
+	}
+	if strings.Contains(one.Why, "only layout") || one.Why != five.Why {
+		t.Errorf("top 1 explains %q; top 5 explains %q: want the same explanation", one.Why, five.Why)
+	}
+}

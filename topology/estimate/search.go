@@ -59,9 +59,12 @@ func Search(cl topology.Cluster, m topology.Model, base topology.Config, space t
 	// Simulate in order of the lower bound, and stop once the bound alone
 	// is slower than the top-th best simulated plan: branch and bound.
 	sort.SliceStable(fits, func(i, j int) bool { return fits[i].bound < fits[j].bound })
+	// Keep at least two, so the winner is explained against the runner-up
+	// even when only one is shown.
+	keep := max(top, 2)
 	var done []Ranked
 	for _, f := range fits {
-		if len(done) >= top && f.bound > done[top-1].Report.Step.Seconds {
+		if len(done) >= keep && f.bound > done[keep-1].Report.Step.Seconds {
 			break
 		}
 		if err := e.timing(f.Plan, f.built, &f.Report); err != nil {
@@ -70,11 +73,11 @@ func Search(cl topology.Cluster, m topology.Model, base topology.Config, space t
 		done = append(done, f)
 		sort.SliceStable(done, func(i, j int) bool { return better(done[i], done[j]) })
 	}
-	if len(done) > top {
-		done = done[:top]
+	if len(done) > keep {
+		done = done[:keep]
 	}
-	res.Top = done
 	res.Why = why(done)
+	res.Top = done[:min(top, len(done))]
 	return res, nil
 }
 
