@@ -1,6 +1,11 @@
 package topology
 
-import "gpucoord/schedule"
+import (
+	"fmt"
+	"strings"
+
+	"gpucoord/schedule"
+)
 
 // SearchSpace bounds the layouts Candidates enumerates.
 type SearchSpace struct {
@@ -10,6 +15,45 @@ type SearchSpace struct {
 	MaxVirtual int
 	// Recompute lists the recomputation policies tried.
 	Recompute []Recompute
+	// Fixed holds what the user fixed: the search varies only the rest.
+	Fixed Fixed
+}
+
+// Fixed are constraints on a search: a nil field is free. `plan --auto`
+// fixes what its flags give.
+type Fixed struct {
+	TP, PP, DP, VPP, Zero, MicroBatch *int
+	Schedule                          *schedule.Kind
+	Recompute                         *Recompute
+}
+
+// allows reports whether c satisfies every fixed field.
+func (f Fixed) allows(c Config) bool {
+	eq := func(p *int, v int) bool { return p == nil || *p == v }
+	return eq(f.TP, c.TP) && eq(f.PP, c.PP) && eq(f.DP, c.DP) && eq(f.VPP, c.VPP) && eq(f.Zero, c.Zero) &&
+		eq(f.MicroBatch, c.MicroBatch) && (f.Schedule == nil || *f.Schedule == c.Schedule) &&
+		(f.Recompute == nil || *f.Recompute == c.Recompute)
+}
+
+// String lists the fixed fields, "tp 8, zero 0, schedule gpipe"; empty
+// when none is.
+func (f Fixed) String() string {
+	var parts []string
+	for _, x := range []struct {
+		name string
+		v    *int
+	}{{"tp", f.TP}, {"pp", f.PP}, {"dp", f.DP}, {"vpp", f.VPP}, {"zero", f.Zero}, {"micro-batch", f.MicroBatch}} {
+		if x.v != nil {
+			parts = append(parts, fmt.Sprintf("%s %d", x.name, *x.v))
+		}
+	}
+	if f.Schedule != nil {
+		parts = append(parts, "schedule "+string(*f.Schedule))
+	}
+	if f.Recompute != nil {
+		parts = append(parts, "recompute "+string(*f.Recompute))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // DefaultSearchSpace returns the space `gpucoord plan --auto` searches.
@@ -37,6 +81,9 @@ func Candidates(cl Cluster, m Model, base Config, space SearchSpace, visit func(
 	flat := base.Schedule
 	if flat == schedule.Interleaved {
 		flat = schedule.OneFOneB
+	}
+	if f := space.Fixed.Schedule; f != nil && *f != schedule.Interleaved {
+		flat = *f
 	}
 	for _, tp := range divisors(world) {
 		if tp > cl.Domain() || (!m.Bare() && m.Heads%tp != 0) {
@@ -66,6 +113,9 @@ func Candidates(cl Cluster, m Model, base Config, space SearchSpace, visit func(
 							c.Schedule = flat
 							if v > 1 {
 								c.Schedule = schedule.Interleaved
+							}
+							if !space.Fixed.allows(c) {
+								continue
 							}
 							p, err := New(cl, m, c)
 							if err != nil {

@@ -206,8 +206,27 @@ func runAuto(cmd *cobra.Command, f *planFlags, cl topology.Cluster, m topology.M
 	if f.top < 1 {
 		return usageError(fmt.Errorf("--top %d: must be at least 1", f.top))
 	}
+	// What the user gave with --auto is a constraint on the search.
+	space := topology.DefaultSearchSpace()
+	changed := cmd.Flags().Changed
+	for _, x := range []struct {
+		flag string
+		dst  **int
+		v    int
+	}{{"tp", &space.Fixed.TP, base.TP}, {"pp", &space.Fixed.PP, base.PP}, {"dp", &space.Fixed.DP, base.DP},
+		{"vpp", &space.Fixed.VPP, base.VPP}, {"zero", &space.Fixed.Zero, base.Zero}, {"micro-batch", &space.Fixed.MicroBatch, base.MicroBatch}} {
+		if changed(x.flag) {
+			*x.dst = &x.v
+		}
+	}
+	if changed("schedule") {
+		space.Fixed.Schedule = &base.Schedule
+	}
+	if changed("recompute") {
+		space.Fixed.Recompute = &base.Recompute
+	}
 	start, last := time.Now(), time.Now()
-	res, err := estimate.Search(cl, m, base, topology.DefaultSearchSpace(), f.top, func(n int) {
+	res, err := estimate.Search(cl, m, base, space, f.top, func(n int) {
 		if time.Since(last) >= time.Second { // progress only on long searches
 			last = time.Now()
 			fmt.Fprintf(errw, "searched %d layouts in %.0f s...\n", n, time.Since(start).Seconds())

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"gpucoord/topology"
 )
 
 // runCLI runs gpucoord with args and returns stdout and the exit code main
@@ -202,5 +204,35 @@ func TestPlanAutoAndSVG(t *testing.T) {
 	// Nothing fits a 1T model on 8 GPUs: exit 3.
 	if _, code, _ := runCLI(t, "plan", "--model", "gpt-1t", "--auto"); code != exitNoFit {
 		t.Errorf("gpt-1t on 8 GPUs: exit %d, want 3", code)
+	}
+}
+
+// TestPlanAutoKeepsFixedFlags: flags given with --auto constrain the
+// search, and the output says which were fixed.
+func TestPlanAutoKeepsFixedFlags(t *testing.T) {
+	out, code, err := runCLI(t, "plan", "--model", "gpt-13b", "--nodes", "4", "--auto", "--tp", "8", "--zero", "0", "--schedule", "gpipe", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d (%v)\n%s", code, err, out)
+	}
+	var doc struct {
+		Fixed string `json:"fixed"`
+		Plans []struct {
+			Parallel topology.Config `json:"parallel"`
+		} `json:"plans"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Fixed != "tp 8, zero 0, schedule gpipe" || len(doc.Plans) == 0 {
+		t.Fatalf("fixed %q, %d plans", doc.Fixed, len(doc.Plans))
+	}
+	for _, p := range doc.Plans {
+		if c := p.Parallel; c.TP != 8 || c.Zero != 0 || c.Schedule != "gpipe" {
+			t.Errorf("plan tp %d zero %d schedule %s breaks the fixed flags", c.TP, c.Zero, c.Schedule)
+		}
+	}
+	text, _, _ := runCLI(t, "plan", "--model", "gpt-13b", "--nodes", "4", "--auto", "--tp", "8", "--zero", "0", "--schedule", "gpipe")
+	if !strings.Contains(text, "fixed by the flags given: tp 8, zero 0, schedule gpipe") {
+		t.Errorf("text output does not say what was fixed:\n%s", text)
 	}
 }

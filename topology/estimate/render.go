@@ -182,6 +182,9 @@ type SearchDocument struct {
 	Fitting int `json:"fitting"`
 	// Why explains why the first plan wins over the runner-up.
 	Why string `json:"why"`
+	// Fixed lists what the search was not allowed to change (the flags
+	// given with --auto); empty when nothing was fixed.
+	Fixed string `json:"fixed,omitempty"`
 	// Plans holds the ranked plans, fastest first; empty, not null, when
 	// nothing fits.
 	Plans []SearchPlan `json:"plans"`
@@ -189,7 +192,7 @@ type SearchDocument struct {
 
 // NewSearchDocument assembles the JSON document of res.
 func NewSearchDocument(res SearchResult) SearchDocument {
-	doc := SearchDocument{Candidates: res.Candidates, Fitting: res.Fitting, Why: res.Why, Plans: []SearchPlan{}}
+	doc := SearchDocument{Candidates: res.Candidates, Fitting: res.Fitting, Why: res.Why, Fixed: res.Fixed, Plans: []SearchPlan{}}
 	for i, t := range res.Top {
 		doc.Plans = append(doc.Plans, SearchPlan{Rank: i + 1, Parallel: t.Plan.Config, Memory: t.Report.Memory,
 			Pipeline: t.Report.Pipeline, Step: t.Report.Step, Traffic: t.Report.Traffic, Fits: t.Report.Fits})
@@ -209,7 +212,11 @@ func WriteSearchJSON(w io.Writer, res SearchResult) error {
 // layout fits.
 func WriteSearchText(w io.Writer, cl topology.Cluster, m topology.Model, res SearchResult) error {
 	b := &strings.Builder{}
-	fmt.Fprintf(b, "searched %s of %s on %s; %d fit\n\n", plural(res.Candidates, "valid layout", "valid layouts"), m.Name, plural(cl.World(), "GPU", "GPUs"), res.Fitting)
+	fmt.Fprintf(b, "searched %s of %s on %s; %d fit\n", plural(res.Candidates, "valid layout", "valid layouts"), m.Name, plural(cl.World(), "GPU", "GPUs"), res.Fitting)
+	if res.Fixed != "" {
+		fmt.Fprintf(b, "fixed by the flags given: %s\n", res.Fixed)
+	}
+	b.WriteString("\n")
 	if len(res.Top) == 0 {
 		b.WriteString("no layout fits: try more GPUs, a larger --global-batch split, or --offload-optimizer\n")
 	} else {

@@ -27,13 +27,15 @@ type SearchResult struct {
 	Top []Ranked
 	// Why explains why Top[0] wins over the runner-up.
 	Why string
+	// Fixed lists what the search was not allowed to change.
+	Fixed string
 }
 
 // Search evaluates every candidate layout (topology.Candidates) and returns
 // the top fitting ones by estimated step time; ties go to the plan with
 // less memory. progress, if not nil, is called every 1000 candidates.
 func Search(cl topology.Cluster, m topology.Model, base topology.Config, space topology.SearchSpace, top int, progress func(done int)) (SearchResult, error) {
-	var res SearchResult
+	res := SearchResult{Fixed: space.Fixed.String()}
 	var fits []Ranked
 	var firstErr error
 	e := newEvaluator()
