@@ -114,20 +114,27 @@ type Traffic struct {
 
 // Step is the estimated cost of one training step.
 type Step struct {
-	// FLOPs counts the whole step over the global batch (recomputation included).
-	FLOPs float64 `json:"flops"`
-	// Seconds is the estimated wall time of one step.
-	Seconds float64 `json:"seconds"`
+	// FLOPs counts the whole step over the global batch (recomputation
+	// included). It, Seconds, TFLOPSPerGPU, PipelineSeconds,
+	// OutputSeconds and TokensPerSecond are absent from the JSON for a
+	// bare parameter count, which has no architecture to time.
+	FLOPs float64 `json:"flops,omitempty"`
+	// Seconds is the estimated wall time of one step: PipelineSeconds +
+	// OutputSeconds + DPSeconds.
+	Seconds float64 `json:"seconds,omitempty"`
 	// TFLOPSPerGPU is FLOPs / (Seconds * world) / 1e12.
-	TFLOPSPerGPU float64 `json:"tflops_per_gpu"`
+	TFLOPSPerGPU float64 `json:"tflops_per_gpu,omitempty"`
 	// PipelineSeconds is the simulated schedule makespan (compute, TP
 	// communication and pipeline sends, bubble included).
-	PipelineSeconds float64 `json:"pipeline_seconds"`
+	PipelineSeconds float64 `json:"pipeline_seconds,omitempty"`
+	// OutputSeconds is the output layer's logits on the last stage, which
+	// the schedule's uniform per-chunk costs leave out.
+	OutputSeconds float64 `json:"output_seconds,omitempty"`
 	// DPSeconds is the data-parallel gradient (and ZeRO) communication,
 	// taken as not overlapped with compute.
 	DPSeconds float64 `json:"dp_seconds"`
 	// TokensPerSecond is the global batch's tokens over Seconds.
-	TokensPerSecond float64 `json:"tokens_per_second"`
+	TokensPerSecond float64 `json:"tokens_per_second,omitempty"`
 }
 
 // shape identifies a schedule's op lists.

@@ -1,6 +1,8 @@
 package estimate
 
 import (
+	"bytes"
+	"encoding/json"
 	"math"
 	"strings"
 	"testing"
@@ -327,5 +329,52 @@ func TestSearchTopOneExplains(t *testing.T) {
 	}
 	if strings.Contains(one.Why, "only layout") || one.Why != five.Why {
 		t.Errorf("top 1 explains %q; top 5 explains %q: want the same explanation", one.Why, five.Why)
+	}
+}
+
+// TestStepParts: the step time is exactly the sum of the parts the text and
+// JSON show (pipeline, output layer, data-parallel); a bare parameter count
+// has no step time, and its JSON has no made-up one.
+func TestStepParts(t *testing.T) {
+	p := plan(t, "dgx-h100", "gpt-13b", func(c *topology.Config) { c.TP, c.PP, c.Zero = 8, 4, 1 })
+	r, err := Evaluate(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := r.Step
+	if st.OutputSeconds <= 0 || st.Seconds != st.PipelineSeconds+st.OutputSeconds+st.DPSeconds {
+		t.Errorf("step %v s != pipeline %v + output %v + dp %v", st.Seconds, st.PipelineSeconds, st.OutputSeconds, st.DPSeconds)
+	}
+	cl, _ := topology.ClusterPreset("dgx-h100")
+	cl.Nodes = 8
+	bare, err := topology.New(cl, topology.Model{Name: "bare", Params: 7.5e9}, func() topology.Config {
+		c := topology.DefaultConfig()
+		c.Zero = 3
+		return c
+	}())
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := Evaluate(bare)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := WriteJSON(&b, bare, br); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Step map[string]any `json:"step"`
+	}
+	if err := json.Unmarshal(b.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"seconds", "pipeline_seconds", "output_seconds", "tflops_per_gpu", "tokens_per_second"} {
+		if v, ok := doc.Step[k]; ok {
+			t.Errorf("bare model's step has %s = %v: not estimated, it must be absent", k, v)
+		}
+	}
+	if _, ok := doc.Step["dp_seconds"]; !ok {
+		t.Error("bare model's step lacks dp_seconds, which is estimated from the parameter count")
 	}
 }

@@ -137,8 +137,8 @@ func WriteText(w io.Writer, p *topology.Plan, r Report) error {
 		tw.Flush()
 	}
 	if st := r.Step; st.Seconds > 0 {
-		fmt.Fprintf(b, "\nstep     %.3g FLOPs, %.3f s (pipeline %.3f s + data-parallel %.3f s), %.0f TFLOP/s per GPU, %.0f tokens/s\n",
-			st.FLOPs, st.Seconds, st.PipelineSeconds, st.DPSeconds, st.TFLOPSPerGPU, st.TokensPerSecond)
+		fmt.Fprintf(b, "\nstep     %.3g FLOPs, %.3f s (pipeline %.3f s + output layer %.3f s + data-parallel %.3f s), %.0f TFLOP/s per GPU, %.0f tokens/s\n",
+			st.FLOPs, st.Seconds, st.PipelineSeconds, st.OutputSeconds, st.DPSeconds, st.TFLOPSPerGPU, st.TokensPerSecond)
 	} else {
 		b.WriteString("\nstep     no time estimate for a bare parameter count (give an architecture)\n")
 	}

@@ -190,14 +190,15 @@ func step(p *topology.Plan, makespan float64, tr []Traffic, eff efficiency) Step
 		}
 	}
 	if p.Model.Bare() {
-		return s
+		// No architecture, no time: the schedule ran on unit costs.
+		return Step{DPSeconds: s.DPSeconds}
 	}
 	// The output layer (3 x 2shV per sequence) runs on the last stage
 	// outside the uniform per-chunk costs the schedule is simulated with.
 	m, c := p.Model, p.Config
 	rate := computeRate(p, eff) * float64(c.TP)
-	logits := float64(p.Microbatches()*c.MicroBatch) * 3 * logitFLOPs(m) / rate
-	s.Seconds = s.PipelineSeconds + logits + s.DPSeconds
+	s.OutputSeconds = float64(p.Microbatches()*c.MicroBatch) * 3 * logitFLOPs(m) / rate
+	s.Seconds = s.PipelineSeconds + s.OutputSeconds + s.DPSeconds
 	s.TFLOPSPerGPU = s.FLOPs / (s.Seconds * float64(p.World())) / 1e12
 	s.TokensPerSecond = float64(c.GlobalBatch*m.Seq) / s.Seconds
 	return s
