@@ -378,3 +378,24 @@ func TestStepParts(t *testing.T) {
 		t.Error("bare model's step lacks dp_seconds, which is estimated from the parameter count")
 	}
 }
+
+// TestNoFitAdviceSkipsWhatIsSet: when nothing fits, --auto's advice does
+// not name --offload-optimizer if it is already on.
+func TestNoFitAdviceSkipsWhatIsSet(t *testing.T) {
+	cl, _ := topology.ClusterPreset("dgx-h100")
+	m, _ := topology.ModelPreset("gpt-1t")
+	base := topology.DefaultConfig()
+	for _, offload := range []bool{false, true} {
+		base.OffloadOptimizer = offload
+		res, err := Search(cl, m, base, topology.DefaultSearchSpace(), 3, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Top) != 0 {
+			t.Fatalf("offload %v: %d plans fit gpt-1t on one node", offload, len(res.Top))
+		}
+		if got := strings.Contains(res.NoFit, "--offload-optimizer"); got == offload {
+			t.Errorf("offload %v: advice %q", offload, res.NoFit)
+		}
+	}
+}

@@ -35,9 +35,16 @@ func reasons(p *topology.Plan, r Report) []string {
 		}
 	}
 	if host := p.Cluster.HostMemoryGiB * topology.GiB; r.Memory.HostOptimizerBytes > 0 && host > 0 && r.Memory.HostOptimizerBytes > host {
-		tip := "more tp/pp"
+		var tips []string
 		if !zeroStage(p).ShardsOptimizer() && p.Config.DP > 1 {
-			tip = fmt.Sprintf("--zero %d or more tp/pp", sharding.Stage1)
+			tips = append(tips, fmt.Sprintf("--zero %d", sharding.Stage1))
+		}
+		if more := morePipelineOrTensor(p); more != "" {
+			tips = append(tips, more)
+		}
+		tip := strings.Join(tips, " or ")
+		if tip == "" {
+			tip = "more nodes"
 		}
 		out = append(out, fmt.Sprintf("does not fit: offloaded optimizer state needs %s of host memory per node, the node has %s (try %s)",
 			gib(r.Memory.HostOptimizerBytes), gib(host), tip))
@@ -103,9 +110,29 @@ func remedies(p *topology.Plan, part string) []string {
 			tips = append(tips, fmt.Sprintf("--zero %d", sharding.Stage3))
 		}
 	}
-	tips = append(tips, "more --tp or --pp")
+	if more := morePipelineOrTensor(p); more != "" {
+		tips = append(tips, more)
+	}
 	if len(tips) > 3 {
 		tips = tips[:3]
 	}
 	return tips
+}
+
+// morePipelineOrTensor suggests growing tp or pp only where the layout can:
+// tp up to the NVLink domain and the heads, pp up to the layers; "" when
+// neither can grow.
+func morePipelineOrTensor(p *topology.Plan) string {
+	c, m := p.Config, p.Model
+	var more []string
+	if c.TP*2 <= p.Cluster.Domain() && (m.Bare() || m.Heads%(c.TP*2) == 0) {
+		more = append(more, "--tp")
+	}
+	if m.Bare() || m.Layers%(c.PP*2*c.VPP) == 0 {
+		more = append(more, "--pp")
+	}
+	if len(more) == 0 {
+		return ""
+	}
+	return "more " + strings.Join(more, " or ")
 }

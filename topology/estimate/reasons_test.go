@@ -36,8 +36,17 @@ func TestRemediesFollowStage(t *testing.T) {
 			if got != part.want {
 				t.Errorf("zero %d dp %d, %s: tips %q, want the ZeRO tip %q", tc.zero, tc.dp, part.name, tips, part.want)
 			}
-			if !slices.Contains(tips, "more --tp or --pp") && len(tips) < 3 {
-				t.Errorf("zero %d dp %d, %s: tips %q lack the model-parallel remedy", tc.zero, tc.dp, part.name, tips)
+			more := "more --tp or --pp"
+			if p.Config.TP == p.Cluster.Domain() {
+				more = "more --pp" // tp already fills the NVLink domain
+			}
+			if !slices.Contains(tips, more) && len(tips) < 3 {
+				t.Errorf("zero %d dp %d, %s: tips %q lack the model-parallel remedy %q", tc.zero, tc.dp, part.name, tips, more)
+			}
+			for _, tip := range tips {
+				if p.Config.TP == p.Cluster.Domain() && strings.Contains(tip, "--tp") {
+					t.Errorf("zero %d dp %d, %s: tip %q suggests more tp, but tp %d fills the node", tc.zero, tc.dp, part.name, tip, p.Config.TP)
+				}
 			}
 		}
 	}

@@ -218,7 +218,7 @@ func WriteSearchText(w io.Writer, cl topology.Cluster, m topology.Model, res Sea
 	}
 	b.WriteString("\n")
 	if len(res.Top) == 0 {
-		b.WriteString("no layout fits: try more GPUs, a larger --global-batch split, or --offload-optimizer\n")
+		fmt.Fprintf(b, "no layout fits: %s\n", res.NoFit)
 	} else {
 		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "#\ttp\tpp\tdp\tvpp\tzero\tmb\trecompute\tschedule\tstep s\tTFLOP/s/GPU\tbubble\tmem GiB")

@@ -29,6 +29,9 @@ type SearchResult struct {
 	Why string
 	// Fixed lists what the search was not allowed to change.
 	Fixed string
+	// NoFit says what could help when no layout fits: remedies not already
+	// in use.
+	NoFit string
 }
 
 // Search evaluates every candidate layout (topology.Candidates) and returns
@@ -36,6 +39,14 @@ type SearchResult struct {
 // less memory. progress, if not nil, is called every 1000 candidates.
 func Search(cl topology.Cluster, m topology.Model, base topology.Config, space topology.SearchSpace, top int, progress func(done int)) (SearchResult, error) {
 	res := SearchResult{Fixed: space.Fixed.String()}
+	tips := []string{"more GPUs", "a larger --global-batch split"}
+	if !base.OffloadOptimizer {
+		tips = append(tips, "--offload-optimizer")
+	}
+	if base.Recompute != topology.RecomputeFull && space.Fixed.Recompute != nil {
+		tips = append(tips, "--recompute full")
+	}
+	res.NoFit = "try " + strings.Join(tips[:len(tips)-1], ", ") + ", or " + tips[len(tips)-1]
 	var fits []Ranked
 	var firstErr error
 	e := newEvaluator()
