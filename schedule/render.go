@@ -88,13 +88,13 @@ func num(x float64) string { return strconv.FormatFloat(x, 'g', 6, 64) }
 // SVG layout, in pixels.
 const (
 	svgLeft    = 64   // room for the rank labels
-	svgTop     = 36   // room for the title
+	svgTop     = 50   // room for the title line and the legend line under it
 	svgRow     = 28   // height of one rank's row
 	svgGap     = 6    // space between rows
 	svgAxis    = 1000 // width of the time axis
 	svgRight   = 16
 	svgBottom  = 28 // room for the time ticks
-	svgMinText = 11 // narrowest box that gets its micro-batch number
+	svgMinText = 5  // narrowest box that gets its micro-batch number
 )
 
 // Fill colours of F, B and W boxes for chunk 0; later chunks are lighter.
@@ -122,23 +122,24 @@ func (r Result) RenderSVG(w io.Writer) error {
 		width, height, width, height)
 	fmt.Fprintf(bw, `<title>%s pipeline schedule, p=%d m=%d v=%d</title>`+"\n", r.Kind, r.Stages, r.MicroBatches, r.Virtual)
 	fmt.Fprintf(bw, `<rect width="%d" height="%d" fill="#ffffff"/>`+"\n", width, height)
-	fmt.Fprintf(bw, `<text x="%d" y="22" font-size="14">%s  p=%d m=%d v=%d  F=%s B=%s W=%s comm=%s  makespan %s  bubble %.2f%%</text>`+"\n",
-		svgLeft, r.Kind, r.Stages, r.MicroBatches, r.Virtual, num(r.Costs.F), num(r.Costs.B), num(r.Costs.W), num(r.Costs.Comm),
-		num(r.Makespan), 100*r.BubbleFraction)
-	// Legend, right-aligned on the title line: one swatch per pass kind.
+	u := r.timeUnit()
+	fmt.Fprintf(bw, `<text x="%d" y="18" font-size="14">%s  %d stages, %d micro-batches, %d chunks per rank  forward %s  backward %s  weight %s  hop %s  makespan %s  bubble %.2f%%</text>`+"\n",
+		svgLeft, r.Kind, r.Stages, r.MicroBatches, r.Virtual, u.format(r.Costs.F), u.format(r.Costs.B), u.format(r.Costs.W), u.format(r.Costs.Comm),
+		u.format(r.Makespan), 100*r.BubbleFraction)
+	// Legend, on its own line under the title: one swatch per pass kind.
 	kinds := []OpKind{Forward, Backward}
 	if r.Kind.SplitBackward() {
 		kinds = append(kinds, WeightGrad)
 	}
-	lx := svgLeft + svgAxis - 110*len(kinds)
-	if r.Virtual > 1 {
-		lx -= 150
-		fmt.Fprintf(bw, `<text x="%d" y="22" font-size="11">later chunks lighter</text>`+"\n", svgLeft+svgAxis-140)
-	}
 	for i, k := range kinds {
-		x := lx + 110*i
-		fmt.Fprintf(bw, `<rect x="%d" y="12" width="12" height="12" fill="%s"/><text x="%d" y="22" font-size="11">%s</text>`+"\n",
+		x := svgLeft + 110*i
+		fmt.Fprintf(bw, `<rect x="%d" y="28" width="12" height="12" fill="%s"/><text x="%d" y="38" font-size="11">%s</text>`+"\n",
 			x, fill(k, 0, r.Virtual), x+16, k)
+	}
+	if r.Virtual > 1 {
+		fmt.Fprintf(bw, `<text x="%d" y="38" font-size="11">later chunks lighter; box label: micro-batch</text>`+"\n", svgLeft+110*len(kinds))
+	} else {
+		fmt.Fprintf(bw, `<text x="%d" y="38" font-size="11">box label: micro-batch</text>`+"\n", svgLeft+110*len(kinds))
 	}
 	for rank, spans := range r.Timeline {
 		y := svgTop + rank*(svgRow+svgGap)
@@ -152,7 +153,7 @@ func (r Result) RenderSVG(w io.Writer) error {
 				sp.Kind, sp.MicroBatch, sp.Chunk, num(sp.Start), num(sp.End))
 			if bwid >= svgMinText {
 				fmt.Fprintf(bw, `<text x="%s" y="%d" text-anchor="middle" fill="#ffffff" font-size="%d">%d</text>`+"\n",
-					px(x+bwid/2), y+svgRow/2+4, min(12, int(bwid/2)+2), sp.MicroBatch)
+					px(x+bwid/2), y+svgRow/2+4, max(5, min(12, int(bwid)-1)), sp.MicroBatch)
 			}
 		}
 	}
@@ -164,11 +165,35 @@ func (r Result) RenderSVG(w io.Writer) error {
 		for t := 0.0; t <= r.Makespan*(1+1e-9); t += step {
 			x := svgLeft + t*scale
 			fmt.Fprintf(bw, `<line x1="%s" y1="%d" x2="%s" y2="%d" stroke="#000000"/>`+"\n", px(x), axisY, px(x), axisY+4)
-			fmt.Fprintf(bw, `<text x="%s" y="%d" text-anchor="middle" font-size="10">%s</text>`+"\n", px(x), axisY+16, num(t))
+			fmt.Fprintf(bw, `<text x="%s" y="%d" text-anchor="middle" font-size="10">%s</text>`+"\n", px(x), axisY+16, num(t*u.scale))
 		}
 	}
+	fmt.Fprintf(bw, `<text x="%d" y="%d" text-anchor="end" font-size="10">time (%s)</text>`+"\n", svgLeft-8, axisY+16, u.name)
 	fmt.Fprintln(bw, `</svg>`)
 	return bw.Flush()
+}
+
+// unit is how a renderer shows times: multiply by scale, append name.
+type unit struct {
+	scale float64
+	name  string
+}
+
+// timeUnit picks ms or s for costs in seconds (ms under a 1 s makespan),
+// and abstract "units" otherwise.
+func (r Result) timeUnit() unit {
+	switch {
+	case !r.Costs.Seconds:
+		return unit{1, "units"}
+	case r.Makespan < 1:
+		return unit{1e3, "ms"}
+	}
+	return unit{1, "s"}
+}
+
+// format writes x with the unit.
+func (u unit) format(x float64) string {
+	return strconv.FormatFloat(x*u.scale, 'g', 3, 64) + " " + u.name
 }
 
 // SVG returns RenderSVG's document as a string.

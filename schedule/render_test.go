@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -195,5 +196,69 @@ func TestRenderZeroResult(t *testing.T) {
 	}
 	if doc := res.SVG(); !strings.HasPrefix(doc, "<svg") || !strings.HasSuffix(doc, "</svg>\n") {
 		t.Errorf("empty result SVG is not a document: %q", doc)
+	}
+}
+
+// TestRenderSVGLabels: the title and the legend do not share a line, times
+// carry their unit (ms for a planner's seconds under one second, "units"
+// for abstract costs) and the time axis is labelled.
+func TestRenderSVGLabels(t *testing.T) {
+	for _, tc := range []struct {
+		c         Costs
+		unit, axe string
+	}{
+		{Costs{F: 0.002, B: 0.004, Comm: 0.0001, Seconds: true}, "ms", "time (ms)"},
+		{Costs{F: 1, B: 2}, "units", "time (units)"},
+	} {
+		res := mustSimulate(t, OneFOneB, 4, 8, 1, tc.c)
+		dec := xml.NewDecoder(strings.NewReader(res.SVG()))
+		var texts []struct{ y, body string }
+		var cur *struct{ y, body string }
+		for {
+			tok, err := dec.Token()
+			if err != nil {
+				break
+			}
+			switch v := tok.(type) {
+			case xml.StartElement:
+				if v.Name.Local == "text" {
+					texts = append(texts, struct{ y, body string }{})
+					cur = &texts[len(texts)-1]
+					for _, a := range v.Attr {
+						if a.Name.Local == "y" {
+							cur.y = a.Value
+						}
+					}
+				}
+			case xml.CharData:
+				if cur != nil {
+					cur.body += string(v)
+				}
+			case xml.EndElement:
+				cur = nil
+			}
+		}
+		var titleY string
+		legendYs := map[string]bool{}
+		axis := false
+		for _, tx := range texts {
+			switch {
+			case strings.Contains(tx.body, "makespan"):
+				titleY = tx.y
+				if !strings.Contains(tx.body, "makespan "+strconv.FormatFloat(res.Makespan*map[string]float64{"ms": 1e3, "units": 1}[tc.unit], 'g', 3, 64)+" "+tc.unit) {
+					t.Errorf("title %q: makespan without its unit %s", tx.body, tc.unit)
+				}
+			case tx.body == Forward.String() || tx.body == Backward.String():
+				legendYs[tx.y] = true
+			case tx.body == tc.axe:
+				axis = true
+			}
+		}
+		if titleY == "" || legendYs[titleY] || len(legendYs) == 0 {
+			t.Errorf("title at y=%s, legend at %v: want them on different lines", titleY, legendYs)
+		}
+		if !axis {
+			t.Errorf("no axis label %q", tc.axe)
+		}
 	}
 }

@@ -23,6 +23,9 @@ type Costs struct {
 	// after the producing pass ends. Transfers between chunks on the same
 	// rank are free.
 	Comm float64
+	// Seconds says the costs are seconds (the planner's); false means
+	// abstract units. Renderers label times accordingly.
+	Seconds bool
 }
 
 // Validate names the first field that cannot work.

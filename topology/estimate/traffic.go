@@ -106,7 +106,7 @@ func stageCosts(p *topology.Plan, l groupLinks, kind schedule.Kind, eff efficien
 	if c.PP > 1 {
 		hop = hopTime(ppMessage(p), l.pp)
 	}
-	costs := schedule.Costs{F: fwd + fComm, B: 2*fwd + re + bComm, Comm: hop}
+	costs := schedule.Costs{F: fwd + fComm, B: 2*fwd + re + bComm, Comm: hop, Seconds: true}
 	if kind.SplitBackward() {
 		// The input-gradient pass does half the backward matmuls; the
 		// weight-gradient pass the other half (Qi et al. 2023, Sec. 2).
