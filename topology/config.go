@@ -52,6 +52,9 @@ type Config struct {
 	FlashAttention bool `json:"flash_attention"`
 	// OffloadOptimizer keeps optimizer state in host memory.
 	OffloadOptimizer bool `json:"offload_optimizer"`
+	// HeadroomGiB is GPU memory a plan must leave free to fit (for the
+	// allocator, fragmentation, what the model does not count).
+	HeadroomGiB float64 `json:"headroom_gib,omitempty"`
 	// Precision is the training precision.
 	Precision Precision `json:"precision"`
 	// Order is the rank order, fastest axis first (see ParseOrder).

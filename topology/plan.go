@@ -96,6 +96,9 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 				m.Layers, cfg.PP*cfg.VPP, cfg.PP, cfg.VPP)
 		}
 	}
+	if !(cfg.HeadroomGiB >= 0 && cfg.HeadroomGiB < cl.GPUMemoryGiB) {
+		return nil, invalid("headroom %g GiB: want at least 0 and less than the GPU's %g GiB", cfg.HeadroomGiB, cl.GPUMemoryGiB)
+	}
 	if cfg.MicroBatch < 1 {
 		return nil, invalid("micro-batch %d: must be at least 1", cfg.MicroBatch)
 	}

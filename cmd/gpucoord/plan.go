@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"gpucoord/schedule"
 	"gpucoord/topology"
@@ -21,11 +24,14 @@ func init() { subcommands = append(subcommands, newPlanCmd) }
 type planFlags struct {
 	cluster, model, order, schedule, recompute, precision, svg string
 	nodes, gpusPerNode                                         int
-	layers, hidden, heads, ffn, vocab, seq                     int
+	layers, hidden, heads, ffn, vocab, seq, kvHeads            int
+	gated, untied                                              bool
+	positions                                                  string
 	params                                                     float64
 	cfg                                                        topology.Config
 	auto, json                                                 bool
 	top                                                        int
+	headroom                                                   string
 }
 
 func newPlanCmd() *cobra.Command {
@@ -41,7 +47,13 @@ time, and whether it fits; --auto searches every valid layout and ranks those th
 
 Clusters: a preset (` + strings.Join(topology.ClusterPresets(), ", ") + `) or a YAML file.
 Models:   a preset (` + strings.Join(topology.ModelPresets(), ", ") + `),
-          a YAML file, an architecture (--layers --hidden --heads --vocab --seq), or --params N.
+          a YAML file, an architecture (--layers --hidden --heads --vocab --seq, with
+          --kv-heads and --gated-mlp for Llama-style models), or --params N.
+          Megatron-LM's names work too: --num-layers, --hidden-size,
+          --num-attention-heads, --ffn-hidden-size, --seq-length, --num-query-groups,
+          --swiglu, --untie-embeddings-and-output-weights, --position-embedding-type,
+          --tensor-model-parallel-size, --pipeline-model-parallel-size,
+          --micro-batch-size, --global-batch-size.
 Formulas and sources: docs/PLANNING.md.
 
 Exit status: 0 the plan fits, 3 it does not fit (printed in full with the reasons),
@@ -54,6 +66,13 @@ Exit status: 0 the plan fits, 3 it does not fit (printed in full with the reason
 		RunE: func(cmd *cobra.Command, _ []string) error { return runPlan(cmd, f) },
 	}
 	fl := cmd.Flags()
+	// Megatron-LM's names are aliases of ours.
+	fl.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		if ours := megatronNames[name]; ours != "" {
+			return pflag.NormalizedName(ours)
+		}
+		return pflag.NormalizedName(name)
+	})
 	fl.StringVar(&f.cluster, "cluster", "dgx-h100", "cluster preset or YAML file")
 	fl.IntVar(&f.nodes, "nodes", 0, "override the cluster's node count")
 	fl.IntVar(&f.gpusPerNode, "gpus-per-node", 0, "override the cluster's GPUs per node")
@@ -79,6 +98,11 @@ Exit status: 0 the plan fits, 3 it does not fit (printed in full with the reason
 	fl.BoolVar(&f.cfg.OffloadOptimizer, "offload-optimizer", false, "keep optimizer state in host memory")
 	fl.StringVar(&f.precision, "precision", string(topology.PrecisionBF16), "bf16 or fp16 (mixed, with fp32 Adam) or fp32")
 	fl.StringVar(&f.order, "order", topology.DefaultOrder, "rank order, fastest axis first, or pipe-data-model (DeepSpeed)")
+	fl.StringVar(&f.headroom, "headroom", "", "GPU memory a plan must leave free to fit: GiB (8, 8GiB) or a share of the GPU (10%)")
+	fl.IntVar(&f.kvHeads, "kv-heads", 0, "key/value heads for grouped-query attention (overrides the model)")
+	fl.BoolVar(&f.gated, "gated-mlp", false, "gated MLP, SwiGLU's three matrices (overrides the model)")
+	fl.BoolVar(&f.untied, "untied-embeddings", false, "the output layer has its own vocab x hidden matrix (overrides the model)")
+	fl.StringVar(&f.positions, "position-embedding", "", "learned (GPT) or rope (no parameters; default for --kv-heads/--gated-mlp models) (overrides the model)")
 	fl.BoolVar(&f.auto, "auto", false, "search every valid layout and rank the ones that fit")
 	fl.IntVar(&f.top, "top", 5, "with --auto, how many plans to print")
 	fl.BoolVar(&f.json, "json", false, "print JSON for scripts")
@@ -106,7 +130,8 @@ func (f *planFlags) resolve(cmd *cobra.Command) (topology.Cluster, topology.Mode
 	if changed("gpus-per-node") {
 		cl.GPUsPerNode = f.gpusPerNode
 	}
-	arch := changed("layers") || changed("hidden") || changed("heads") || changed("ffn") || changed("vocab") || changed("seq")
+	arch := changed("layers") || changed("hidden") || changed("heads") || changed("ffn") || changed("vocab") || changed("seq") ||
+		changed("kv-heads") || changed("gated-mlp") || changed("untied-embeddings") || changed("position-embedding")
 	switch {
 	case f.model != "":
 		if m, err = topology.LoadModel(f.model); err != nil {
@@ -127,10 +152,32 @@ func (f *planFlags) resolve(cmd *cobra.Command) (topology.Cluster, topology.Mode
 		dst  *int
 		val  int
 	}{{"layers", &m.Layers, f.layers}, {"hidden", &m.Hidden, f.hidden}, {"heads", &m.Heads, f.heads},
-		{"ffn", &m.FFN, f.ffn}, {"vocab", &m.Vocab, f.vocab}, {"seq", &m.Seq, f.seq}} {
+		{"ffn", &m.FFN, f.ffn}, {"vocab", &m.Vocab, f.vocab}, {"seq", &m.Seq, f.seq}, {"kv-heads", &m.KVHeads, f.kvHeads}} {
 		if changed(o.flag) {
 			*o.dst = o.val
 		}
+	}
+	if changed("gated-mlp") {
+		m.GatedMLP = f.gated
+	}
+	if changed("untied-embeddings") {
+		m.UntiedEmbeddings = f.untied
+	}
+	switch f.positions {
+	case "":
+	case "learned":
+		m.LearnedPositions = true
+	case "rope":
+		m.LearnedPositions = false
+	default:
+		return cl, m, cfg, usageError(fmt.Errorf("--position-embedding %q: want learned or rope", f.positions))
+	}
+	if f.headroom != "" {
+		h, err := parseHeadroom(f.headroom, cl.GPUMemoryGiB)
+		if err != nil {
+			return cl, m, cfg, usageError(err)
+		}
+		cfg.HeadroomGiB = h
 	}
 	if changed("params") {
 		if m.Layers != 0 {
@@ -143,6 +190,40 @@ func (f *planFlags) resolve(cmd *cobra.Command) (topology.Cluster, topology.Mode
 	cfg.Precision = topology.Precision(f.precision)
 	cfg.Order = f.order
 	return cl, m, cfg, nil
+}
+
+// parseHeadroom reads --headroom: GiB ("8", "8GiB", "8G") or a share of a
+// GPU of gpuGiB ("10%").
+func parseHeadroom(s string, gpuGiB float64) (float64, error) {
+	v := strings.TrimSpace(s)
+	pct := strings.HasSuffix(v, "%")
+	v = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(v, "%"), "GiB"), "G"), " ")
+	x, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(x >= 0) || math.IsInf(x, 0) || (pct && x >= 100) {
+		return 0, fmt.Errorf("--headroom %q: want GiB (8, 8GiB) or a share of the GPU below 100%% (10%%)", s)
+	}
+	if pct {
+		return x / 100 * gpuGiB, nil
+	}
+	return x, nil
+}
+
+// megatronNames maps Megatron-LM's argument names onto plan's flags, so a
+// Megatron command line's sizes can be pasted as they are.
+var megatronNames = map[string]string{
+	"num-layers":                          "layers",
+	"hidden-size":                         "hidden",
+	"num-attention-heads":                 "heads",
+	"ffn-hidden-size":                     "ffn",
+	"seq-length":                          "seq",
+	"num-query-groups":                    "kv-heads",
+	"swiglu":                              "gated-mlp",
+	"untie-embeddings-and-output-weights": "untied-embeddings",
+	"position-embedding-type":             "position-embedding",
+	"tensor-model-parallel-size":          "tp",
+	"pipeline-model-parallel-size":        "pp",
+	"micro-batch-size":                    "micro-batch",
+	"global-batch-size":                   "global-batch",
 }
 
 // isInput reports whether err is the user's input being wrong.

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -234,5 +236,81 @@ func TestPlanAutoKeepsFixedFlags(t *testing.T) {
 	text, _, _ := runCLI(t, "plan", "--model", "gpt-13b", "--nodes", "4", "--auto", "--tp", "8", "--zero", "0", "--schedule", "gpipe")
 	if !strings.Contains(text, "fixed by the flags given: tp 8, zero 0, schedule gpipe") {
 		t.Errorf("text output does not say what was fixed:\n%s", text)
+	}
+}
+
+// TestPlanArchitectureFlags: Megatron-LM's argument names give the same
+// plan as ours, and --kv-heads, --gated-mlp, --untied-embeddings and
+// --position-embedding rope describe a Llama-style model exactly as its
+// preset does.
+func TestPlanArchitectureFlags(t *testing.T) {
+	ours, code, err := runCLI(t, "plan", "--layers", "40", "--hidden", "5120", "--heads", "40", "--seq", "2048", "--vocab", "51200",
+		"--tp", "8", "--pp", "4", "--micro-batch", "1", "--global-batch", "16", "--nodes", "4", "--json")
+	if code != 0 {
+		t.Fatalf("ours: exit %d (%v)", code, err)
+	}
+	megatron, code, err := runCLI(t, "plan", "--num-layers", "40", "--hidden-size", "5120", "--num-attention-heads", "40", "--seq-length", "2048",
+		"--vocab", "51200", "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "4", "--micro-batch-size", "1",
+		"--global-batch-size", "16", "--nodes", "4", "--json")
+	if code != 0 {
+		t.Fatalf("megatron names: exit %d (%v)", code, err)
+	}
+	if ours != megatron {
+		t.Error("Megatron-LM's flag names give another plan than ours")
+	}
+	llama, _ := topology.ModelPreset("llama-70b")
+	arch := []string{"--layers", strconv.Itoa(llama.Layers), "--hidden", strconv.Itoa(llama.Hidden), "--heads", strconv.Itoa(llama.Heads),
+		"--ffn", strconv.Itoa(llama.FFN), "--vocab", strconv.Itoa(llama.Vocab), "--seq", strconv.Itoa(llama.Seq), "--nodes", "8", "--tp", "8", "--pp", "2", "--json"}
+	params := func(args ...string) float64 {
+		t.Helper()
+		out, _, err := runCLI(t, append([]string{"plan"}, args...)...)
+		var doc struct {
+			Model struct {
+				Total float64 `json:"total_params"`
+			} `json:"model"`
+		}
+		if json.Unmarshal([]byte(out), &doc) != nil || doc.Model.Total == 0 {
+			t.Fatalf("plan %v: no parameter count (%v):\n%.400s", args, err, out)
+		}
+		return doc.Model.Total
+	}
+	preset := params("--model", "llama-70b", "--nodes", "8", "--tp", "8", "--pp", "2", "--json")
+	flags := params(append(arch, "--kv-heads", strconv.Itoa(llama.KVHeadCount()), "--gated-mlp", "--untied-embeddings", "--position-embedding", "rope")...)
+	plain := params(arch...)
+	if flags != preset || plain == preset {
+		t.Errorf("params: preset %.6g, flags with --kv-heads/--gated-mlp %.6g, without %.6g: want the first two equal and the third different", preset, flags, plain)
+	}
+}
+
+// TestPlanHeadroomAndMFU: --headroom keeps memory free when deciding fit,
+// says so, and refuses bad values; MFU is TFLOP/s per GPU over the
+// cluster's peak (989 for an H100).
+func TestPlanHeadroomAndMFU(t *testing.T) {
+	base := []string{"plan", "--cluster", "../../examples/clusters/dgx-h100-32.yaml", "--model", "gpt-13b", "--tp", "8", "--pp", "4", "--zero", "1"}
+	out, code, _ := runCLI(t, append(base, "--headroom", "5")...)
+	if code != 0 || !strings.Contains(out, "capacity 80.0, 5.0 kept free as headroom") || !strings.Contains(out, "of 75.0 GiB") {
+		t.Errorf("--headroom 5: exit %d\n%s", code, out)
+	}
+	out, code, _ = runCLI(t, append(base, "--headroom", "90%")...)
+	if code != exitNoFit || !strings.Contains(out, "8.0 GiB usable (80.0 GiB less 72.0 GiB headroom)") {
+		t.Errorf("--headroom 90%%: exit %d, want %d with the headroom in the reason\n%s", code, exitNoFit, out)
+	}
+	for _, bad := range []string{"-1", "100%", "lots", "80"} {
+		if _, code, err := runCLI(t, append(base, "--headroom", bad)...); code != exitUsage {
+			t.Errorf("--headroom %s: exit %d (%v), want %d", bad, code, err, exitUsage)
+		}
+	}
+	out, _, _ = runCLI(t, append(base, "--json")...)
+	var doc struct {
+		Step struct {
+			TFLOPS float64 `json:"tflops_per_gpu"`
+			MFU    float64 `json:"mfu"`
+		} `json:"step"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Step.MFU == 0 || math.Abs(doc.Step.MFU-doc.Step.TFLOPS/989) > 1e-12 {
+		t.Errorf("mfu %v, want tflops %v / 989", doc.Step.MFU, doc.Step.TFLOPS)
 	}
 }

@@ -77,6 +77,9 @@ type MemoryReport struct {
 	Stages []Memory `json:"stages"`
 	// CapacityBytes is one GPU's memory.
 	CapacityBytes float64 `json:"capacity_bytes"`
+	// UsableBytes is what a plan may use: CapacityBytes less the headroom
+	// asked for. Fits compares against it.
+	UsableBytes float64 `json:"usable_bytes"`
 	// HostOptimizerBytes is the optimizer state offloaded per node.
 	HostOptimizerBytes float64 `json:"host_optimizer_bytes_per_node,omitempty"`
 }
@@ -124,6 +127,10 @@ type Step struct {
 	Seconds float64 `json:"seconds,omitempty"`
 	// TFLOPSPerGPU is FLOPs / (Seconds * world) / 1e12.
 	TFLOPSPerGPU float64 `json:"tflops_per_gpu,omitempty"`
+	// MFU is the model FLOPs utilisation: TFLOPSPerGPU over the cluster's
+	// dense bf16/fp16 peak per GPU (PaLM's definition, Chowdhery et al.
+	// 2022, App. B, with recomputation counted as Eq. 3 counts it).
+	MFU float64 `json:"mfu,omitempty"`
 	// PipelineSeconds is the simulated schedule makespan (compute, TP
 	// communication and pipeline sends, bubble included).
 	PipelineSeconds float64 `json:"pipeline_seconds,omitempty"`
@@ -199,7 +206,7 @@ func (e *evaluator) memory(p *topology.Plan) (Report, built, error) {
 		return Report{}, b, fmt.Errorf("%w: %w", topology.ErrInvalid, err)
 	}
 	r := Report{
-		Memory: MemoryReport{CapacityBytes: p.Cluster.CapacityBytes()},
+		Memory: MemoryReport{CapacityBytes: p.Cluster.CapacityBytes(), UsableBytes: p.Cluster.CapacityBytes() - p.Config.HeadroomGiB*topology.GiB},
 		Pipeline: Pipeline{Schedule: c.Schedule, Stages: c.PP, Virtual: c.VPP, Microbatches: p.Microbatches(),
 			PeakInFlight: b.inFlight},
 	}

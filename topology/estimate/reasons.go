@@ -16,17 +16,21 @@ func gib(b float64) string { return fmt.Sprintf("%.1f GiB", b/topology.GiB) }
 func reasons(p *topology.Plan, r Report) []string {
 	out := []string{} // JSON [] rather than null when it fits
 	for st, m := range r.Memory.Stages {
-		if m.Total <= r.Memory.CapacityBytes {
+		if m.Total <= r.Memory.UsableBytes {
 			continue
 		}
 		part, bytes := largestPart(m)
-		msg := fmt.Sprintf("does not fit: stage %d needs %s of %s (%s %s", st, gib(m.Total), gib(r.Memory.CapacityBytes), part, gib(bytes))
+		of := gib(r.Memory.CapacityBytes)
+		if r.Memory.UsableBytes < r.Memory.CapacityBytes {
+			of = fmt.Sprintf("%s usable (%s less %s headroom)", gib(r.Memory.UsableBytes), gib(r.Memory.CapacityBytes), gib(r.Memory.CapacityBytes-r.Memory.UsableBytes))
+		}
+		msg := fmt.Sprintf("does not fit: stage %d needs %s of %s (%s %s", st, gib(m.Total), of, part, gib(bytes))
 		if tips := remedies(p, part); len(tips) > 0 {
 			msg += "; try " + strings.Join(tips, " or ")
 		}
 		out = append(out, msg+")")
 		if len(out) == 3 && st < len(r.Memory.Stages)-1 {
-			if n := countOver(r.Memory.Stages[st+1:], r.Memory.CapacityBytes); n == 1 {
+			if n := countOver(r.Memory.Stages[st+1:], r.Memory.UsableBytes); n == 1 {
 				out = append(out, "and 1 more stage does not fit")
 			} else {
 				out = append(out, fmt.Sprintf("and %d more stages do not fit", n))

@@ -104,7 +104,11 @@ func WriteText(w io.Writer, p *topology.Plan, r Report) error {
 	}
 
 	mr := r.Memory
-	fmt.Fprintf(b, "\nmemory per GPU (GiB; capacity %.1f)\n", mr.CapacityBytes/topology.GiB)
+	if mr.UsableBytes < mr.CapacityBytes {
+		fmt.Fprintf(b, "\nmemory per GPU (GiB; capacity %.1f, %.1f kept free as headroom)\n", mr.CapacityBytes/topology.GiB, (mr.CapacityBytes-mr.UsableBytes)/topology.GiB)
+	} else {
+		fmt.Fprintf(b, "\nmemory per GPU (GiB; capacity %.1f)\n", mr.CapacityBytes/topology.GiB)
+	}
 	tw = tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "  stage\tparams\tgrads\toptimizer\tactivations\tother\ttotal\tin flight\t")
 	for st := 0; st < len(mr.Stages); st++ {
@@ -137,13 +141,13 @@ func WriteText(w io.Writer, p *topology.Plan, r Report) error {
 		tw.Flush()
 	}
 	if st := r.Step; st.Seconds > 0 {
-		fmt.Fprintf(b, "\nstep     %.3g FLOPs, %.3f s (pipeline %.3f s + output layer %.3f s + data-parallel %.3f s), %.0f TFLOP/s per GPU, %.0f tokens/s\n",
-			st.FLOPs, st.Seconds, st.PipelineSeconds, st.OutputSeconds, st.DPSeconds, st.TFLOPSPerGPU, st.TokensPerSecond)
+		fmt.Fprintf(b, "\nstep     %.3g FLOPs, %.3f s (pipeline %.3f s + output layer %.3f s + data-parallel %.3f s), %.0f TFLOP/s per GPU (MFU %.1f%%), %.0f tokens/s\n",
+			st.FLOPs, st.Seconds, st.PipelineSeconds, st.OutputSeconds, st.DPSeconds, st.TFLOPSPerGPU, 100*st.MFU, st.TokensPerSecond)
 	} else {
 		b.WriteString("\nstep     no time estimate for a bare parameter count (give an architecture)\n")
 	}
 	if r.Fits {
-		fmt.Fprintf(b, "fits     yes: worst stage %d uses %.1f of %.1f GiB\n", mr.WorstStage, mr.PerGPU.Total/topology.GiB, mr.CapacityBytes/topology.GiB)
+		fmt.Fprintf(b, "fits     yes: worst stage %d uses %.1f of %.1f GiB\n", mr.WorstStage, mr.PerGPU.Total/topology.GiB, mr.UsableBytes/topology.GiB)
 	} else {
 		b.WriteString("fits     NO\n")
 		for _, why := range r.Reasons {
@@ -221,11 +225,11 @@ func WriteSearchText(w io.Writer, cl topology.Cluster, m topology.Model, res Sea
 		fmt.Fprintf(b, "no layout fits: %s\n", res.NoFit)
 	} else {
 		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "#\ttp\tpp\tdp\tvpp\tzero\tmb\trecompute\tschedule\tstep s\tTFLOP/s/GPU\tbubble\tmem GiB")
+		fmt.Fprintln(tw, "#\ttp\tpp\tdp\tvpp\tzero\tmb\trecompute\tschedule\tstep s\tTFLOP/s/GPU\tMFU\tbubble\tmem GiB")
 		for i, t := range res.Top {
 			c := t.Plan.Config
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%.3f\t%.0f\t%.1f%%\t%.1f\n", i+1, c.TP, c.PP, c.DP, c.VPP, c.Zero, c.MicroBatch,
-				c.Recompute, c.Schedule, t.Report.Step.Seconds, t.Report.Step.TFLOPSPerGPU, 100*t.Report.Pipeline.BubbleFraction,
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%.3f\t%.0f\t%.1f%%\t%.1f%%\t%.1f\n", i+1, c.TP, c.PP, c.DP, c.VPP, c.Zero, c.MicroBatch,
+				c.Recompute, c.Schedule, t.Report.Step.Seconds, t.Report.Step.TFLOPSPerGPU, 100*t.Report.Step.MFU, 100*t.Report.Pipeline.BubbleFraction,
 				t.Report.Memory.PerGPU.Total/topology.GiB)
 		}
 		tw.Flush()

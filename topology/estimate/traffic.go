@@ -200,6 +200,9 @@ func step(p *topology.Plan, makespan float64, tr []Traffic, eff efficiency) Step
 	s.OutputSeconds = float64(p.Microbatches()*c.MicroBatch) * 3 * logitFLOPs(m) / rate
 	s.Seconds = s.PipelineSeconds + s.OutputSeconds + s.DPSeconds
 	s.TFLOPSPerGPU = s.FLOPs / (s.Seconds * float64(p.World())) / 1e12
+	if p.Cluster.PeakTFLOPS > 0 {
+		s.MFU = s.TFLOPSPerGPU / p.Cluster.PeakTFLOPS
+	}
 	s.TokensPerSecond = float64(c.GlobalBatch*m.Seq) / s.Seconds
 	return s
 }
