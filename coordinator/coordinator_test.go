@@ -673,3 +673,33 @@ func waitJob(t *testing.T, c pb.CoordinatorClient, id string, ok func(*pb.JobSta
 	t.Fatalf("job %s did not get there within 10s", id)
 	return nil
 }
+
+// TestFollowCompacted: a Follow resumed from a revision etcd has compacted
+// away is OutOfRange (launch then follows from now), not a hang.
+func TestFollowCompacted(t *testing.T) {
+	eps := testEtcd(t)
+	co, _ := testCoordinator(t, eps, nil)
+	c := client(t, co.Addr(), "")
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 9, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	e, err := OpenEtcd(t.Context(), EtcdConfig{Endpoints: eps, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	resp, err := e.Client.Put(t.Context(), "/unrelated", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Client.Compact(t.Context(), resp.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := c.Follow(t.Context(), &pb.FollowRequest{Job: "j", FromRevision: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); status.Code(err) != codes.OutOfRange {
+		t.Errorf("follow from a compacted revision: err = %v, want OutOfRange", err)
+	}
+}

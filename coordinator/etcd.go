@@ -129,6 +129,10 @@ func startEmbedded(dir string, timeout time.Duration) (*embed.Etcd, error) {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*lc}, []url.URL{*lc}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*lp}, []url.URL{*lp}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	// Every step writes progress: keep an hour of history (enough for a
+	// launch that lost its coordinator to resume its Follow stream) and
+	// compact the rest, so a long job does not grow the database forever.
+	cfg.AutoCompactionMode, cfg.AutoCompactionRetention = embed.CompactorModePeriodic, "1h"
 	os.Remove(dir + "/peer.sock")
 	srv, err := embed.StartEtcd(cfg)
 	if err != nil {

@@ -542,6 +542,13 @@ func (f *follower) run(ctx context.Context) error {
 		if st != nil {
 			return f.finish(st)
 		}
+		if status.Code(err) == codes.OutOfRange {
+			// The history since our last event is compacted: follow from
+			// now (the steps in between are not shown again).
+			fmt.Fprintf(f.progress, "coordinator %s: %s; following from now\n", f.addrs[i], status.Convert(err).Message())
+			f.nextRev = 0
+			continue
+		}
 		if time.Since(lastContact) > time.Minute {
 			return fmt.Errorf("lost the coordinators (%s) for a minute: %v; the job may still run: gpucoord status", strings.Join(f.addrs, ","), err)
 		}
