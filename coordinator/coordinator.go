@@ -65,6 +65,9 @@ type Config struct {
 	StragglerFactor float64
 	// StragglerWindows ... in this many consecutive reported windows.
 	StragglerWindows int
+	// KeepJobs is how many ended jobs etcd keeps (for status); the leader
+	// deletes the oldest beyond it, so state does not grow forever.
+	KeepJobs int
 	// Tick is the leader's reconcile interval for time-based decisions
 	// (rendezvous timeouts, last call); changes in etcd act at once.
 	Tick time.Duration
@@ -84,6 +87,7 @@ func DefaultConfig() *Config {
 		StableFor:        2 * time.Second,
 		StragglerFactor:  2,
 		StragglerWindows: 3,
+		KeepJobs:         100,
 		Tick:             200 * time.Millisecond,
 		Etcd:             EtcdConfig{DialTimeout: 5 * time.Second},
 		Gossip:           "127.0.0.1:0",
@@ -98,6 +102,8 @@ func (c *Config) Validate() error {
 		return errorf(ErrInvalid, "lease TTL %s: want whole seconds, at least 2s (etcd's lease granularity)", c.LeaseTTL)
 	case c.ElectionTTL < 2*time.Second || c.ElectionTTL%time.Second != 0:
 		return errorf(ErrInvalid, "election TTL %s: want whole seconds, at least 2s", c.ElectionTTL)
+	case c.KeepJobs < 0:
+		return errorf(ErrInvalid, "keep jobs %d: want 0 or more", c.KeepJobs)
 	case c.StragglerFactor <= 1 || c.StragglerWindows < 1:
 		return errorf(ErrInvalid, "straggler factor %g and windows %d: want a factor above 1 and at least 1 window", c.StragglerFactor, c.StragglerWindows)
 	case c.FailureSettle < 0 || c.Tick < time.Millisecond:

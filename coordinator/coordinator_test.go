@@ -703,3 +703,29 @@ func TestFollowCompacted(t *testing.T) {
 		t.Errorf("follow from a compacted revision: err = %v, want OutOfRange", err)
 	}
 }
+
+// TestEndedJobsForgotten: beyond KeepJobs ended jobs, the oldest leave
+// etcd; running ones stay.
+func TestEndedJobsForgotten(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.KeepJobs = 1 })
+	c := client(t, co.Addr(), "")
+	for _, id := range []string{"a", "b"} {
+		s := spec(id, 9, 4)
+		s.RendezvousTimeoutMs = 1
+		c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
+		final(t, c, id)
+	}
+	c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("c", 9, 4)}) // pending: kept
+	waitJob(t, c, "c", func(j *pb.JobStatus) bool { return strings.Contains(j.State.GetReason(), "waiting for nodes") })
+	st, err := c.Status(t.Context(), &pb.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, j := range st.Jobs {
+		ids = append(ids, j.Spec.Id)
+	}
+	if strings.Join(ids, ",") != "b,c" {
+		t.Errorf("jobs %v, want b (the newest ended) and c (pending)", ids)
+	}
+}

@@ -118,6 +118,9 @@ func (l *leader) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := l.forgetEnded(ctx, snap); err != nil {
+		return err
+	}
 	busy := snap.busy()
 	now := time.Now()
 	for name, rev := range snap.nodeRev {
@@ -144,6 +147,23 @@ func (l *leader) reconcile(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("job %s: %w", j.spec.Id, err)
 		}
+	}
+	return nil
+}
+
+// forgetEnded deletes every key of the oldest ended jobs beyond KeepJobs.
+func (l *leader) forgetEnded(ctx context.Context, snap *snapshot) error {
+	var ended []*job
+	for _, j := range snap.jobs { // in submission order
+		if j.terminal() {
+			ended = append(ended, j)
+		}
+	}
+	for _, j := range ended[:max(0, len(ended)-l.cfg.KeepJobs)] {
+		if _, err := l.etcd.Client.Delete(ctx, l.k.job(j.spec.Id), clientv3.WithPrefix()); err != nil {
+			return err
+		}
+		l.log.Info("ended job forgotten", "job", j.spec.Id, "phase", j.state.GetPhase())
 	}
 	return nil
 }
