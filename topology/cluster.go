@@ -2,6 +2,7 @@ package topology
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"sort"
 	"strings"
@@ -34,6 +35,9 @@ type Cluster struct {
 	InterNodeGBps float64 `yaml:"inter_node_gbps" json:"inter_node_gbps"`
 	// HostMemoryGiB is one node's CPU memory in GiB, used for optimizer offload.
 	HostMemoryGiB float64 `yaml:"host_memory_gib" json:"host_memory_gib"`
+	// MemoryGBps is one GPU's memory bandwidth in GB/s (the optimizer
+	// update is bound by it); zero leaves the optimizer out of the step.
+	MemoryGBps float64 `yaml:"memory_gbps" json:"memory_gbps,omitempty"`
 }
 
 // World returns the number of GPUs.
@@ -69,6 +73,8 @@ func (c Cluster) Validate() error {
 		return invalid("cluster inter_node_gbps %g: must be positive for a multi-node cluster", c.InterNodeGBps)
 	case c.HostMemoryGiB < 0:
 		return invalid("cluster host_memory_gib %g: must not be negative", c.HostMemoryGiB)
+	case !(c.MemoryGBps >= 0) || math.IsInf(c.MemoryGBps, 0):
+		return invalid("cluster memory_gbps %g: must be a bandwidth in GB/s, or 0 to leave the optimizer out of the step", c.MemoryGBps)
 	}
 	d := c.Domain()
 	if d%c.GPUsPerNode != 0 && c.GPUsPerNode%d != 0 {
@@ -85,17 +91,18 @@ func (c Cluster) Validate() error {
 // docs/PLANNING.md for the sources.
 var clusterPresets = map[string]Cluster{
 	// DGX A100 80GB: 8x A100-SXM4-80GB, NVLink 3 (600 GB/s bidirectional),
-	// 8x 200 Gb/s HDR InfiniBand, 312 TFLOP/s dense bf16.
-	"dgx-a100": {Name: "dgx-a100", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 80, PeakTFLOPS: 312, NVLinkGBps: 300, InterNodeGBps: 25, HostMemoryGiB: 2048},
+	// 8x 200 Gb/s HDR InfiniBand, 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e.
+	"dgx-a100": {Name: "dgx-a100", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 80, PeakTFLOPS: 312, NVLinkGBps: 300, InterNodeGBps: 25, HostMemoryGiB: 2048, MemoryGBps: 2039},
 	// DGX H100: 8x H100-SXM5-80GB, NVLink 4 (900 GB/s bidirectional),
-	// 8x 400 Gb/s NDR InfiniBand, 989 TFLOP/s dense bf16.
-	"dgx-h100": {Name: "dgx-h100", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 80, PeakTFLOPS: 989, NVLinkGBps: 450, InterNodeGBps: 50, HostMemoryGiB: 2048},
-	// DGX H200: as DGX H100 with 141 GB HBM3e per GPU.
-	"dgx-h200": {Name: "dgx-h200", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 141, PeakTFLOPS: 989, NVLinkGBps: 450, InterNodeGBps: 50, HostMemoryGiB: 2048},
+	// 8x 400 Gb/s NDR InfiniBand, 989 TFLOP/s dense bf16, 3.35 TB/s HBM3.
+	"dgx-h100": {Name: "dgx-h100", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 80, PeakTFLOPS: 989, NVLinkGBps: 450, InterNodeGBps: 50, HostMemoryGiB: 2048, MemoryGBps: 3350},
+	// DGX H200: as DGX H100 with 141 GB HBM3e per GPU at 4.8 TB/s.
+	"dgx-h200": {Name: "dgx-h200", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 141, PeakTFLOPS: 989, NVLinkGBps: 450, InterNodeGBps: 50, HostMemoryGiB: 2048, MemoryGBps: 4800},
 	// GB200 NVL72: one rack of 18 compute trays with 4 B200 GPUs each, all 72
 	// in one NVLink 5 domain (1.8 TB/s bidirectional per GPU), 186 GB HBM3e
-	// usable per GPU, 2.5 PFLOP/s dense bf16, one 400 Gb/s NIC per GPU.
-	"gb200-nvl72": {Name: "gb200-nvl72", Nodes: 18, GPUsPerNode: 4, NVLinkDomain: 72, GPUMemoryGiB: 186, PeakTFLOPS: 2500, NVLinkGBps: 900, InterNodeGBps: 50, HostMemoryGiB: 960},
+	// usable per GPU at 8 TB/s, 2.5 PFLOP/s dense bf16, one 400 Gb/s NIC per
+	// GPU.
+	"gb200-nvl72": {Name: "gb200-nvl72", Nodes: 18, GPUsPerNode: 4, NVLinkDomain: 72, GPUMemoryGiB: 186, PeakTFLOPS: 2500, NVLinkGBps: 900, InterNodeGBps: 50, HostMemoryGiB: 960, MemoryGBps: 8000},
 }
 
 // ClusterPresets returns the names of the built-in clusters, sorted.

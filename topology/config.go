@@ -52,6 +52,10 @@ type Config struct {
 	FlashAttention bool `json:"flash_attention"`
 	// OffloadOptimizer keeps optimizer state in host memory.
 	OffloadOptimizer bool `json:"offload_optimizer"`
+	// Optimizer is the Adam implementation timed: OptimizerFused (one
+	// kernel, as Megatron-LM's and DeepSpeed's) or OptimizerMultiTensor
+	// (PyTorch's default foreach Adam, several passes over the state).
+	Optimizer Optimizer `json:"optimizer"`
 	// HeadroomGiB is GPU memory a plan must leave free to fit (for the
 	// allocator, fragmentation, what the model does not count).
 	HeadroomGiB float64 `json:"headroom_gib,omitempty"`
@@ -65,11 +69,25 @@ type Config struct {
 // 1F1B, micro-batch 1, no recomputation, flash attention on, Megatron order.
 func DefaultConfig() Config {
 	return Config{TP: 1, PP: 1, VPP: 1, MicroBatch: 1, Schedule: schedule.OneFOneB,
-		Recompute: RecomputeNone, FlashAttention: true, Precision: PrecisionBF16, Order: DefaultOrder}
+		Recompute: RecomputeNone, FlashAttention: true, Precision: PrecisionBF16, Order: DefaultOrder, Optimizer: OptimizerFused}
 }
+
+// Optimizer names an Adam implementation, for its time.
+type Optimizer string
+
+// The Adam implementations the planner times.
+const (
+	OptimizerFused       Optimizer = "fused"
+	OptimizerMultiTensor Optimizer = "multi-tensor"
+)
 
 // validateEnums checks the enumerated fields.
 func (c Config) validateEnums() error {
+	switch c.Optimizer {
+	case OptimizerFused, OptimizerMultiTensor, "": // "" is fused
+	default:
+		return invalid("optimizer %q: want fused or multi-tensor", c.Optimizer)
+	}
 	switch c.Recompute {
 	case RecomputeNone, RecomputeSelective, RecomputeFull:
 	default:

@@ -31,7 +31,7 @@ type planFlags struct {
 	cfg                                                        topology.Config
 	auto, json                                                 bool
 	top                                                        int
-	headroom                                                   string
+	headroom, optimizer                                        string
 }
 
 func newPlanCmd() *cobra.Command {
@@ -98,6 +98,7 @@ Exit status: 0 the plan fits, 3 it does not fit (printed in full with the reason
 	fl.BoolVar(&f.cfg.OffloadOptimizer, "offload-optimizer", false, "keep optimizer state in host memory")
 	fl.StringVar(&f.precision, "precision", string(topology.PrecisionBF16), "bf16 or fp16 (mixed, with fp32 Adam) or fp32")
 	fl.StringVar(&f.order, "order", topology.DefaultOrder, "rank order, fastest axis first, or pipe-data-model (DeepSpeed)")
+	fl.StringVar(&f.optimizer, "optimizer", string(topology.OptimizerFused), "Adam implementation the step time assumes: fused (Megatron-LM, DeepSpeed) or multi-tensor (PyTorch's default)")
 	fl.StringVar(&f.headroom, "headroom", "", "GPU memory a plan must leave free to fit: GiB (8, 8GiB) or a share of the GPU (10%)")
 	fl.IntVar(&f.kvHeads, "kv-heads", 0, "key/value heads for grouped-query attention (overrides the model)")
 	fl.BoolVar(&f.gated, "gated-mlp", false, "gated MLP, SwiGLU's three matrices (overrides the model)")
@@ -189,6 +190,7 @@ func (f *planFlags) resolve(cmd *cobra.Command) (topology.Cluster, topology.Mode
 	cfg.Recompute = topology.Recompute(f.recompute)
 	cfg.Precision = topology.Precision(f.precision)
 	cfg.Order = f.order
+	cfg.Optimizer = topology.Optimizer(f.optimizer)
 	return cl, m, cfg, nil
 }
 

@@ -20,7 +20,7 @@ const (
 	// non-GEMM work of a layer (layer norms, softmax, GeLU, dropout,
 	// residuals: O(sbh) memory-bound work against the GEMMs' O(sbh^2))
 	// would take as long as the GEMMs.
-	elementwiseHidden = 790
+	elementwiseHidden = 758
 	// LinkEfficiency is the fraction of a link's bandwidth a ring collective
 	// or a pipeline send sustains (NCCL bus bandwidth over link rate).
 	LinkEfficiency = 0.8
@@ -123,7 +123,7 @@ type Step struct {
 	// bare parameter count, which has no architecture to time.
 	FLOPs float64 `json:"flops,omitempty"`
 	// Seconds is the estimated wall time of one step: PipelineSeconds +
-	// OutputSeconds + DPSeconds.
+	// OutputSeconds + DPSeconds + OptimizerSeconds.
 	Seconds float64 `json:"seconds,omitempty"`
 	// TFLOPSPerGPU is FLOPs / (Seconds * world) / 1e12.
 	TFLOPSPerGPU float64 `json:"tflops_per_gpu,omitempty"`
@@ -137,6 +137,10 @@ type Step struct {
 	// OutputSeconds is the output layer's logits on the last stage, which
 	// the schedule's uniform per-chunk costs leave out.
 	OutputSeconds float64 `json:"output_seconds,omitempty"`
+	// OptimizerSeconds is the Adam update of the stage with the most
+	// optimizer state, bound by GPU memory bandwidth (0 when the cluster
+	// gives none, or the state is offloaded to the host).
+	OptimizerSeconds float64 `json:"optimizer_seconds,omitempty"`
 	// DPSeconds is the data-parallel gradient (and ZeRO) communication,
 	// taken as not overlapped with compute.
 	DPSeconds float64 `json:"dp_seconds"`

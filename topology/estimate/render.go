@@ -141,8 +141,8 @@ func WriteText(w io.Writer, p *topology.Plan, r Report) error {
 		tw.Flush()
 	}
 	if st := r.Step; st.Seconds > 0 {
-		fmt.Fprintf(b, "\nstep     %.3g FLOPs, %.3f s (pipeline %.3f s + output layer %.3f s + data-parallel %.3f s), %.0f TFLOP/s per GPU (MFU %.1f%%), %.0f tokens/s\n",
-			st.FLOPs, st.Seconds, st.PipelineSeconds, st.OutputSeconds, st.DPSeconds, st.TFLOPSPerGPU, 100*st.MFU, st.TokensPerSecond)
+		fmt.Fprintf(b, "\nstep     %.3g FLOPs, %.3f s (pipeline %.3f s + output layer %.3f s + data-parallel %.3f s + optimizer %.3f s, %s), %.0f TFLOP/s per GPU (MFU %.1f%%), %.0f tokens/s\n",
+			st.FLOPs, st.Seconds, st.PipelineSeconds, st.OutputSeconds, st.DPSeconds, st.OptimizerSeconds, optimizerName(p.Config), st.TFLOPSPerGPU, 100*st.MFU, st.TokensPerSecond)
 	} else {
 		b.WriteString("\nstep     no time estimate for a bare parameter count (give an architecture)\n")
 	}
@@ -304,4 +304,15 @@ func span(rows []topology.RankInfo, f func(topology.RankInfo) int) string {
 		parts[i] = fmt.Sprint(v)
 	}
 	return strings.Join(parts, ",")
+}
+
+// optimizerName says which Adam the step time assumes.
+func optimizerName(c topology.Config) string {
+	switch {
+	case c.OffloadOptimizer:
+		return "offloaded, not timed"
+	case c.Optimizer == topology.OptimizerMultiTensor:
+		return "multi-tensor Adam"
+	}
+	return "fused Adam"
 }

@@ -198,11 +198,55 @@ func step(p *topology.Plan, makespan float64, tr []Traffic, eff efficiency) Step
 	m, c := p.Model, p.Config
 	rate := computeRate(p, eff) * float64(c.TP)
 	s.OutputSeconds = float64(p.Microbatches()*c.MicroBatch) * 3 * logitFLOPs(m) / rate
-	s.Seconds = s.PipelineSeconds + s.OutputSeconds + s.DPSeconds
+	s.OptimizerSeconds = optimizerSeconds(p)
+	s.Seconds = s.PipelineSeconds + s.OutputSeconds + s.DPSeconds + s.OptimizerSeconds
 	s.TFLOPSPerGPU = s.FLOPs / (s.Seconds * float64(p.World())) / 1e12
 	if p.Cluster.PeakTFLOPS > 0 {
 		s.MFU = s.TFLOPSPerGPU / p.Cluster.PeakTFLOPS
 	}
 	s.TokensPerSecond = float64(c.GlobalBatch*m.Seq) / s.Seconds
 	return s
+}
+
+// Bytes of GPU memory one Adam update moves per parameter, by
+// implementation. Fused (one kernel: Megatron-LM's and DeepSpeed's) reads
+// the fp32 master weight and both moments and the gradient, and writes the
+// three back and the half-precision weight: 28 bytes with bf16 gradients,
+// the arithmetic lower bound, run at optimizerEfficiency of the bandwidth.
+// PyTorch's default multi-tensor (foreach) Adam makes several passes; 112.6
+// effective bytes per parameter is what it took on an H100 (3.35 TB/s):
+// 31-151 ms per step for 0.85-4.5 billion parameters, 33.6 ps per
+// parameter, in reference runs of a PyTorch GPT (docs/PLANNING.md).
+const (
+	optimizerEfficiency     = 0.8
+	multiTensorBytesPerParm = 33.6e-12 * 3350e9
+)
+
+// optimizerSeconds is the Adam update of the stage with the most optimizer
+// state on one GPU: its parameters (its share under ZeRO) times the bytes
+// the implementation moves per parameter, over the GPU's memory bandwidth.
+// Offloaded optimizer state is updated on the host: not timed here.
+func optimizerSeconds(p *topology.Plan) float64 {
+	bw := p.Cluster.MemoryGBps * 1e9
+	if bw == 0 || p.Config.OffloadOptimizer || p.Model.Bare() {
+		return 0
+	}
+	params := 0.0
+	for st := range p.Config.PP {
+		params = max(params, stageParams(p, st))
+	}
+	if zeroStage(p).ShardsOptimizer() {
+		params /= float64(p.Config.DP)
+	}
+	if p.Config.Optimizer == topology.OptimizerMultiTensor {
+		return params * multiTensorBytesPerParm / bw
+	}
+	// Read the fp32 master weight, m and v (12 bytes) and the gradient;
+	// write the three back, and the 16-bit model copy in mixed precision.
+	weight, grad, _ := bytesPerParam(p.Config.Precision)
+	moved := 24 + grad
+	if p.Config.Precision != topology.PrecisionFP32 {
+		moved += weight
+	}
+	return params * moved / (bw * optimizerEfficiency)
 }
