@@ -44,8 +44,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Short: "Plan, launch and benchmark 3D-parallel (tensor, pipeline, data) training",
 		Long: `gpucoord is a topology-aware training coordinator: it plans tensor, pipeline
 and data parallelism with ZeRO sharding over a cluster before a GPU is rented
-(plan), benchmarks its collectives (bench) and trains with its native engine
-(train). Every subcommand has --help with examples.`,
+(plan), launches jobs that survive node loss (launch, on one machine with
+--standalone or on a cluster run by coordinator and worker; status shows
+it), benchmarks its collectives (bench) and trains with its native engine
+(train). Every subcommand has --help with examples.
+
+  gpucoord launch --standalone --nodes 2 --gpus-per-node 4 --tp 2 --pp 2 examples/jobs/mlp.yaml
+  gpucoord plan --cluster dgx-h100 --nodes 4 --model gpt-13b --tp 8 --pp 4`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
