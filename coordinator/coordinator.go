@@ -102,6 +102,8 @@ func (c *Config) Validate() error {
 		return errorf(ErrInvalid, "lease TTL %s: want whole seconds, at least 2s (etcd's lease granularity)", c.LeaseTTL)
 	case c.ElectionTTL < 2*time.Second || c.ElectionTTL%time.Second != 0:
 		return errorf(ErrInvalid, "election TTL %s: want whole seconds, at least 2s", c.ElectionTTL)
+	case c.StableFor < 0:
+		return errorf(ErrInvalid, "stable-for %s: want 0 or more", c.StableFor)
 	case c.KeepJobs < 0:
 		return errorf(ErrInvalid, "keep jobs %d: want 0 or more", c.KeepJobs)
 	case c.StragglerFactor <= 1 || c.StragglerWindows < 1:

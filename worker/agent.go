@@ -312,8 +312,11 @@ func (a *Agent) report(ctx context.Context, r *pb.ReportRequest) error {
 // runner runs the ranks of at most one assignment at a time.
 type runner struct {
 	agent *Agent
-	mu    sync.Mutex          // guards procs
+	mu    sync.Mutex          // guards procs and committed
 	procs map[int]*os.Process // the current run's ranks, once started
+	// committed is the last step a local rank reported checkpointed in the
+	// current run: a preempted node reports it itself before it leaves.
+	committed engine.StepResult
 	// life guards the fields below: apply and stop come from the session
 	// goroutine, preempt and the last stop from Run's.
 	life    sync.Mutex
@@ -356,16 +359,27 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 		r.masters <- asg.Master
 	}
 	r.mu.Lock()
-	r.procs = map[int]*os.Process{}
+	r.procs, r.committed = map[int]*os.Process{}, engine.StepResult{}
 	r.mu.Unlock()
-	started := func(rank int, p *os.Process) {
-		r.mu.Lock()
-		r.procs[rank] = p
-		r.mu.Unlock()
+	hooks := runHooks{
+		started: func(rank int, p *os.Process) {
+			r.mu.Lock()
+			r.procs[rank] = p
+			r.mu.Unlock()
+		},
+		step: func(s engine.StepResult) {
+			if s.Checkpointed {
+				r.mu.Lock()
+				if s.Step > r.committed.Step {
+					r.committed = s
+				}
+				r.mu.Unlock()
+			}
+		},
 	}
 	go func(a *pb.Assignment, masters <-chan string, done chan struct{}) {
 		defer close(done)
-		r.agent.run(rctx, a, masters, started)
+		r.agent.run(rctx, a, masters, hooks)
 	}(r.cur, r.masters, r.done)
 }
 
@@ -394,6 +408,26 @@ func (r *runner) preempt(grace time.Duration) {
 	case <-time.After(grace):
 		r.agent.log.Warn("ranks did not stop within the grace period after preemption")
 	}
+	// The step every rank checkpointed before the preempted ones stopped
+	// is committed now, while this node still belongs to the generation:
+	// rank 0's own report of it may come after the node has left, when a
+	// new generation no longer takes it.
+	r.mu.Lock()
+	s := r.committed
+	r.mu.Unlock()
+	if s.Step > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), grace)
+		defer cancel()
+		r.agent.report(ctx, &pb.ReportRequest{Job: cur.Job, Generation: cur.Generation.GetNumber(),
+			Kind: &pb.ReportRequest_Step{Step: &pb.Step{Step: int64(s.Step), Loss: s.Loss, Seconds: s.Seconds, SamplesPerSec: s.SamplesPerSec, Checkpointed: true}}})
+	}
+}
+
+// runHooks are what a run tells its runner: each rank's process once it
+// starts, and every step result a local rank prints.
+type runHooks struct {
+	started func(rank int, p *os.Process)
+	step    func(engine.StepResult)
 }
 
 // stop ends the current run and waits for its ranks to exit.
@@ -414,7 +448,7 @@ func (r *runner) stopLocked() {
 
 // run bootstraps (on rank 0's node), waits for the master address, runs
 // the node's ranks and reports how they ended.
-func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan string, started func(int, *os.Process)) {
+func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan string, hooks runHooks) {
 	log := a.log.With("job", asg.Job, "generation", asg.Generation.GetNumber())
 	me, _ := member(asg, a.cfg.Name)
 	if me == nil {
@@ -480,7 +514,7 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 	}
 	pcfg := localproc.Config{
 		Ranks: l.World(), Local: local, Store: asg.Master, Grace: a.cfg.Grace,
-		Stdout: tag, Stderr: tag, Started: started,
+		Stdout: tag, Stderr: tag, Started: hooks.started,
 		Command: func(ctx context.Context, rank int, _ string) (*exec.Cmd, error) {
 			env, err := RankEnv(asg, a.cfg.Name, rank, planPath, ckpt, a.cfg.Devices)
 			if err != nil {
@@ -510,6 +544,7 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 				var s engine.StepResult
 				if bytes.HasPrefix(b, []byte(`{"step"`)) && json.Unmarshal(b, &s) == nil {
 					times.add(rank, s.ComputeSeconds)
+					hooks.step(s)
 					return
 				}
 				out.Write(b)
@@ -518,6 +553,7 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 		if me.FirstRank == 0 {
 			emit = func(s engine.StepResult) error {
 				times.add(0, s.ComputeSeconds)
+				hooks.step(s)
 				return a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
 					Kind: &pb.ReportRequest_Step{Step: &pb.Step{Step: int64(s.Step), Loss: s.Loss, Seconds: s.Seconds, SamplesPerSec: s.SamplesPerSec, Checkpointed: s.Checkpointed}}})
 			}

@@ -189,6 +189,7 @@ Outside loopback a join token is required (--token-file, GPUCOORD_TOKEN or
 	fl.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "root of every etcd key")
 	fl.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9400/metrics)")
 	fl.IntVar(&cfg.KeepJobs, "keep-jobs", cfg.KeepJobs, "ended jobs kept in etcd for status; older ones are deleted")
+	fl.DurationVar(&cfg.StableFor, "stable-for", cfg.StableFor, "how long a node must stay registered before a running job takes it in (doubled per strike)")
 	fl.DurationVar(&cfg.Etcd.DialTimeout, "etcd-dial-timeout", cfg.Etcd.DialTimeout, "how long to wait for etcd to answer at start")
 	fl.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "a node's lease: how long a silent node stays in the pool")
 	fl.DurationVar(&cfg.ElectionTTL, "election-ttl", cfg.ElectionTTL, "the leader's session: how soon a standby takes over")

@@ -227,7 +227,7 @@ func etcdServer(t *testing.T) string {
 func coordinatorProc(t *testing.T, exe string, args ...string) (*proc, string) {
 	t.Helper()
 	p := start(t, exe, append([]string{"coordinator", "--listen", "127.0.0.1:0", "--data-dir", t.TempDir(),
-		"--lease-ttl", "2s", "--election-ttl", "2s"}, args...)...)
+		"--lease-ttl", "2s", "--election-ttl", "2s", "--stable-for", "500ms"}, args...)...)
 	line := p.waitLine(t, "coordinator listening on ", 30*time.Second)
 	addr, _, _ := strings.Cut(strings.TrimPrefix(line[strings.Index(line, "on ")+3:], ""), " ")
 	return p, addr
