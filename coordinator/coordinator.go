@@ -201,7 +201,7 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 		e.Close()
 		return nil, errorf(ErrUnavailable, "%v", err)
 	}
-	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, name: cfg.Name, stopping: c.stopping}
+	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping}
 	m := newMetrics(c.srv, c.leading.Load)
 	c.srv.keepalive = m.keepalive.Observe
 	c.registry = prometheus.NewRegistry()

@@ -27,11 +27,10 @@ import (
 // Follow translate etcd watches.
 type server struct {
 	pb.UnimplementedCoordinatorServer
-	cli  *clientv3.Client
-	k    keys
-	cfg  *Config
-	log  *slog.Logger
-	name string
+	cli *clientv3.Client
+	k   keys
+	cfg *Config
+	log *slog.Logger
 	// stopping is closed when the coordinator shuts down: streams that end
 	// then are not the agents' loss.
 	stopping <-chan struct{}
