@@ -52,6 +52,12 @@ type Config struct {
 	FlashAttention bool `json:"flash_attention"`
 	// OffloadOptimizer keeps optimizer state in host memory.
 	OffloadOptimizer bool `json:"offload_optimizer"`
+	// MainGradsFP32 keeps and reduces gradients in fp32 in mixed-precision
+	// training, as Megatron-LM does (its main_grad buffers, reduced in fp32
+	// with --accumulate-allreduce-grads-in-fp32, the default with bf16):
+	// 4 bytes a parameter instead of 2, in memory and in the gradient
+	// reduction.
+	MainGradsFP32 bool `json:"main_grads_fp32,omitempty"`
 	// Optimizer is the Adam implementation timed: OptimizerFused (one
 	// kernel, as Megatron-LM's and DeepSpeed's) or OptimizerMultiTensor
 	// (PyTorch's default foreach Adam, several passes over the state).

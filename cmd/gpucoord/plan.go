@@ -96,6 +96,7 @@ Exit status: 0 the plan fits, 3 it does not fit (printed in full with the reason
 	fl.BoolVar(&f.cfg.SequenceParallel, "sequence-parallel", false, "split layer-norm and dropout activations across the TP group")
 	fl.BoolVar(&f.cfg.FlashAttention, "flash-attention", true, "flash attention (--flash-attention=false materialises attention scores)")
 	fl.BoolVar(&f.cfg.OffloadOptimizer, "offload-optimizer", false, "keep optimizer state in host memory")
+	fl.BoolVar(&f.cfg.MainGradsFP32, "fp32-grads", false, "keep and reduce gradients in fp32 in mixed precision, as Megatron-LM does (4 bytes a parameter instead of 2)")
 	fl.StringVar(&f.precision, "precision", string(topology.PrecisionBF16), "bf16 or fp16 (mixed, with fp32 Adam) or fp32")
 	fl.StringVar(&f.order, "order", topology.DefaultOrder, "rank order, fastest axis first, or pipe-data-model (DeepSpeed)")
 	fl.StringVar(&f.optimizer, "optimizer", string(topology.OptimizerFused), "Adam implementation the step time assumes: fused (Megatron-LM, DeepSpeed) or multi-tensor (PyTorch's default)")

@@ -441,3 +441,34 @@ func TestMeasuredH100Step(t *testing.T) {
 		}
 	}
 }
+
+// TestMainGradsFP32: fp32 main gradients (Megatron-LM's) double the
+// gradient bytes in memory and in the data-parallel reduction, and add 2
+// bytes per parameter to the fused Adam update; nothing else moves.
+func TestMainGradsFP32(t *testing.T) {
+	eval := func(fp32 bool) Report {
+		p := plan(t, "dgx-h100", "gpt-13b", func(c *topology.Config) { c.TP, c.PP, c.DP, c.Zero, c.MainGradsFP32 = 8, 2, 2, 0, fp32 })
+		r, err := Evaluate(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	half, full := eval(false), eval(true)
+	if full.Memory.PerGPU.Grads != 2*half.Memory.PerGPU.Grads || full.Memory.PerGPU.Params != half.Memory.PerGPU.Params ||
+		full.Memory.PerGPU.Optimizer != half.Memory.PerGPU.Optimizer {
+		t.Errorf("memory %+v with fp32 grads, %+v without", full.Memory.PerGPU, half.Memory.PerGPU)
+	}
+	var hb, fb float64
+	for i, tr := range half.Traffic {
+		if tr.Group == "dp" {
+			hb, fb = tr.MessageBytes, full.Traffic[i].MessageBytes
+		}
+	}
+	if hb == 0 || fb != 2*hb {
+		t.Errorf("dp message %v bytes with fp32 grads, %v without", fb, hb)
+	}
+	if r := full.Step.OptimizerSeconds / half.Step.OptimizerSeconds; !near(r, 30.0/28, 1e-12) {
+		t.Errorf("optimizer time ratio %v, want 30/28", r)
+	}
+}

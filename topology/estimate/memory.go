@@ -49,6 +49,16 @@ func bytesPerParam(p topology.Precision) (w, g, o float64) {
 	return 2, 2, 12
 }
 
+// gradBytes is the bytes of one parameter's gradient: the precision's,
+// or fp32 with MainGradsFP32.
+func gradBytes(c topology.Config) float64 {
+	if c.MainGradsFP32 {
+		return 4
+	}
+	_, g, _ := bytesPerParam(c.Precision)
+	return g
+}
+
 // activationBytes returns the 16-bit activation width (4 for fp32 training).
 func activationBytes(p topology.Precision) float64 {
 	if p == topology.PrecisionFP32 {
@@ -209,6 +219,8 @@ func otherBytes(p *topology.Plan, allocated float64) float64 {
 func StageMemory(p *topology.Plan, stage, inflight int) (gpu Memory, hostOptimizer float64) {
 	c := p.Config
 	w, g, o := ModelStates(stageParams(p, stage), c.DP, zeroStage(p), c.Precision)
+	_, bg, _ := bytesPerParam(c.Precision)
+	g *= gradBytes(c) / bg // fp32 main gradients: twice the 16-bit ones
 	if c.OffloadOptimizer {
 		hostOptimizer, o = o, 0
 	}

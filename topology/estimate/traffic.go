@@ -141,9 +141,8 @@ func traffic(p *topology.Plan, l groupLinks, spec sharding.StageSpec) []Traffic 
 			BytesPerGPU: float64(n) * msg, Link: l.pp.name, Seconds: float64(n) * hopTime(msg, l.pp)})
 	}
 	if c.DP > 1 {
-		_, bg, _ := bytesPerParam(c.Precision)
 		bw, _, _ := bytesPerParam(c.Precision)
-		grads := bg * stageParams(p, 0)
+		grads := gradBytes(c) * stageParams(p, 0)
 		params := bw * stageParams(p, 0)
 		switch spec.GradSync {
 		case sharding.AllReduce:
@@ -243,8 +242,8 @@ func optimizerSeconds(p *topology.Plan) float64 {
 	}
 	// Read the fp32 master weight, m and v (12 bytes) and the gradient;
 	// write the three back, and the 16-bit model copy in mixed precision.
-	weight, grad, _ := bytesPerParam(p.Config.Precision)
-	moved := 24 + grad
+	weight, _, _ := bytesPerParam(p.Config.Precision)
+	moved := 24 + gradBytes(p.Config)
 	if p.Config.Precision != topology.PrecisionFP32 {
 		moved += weight
 	}
