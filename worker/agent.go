@@ -506,9 +506,9 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 	if native {
 		argv = a.cfg.NativeCommand
 	}
-	var writers []*localproc.PrefixWriter
+	var writers []*localproc.LineWriter
 	tag := func(rank int) io.Writer {
-		w := &localproc.PrefixWriter{W: a.cfg.Output, Prefix: prefix(a.cfg.Name, rank, l), Mu: &a.out}
+		w := localproc.NewPrefixWriter(a.cfg.Output, prefix(a.cfg.Name, rank, l), &a.out)
 		writers = append(writers, w)
 		return w
 	}
@@ -540,14 +540,15 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 		times := newStepTimes()
 		pcfg.Stdout = func(rank int) io.Writer {
 			out := tag(rank)
-			return &lineWriter{line: func(b []byte) {
+			return &localproc.LineWriter{Line: func(b []byte) error {
 				var s engine.StepResult
 				if bytes.HasPrefix(b, []byte(`{"step"`)) && json.Unmarshal(b, &s) == nil {
 					times.add(rank, s.ComputeSeconds)
 					hooks.step(s)
-					return
+					return nil
 				}
-				out.Write(b)
+				_, err := out.Write(b)
+				return err
 			}}
 		}
 		if me.FirstRank == 0 {
@@ -629,25 +630,6 @@ func (t *stepTimes) take() []*pb.RankTime {
 	clear(t.sum)
 	clear(t.n)
 	return out
-}
-
-// lineWriter hands each complete line written to it to line, and the
-// unterminated rest on the next write.
-type lineWriter struct {
-	line func([]byte)
-	buf  []byte
-}
-
-func (w *lineWriter) Write(b []byte) (int, error) {
-	w.buf = append(w.buf, b...)
-	for {
-		i := bytes.IndexByte(w.buf, '\n')
-		if i < 0 {
-			return len(b), nil
-		}
-		w.line(w.buf[:i+1])
-		w.buf = w.buf[i+1:]
-	}
 }
 
 func (a *Agent) reportExit(ctx context.Context, asg *pb.Assignment, rank, code int32, msg string) {

@@ -216,47 +216,47 @@ func readLines[T any](r io.Reader, emit func(T) error) error {
 	return sc.Err()
 }
 
-// PrefixWriter writes each complete line it is given to W behind Prefix.
-// Writes of several writers to one W are serialised through Mu, so lines
-// of different ranks never interleave inside a line. Flush writes a final
-// line that had no newline.
-type PrefixWriter struct {
-	W      io.Writer
-	Prefix string
-	Mu     *sync.Mutex
-	buf    []byte
+// LineWriter hands each complete line written to it, newline included, to
+// Line; an unterminated rest waits for the next write, or for Flush.
+type LineWriter struct {
+	Line func(line []byte) error
+	buf  []byte
 }
 
 // Write implements io.Writer.
-func (p *PrefixWriter) Write(b []byte) (int, error) {
-	p.buf = append(p.buf, b...)
+func (w *LineWriter) Write(b []byte) (int, error) {
+	w.buf = append(w.buf, b...)
 	for {
-		i := bytes.IndexByte(p.buf, '\n')
+		i := bytes.IndexByte(w.buf, '\n')
 		if i < 0 {
 			return len(b), nil
 		}
-		if err := p.emit(p.buf[:i+1]); err != nil {
+		if err := w.Line(w.buf[:i+1]); err != nil {
 			return len(b), err
 		}
-		p.buf = p.buf[i+1:]
+		w.buf = w.buf[i+1:]
 	}
 }
 
-// Flush writes what is left of an unterminated last line.
-func (p *PrefixWriter) Flush() error {
-	if len(p.buf) == 0 {
+// Flush hands on what is left of an unterminated last line, with a
+// newline added.
+func (w *LineWriter) Flush() error {
+	if len(w.buf) == 0 {
 		return nil
 	}
-	err := p.emit(append(p.buf, '\n'))
-	p.buf = nil
+	err := w.Line(append(w.buf, '\n'))
+	w.buf = nil
 	return err
 }
 
-func (p *PrefixWriter) emit(line []byte) error {
-	if p.Mu != nil {
-		p.Mu.Lock()
-		defer p.Mu.Unlock()
-	}
-	_, err := io.WriteString(p.W, p.Prefix+string(line))
-	return err
+// NewPrefixWriter returns a writer that writes each line to w behind
+// prefix. Writers sharing mu serialise their lines, so lines of different
+// ranks never interleave inside a line.
+func NewPrefixWriter(w io.Writer, prefix string, mu *sync.Mutex) *LineWriter {
+	return &LineWriter{Line: func(line []byte) error {
+		mu.Lock()
+		defer mu.Unlock()
+		_, err := io.WriteString(w, prefix+string(line))
+		return err
+	}}
 }

@@ -199,8 +199,8 @@ func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 func TestPrefixWriter(t *testing.T) {
 	var out strings.Builder
 	var mu sync.Mutex
-	a := &PrefixWriter{W: &out, Prefix: "[a] ", Mu: &mu}
-	b := &PrefixWriter{W: &out, Prefix: "[b] ", Mu: &mu}
+	a := NewPrefixWriter(&out, "[a] ", &mu)
+	b := NewPrefixWriter(&out, "[b] ", &mu)
 	a.Write([]byte("one\ntw"))
 	b.Write([]byte("x\n"))
 	a.Write([]byte("o\nthree"))
