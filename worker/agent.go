@@ -289,7 +289,8 @@ func (a *Agent) leave() {
 }
 
 // report sends r to the current coordinator, retrying across coordinator
-// changes until it is taken or ctx ends.
+// changes until it is taken, refused for good (a wrong token, a bad
+// report) or ctx ends.
 func (a *Agent) report(ctx context.Context, r *pb.ReportRequest) error {
 	r.Node = a.cfg.Name
 	for {
@@ -301,6 +302,11 @@ func (a *Agent) report(ctx context.Context, r *pb.ReportRequest) error {
 			return err
 		}
 		a.log.Warn("report", "job", r.Job, "err", err)
+		switch status.Code(err) {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted, codes.ResourceExhausted:
+		default: // another coordinator would refuse it too
+			return err
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
