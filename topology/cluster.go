@@ -24,10 +24,16 @@ type Cluster struct {
 	// NVLink bandwidth). Zero means one node; it may span nodes (GB200 NVL72
 	// has 72 GPUs on 18 nodes in one domain).
 	NVLinkDomain int `yaml:"nvlink_domain" json:"nvlink_domain"`
-	// GPUMemoryGiB is the memory of one GPU in GiB.
+	// GPUMemoryGiB is the memory of one GPU in GiB that a program can use:
+	// what the CUDA runtime reports as the device's total (PyTorch's
+	// torch.cuda.get_device_properties(0).total_memory), a little less than
+	// the marketed size.
 	GPUMemoryGiB float64 `yaml:"gpu_memory_gib" json:"gpu_memory_gib"`
 	// PeakTFLOPS is one GPU's dense bf16/fp16 tensor-core peak in TFLOP/s.
 	PeakTFLOPS float64 `yaml:"peak_tflops" json:"peak_tflops"`
+	// PeakFP8TFLOPS is one GPU's dense fp8 tensor-core peak in TFLOP/s;
+	// zero where the GPU has no fp8 tensor cores.
+	PeakFP8TFLOPS float64 `yaml:"peak_fp8_tflops" json:"peak_fp8_tflops,omitempty"`
 	// NVLinkGBps is one GPU's NVLink bandwidth per direction in GB/s.
 	NVLinkGBps float64 `yaml:"nvlink_gbps" json:"nvlink_gbps"`
 	// InterNodeGBps is one GPU's network bandwidth per direction in GB/s
@@ -67,6 +73,8 @@ func (c Cluster) Validate() error {
 		return invalid("cluster gpu_memory_gib %g: must be positive", c.GPUMemoryGiB)
 	case c.PeakTFLOPS <= 0:
 		return invalid("cluster peak_tflops %g: must be positive", c.PeakTFLOPS)
+	case !(c.PeakFP8TFLOPS >= 0) || math.IsInf(c.PeakFP8TFLOPS, 0):
+		return invalid("cluster peak_fp8_tflops %g: must be a rate in TFLOP/s, or 0 for a GPU without fp8", c.PeakFP8TFLOPS)
 	case c.NVLinkGBps <= 0:
 		return invalid("cluster nvlink_gbps %g: must be positive", c.NVLinkGBps)
 	case c.InterNodeGBps <= 0 && c.Nodes > 1:
@@ -87,22 +95,27 @@ func (c Cluster) Validate() error {
 }
 
 // clusterPresets are the built-in clusters. Figures are vendor datasheet
-// values (dense bf16, per-GPU NVLink and NIC bandwidth per direction); see
-// docs/PLANNING.md for the sources.
+// values (dense bf16 and fp8, per-GPU NVLink and NIC bandwidth per
+// direction) except the memory, which is what a program can use (see
+// GPUMemoryGiB); see docs/PLANNING.md for the sources.
 var clusterPresets = map[string]Cluster{
 	// DGX A100 80GB: 8x A100-SXM4-80GB, NVLink 3 (600 GB/s bidirectional),
-	// 8x 200 Gb/s HDR InfiniBand, 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e.
-	"dgx-a100": {Name: "dgx-a100", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 80, PeakTFLOPS: 312, NVLinkGBps: 300, InterNodeGBps: 25, HostMemoryGiB: 2048, MemoryGBps: 2039},
+	// 8x 200 Gb/s HDR InfiniBand, 312 TFLOP/s dense bf16 (no fp8),
+	// 2,039 GB/s HBM2e; PyTorch reports 79.15 GiB per GPU.
+	"dgx-a100": {Name: "dgx-a100", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 79.15, PeakTFLOPS: 312, NVLinkGBps: 300, InterNodeGBps: 25, HostMemoryGiB: 2048, MemoryGBps: 2039},
 	// DGX H100: 8x H100-SXM5-80GB, NVLink 4 (900 GB/s bidirectional),
-	// 8x 400 Gb/s NDR InfiniBand, 989 TFLOP/s dense bf16, 3.35 TB/s HBM3.
-	"dgx-h100": {Name: "dgx-h100", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 80, PeakTFLOPS: 989, NVLinkGBps: 450, InterNodeGBps: 50, HostMemoryGiB: 2048, MemoryGBps: 3350},
-	// DGX H200: as DGX H100 with 141 GB HBM3e per GPU at 4.8 TB/s.
-	"dgx-h200": {Name: "dgx-h200", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 141, PeakTFLOPS: 989, NVLinkGBps: 450, InterNodeGBps: 50, HostMemoryGiB: 2048, MemoryGBps: 4800},
+	// 8x 400 Gb/s NDR InfiniBand, 989 TFLOP/s dense bf16 and 1,979 fp8,
+	// 3.35 TB/s HBM3; PyTorch reports 79.18 GiB per GPU (measured).
+	"dgx-h100": {Name: "dgx-h100", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 79.18, PeakTFLOPS: 989, PeakFP8TFLOPS: 1979, NVLinkGBps: 450, InterNodeGBps: 50, HostMemoryGiB: 2048, MemoryGBps: 3350},
+	// DGX H200: as DGX H100 with 141 GB HBM3e per GPU at 4.8 TB/s; 139.9
+	// GiB usable is derived (nvidia-smi's 143,771 MiB less the 0.47 GiB an
+	// H100 loses the same way), not measured.
+	"dgx-h200": {Name: "dgx-h200", Nodes: 1, GPUsPerNode: 8, GPUMemoryGiB: 139.9, PeakTFLOPS: 989, PeakFP8TFLOPS: 1979, NVLinkGBps: 450, InterNodeGBps: 50, HostMemoryGiB: 2048, MemoryGBps: 4800},
 	// GB200 NVL72: one rack of 18 compute trays with 4 B200 GPUs each, all 72
 	// in one NVLink 5 domain (1.8 TB/s bidirectional per GPU), 186 GB HBM3e
-	// usable per GPU at 8 TB/s, 2.5 PFLOP/s dense bf16, one 400 Gb/s NIC per
-	// GPU.
-	"gb200-nvl72": {Name: "gb200-nvl72", Nodes: 18, GPUsPerNode: 4, NVLinkDomain: 72, GPUMemoryGiB: 186, PeakTFLOPS: 2500, NVLinkGBps: 900, InterNodeGBps: 50, HostMemoryGiB: 960, MemoryGBps: 8000},
+	// per GPU at 8 TB/s (184.5 GiB usable, derived as for the H200, not
+	// measured), 2.5 PFLOP/s dense bf16 and 5 fp8, one 400 Gb/s NIC per GPU.
+	"gb200-nvl72": {Name: "gb200-nvl72", Nodes: 18, GPUsPerNode: 4, NVLinkDomain: 72, GPUMemoryGiB: 184.5, PeakTFLOPS: 2500, PeakFP8TFLOPS: 5000, NVLinkGBps: 900, InterNodeGBps: 50, HostMemoryGiB: 960, MemoryGBps: 8000},
 }
 
 // ClusterPresets returns the names of the built-in clusters, sorted.

@@ -21,6 +21,24 @@ const (
 	PrecisionBF16 Precision = "bf16" // bf16 mixed precision
 	PrecisionFP16 Precision = "fp16" // fp16 mixed precision
 	PrecisionFP32 Precision = "fp32" // fp32 throughout
+	// PrecisionFP8 is Transformer Engine's fp8 training: the transformer
+	// layers' matrix multiplies in fp8 (E4M3 forward, E5M2 gradients,
+	// Micikevicius et al. 2022), everything else as bf16 mixed precision.
+	PrecisionFP8 Precision = "fp8"
+)
+
+// Loss names how the cross-entropy loss is computed, for its memory peak.
+type Loss string
+
+// The loss implementations the planner counts.
+const (
+	// LossUnfused is PyTorch's cross_entropy over an fp32 copy of the
+	// logits: 12 bytes per logit at the start of the backward pass.
+	LossUnfused Loss = "unfused"
+	// LossFused is Megatron-LM's vocabulary-parallel cross entropy, which
+	// keeps the fp32 softmax and turns it into the gradient in place: 6
+	// bytes per logit.
+	LossFused Loss = "fused"
 )
 
 // Config is the parallel layout and training setup of a plan. Start from
@@ -62,6 +80,9 @@ type Config struct {
 	// kernel, as Megatron-LM's and DeepSpeed's) or OptimizerMultiTensor
 	// (PyTorch's default foreach Adam, several passes over the state).
 	Optimizer Optimizer `json:"optimizer"`
+	// Loss is the cross-entropy implementation, for the loss layer's
+	// memory peak ("" is LossUnfused).
+	Loss Loss `json:"loss"`
 	// HeadroomGiB is GPU memory a plan must leave free to fit (for the
 	// allocator, fragmentation, what the model does not count).
 	HeadroomGiB float64 `json:"headroom_gib,omitempty"`
@@ -75,7 +96,7 @@ type Config struct {
 // 1F1B, micro-batch 1, no recomputation, flash attention on, Megatron order.
 func DefaultConfig() Config {
 	return Config{TP: 1, PP: 1, VPP: 1, MicroBatch: 1, Schedule: schedule.OneFOneB,
-		Recompute: RecomputeNone, FlashAttention: true, Precision: PrecisionBF16, Order: DefaultOrder, Optimizer: OptimizerFused}
+		Recompute: RecomputeNone, FlashAttention: true, Precision: PrecisionBF16, Order: DefaultOrder, Optimizer: OptimizerFused, Loss: LossUnfused}
 }
 
 // Optimizer names an Adam implementation, for its time.
@@ -94,15 +115,20 @@ func (c Config) validateEnums() error {
 	default:
 		return invalid("optimizer %q: want fused or multi-tensor", c.Optimizer)
 	}
+	switch c.Loss {
+	case LossUnfused, LossFused, "": // "" is unfused
+	default:
+		return invalid("loss %q: want unfused or fused", c.Loss)
+	}
 	switch c.Recompute {
 	case RecomputeNone, RecomputeSelective, RecomputeFull:
 	default:
 		return invalid("recompute %q: must be none, selective or full", c.Recompute)
 	}
 	switch c.Precision {
-	case PrecisionBF16, PrecisionFP16, PrecisionFP32:
+	case PrecisionBF16, PrecisionFP16, PrecisionFP32, PrecisionFP8:
 	default:
-		return invalid("precision %q: must be bf16, fp16 or fp32", c.Precision)
+		return invalid("precision %q: must be bf16, fp16, fp32 or fp8", c.Precision)
 	}
 	if _, err := schedule.ParseKind(string(c.Schedule)); err != nil {
 		return invalid("schedule %q: must be one of %v", c.Schedule, schedule.Kinds())

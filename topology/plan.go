@@ -99,6 +99,9 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 	if !(cfg.HeadroomGiB >= 0 && cfg.HeadroomGiB < cl.GPUMemoryGiB) {
 		return nil, invalid("headroom %g GiB: want at least 0 and less than the GPU's %g GiB", cfg.HeadroomGiB, cl.GPUMemoryGiB)
 	}
+	if cfg.Precision == PrecisionFP8 && cl.PeakFP8TFLOPS == 0 {
+		return nil, invalid("precision fp8 needs fp8 tensor cores: cluster %s has no peak_fp8_tflops", cl.Name)
+	}
 	if cfg.MicroBatch < 1 {
 		return nil, invalid("micro-batch %d: must be at least 1", cfg.MicroBatch)
 	}

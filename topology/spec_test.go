@@ -22,7 +22,7 @@ func TestParseSpecErrors(t *testing.T) {
 		{"word for a flag", "model", "preset: llama-7b\ngated_mlp: maybe\n",
 			`model spec: line 2: gated_mlp: want true or false, got "maybe"`},
 		{"unknown field", "cluster", "preset: dgx-h100\ncolour: red\n",
-			`cluster spec: line 2: unknown field "colour" (known: gpu_memory_gib, gpus_per_node, host_memory_gib, inter_node_gbps, memory_gbps, name, nodes, nvlink_domain, nvlink_gbps, peak_tflops, preset)`},
+			`cluster spec: line 2: unknown field "colour" (known: gpu_memory_gib, gpus_per_node, host_memory_gib, inter_node_gbps, memory_gbps, name, nodes, nvlink_domain, nvlink_gbps, peak_fp8_tflops, peak_tflops, preset)`},
 		{"field twice", "cluster", "preset: dgx-h100\nnodes: 1\nnodes: 2\n",
 			`cluster spec: line 3: mapping key "nodes" already defined at line 2`},
 		{"not a mapping", "model", "- layers\n- hidden\n",

@@ -31,7 +31,7 @@ type planFlags struct {
 	cfg                                                        topology.Config
 	auto, json                                                 bool
 	top                                                        int
-	headroom, optimizer                                        string
+	headroom, optimizer, loss                                  string
 }
 
 func newPlanCmd() *cobra.Command {
@@ -97,9 +97,10 @@ Exit status: 0 the plan fits, 3 it does not fit (printed in full with the reason
 	fl.BoolVar(&f.cfg.FlashAttention, "flash-attention", true, "flash attention (--flash-attention=false materialises attention scores)")
 	fl.BoolVar(&f.cfg.OffloadOptimizer, "offload-optimizer", false, "keep optimizer state in host memory")
 	fl.BoolVar(&f.cfg.MainGradsFP32, "fp32-grads", false, "keep and reduce gradients in fp32 in mixed precision, as Megatron-LM does (4 bytes a parameter instead of 2)")
-	fl.StringVar(&f.precision, "precision", string(topology.PrecisionBF16), "bf16 or fp16 (mixed, with fp32 Adam) or fp32")
+	fl.StringVar(&f.precision, "precision", string(topology.PrecisionBF16), "bf16 or fp16 (mixed, with fp32 Adam), fp32, or fp8 (Transformer Engine: fp8 layer matrix multiplies, bf16 elsewhere; needs a GPU with peak_fp8_tflops)")
 	fl.StringVar(&f.order, "order", topology.DefaultOrder, "rank order, fastest axis first, or pipe-data-model (DeepSpeed)")
 	fl.StringVar(&f.optimizer, "optimizer", string(topology.OptimizerFused), "Adam implementation the step time assumes: fused (Megatron-LM, DeepSpeed) or multi-tensor (PyTorch's default)")
+	fl.StringVar(&f.loss, "loss", string(topology.LossUnfused), "cross-entropy implementation, for its memory peak: unfused (PyTorch's cross_entropy over fp32 logits, 12 bytes a logit) or fused (Megatron-LM's, 6)")
 	fl.StringVar(&f.headroom, "headroom", "", "GPU memory a plan must leave free to fit: GiB (8, 8GiB) or a share of the GPU (10%)")
 	fl.IntVar(&f.kvHeads, "kv-heads", 0, "key/value heads for grouped-query attention (overrides the model)")
 	fl.BoolVar(&f.gated, "gated-mlp", false, "gated MLP, SwiGLU's three matrices (overrides the model)")
@@ -192,6 +193,7 @@ func (f *planFlags) resolve(cmd *cobra.Command) (topology.Cluster, topology.Mode
 	cfg.Precision = topology.Precision(f.precision)
 	cfg.Order = f.order
 	cfg.Optimizer = topology.Optimizer(f.optimizer)
+	cfg.Loss = topology.Loss(f.loss)
 	return cl, m, cfg, nil
 }
 

@@ -59,7 +59,10 @@ func TestPlanExitCodes(t *testing.T) {
 		{"params absurd", []string{"plan", "--params", "1e30"}, 2, "params 1e+30: want a parameter count between 1 and 1e+15"},
 		{"params zero", []string{"plan", "--params", "0"}, 2, "params 0: want a parameter count between 1 and 1e+15"},
 		{"params negative", []string{"plan", "--params", "-5"}, 2, "params -5: want a parameter count between 1 and 1e+15"},
-		{"one GPU reads singular", []string{"plan", "--model", "gpt-1.7b", "--gpus-per-node", "1", "--global-batch", "1"}, 0, "1 node x 1 GPU, 80 GiB each, NVLink domain 1 GPU"},
+		{"fp8 without fp8 tensor cores", []string{"plan", "--cluster", "dgx-a100", "--model", "gpt-13b", "--tp", "8", "--precision", "fp8"}, 2, "precision fp8 needs fp8 tensor cores: cluster dgx-a100 has no peak_fp8_tflops"},
+		{"unknown loss", []string{"plan", "--model", "gpt-13b", "--loss", "sparse"}, 2, `loss "sparse": want unfused or fused`},
+		{"fused loss named", []string{"plan", "--model", "gpt-13b", "--tp", "8", "--loss", "fused"}, 0, "capacity 79.2; fused loss)"},
+		{"one GPU reads singular", []string{"plan", "--model", "gpt-1.7b", "--gpus-per-node", "1", "--global-batch", "1"}, 0, "1 node x 1 GPU, 79.18 GiB each, NVLink domain 1 GPU"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -138,7 +141,7 @@ func TestPlanJSON(t *testing.T) {
 		Groups struct{ TP, PP, DP [][]int }
 		Memory struct {
 			PerGPU struct {
-				Params, Grads, Optimizer, Activations, Other, Total float64
+				Params, Grads, Optimizer, Activations, Transient, Other, Total float64
 			} `json:"per_gpu_bytes"`
 			CapacityBytes float64 `json:"capacity_bytes"`
 		}
@@ -170,7 +173,7 @@ func TestPlanJSON(t *testing.T) {
 		t.Errorf("pp groups = %v", doc.Groups.PP)
 	}
 	m := doc.Memory.PerGPU
-	if m.Total <= 0 || m.Total != m.Params+m.Grads+m.Optimizer+m.Activations+m.Other || doc.Memory.CapacityBytes != 80*(1<<30) {
+	if m.Total <= 0 || m.Total != m.Params+m.Grads+m.Optimizer+m.Activations+m.Transient+m.Other || doc.Memory.CapacityBytes != 79.18*(1<<30) {
 		t.Errorf("memory = %+v cap %g", m, doc.Memory.CapacityBytes)
 	}
 	if doc.Pipeline.Schedule != "1f1b" || doc.Pipeline.Microbatches != 16 || doc.Pipeline.BubbleFraction <= 0 {
@@ -288,11 +291,11 @@ func TestPlanArchitectureFlags(t *testing.T) {
 func TestPlanHeadroomAndMFU(t *testing.T) {
 	base := []string{"plan", "--cluster", "../../examples/clusters/dgx-h100-32.yaml", "--model", "gpt-13b", "--tp", "8", "--pp", "4", "--zero", "1"}
 	out, code, _ := runCLI(t, append(base, "--headroom", "5")...)
-	if code != 0 || !strings.Contains(out, "capacity 80.0, 5.0 kept free as headroom") || !strings.Contains(out, "of 75.0 GiB") {
+	if code != 0 || !strings.Contains(out, "capacity 79.2, 5.0 kept free as headroom") || !strings.Contains(out, "of 74.2 GiB") {
 		t.Errorf("--headroom 5: exit %d\n%s", code, out)
 	}
 	out, code, _ = runCLI(t, append(base, "--headroom", "90%")...)
-	if code != exitNoFit || !strings.Contains(out, "8.0 GiB usable (80.0 GiB less 72.0 GiB headroom)") {
+	if code != exitNoFit || !strings.Contains(out, "7.9 GiB usable (79.2 GiB less 71.3 GiB headroom)") {
 		t.Errorf("--headroom 90%%: exit %d, want %d with the headroom in the reason\n%s", code, exitNoFit, out)
 	}
 	for _, bad := range []string{"-1", "100%", "lots", "80"} {

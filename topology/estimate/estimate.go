@@ -49,6 +49,23 @@ func computeRate(p *topology.Plan, eff efficiency) float64 {
 	return p.Cluster.PeakTFLOPS * 1e12 * eff.compute * h / (h + eff.hidden0)
 }
 
+// layerForwardSeconds returns one layer's forward time for one sequence on
+// one GPU at full width (divide by tp for its share), with constants eff.
+// At computeRate the time is F/(peak E) (1 + h0/h): the matrix multiplies
+// at E of the peak and the elementwise work, h0/h of that. In fp8 the
+// matrix multiplies other than the attention core run at the fp8 peak with
+// the same E (Transformer Engine keeps the attention core and the
+// elementwise work in bf16); the elementwise time does not change.
+func layerForwardSeconds(p *topology.Plan, eff efficiency, flops float64) float64 {
+	peak := p.Cluster.PeakTFLOPS * 1e12 * eff.compute
+	elementwise := flops / peak * eff.hidden0 / float64(p.Model.Hidden)
+	if p.Config.Precision != topology.PrecisionFP8 {
+		return flops/peak + elementwise
+	}
+	core := min(flops, attentionCoreFLOPs(p.Model))
+	return core/peak + (flops-core)/(p.Cluster.PeakFP8TFLOPS*1e12*eff.compute) + elementwise
+}
+
 // Report is the full estimate of a Plan.
 type Report struct {
 	// Memory is the per-GPU memory of the plan.

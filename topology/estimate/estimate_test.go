@@ -3,6 +3,8 @@ package estimate
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -131,10 +133,11 @@ func TestEvaluateDoesNotFit(t *testing.T) {
 	if r.Fits || len(r.Reasons) == 0 {
 		t.Fatalf("13B on one 80 GB GPU must not fit: %+v", r.Memory)
 	}
-	if !strings.HasPrefix(r.Reasons[0], "does not fit: stage 0 needs ") || !strings.Contains(r.Reasons[0], "of 80.0 GiB") {
+	if !strings.HasPrefix(r.Reasons[0], "does not fit: stage 0 needs ") || !strings.Contains(r.Reasons[0], "of 79.2 GiB") {
 		t.Errorf("reason = %q", r.Reasons[0])
 	}
-	sum := r.Memory.PerGPU.Params + r.Memory.PerGPU.Grads + r.Memory.PerGPU.Optimizer + r.Memory.PerGPU.Activations + r.Memory.PerGPU.Other
+	m := r.Memory.PerGPU
+	sum := m.Params + m.Grads + m.Optimizer + m.Activations + m.Transient + m.Other
 	if !near(r.Memory.PerGPU.Total, sum, 1e-12) {
 		t.Errorf("total %.0f != sum of parts %.0f", r.Memory.PerGPU.Total, sum)
 	}
@@ -184,7 +187,9 @@ func TestWorkedExample(t *testing.T) {
 		"grads":       {m.Grads, 2 * params},
 		"optimizer":   {m.Optimizer, 12 * params},
 		"activations": {m.Activations, 4*10*(2048*5120.0*(10+24.0/8)+4*40*2048.0/8) + 4*2048*5120.0},
-		"other":       {m.Other, 1.5*(1<<30) + 0.05*(16*params+m.Activations)},
+		// A layer's backward: two gradients of the MLP's width, 2sbF/t x 2 bytes.
+		"transient": {m.Transient, 2 * 2048 * 20480 / 8 * 2},
+		"other":     {m.Other, 1.5*(1<<30) + 0.05*(16*params+m.Activations+m.Transient)},
 	}
 	for name, gw := range want {
 		if !near(gw[0], gw[1], 1e-12) {
@@ -405,21 +410,31 @@ func TestNoFitAdviceSkipsWhatIsSet(t *testing.T) {
 	}
 }
 
-// TestMeasuredH100Step: the step time of two shapes measured on one H100
-// with a reference PyTorch GPT (bf16 with fp32 master weights and Adam
-// moments, PyTorch's multi-tensor Adam, flash attention, tied embeddings,
-// learned positions, sequence 2048, vocabulary 51200, micro-batch 8):
-// 386 ms and 334 ms per step, 324 and 287 ms of them forward and backward.
-// The plan must come within 15% of each. The update itself, the step less
-// forward and backward (62 and 47 ms), is what the optimizer model adds.
-func TestMeasuredH100Step(t *testing.T) {
-	for _, row := range []struct {
-		layers, hidden, heads int
-		measured, fwdBwd      float64
-	}{
-		{8, 4096, 32, 0.386, 0.324},
-		{24, 2048, 16, 0.334, 0.287},
-	} {
+// measuredH100 are two shapes measured on one H100 80GB with a reference
+// PyTorch GPT (bf16 with fp32 master weights and Adam moments, PyTorch's
+// multi-tensor Adam, flash attention, dropout, tied embeddings, learned
+// positions, the unfused cross_entropy over fp32 logits; sequence 2048,
+// vocabulary 51200, micro-batch 8), as issue 9 of this project reports
+// them: the step and its forward and backward time, the activation peak
+// (the allocator's peak less the model states) and the device memory the
+// process used (the CUDA context included). The GPU runs that will extend
+// this table are scripts/gpu_plan_check.sh's (docs/GPU.md).
+var measuredH100 = []struct {
+	layers, hidden, heads  int
+	step, fwdBwd           float64 // seconds
+	activationPeak, device float64 // GiB
+}{
+	{8, 4096, 32, 0.386, 0.324, 26.7, 56.4},
+	{24, 2048, 16, 0.334, 0.287, 35.1, 57.1},
+}
+
+// TestMeasuredH100 holds the plan to its goals on the measured shapes: the
+// step within 15%, the optimizer update within 25% of step less forward
+// and backward, the activation peak (saved activations and transient
+// buffers) within 5%, and the total within -5%..+10% of the device memory
+// used, so that "fits" can be trusted near the limit.
+func TestMeasuredH100(t *testing.T) {
+	for _, row := range measuredH100 {
 		cl, _ := topology.ClusterPreset("dgx-h100")
 		cl.GPUsPerNode = 1
 		m := topology.Model{Name: "reference", Layers: row.layers, Hidden: row.hidden, Heads: row.heads, Seq: 2048, Vocab: 51200, LearnedPositions: true}
@@ -433,12 +448,90 @@ func TestMeasuredH100Step(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rel := (r.Step.Seconds - row.measured) / row.measured; math.Abs(rel) > 0.15 {
-			t.Errorf("l %d h %d: plan %.3f s, measured %.3f s (%+.1f%%)", row.layers, row.hidden, r.Step.Seconds, row.measured, 100*rel)
+		name := fmt.Sprintf("l %d h %d", row.layers, row.hidden)
+		if rel := (r.Step.Seconds - row.step) / row.step; math.Abs(rel) > 0.15 {
+			t.Errorf("%s: plan %.3f s, measured %.3f s (%+.1f%%)", name, r.Step.Seconds, row.step, 100*rel)
 		}
-		if upd := row.measured - row.fwdBwd; math.Abs(r.Step.OptimizerSeconds-upd) > 0.25*upd {
-			t.Errorf("l %d h %d: optimizer %.3f s, measured update %.3f s", row.layers, row.hidden, r.Step.OptimizerSeconds, upd)
+		if upd := row.step - row.fwdBwd; math.Abs(r.Step.OptimizerSeconds-upd) > 0.25*upd {
+			t.Errorf("%s: optimizer %.3f s, measured update %.3f s", name, r.Step.OptimizerSeconds, upd)
 		}
+		mem := r.Memory.PerGPU
+		peak := (mem.Activations + mem.Transient) / topology.GiB
+		if rel := (peak - row.activationPeak) / row.activationPeak; math.Abs(rel) > 0.05 {
+			t.Errorf("%s: activation peak %.1f GiB planned, %.1f measured (%+.1f%%)", name, peak, row.activationPeak, 100*rel)
+		}
+		total := mem.Total / topology.GiB
+		if rel := (total - row.device) / row.device; rel < -0.05 || rel > 0.10 {
+			t.Errorf("%s: total %.1f GiB planned, %.1f used on the device (%+.1f%%, want -5%%..+10%%)", name, total, row.device, 100*rel)
+		}
+		t.Logf("%s: step %.3f s (measured %.3f), activation peak %.1f GiB (%.1f), total %.1f GiB (device %.1f)",
+			name, r.Step.Seconds, row.step, peak, row.activationPeak, total, row.device)
+	}
+}
+
+// TestLossPeak: the loss layer's transient memory on the last stage is
+// sbV/t logits at 12 bytes (unfused) or 6 (fused), hand-computed; the
+// saved activations do not depend on it.
+func TestLossPeak(t *testing.T) {
+	eval := func(loss topology.Loss) Memory {
+		p := plan(t, "dgx-h100", "gpt-13b", func(c *topology.Config) { c.TP, c.PP, c.MicroBatch, c.Loss = 8, 1, 4, loss })
+		r, err := Evaluate(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Memory.PerGPU
+	}
+	logits := 2048 * 4 * 51200.0 / 8
+	unfused, fused := eval(topology.LossUnfused), eval(topology.LossFused)
+	if unfused.Transient != 12*logits || fused.Transient != 6*logits || unfused.Activations != fused.Activations {
+		t.Errorf("transient %v unfused, %v fused; want %v and %v", unfused.Transient, fused.Transient, 12*logits, 6*logits)
+	}
+}
+
+// TestFP8: Transformer Engine's fp8 saves the four matrix-multiply inputs
+// of a layer in one byte (2sbh + sbh + sbF fewer bytes per layer than
+// bf16), keeps fp8 copies of the layer weights (2 bytes a parameter), and
+// runs the layer matrix multiplies other than the attention core at the
+// fp8 peak; a GPU without fp8 is refused.
+func TestFP8(t *testing.T) {
+	eval := func(prec topology.Precision) (Report, *topology.Plan) {
+		p := plan(t, "dgx-h100", "gpt-13b", func(c *topology.Config) { c.TP, c.PP, c.Precision = 8, 4, prec })
+		r, err := Evaluate(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, p
+	}
+	bf, p := eval(topology.PrecisionBF16)
+	f8, pf8 := eval(topology.PrecisionFP8)
+	m := p.Model
+	s, h, f := 2048.0, float64(m.Hidden), float64(m.FFNSize())
+	perLayer := 2*s*h + (s*h+s*f)/8
+	layers := float64(m.Layers / 4)
+	if got, want := bf.Memory.Stages[1].Activations-f8.Memory.Stages[1].Activations, 3*layers*perLayer; !near(got, want, 1e-12) {
+		t.Errorf("stage 1 (3 in flight): fp8 saves %.0f activation bytes, want %.0f", got, want)
+	}
+	if got, want := f8.Memory.Stages[1].Params-bf.Memory.Stages[1].Params, 2*layers*m.LayerParams()/8; !near(got, want, 1e-12) {
+		t.Errorf("fp8 weight copies %.0f bytes, want %.0f", got, want)
+	}
+	// One layer's forward: the elementwise share and the attention core at
+	// the bf16 rate, the rest at twice it (1979 vs 989 TFLOP/s).
+	eff := fitted
+	flops, core := layerForwardFLOPs(m), attentionCoreFLOPs(m)
+	peak := 989e12 * eff.compute
+	want := flops/peak*eff.hidden0/h + core/peak + (flops-core)/(1979e12*eff.compute)
+	if got := layerForwardSeconds(pf8, eff, flops); !near(got, want, 1e-12) {
+		t.Errorf("fp8 layer forward %.6g s, want %.6g", got, want)
+	}
+	if f8.Step.Seconds >= bf.Step.Seconds || f8.Step.FLOPs != bf.Step.FLOPs {
+		t.Errorf("fp8 step %.3f s, bf16 %.3f s; FLOPs %g vs %g", f8.Step.Seconds, bf.Step.Seconds, f8.Step.FLOPs, bf.Step.FLOPs)
+	}
+	cl, _ := topology.ClusterPreset("dgx-a100")
+	c := topology.DefaultConfig()
+	c.TP, c.Precision = 8, topology.PrecisionFP8
+	mod, _ := topology.ModelPreset("gpt-13b")
+	if _, err := topology.New(cl, mod, c); !errors.Is(err, topology.ErrInvalid) || !strings.Contains(err.Error(), "no peak_fp8_tflops") {
+		t.Errorf("fp8 on A100: err = %v", err)
 	}
 }
 

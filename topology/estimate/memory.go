@@ -17,6 +17,11 @@ type Memory struct {
 	// Activations holds the activations saved for the backward pass at the
 	// schedule's peak.
 	Activations float64 `json:"activations"`
+	// Transient holds the working buffers alive at the peak beyond the saved
+	// activations: the loss layer at the start of the backward pass, or a
+	// layer's backward (its recomputed activations and its activation
+	// gradients), whichever is larger (see transientBytes).
+	Transient float64 `json:"transient"`
 	// Other is the stated allowance: CUDA context, library workspaces,
 	// communication buffers and allocator fragmentation (see otherBytes).
 	Other float64 `json:"other"`
@@ -130,6 +135,10 @@ func stageParams(p *topology.Plan, stage int) float64 {
 // Flash attention (Dao et al. 2022) never stores the s x s scores, softmax
 // or its dropout mask: the 5as^2b term is replaced by the fp32 log-sum-exp
 // statistics, 4asb. The result is scaled by w/2 for w-byte activations.
+// In fp8 (Transformer Engine), the inputs of the four matrix multiplies are
+// saved in fp8, one byte an element: the QKV and first MLP inputs (2sbh
+// each, unsplit) and the projection and second MLP inputs (2sbh and 2sbF,
+// split) take half.
 func LayerActivations(m topology.Model, c topology.Config) float64 {
 	s, b, h := float64(m.Seq), float64(c.MicroBatch), float64(m.Hidden)
 	a, kv, f := float64(m.Heads), float64(m.KVDim()), float64(m.FFNSize())
@@ -148,6 +157,10 @@ func LayerActivations(m topology.Model, c topology.Config) float64 {
 		mlp = 8 * s * b * f
 	}
 	split := 4*s*b*h + 4*s*b*kv + mlp
+	if c.Precision == topology.PrecisionFP8 {
+		unsplit -= 2 * s * b * h
+		split -= s*b*h + s*b*f
+	}
 	var core float64 // the attention-core term
 	switch {
 	case c.FlashAttention:
@@ -168,14 +181,16 @@ func fullLayerActivations(m topology.Model, c topology.Config) float64 {
 	return LayerActivations(m, c)
 }
 
-// stageActivations returns the peak activation bytes of one GPU of stage
-// stage, given the peak number of (micro-batch, model chunk) forward passes
-// the schedule holds in flight on that stage.
+// stageActivations returns the activation bytes one GPU of stage stage
+// keeps for the backward pass at its peak, given the peak number of
+// (micro-batch, model chunk) forward passes the schedule holds in flight on
+// that stage.
 //
 // Korthikanti et al. 2022 Sec. 4.2.3: the first stage's extra memory is the
 // embedding's dropout mask, sbh per in-flight micro-batch (/t with sequence
-// parallelism); the last stage's output layer needs 4sbh/t (1 + V/h) for
-// one micro-batch (its logits are consumed at once by the loss).
+// parallelism); the last stage keeps the final layer norm's input and the
+// output layer's input, 4sbh/t, for one micro-batch (its logits are
+// consumed at once by the loss: transientBytes counts them).
 func stageActivations(p *topology.Plan, stage, inflight int) float64 {
 	m, c := p.Model, p.Config
 	if m.Bare() {
@@ -185,9 +200,6 @@ func stageActivations(p *topology.Plan, stage, inflight int) float64 {
 	layersPerChunk := float64(m.Layers / (c.PP * c.VPP))
 	act := float64(inflight) * layersPerChunk * LayerActivations(m, c)
 	scale := activationBytes(c.Precision) / 2
-	if c.Recompute == topology.RecomputeFull {
-		act += fullLayerActivations(m, c)
-	}
 	if stage == 0 {
 		sp := 1.0
 		if c.SequenceParallel {
@@ -197,9 +209,56 @@ func stageActivations(p *topology.Plan, stage, inflight int) float64 {
 		act += float64(mbs) * s * b * h / sp * scale
 	}
 	if stage == c.PP-1 {
-		act += 4 * s * b * h / t * (1 + float64(m.Vocab)/h) * scale
+		act += 4 * s * b * h / t * scale
 	}
 	return act
+}
+
+// LossBytesPerLogit returns the bytes per logit alive at the loss layer's
+// peak, the start of the backward pass, by implementation. PyTorch's
+// cross_entropy over an fp32 copy of the logits (LossUnfused) saves the
+// fp32 log-softmax (4 bytes) and, in its backward, holds the gradient of
+// the log-probabilities and that of the logits (4 + 4) beside it: 12.
+// Megatron-LM's vocabulary-parallel cross entropy (LossFused) saves the
+// fp32 softmax and turns it into the gradient in place, plus the 16-bit
+// copy of that gradient the output layer takes: 6. The loss is computed
+// in fp32 in every precision.
+func LossBytesPerLogit(l topology.Loss) float64 {
+	if l == topology.LossFused {
+		return 6
+	}
+	return 12
+}
+
+// transientBytes returns the working buffers one GPU of stage stage holds
+// at its peak beyond the saved activations. The peak comes at the start of
+// the backward pass, with every in-flight activation still saved, and is
+// the larger of two moments that never overlap:
+//   - on the last stage, the loss layer of one micro-batch: sbV/t logits at
+//     LossBytesPerLogit bytes each;
+//   - one layer's backward: the activations a recomputed layer rebuilds
+//     (all of them with full recomputation, the attention core with
+//     selective recomputation without flash attention), plus two
+//     activation gradients of the MLP's inner width, 2sbF/t (the gradient
+//     arriving and the one produced).
+func transientBytes(p *topology.Plan, stage int) float64 {
+	m, c := p.Model, p.Config
+	if m.Bare() {
+		return 0
+	}
+	s, b, t := float64(m.Seq), float64(c.MicroBatch), float64(c.TP)
+	w := activationBytes(c.Precision)
+	layer := 2 * s * b * float64(m.FFNSize()) / t * w
+	switch {
+	case c.Recompute == topology.RecomputeFull:
+		layer += fullLayerActivations(m, c)
+	case c.Recompute == topology.RecomputeSelective && !c.FlashAttention:
+		layer += 5 * float64(m.Heads) * s * s * b / t * w / 2
+	}
+	if stage != c.PP-1 {
+		return layer
+	}
+	return max(layer, s*b*float64(m.Vocab)/t*LossBytesPerLogit(c.Loss))
 }
 
 // otherBytes is the stated allowance beyond model states and activations:
@@ -215,17 +274,35 @@ func otherBytes(p *topology.Plan, allocated float64) float64 {
 	return o
 }
 
+// fp8WeightCache returns the fp8 copies of the layers' weights that
+// Transformer Engine casts on a step's first micro-batch and keeps for the
+// others: the weight and its transpose (the backward pass multiplies by
+// W^T), one byte each per parameter of the stage's layers, sharded with
+// the weights under ZeRO 3. Zero outside fp8.
+func fp8WeightCache(p *topology.Plan) float64 {
+	m, c := p.Model, p.Config
+	if c.Precision != topology.PrecisionFP8 || m.Bare() {
+		return 0
+	}
+	n := 2 * float64(m.Layers/c.PP) * m.LayerParams() / float64(c.TP)
+	if zeroStage(p).ShardsParams() {
+		n /= float64(c.DP)
+	}
+	return n
+}
+
 // StageMemory returns the memory of one GPU of pipeline stage stage.
 func StageMemory(p *topology.Plan, stage, inflight int) (gpu Memory, hostOptimizer float64) {
 	c := p.Config
 	w, g, o := ModelStates(stageParams(p, stage), c.DP, zeroStage(p), c.Precision)
 	_, bg, _ := bytesPerParam(c.Precision)
 	g *= gradBytes(c) / bg // fp32 main gradients: twice the 16-bit ones
+	w += fp8WeightCache(p)
 	if c.OffloadOptimizer {
 		hostOptimizer, o = o, 0
 	}
-	gpu = Memory{Params: w, Grads: g, Optimizer: o, Activations: stageActivations(p, stage, inflight)}
-	alloc := gpu.Params + gpu.Grads + gpu.Optimizer + gpu.Activations
+	gpu = Memory{Params: w, Grads: g, Optimizer: o, Activations: stageActivations(p, stage, inflight), Transient: transientBytes(p, stage)}
+	alloc := gpu.Params + gpu.Grads + gpu.Optimizer + gpu.Activations + gpu.Transient
 	gpu.Other = otherBytes(p, alloc)
 	gpu.Total = alloc + gpu.Other
 	return gpu, hostOptimizer

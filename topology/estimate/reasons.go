@@ -72,7 +72,7 @@ func largestPart(m Memory) (string, float64) {
 	for _, c := range []struct {
 		name string
 		v    float64
-	}{{"optimizer", m.Optimizer}, {"params", m.Params}, {"grads", m.Grads}} {
+	}{{"optimizer", m.Optimizer}, {"params", m.Params}, {"grads", m.Grads}, {"transient", m.Transient}} {
 		if c.v > v {
 			name, v = c.name, c.v
 		}
@@ -97,6 +97,13 @@ func remedies(p *topology.Plan, part string) []string {
 		}
 		if !c.FlashAttention {
 			tips = append(tips, "--flash-attention")
+		}
+	case "transient":
+		if c.MicroBatch > 1 {
+			tips = append(tips, "--micro-batch 1")
+		}
+		if c.Loss != topology.LossFused {
+			tips = append(tips, "--loss fused")
 		}
 	case "optimizer":
 		if !stage.ShardsOptimizer() && c.DP > 1 {

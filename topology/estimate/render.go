@@ -59,7 +59,7 @@ func WriteText(w io.Writer, p *topology.Plan, r Report) error {
 	if name == "" {
 		name = "model"
 	}
-	fmt.Fprintf(b, "plan     %s (%.2fB params) on %s: %s x %s, %.0f GiB each, NVLink domain %s\n",
+	fmt.Fprintf(b, "plan     %s (%.2fB params) on %s: %s x %s, %.4g GiB each, NVLink domain %s\n",
 		name, m.TotalParams()/1e9, cl.Name, plural(cl.Nodes, "node", "nodes"), plural(cl.GPUsPerNode, "GPU", "GPUs"), cl.GPUMemoryGiB, plural(cl.Domain(), "GPU", "GPUs"))
 	fmt.Fprintf(b, "layout   tp %d x pp %d x dp %d = %s, order %s, vpp %d, ZeRO %d, %s, schedule %s\n",
 		c.TP, c.PP, c.DP, plural(p.World(), "GPU", "GPUs"), c.Order, c.VPP, c.Zero, c.Precision, c.Schedule)
@@ -105,15 +105,15 @@ func WriteText(w io.Writer, p *topology.Plan, r Report) error {
 
 	mr := r.Memory
 	if mr.UsableBytes < mr.CapacityBytes {
-		fmt.Fprintf(b, "\nmemory per GPU (GiB; capacity %.1f, %.1f kept free as headroom)\n", mr.CapacityBytes/topology.GiB, (mr.CapacityBytes-mr.UsableBytes)/topology.GiB)
+		fmt.Fprintf(b, "\nmemory per GPU (GiB; capacity %.1f, %.1f kept free as headroom; %s loss)\n", mr.CapacityBytes/topology.GiB, (mr.CapacityBytes-mr.UsableBytes)/topology.GiB, lossName(c))
 	} else {
-		fmt.Fprintf(b, "\nmemory per GPU (GiB; capacity %.1f)\n", mr.CapacityBytes/topology.GiB)
+		fmt.Fprintf(b, "\nmemory per GPU (GiB; capacity %.1f; %s loss)\n", mr.CapacityBytes/topology.GiB, lossName(c))
 	}
 	tw = tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "  stage\tparams\tgrads\toptimizer\tactivations\tother\ttotal\tin flight\t")
+	fmt.Fprintln(tw, "  stage\tparams\tgrads\toptimizer\tactivations\ttransient\tother\ttotal\tin flight\t")
 	for st := 0; st < len(mr.Stages); st++ {
 		if len(mr.Stages) > maxListed && st == maxListed-2 {
-			fmt.Fprintf(tw, "  ...\t\t\t\t\t\t\t\t\n")
+			fmt.Fprintf(tw, "  ...\t\t\t\t\t\t\t\t\t\n")
 			st = len(mr.Stages) - 2
 		}
 		sm := mr.Stages[st]
@@ -121,8 +121,8 @@ func WriteText(w io.Writer, p *topology.Plan, r Report) error {
 		if st == mr.WorstStage {
 			mark = " worst"
 		}
-		fmt.Fprintf(tw, "  %d%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t\n", st, mark, sm.Params/topology.GiB, sm.Grads/topology.GiB,
-			sm.Optimizer/topology.GiB, sm.Activations/topology.GiB, sm.Other/topology.GiB, sm.Total/topology.GiB, r.Pipeline.PeakInFlight[st])
+		fmt.Fprintf(tw, "  %d%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t\n", st, mark, sm.Params/topology.GiB, sm.Grads/topology.GiB,
+			sm.Optimizer/topology.GiB, sm.Activations/topology.GiB, sm.Transient/topology.GiB, sm.Other/topology.GiB, sm.Total/topology.GiB, r.Pipeline.PeakInFlight[st])
 	}
 	tw.Flush()
 	if mr.HostOptimizerBytes > 0 {
@@ -304,6 +304,14 @@ func span(rows []topology.RankInfo, f func(topology.RankInfo) int) string {
 		parts[i] = fmt.Sprint(v)
 	}
 	return strings.Join(parts, ",")
+}
+
+// lossName names the cross-entropy implementation the memory assumes.
+func lossName(c topology.Config) string {
+	if c.Loss == "" {
+		return string(topology.LossUnfused)
+	}
+	return string(c.Loss)
 }
 
 // optimizerName says which Adam the step time assumes.

@@ -94,11 +94,10 @@ func stageCosts(p *topology.Plan, l groupLinks, kind schedule.Kind, eff efficien
 	if m.Bare() {
 		return schedule.Costs{F: 1, B: 2}
 	}
-	rate := computeRate(p, eff) * float64(c.TP)
 	layers := float64(m.Layers / (c.PP * c.VPP))
-	b := float64(c.MicroBatch)
-	fwd := b * layers * layerForwardFLOPs(m) / rate
-	re := b * layers * recomputeFLOPs(m, c.Recompute) / rate
+	perGPU := float64(c.MicroBatch) * layers / float64(c.TP)
+	fwd := perGPU * layerForwardSeconds(p, eff, layerForwardFLOPs(m))
+	re := perGPU * layerForwardSeconds(p, eff, recomputeFLOPs(m, c.Recompute))
 	_, ar := ringAllReduce(tpMessage(p), c.TP, l.tp)
 	fComm := 2 * layers * ar
 	bComm := float64(tpAllReducesPerLayer(c.Recompute)-2) * layers * ar
