@@ -488,6 +488,48 @@ func TestLossPeak(t *testing.T) {
 	}
 }
 
+// TestUpdatePeak: with PyTorch's multi-tensor Adam the update holds fp32
+// copies of the 16-bit gradients and sqrt(v), 8 bytes a parameter, when no
+// activation is saved; where that exceeds the activations and the backward
+// buffers (full recomputation, a small vocabulary) it sets the peak, and
+// Transient is the difference. Fused Adam adds nothing; fp32 gradients
+// need no copy (4 bytes).
+func TestUpdatePeak(t *testing.T) {
+	cl, _ := topology.ClusterPreset("dgx-h100")
+	cl.GPUsPerNode = 1
+	m := topology.Model{Name: "t", Layers: 12, Hidden: 4096, Heads: 32, Seq: 2048, Vocab: 1024, LearnedPositions: true}
+	eval := func(opt topology.Optimizer, fp32Grads bool) Memory {
+		c := topology.DefaultConfig()
+		c.MicroBatch, c.GlobalBatch, c.Recompute, c.Optimizer, c.MainGradsFP32 = 1, 1, topology.RecomputeFull, opt, fp32Grads
+		p, err := topology.New(cl, m, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := Evaluate(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Memory.PerGPU
+	}
+	params := m.TotalParams()
+	for _, tc := range []struct {
+		opt       topology.Optimizer
+		fp32Grads bool
+		perParam  float64
+	}{{topology.OptimizerMultiTensor, false, 8}, {topology.OptimizerMultiTensor, true, 4}} {
+		got := eval(tc.opt, tc.fp32Grads)
+		if want := tc.perParam*params - got.Activations; !near(got.Transient, want, 1e-12) {
+			t.Errorf("%s fp32 grads %v: transient %.0f, want %.0f bytes (%g per parameter less %.0f of activations)", tc.opt, tc.fp32Grads, got.Transient, want, tc.perParam, got.Activations)
+		}
+	}
+	// Fused: the backward of a recomputed layer, its full activations
+	// sbh(34) + 4asb and two MLP-width gradients 2 x 2sbF = 16sbh.
+	sbh := 2048 * 4096.0
+	if fused, want := eval(topology.OptimizerFused, false), 50*sbh+4*32*2048; fused.Transient != want {
+		t.Errorf("fused Adam: transient %.0f bytes, want the backward's %.0f", fused.Transient, want)
+	}
+}
+
 // TestFP8: Transformer Engine's fp8 saves the four matrix-multiply inputs
 // of a layer in one byte (2sbh + sbh + sbF fewer bytes per layer than
 // bf16), keeps fp8 copies of the layer weights (2 bytes a parameter), and

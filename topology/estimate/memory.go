@@ -17,10 +17,11 @@ type Memory struct {
 	// Activations holds the activations saved for the backward pass at the
 	// schedule's peak.
 	Activations float64 `json:"activations"`
-	// Transient holds the working buffers alive at the peak beyond the saved
-	// activations: the loss layer at the start of the backward pass, or a
-	// layer's backward (its recomputed activations and its activation
-	// gradients), whichever is larger (see transientBytes).
+	// Transient is what the memory peak holds beyond the model states and
+	// the saved activations: the working buffers of the backward pass (the
+	// loss layer, or a layer's backward; see transientBytes), or, where the
+	// optimizer update's buffers (updateBytes, alive when no activation is)
+	// exceed the activations and those, the difference.
 	Transient float64 `json:"transient"`
 	// Other is the stated allowance: CUDA context, library workspaces,
 	// communication buffers and allocator fragmentation (see otherBytes).
@@ -274,6 +275,30 @@ func otherBytes(p *topology.Plan, allocated float64) float64 {
 	return o
 }
 
+// updateBytes returns the working buffers of the optimizer update on one
+// GPU of stage stage, a moment when no activation is saved. PyTorch's Adam
+// over fp32 master weights (OptimizerMultiTensor) needs fp32 gradients, so
+// 16-bit gradients are first copied to fp32 (4 bytes a parameter it
+// updates), and its multi-tensor step computes sqrt(v) for every parameter
+// at once (4 more). A fused Adam (Megatron-LM's, DeepSpeed's) reads the
+// gradients as they are and updates in place: nothing. Offloaded optimizer
+// state is updated on the host.
+func updateBytes(p *topology.Plan, stage int) float64 {
+	c := p.Config
+	if c.OffloadOptimizer || c.Optimizer != topology.OptimizerMultiTensor {
+		return 0
+	}
+	n := stageParams(p, stage)
+	if zeroStage(p).ShardsOptimizer() {
+		n /= float64(c.DP)
+	}
+	perParam := 4.0
+	if c.Precision != topology.PrecisionFP32 && !c.MainGradsFP32 {
+		perParam += 4
+	}
+	return n * perParam
+}
+
 // fp8WeightCache returns the fp8 copies of the layers' weights that
 // Transformer Engine casts on a step's first micro-batch and keeps for the
 // others: the weight and its transpose (the backward pass multiplies by
@@ -301,7 +326,8 @@ func StageMemory(p *topology.Plan, stage, inflight int) (gpu Memory, hostOptimiz
 	if c.OffloadOptimizer {
 		hostOptimizer, o = o, 0
 	}
-	gpu = Memory{Params: w, Grads: g, Optimizer: o, Activations: stageActivations(p, stage, inflight), Transient: transientBytes(p, stage)}
+	act := stageActivations(p, stage, inflight)
+	gpu = Memory{Params: w, Grads: g, Optimizer: o, Activations: act, Transient: max(transientBytes(p, stage), updateBytes(p, stage)-act)}
 	alloc := gpu.Params + gpu.Grads + gpu.Optimizer + gpu.Activations + gpu.Transient
 	gpu.Other = otherBytes(p, alloc)
 	gpu.Total = alloc + gpu.Other
