@@ -488,12 +488,12 @@ func TestLossPeak(t *testing.T) {
 	}
 }
 
-// TestUpdatePeak: with PyTorch's multi-tensor Adam the update holds fp32
-// copies of the 16-bit gradients and sqrt(v), 8 bytes a parameter, when no
-// activation is saved; where that exceeds the activations and the backward
-// buffers (full recomputation, a small vocabulary) it sets the peak, and
-// Transient is the difference. Fused Adam adds nothing; fp32 gradients
-// need no copy (4 bytes).
+// TestUpdatePeak: the update holds fp32 copies of 16-bit gradients (4
+// bytes a parameter) and, with PyTorch's multi-tensor Adam, sqrt(v) (4
+// more) when no activation is saved; where that exceeds the activations
+// and the backward buffers (full recomputation, a small vocabulary) it sets
+// the peak, and Transient is the difference. fp32 gradients need no copy;
+// a fused Adam with them adds nothing, and the backward sets the peak.
 func TestUpdatePeak(t *testing.T) {
 	cl, _ := topology.ClusterPreset("dgx-h100")
 	cl.GPUsPerNode = 1
@@ -516,7 +516,7 @@ func TestUpdatePeak(t *testing.T) {
 		opt       topology.Optimizer
 		fp32Grads bool
 		perParam  float64
-	}{{topology.OptimizerMultiTensor, false, 8}, {topology.OptimizerMultiTensor, true, 4}} {
+	}{{topology.OptimizerMultiTensor, false, 8}, {topology.OptimizerMultiTensor, true, 4}, {topology.OptimizerFused, false, 4}} {
 		got := eval(tc.opt, tc.fp32Grads)
 		if want := tc.perParam*params - got.Activations; !near(got.Transient, want, 1e-12) {
 			t.Errorf("%s fp32 grads %v: transient %.0f, want %.0f bytes (%g per parameter less %.0f of activations)", tc.opt, tc.fp32Grads, got.Transient, want, tc.perParam, got.Activations)
@@ -525,7 +525,7 @@ func TestUpdatePeak(t *testing.T) {
 	// Fused: the backward of a recomputed layer, its full activations
 	// sbh(34) + 4asb and two MLP-width gradients 2 x 2sbF = 16sbh.
 	sbh := 2048 * 4096.0
-	if fused, want := eval(topology.OptimizerFused, false), 50*sbh+4*32*2048; fused.Transient != want {
+	if fused, want := eval(topology.OptimizerFused, true), 50*sbh+4*32*2048; fused.Transient != want {
 		t.Errorf("fused Adam: transient %.0f bytes, want the backward's %.0f", fused.Transient, want)
 	}
 }

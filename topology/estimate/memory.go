@@ -276,24 +276,27 @@ func otherBytes(p *topology.Plan, allocated float64) float64 {
 }
 
 // updateBytes returns the working buffers of the optimizer update on one
-// GPU of stage stage, a moment when no activation is saved. PyTorch's Adam
-// over fp32 master weights (OptimizerMultiTensor) needs fp32 gradients, so
-// 16-bit gradients are first copied to fp32 (4 bytes a parameter it
-// updates), and its multi-tensor step computes sqrt(v) for every parameter
-// at once (4 more). A fused Adam (Megatron-LM's, DeepSpeed's) reads the
-// gradients as they are and updates in place: nothing. Offloaded optimizer
-// state is updated on the host.
+// GPU of stage stage, a moment when no activation is saved. Adam updates
+// fp32 master weights from fp32 gradients: 16-bit gradients are first
+// copied to fp32, 4 bytes a parameter it updates (Megatron-LM's
+// Float16Optimizer and a PyTorch program alike; none with MainGradsFP32,
+// which keeps them in fp32, or in fp32 training). PyTorch's multi-tensor
+// step also computes sqrt(v) for every parameter at once, 4 more; a fused
+// kernel updates in place. Offloaded optimizer state is updated on the host.
 func updateBytes(p *topology.Plan, stage int) float64 {
 	c := p.Config
-	if c.OffloadOptimizer || c.Optimizer != topology.OptimizerMultiTensor {
+	if c.OffloadOptimizer {
 		return 0
 	}
 	n := stageParams(p, stage)
 	if zeroStage(p).ShardsOptimizer() {
 		n /= float64(c.DP)
 	}
-	perParam := 4.0
+	perParam := 0.0
 	if c.Precision != topology.PrecisionFP32 && !c.MainGradsFP32 {
+		perParam += 4
+	}
+	if c.Optimizer == topology.OptimizerMultiTensor {
 		perParam += 4
 	}
 	return n * perParam
