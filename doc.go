@@ -19,15 +19,17 @@
 //   - collectives: process groups and ring collectives over a Transport,
 //     with an in-memory network for tests; collectives/tcp (sockets and the
 //     TCP bootstrap store), collectives/shm (shared memory between processes
-//     of one host), collectives/nccl (NCCL loaded at run time, no cgo),
-//     and collectives/collectivestest (the conformance suite every
-//     transport runs).
+//     of one host), collectives/nccl (NCCL loaded at run time, no cgo, on
+//     host or device memory; its fakes for tests in nccltest), and
+//     collectives/collectivestest (the conformance suite every transport
+//     runs).
 //   - internal/localproc: runs a world of local worker processes, or this
 //     node's part of one, joined through a rendezvous store; each rank in
 //     its own process group, stopped with SIGTERM then SIGKILL, dying with
 //     its parent (train, bench and the worker agent use it).
 //   - internal/bench: the driver behind `gpucoord bench`, which times the
-//     collectives over TCP, shared memory or in process, as nccl-tests does.
+//     collectives over TCP, shared memory, in process or NCCL on GPU memory,
+//     as nccl-tests does.
 //   - proto: the wire protocol (proto/gpucoord.proto, generated code in
 //     proto/gpucoordpb): the Coordinator gRPC service and the messages that
 //     are also the values of the coordinator's etcd keys.

@@ -169,6 +169,28 @@ type Grouper interface {
 	NewGroup(ctx context.Context, ranks []int) (Communicator, error)
 }
 
+// MemberIndex checks the member list of a sub-group of a group of size
+// members, as Grouper.NewGroup receives it, and returns the index of rank in
+// it. A rank out of range or repeated is ErrInvalid; a list without rank is
+// ErrNotMember.
+func MemberIndex(ranks []int, size, rank int) (int, error) {
+	seen := make(map[int]bool, len(ranks))
+	me := -1
+	for i, r := range ranks {
+		if r < 0 || r >= size || seen[r] {
+			return -1, fmt.Errorf("%w: group ranks %v: rank %d is out of range [0,%d) or repeated", ErrInvalid, ranks, r, size)
+		}
+		seen[r] = true
+		if r == rank {
+			me = i
+		}
+	}
+	if me < 0 {
+		return -1, fmt.Errorf("%w: rank %d not in %v", ErrNotMember, rank, ranks)
+	}
+	return me, nil
+}
+
 // NewGroup forms a sub-group of parent; see Grouper.
 func NewGroup(ctx context.Context, parent Communicator, ranks []int) (Communicator, error) {
 	g, ok := parent.(Grouper)
@@ -192,22 +214,13 @@ func (c *Comm) Group(ctx context.Context, ranks []int) (*Comm, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	n := len(c.world)
-	seen := make(map[int]bool, len(ranks))
-	world := make([]int, len(ranks))
-	me := -1
-	for i, r := range ranks {
-		if r < 0 || r >= n || seen[r] {
-			return nil, fmt.Errorf("%w: group ranks %v: rank %d is out of range [0,%d) or repeated", ErrInvalid, ranks, r, n)
-		}
-		seen[r] = true
-		world[i] = c.world[r]
-		if r == c.rank {
-			me = i
-		}
+	me, err := MemberIndex(ranks, len(c.world), c.rank)
+	if err != nil {
+		return nil, err
 	}
-	if me < 0 {
-		return nil, fmt.Errorf("%w: rank %d not in %v", ErrNotMember, c.rank, ranks)
+	world := make([]int, len(ranks))
+	for i, r := range ranks {
+		world[i] = c.world[r]
 	}
 	key := fmt.Sprint(world)
 	c.subMu.Lock()

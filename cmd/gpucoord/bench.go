@@ -25,14 +25,27 @@ func newBenchCmd() *cobra.Command {
 		Use:   "bench [OP]",
 		Short: "Time collectives (allreduce, reducescatter, allgather, broadcast) like nccl-tests",
 		Long: `Time a collective on N local ranks and print, per size, the median time
-and algbw/busbw in GB/s (1e9 bytes; busbw = algbw * 2(n-1)/n for allreduce).
+and algbw/busbw in GB/s (1e9 bytes; busbw = algbw * 2(n-1)/n for allreduce,
+(n-1)/n for reducescatter and allgather, 1 for broadcast, as nccl-tests).
 
   gpucoord bench allreduce --np 4 --sizes 4K:64M --backend tcp
   gpucoord bench allgather --np 2 --sizes 1M,16M --json
+  gpucoord bench allreduce --np 8 --sizes 8K:1G --backend nccl
 
 Ranks are child processes over TCP on 127.0.0.1 (--backend tcp) or shared
 memory (--backend shm), or goroutines with --inproc
 (always with --backend inmem).
+
+--backend nccl is the pre-flight check of a GPU machine, what nccl-tests
+does without building anything: one process per rank, each timing NCCL on
+buffers in GPU memory, with every size's result checked. Rank r runs on
+GPU r mod GPUs; ranks that share a GPU get NCCL_HOSTIDs of their own, so
+--np may exceed the GPUs. Where NCCL (libnccl.so.2, 2.14 or later), the
+CUDA runtime or a GPU is missing, it fails at once with one line saying
+which, and starts nothing (GPUCOORD_NCCL_LIBRARY and
+GPUCOORD_CUDART_LIBRARY point it at other libraries). --inproc with nccl
+needs a GPU per rank. Each JSON result carries the host name, so that the
+runs of several nodes compare line by line.
 
 Every rank holds buffers for the largest size (the buffer, a 1/np shard
 and, for reducescatter, a scratch copy): --np 4 --sizes 4G needs about
@@ -104,12 +117,17 @@ says how.`,
 func runBench(c *cobra.Command, cfg *bench.Config, asJSON, asLines bool) error {
 	out := c.OutOrStdout()
 	all := []bench.Result{}
-	if !asJSON && !asLines {
+	// The table's header comes with the first result, so that a run that
+	// cannot start (no NCCL, say) prints nothing but its error.
+	header := func(r bench.Result) {
 		where := ""
 		if cfg.InProc || cfg.Backend == "inmem" {
 			where = " (in-process)"
 		}
-		fmt.Fprintf(out, "# %s, %d ranks, backend %s%s, float32 sum\n", cfg.Op, cfg.NP, cfg.Backend, where)
+		if cfg.Backend == "nccl" {
+			where += " on GPU memory"
+		}
+		fmt.Fprintf(out, "# %s, %d ranks on %s, backend %s%s, float32 sum\n", cfg.Op, cfg.NP, r.Host, cfg.Backend, where)
 		fmt.Fprintf(out, "%12s %11s %12s %13s %13s %8s\n", "size (B)", "count", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "correct")
 	}
 	enc := json.NewEncoder(out)
@@ -122,11 +140,14 @@ func runBench(c *cobra.Command, cfg *bench.Config, asJSON, asLines bool) error {
 			all = append(all, r)
 			return nil
 		}
+		if len(all) == 0 {
+			header(r)
+		}
 		all = append(all, r)
 		_, err := fmt.Fprintf(out, "%12d %11d %12.1f %13.3f %13.3f %8v\n", r.SizeBytes, r.Count, r.Seconds*1e6, r.AlgBW, r.BusBW, r.Correct)
 		return err
 	})
-	if asJSON {
+	if asJSON && (err == nil || len(all) > 0) {
 		b, jerr := json.MarshalIndent(all, "", "  ")
 		if jerr != nil {
 			return jerr

@@ -24,6 +24,8 @@ type benchRecord struct {
 	AlgBW     float64 `json:"algbw_gbps"`
 	BusBW     float64 `json:"busbw_gbps"`
 	Correct   bool    `json:"correct"`
+	Backend   string  `json:"backend"`
+	Host      string  `json:"host"`
 }
 
 func checkRecord(t *testing.T, r benchRecord, op string, n int, busFactor float64) {

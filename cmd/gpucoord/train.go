@@ -2,11 +2,15 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 
+	"gpucoord/collectives/nccl"
 	"gpucoord/schedule"
 	"gpucoord/worker/engine"
 )
@@ -21,7 +25,11 @@ type trainFlags struct {
 	seed                      uint64
 	inproc, json              bool
 	saveParams                string
+	backend                   string
 }
+
+// trainBackends are the transports of the engine's TP, PP and DP groups.
+var trainBackends = []string{"tcp", "nccl"}
 
 func (f *trainFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
@@ -37,10 +45,17 @@ func (f *trainFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&f.inproc, "inproc", false, "run the ranks as goroutines over an in-memory network instead of processes over TCP")
 	fl.BoolVar(&f.json, "json", false, `print one JSON object per step on stdout: {"step": N, "loss": X, ...}`)
 	fl.StringVar(&f.saveParams, "save-params", "", "write the final parameters to this directory (one file per tp/pp rank)")
+	fl.StringVar(&f.backend, "backend", "tcp", "transport of the TP, PP and DP groups: "+strings.Join(trainBackends, ", "))
 }
 
 // config loads the job, applies the overrides and resolves the layout.
 func (f *trainFlags) config(cmd *cobra.Command, path string) (*engine.Config, error) {
+	if !slices.Contains(trainBackends, f.backend) {
+		return nil, fmt.Errorf("unknown backend %q (want one of %s)", f.backend, strings.Join(trainBackends, ", "))
+	}
+	if f.backend == "nccl" && f.inproc {
+		return nil, errors.New("--backend nccl runs the ranks as processes; --inproc runs them over an in-memory network")
+	}
 	kind, err := schedule.ParseKind(f.schedule)
 	if err != nil {
 		return nil, err
@@ -68,8 +83,15 @@ func newTrainCmd() *cobra.Command {
 tensor-parallel layers over --tp ranks, --pp pipeline stages run by --schedule,
 --dp data-parallel replicas with ZeRO stage --zero. Ranks are local processes
 joined over TCP on 127.0.0.1, or goroutines with --inproc. Every layout
-computes the same losses as a single process.`,
-		Example: "  gpucoord train --np 8 --tp 2 --pp 2 --dp 2 --schedule 1f1b --zero 1 examples/jobs/mlp.yaml",
+computes the same losses as a single process.
+
+With --backend nccl the TP, PP and DP groups are NCCL communicators on the
+machine's GPUs (rank r on GPU r mod GPUs; ranks sharing a GPU get NCCL_HOSTIDs
+of their own), while the engine computes on the CPU and keeps its buffers in
+host memory. Where NCCL, the CUDA runtime or a GPU is missing, train fails at
+once with one line saying which, and starts nothing.`,
+		Example: `  gpucoord train --np 8 --tp 2 --pp 2 --dp 2 --schedule 1f1b --zero 1 examples/jobs/mlp.yaml
+  gpucoord train --np 4 --tp 2 --pp 2 --backend nccl examples/jobs/mlp.yaml`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usageError(fmt.Errorf("train needs exactly one job file, got %d arguments", len(args)))
@@ -80,6 +102,14 @@ computes the same losses as a single process.`,
 			cfg, err := f.config(cmd, args[0])
 			if err != nil {
 				return usageError(err)
+			}
+			devices := 0
+			if f.backend == "nccl" {
+				// Before anything is printed or started: no NCCL or no GPU
+				// is one line on stderr.
+				if devices, err = nccl.Devices(nccl.DefaultConfig()); err != nil {
+					return err
+				}
 			}
 			if f.saveParams != "" {
 				// Before any training: a directory that cannot take the
@@ -101,7 +131,7 @@ computes the same losses as a single process.`,
 				}
 				return out.done()
 			}
-			if err := launchTrain(cmd.Context(), cmd.ErrOrStderr(), cfg, &f, args[0], out.print); err != nil {
+			if err := launchTrain(cmd.Context(), cmd.ErrOrStderr(), cfg, &f, args[0], devices, out.print); err != nil {
 				return err
 			}
 			return out.done()

@@ -59,8 +59,10 @@ var (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
+	for _, dir := range []string{binDir, fakeNCCLDir} {
+		if dir != "" {
+			os.RemoveAll(dir)
+		}
 	}
 	os.Exit(code)
 }
@@ -178,6 +180,8 @@ func TestTrainBadInput(t *testing.T) {
 		{[]string{"train", unknown}, "field epochs not found"},
 		{[]string{"train", filepath.Join(dir, "missing.yaml")}, "no such file"},
 		{[]string{"train"}, "exactly one job file"},
+		{[]string{"train", "--backend", "gloo", good}, `unknown backend "gloo"`},
+		{[]string{"train", "--backend", "nccl", "--inproc", good}, "--backend nccl runs the ranks as processes"},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {

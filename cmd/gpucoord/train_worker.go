@@ -9,6 +9,8 @@ import (
 	"strconv"
 
 	"github.com/spf13/cobra"
+
+	"gpucoord/collectives/nccl"
 	"gpucoord/internal/localproc"
 	"gpucoord/worker/engine"
 )
@@ -20,12 +22,15 @@ const trainWorkerCmd = "train-worker"
 
 // launchTrain runs the job as cfg.World() child processes of this binary
 // joined over TCP on 127.0.0.1 (internal/localproc). Rank 0 writes its step
-// results to its stdout as JSON lines, which are handed to report.
-func launchTrain(ctx context.Context, stderr io.Writer, cfg *engine.Config, f *trainFlags, jobPath string, report func(engine.StepResult) error) error {
+// results to its stdout as JSON lines, which are handed to report. With
+// --backend nccl, rank r is placed on one of the machine's devices GPUs by
+// nccl.PlaceLocal (its --device and its NCCL_HOSTID).
+func launchTrain(ctx context.Context, stderr io.Writer, cfg *engine.Config, f *trainFlags, jobPath string, devices int, report func(engine.StepResult) error) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
+	host := localproc.Hostname()
 	return localproc.Run(ctx, localproc.Config{
 		Ranks:  cfg.World(),
 		Stderr: func(int) io.Writer { return stderr },
@@ -37,14 +42,22 @@ func launchTrain(ctx context.Context, stderr io.Writer, cfg *engine.Config, f *t
 			if f.saveParams != "" {
 				args = append(args, "--save-params", f.saveParams)
 			}
-			return exec.CommandContext(ctx, exe, append(args, jobPath)...), nil
+			var env []string
+			if f.backend == "nccl" {
+				device, hostID := nccl.PlaceLocal(rank, devices, host)
+				args = append(args, "--backend", f.backend, "--device", strconv.Itoa(device))
+				env = append(os.Environ(), nccl.EnvHostID+"="+hostID)
+			}
+			cmd := exec.CommandContext(ctx, exe, append(args, jobPath)...)
+			cmd.Env = env
+			return cmd, nil
 		},
 	}, report)
 }
 
 func newTrainWorkerCmd() *cobra.Command {
 	var f trainFlags
-	var rank int
+	var rank, device int
 	var store string
 	cmd := &cobra.Command{
 		Use:    trainWorkerCmd + " --rank R --store ADDR [train flags] JOB.yaml",
@@ -57,7 +70,12 @@ func newTrainWorkerCmd() *cobra.Command {
 				return usageError(err)
 			}
 			enc := json.NewEncoder(cmd.OutOrStdout())
-			return engine.RunProcess(cmd.Context(), cfg, engine.Process{Rank: rank, Store: store, SaveParams: f.saveParams, Log: cmd.ErrOrStderr()},
+			p := engine.Process{Rank: rank, Store: store, SaveParams: f.saveParams, Log: cmd.ErrOrStderr()}
+			if f.backend == "nccl" {
+				p.NCCL = nccl.DefaultConfig()
+				p.NCCL.Device, p.NCCL.Key = device, "train/nccl"
+			}
+			return engine.RunProcess(cmd.Context(), cfg, p,
 				func(s engine.StepResult) error {
 					if rank == 0 {
 						return enc.Encode(s)
@@ -69,5 +87,6 @@ func newTrainWorkerCmd() *cobra.Command {
 	f.register(cmd)
 	cmd.Flags().IntVar(&rank, "rank", 0, "this process's global rank")
 	cmd.Flags().StringVar(&store, "store", "", "address of the rendezvous store")
+	cmd.Flags().IntVar(&device, "device", 0, "CUDA device of this rank (--backend nccl)")
 	return cmd
 }

@@ -17,10 +17,11 @@ import (
 )
 
 // Communicator is one NCCL communicator: a member of a process group whose
-// collectives run on a GPU. Buffers are host memory; each call stages them
-// through device scratch memory that the Communicator keeps and reuses, on a
-// CUDA stream of its own, and returns once the result is back in the caller's
-// buffer.
+// collectives run on a GPU. The collectives.Communicator methods take host
+// memory; each call stages it through device scratch memory that the
+// Communicator keeps and reuses, on a CUDA stream of its own, and returns
+// once the result is back in the caller's buffer. The *Device methods run on
+// DeviceBuffers (Alloc) in place, with no copy at all.
 //
 // Calls must not be concurrent (the collectives.Communicator contract), with
 // one exception: Abort may be called from any goroutine at any time.
@@ -35,16 +36,18 @@ type Communicator struct {
 	state    error // nil while usable; ErrClosed or an ErrAborted error after
 	abortReq atomic.Bool
 
-	comm   uintptr // ncclComm_t
-	stream uintptr // cudaStream_t
-	dev    uintptr // device scratch for payloads
-	devCap int
-	meta   uintptr // device scratch: descriptors of all ranks, p2p descriptors, barrier word
-	host   []byte  // host copy of meta
-	async  int32   // out-parameter of ncclCommGetAsyncError
-	out    uintptr // out-parameter of cudaMalloc
-	ccfg   commConfig
-	pin    runtime.Pinner
+	comm     uintptr // ncclComm_t
+	stream   uintptr // cudaStream_t
+	dev      uintptr // device scratch for host payloads
+	devCap   int
+	meta     uintptr // device scratch: descriptors of all ranks, p2p descriptors, barrier word
+	host     []byte  // host copy of meta
+	async    int32   // out-parameter of ncclCommGetAsyncError
+	out      uintptr // out-parameter of cudaMalloc
+	ccfg     commConfig
+	pin      runtime.Pinner
+	bufs     map[*DeviceBuffer]struct{} // DeviceBuffers allocated and not freed
+	verified map[desc]struct{}          // shapes every member has agreed on (CheckShapes)
 }
 
 var _ collectives.Communicator = (*Communicator)(nil)
@@ -77,12 +80,14 @@ func New(ctx context.Context, cfg *Config) (*Communicator, error) {
 		log = slog.Default()
 	}
 	c := &Communicator{
-		lib:  lib,
-		cfg:  *cfg,
-		log:  log.With("component", "nccl", "rank", cfg.Rank, "size", cfg.Size, "device", cfg.Device),
-		rank: cfg.Rank,
-		size: cfg.Size,
-		host: make([]byte, (cfg.Size+2)*descBytes+8),
+		lib:      lib,
+		cfg:      *cfg,
+		log:      log.With("component", "nccl", "rank", cfg.Rank, "size", cfg.Size, "device", cfg.Device),
+		rank:     cfg.Rank,
+		size:     cfg.Size,
+		host:     make([]byte, (cfg.Size+2)*descBytes+8),
+		bufs:     map[*DeviceBuffer]struct{}{},
+		verified: map[desc]struct{}{},
 	}
 	c.cfg.CUDARTLibraries = append([]string(nil), cfg.CUDARTLibraries...)
 	ctx, cancel := c.bound(ctx)
@@ -105,14 +110,11 @@ func New(ctx context.Context, cfg *Config) (*Communicator, error) {
 // whatever was allocated.
 func (c *Communicator) init(ctx context.Context) error {
 	l := c.lib
-	var n int32
-	if r := call(l.cudaGetDeviceCount, uintptr(unsafe.Pointer(&n))); r != cudaSuccess {
-		return fmt.Errorf("%w: no usable CUDA device: %w", ErrUnavailable, l.cudaError("cudaGetDeviceCount", r))
+	n, err := l.devices()
+	if err != nil {
+		return err
 	}
-	if n == 0 {
-		return fmt.Errorf("%w: cudaGetDeviceCount found no CUDA device", ErrUnavailable)
-	}
-	if c.cfg.Device >= int(n) {
+	if c.cfg.Device >= n {
 		return fmt.Errorf("%w: Device %d, but only %d CUDA devices are visible", ErrInvalidArgument, c.cfg.Device, n)
 	}
 	if err := c.setDevice(); err != nil {
@@ -143,7 +145,6 @@ func (c *Communicator) init(ctx context.Context) error {
 	if r := call(l.cudaStreamCreateWithFlags, uintptr(unsafe.Pointer(&c.stream)), cudaStreamNonBlocking); r != cudaSuccess {
 		return l.cudaError("cudaStreamCreateWithFlags", r)
 	}
-	var err error
 	if c.meta, err = c.malloc(len(c.host)); err != nil {
 		return err
 	}
@@ -179,110 +180,131 @@ func (c *Communicator) Version() string { return versionString(c.lib.version) }
 // AllReduce reduces buf element-wise across the group with op (ncclAllReduce
 // in place) and leaves the result in buf on every member.
 func (c *Communicator) AllReduce(ctx context.Context, buf collectives.Buffer, op collectives.Op) error {
-	dt, ro, err := mapTypes(buf.DType(), op)
+	d, err := c.allReduceDesc(buf, op)
 	if err != nil {
 		return c.wrap(err)
 	}
-	n := buf.Len()
 	b := buf.Bytes()
-	return c.run(ctx, "ncclAllReduce", desc{kind: kindAllReduce, dtype: dt, op: uint8(ro), count: int64(n)}, n == 0,
-		func() error {
-			if err := c.reserve(len(b)); err != nil {
-				return err
-			}
-			if err := c.h2d(c.dev, b); err != nil {
-				return err
-			}
-			return c.nccl("ncclAllReduce", c.lib.allReduce, c.dev, c.dev, uintptr(n), uintptr(dt), uintptr(ro), c.comm, c.stream)
-		},
-		func() error { return c.d2h(b, c.dev) }, b)
+	return c.staged(ctx, d, b, b, 0, 0)
 }
 
 // ReduceScatter reduces send (Size()*recv.Len() elements) across the group
 // and leaves block Rank() of the result in recv (ncclReduceScatter, in place
 // in device memory).
 func (c *Communicator) ReduceScatter(ctx context.Context, send, recv collectives.Buffer, op collectives.Op) error {
-	if send.DType() != recv.DType() {
-		return c.wrap(fmt.Errorf("%w: ReduceScatter send is type %d, recv type %d", ErrInvalidArgument, send.DType(), recv.DType()))
-	}
-	if send.Len() != c.size*recv.Len() {
-		return c.wrap(fmt.Errorf("%w: ReduceScatter send has %d elements, want Size()*recv.Len() = %d*%d",
-			ErrInvalidArgument, send.Len(), c.size, recv.Len()))
-	}
-	dt, ro, err := mapTypes(send.DType(), op)
+	d, err := c.reduceScatterDesc(send, recv, op)
 	if err != nil {
 		return c.wrap(err)
 	}
-	n := recv.Len()
-	sb, rb := send.Bytes(), recv.Bytes()
-	block := uintptr(c.rank * len(rb))
-	return c.run(ctx, "ncclReduceScatter", desc{kind: kindReduceScatter, dtype: dt, op: uint8(ro), count: int64(n)}, n == 0,
-		func() error {
-			if err := c.reserve(len(sb)); err != nil {
-				return err
-			}
-			if err := c.h2d(c.dev, sb); err != nil {
-				return err
-			}
-			return c.nccl("ncclReduceScatter", c.lib.reduceScatter, c.dev, c.dev+block, uintptr(n), uintptr(dt), uintptr(ro), c.comm, c.stream)
-		},
-		func() error { return c.d2h(rb, c.dev+block) }, sb, rb)
+	rb := recv.Bytes()
+	return c.staged(ctx, d, send.Bytes(), rb, 0, c.rank*len(rb))
 }
 
 // AllGather concatenates every member's send, in rank order, into recv
 // (Size()*send.Len() elements) with ncclAllGather, in place in device memory.
 func (c *Communicator) AllGather(ctx context.Context, send, recv collectives.Buffer) error {
-	if send.DType() != recv.DType() {
-		return c.wrap(fmt.Errorf("%w: AllGather send is type %d, recv type %d", ErrInvalidArgument, send.DType(), recv.DType()))
-	}
-	if recv.Len() != c.size*send.Len() {
-		return c.wrap(fmt.Errorf("%w: AllGather recv has %d elements, want Size()*send.Len() = %d*%d",
-			ErrInvalidArgument, recv.Len(), c.size, send.Len()))
-	}
-	dt, err := dataType(send.DType())
+	d, err := c.allGatherDesc(send, recv)
 	if err != nil {
 		return c.wrap(err)
 	}
-	n := send.Len()
-	sb, rb := send.Bytes(), recv.Bytes()
-	block := uintptr(c.rank * len(sb))
-	return c.run(ctx, "ncclAllGather", desc{kind: kindAllGather, dtype: dt, op: noOp, count: int64(n)}, n == 0,
-		func() error {
-			if err := c.reserve(len(rb)); err != nil {
-				return err
-			}
-			if err := c.h2d(c.dev+block, sb); err != nil {
-				return err
-			}
-			return c.nccl("ncclAllGather", c.lib.allGather, c.dev+block, c.dev, uintptr(n), uintptr(dt), c.comm, c.stream)
-		},
-		func() error { return c.d2h(rb, c.dev) }, sb, rb)
+	sb := send.Bytes()
+	return c.staged(ctx, d, sb, recv.Bytes(), c.rank*len(sb), 0)
 }
 
 // Broadcast copies root's buf into buf on every member (ncclBroadcast in place).
 func (c *Communicator) Broadcast(ctx context.Context, buf collectives.Buffer, root int) error {
-	if root < 0 || root >= c.size {
-		return c.wrap(fmt.Errorf("%w: Broadcast root %d is outside 0..%d", ErrInvalidArgument, root, c.size-1))
-	}
-	dt, err := dataType(buf.DType())
+	d, err := c.broadcastDesc(buf, root)
 	if err != nil {
 		return c.wrap(err)
 	}
-	n := buf.Len()
 	b := buf.Bytes()
-	return c.run(ctx, "ncclBroadcast", desc{kind: kindBroadcast, dtype: dt, op: noOp, count: int64(n), root: int64(root)}, n == 0,
-		func() error {
-			if err := c.reserve(len(b)); err != nil {
+	in := b
+	if c.rank != root {
+		in = nil // only the root's buffer is read
+	}
+	return c.staged(ctx, d, in, b, 0, 0)
+}
+
+// staged runs the collective d on host memory through the payload scratch,
+// laid out as the in-place form of the operation has it: in is copied to
+// scratch+inAt, the operation reads there and writes at scratch+outAt, and
+// out is copied back from there once it has finished.
+func (c *Communicator) staged(ctx context.Context, d desc, in, out []byte, inAt, outAt int) error {
+	return c.run(ctx, task{name: d.kind.nccl(), d: d, empty: d.count == 0, host: [][]byte{in, out},
+		in: func() error {
+			if err := c.reserve(max(inAt+len(in), outAt+len(out))); err != nil {
 				return err
 			}
-			if c.rank == root {
-				if err := c.h2d(c.dev, b); err != nil {
-					return err
-				}
+			if err := c.h2d(c.dev+uintptr(inAt), in); err != nil {
+				return err
 			}
-			return c.nccl("ncclBroadcast", c.lib.broadcast, c.dev, c.dev, uintptr(n), uintptr(dt), uintptr(root), c.comm, c.stream)
+			return c.launch(d, c.dev+uintptr(inAt), c.dev+uintptr(outAt))
 		},
-		func() error { return c.d2h(b, c.dev) }, b)
+		out: func() error { return c.d2h(out, c.dev+uintptr(outAt)) }})
+}
+
+// launch enqueues the NCCL collective d reading send and writing recv
+// (device addresses) on the communicator's stream.
+func (c *Communicator) launch(d desc, send, recv uintptr) error {
+	n, dt, op := uintptr(d.count), uintptr(d.dtype), uintptr(d.op)
+	switch d.kind {
+	case kindAllReduce:
+		return c.nccl("ncclAllReduce", c.lib.allReduce, send, recv, n, dt, op, c.comm, c.stream)
+	case kindReduceScatter:
+		return c.nccl("ncclReduceScatter", c.lib.reduceScatter, send, recv, n, dt, op, c.comm, c.stream)
+	case kindAllGather:
+		return c.nccl("ncclAllGather", c.lib.allGather, send, recv, n, dt, c.comm, c.stream)
+	case kindBroadcast:
+		return c.nccl("ncclBroadcast", c.lib.broadcast, send, recv, n, dt, uintptr(d.root), c.comm, c.stream)
+	}
+	return fmt.Errorf("%w: %s is not a collective", ErrInternal, d.kind)
+}
+
+// shaped is a buffer's element type and length: a host collectives.Buffer
+// or a *DeviceBuffer.
+type shaped interface {
+	DType() collectives.DType
+	Len() int
+}
+
+// The *Desc methods check a collective's arguments, which must be of one
+// element type, and return its shape.
+
+func (c *Communicator) allReduceDesc(buf shaped, op collectives.Op) (desc, error) {
+	dt, ro, err := mapTypes(buf.DType(), op)
+	return desc{kind: kindAllReduce, dtype: dt, op: uint8(ro), count: int64(buf.Len())}, err
+}
+
+func (c *Communicator) reduceScatterDesc(send, recv shaped, op collectives.Op) (desc, error) {
+	if send.DType() != recv.DType() {
+		return desc{}, fmt.Errorf("%w: ReduceScatter send is type %d, recv type %d", ErrInvalidArgument, send.DType(), recv.DType())
+	}
+	if send.Len() != c.size*recv.Len() {
+		return desc{}, fmt.Errorf("%w: ReduceScatter send has %d elements, want Size()*recv.Len() = %d*%d",
+			ErrInvalidArgument, send.Len(), c.size, recv.Len())
+	}
+	dt, ro, err := mapTypes(send.DType(), op)
+	return desc{kind: kindReduceScatter, dtype: dt, op: uint8(ro), count: int64(recv.Len())}, err
+}
+
+func (c *Communicator) allGatherDesc(send, recv shaped) (desc, error) {
+	if send.DType() != recv.DType() {
+		return desc{}, fmt.Errorf("%w: AllGather send is type %d, recv type %d", ErrInvalidArgument, send.DType(), recv.DType())
+	}
+	if recv.Len() != c.size*send.Len() {
+		return desc{}, fmt.Errorf("%w: AllGather recv has %d elements, want Size()*send.Len() = %d*%d",
+			ErrInvalidArgument, recv.Len(), c.size, send.Len())
+	}
+	dt, err := dataType(send.DType())
+	return desc{kind: kindAllGather, dtype: dt, op: noOp, count: int64(send.Len())}, err
+}
+
+func (c *Communicator) broadcastDesc(buf shaped, root int) (desc, error) {
+	if root < 0 || root >= c.size {
+		return desc{}, fmt.Errorf("%w: Broadcast root %d is outside 0..%d", ErrInvalidArgument, root, c.size-1)
+	}
+	dt, err := dataType(buf.DType())
+	return desc{kind: kindBroadcast, dtype: dt, op: noOp, count: int64(buf.Len()), root: int64(root)}, err
 }
 
 // Send sends buf to peer with ncclSend inside ncclGroupStart/End; it pairs
@@ -332,8 +354,8 @@ func (c *Communicator) p2p(ctx context.Context, send, recv collectives.Buffer, p
 	sb, rb := send.Bytes(), recv.Bytes()
 	name := map[uint8]string{roleSend: "ncclSend", roleRecv: "ncclRecv", roleExchange: "ncclSend/ncclRecv"}[role]
 	d := desc{kind: kindSendRecv, dtype: dt, op: role, count: int64(ns), root: int64(nr), peer: peer}
-	return c.run(ctx, name, d, ns == 0 && nr == 0,
-		func() error {
+	return c.run(ctx, task{name: name, d: d, empty: ns == 0 && nr == 0, host: [][]byte{sb, rb},
+		in: func() error {
 			if err := c.reserve(len(sb) + len(rb)); err != nil {
 				return err
 			}
@@ -358,12 +380,7 @@ func (c *Communicator) p2p(ctx context.Context, send, recv collectives.Buffer, p
 			}
 			return err
 		},
-		func() error {
-			if nr == 0 {
-				return nil
-			}
-			return c.d2h(rb, c.dev+uintptr(len(sb)))
-		}, sb, rb)
+		out: func() error { return c.d2h(rb, c.dev+uintptr(len(sb))) }})
 }
 
 // Barrier returns once every member has entered it: a one-element float32
@@ -371,15 +388,15 @@ func (c *Communicator) p2p(ctx context.Context, send, recv collectives.Buffer, p
 func (c *Communicator) Barrier(ctx context.Context) error {
 	word := c.host[len(c.host)-4:]
 	slot := c.meta + uintptr(len(c.host)-4)
-	err := c.run(ctx, "ncclAllReduce(barrier)", desc{}, false,
-		func() error {
+	err := c.run(ctx, task{name: "ncclAllReduce(barrier)",
+		in: func() error {
 			binary.LittleEndian.PutUint32(word, 0x3f800000) // 1.0f
 			if err := c.h2d(slot, word); err != nil {
 				return err
 			}
 			return c.nccl("ncclAllReduce", c.lib.allReduce, slot, slot, 1, ncclFloat32, ncclSum, c.comm, c.stream)
 		},
-		func() error { return c.d2h(word, slot) })
+		out: func() error { return c.d2h(word, slot) }})
 	if err != nil {
 		return err
 	}
@@ -497,13 +514,74 @@ func (d desc) pairs(p desc) bool {
 	return p.op == roleExchange && p.root == d.count && p.count == d.root
 }
 
+// task is one operation for run.
+type task struct {
+	name  string          // names the operation in errors
+	d     desc            // the shape compared across members; kind 0 for none
+	empty bool            // nothing to move: only the shape check runs
+	in    func() error    // enqueues the work, after any copy in
+	out   func() error    // enqueues the copy out; nil for none
+	host  [][]byte        // host memory the copies use, pinned for the call
+	dev   []*DeviceBuffer // device memory the call uses, which must not be freed
+}
+
+// maxVerified bounds the shapes remembered as verified; members forget them
+// all at once when it is reached, which they do at the same call when their
+// calls agree.
+const maxVerified = 4096
+
 // run executes one operation: lock, check usability, bound ctx by Timeout,
-// pin the host buffers, set the device, compare shapes, then in (stage in and
-// enqueue the NCCL call), wait, out (stage out), wait. The wait between in and
-// out matters: a device-to-host copy into pageable memory blocks the calling
-// thread until the stream reaches it, so it is only enqueued once the NCCL
-// operation has finished and cannot hang.
-func (c *Communicator) run(ctx context.Context, name string, d desc, empty bool, in, out func() error, bufs ...[]byte) error {
+// pin the host buffers, set the device, check that device buffers are live,
+// compare shapes, then in (stage in and enqueue the NCCL call), wait, out
+// (stage out), wait. The wait between in and out matters: a device-to-host
+// copy into pageable memory blocks the calling thread until the stream
+// reaches it, so it is only enqueued once the NCCL operation has finished
+// and cannot hang.
+//
+// With CheckShapes, a shape is compared the first time this communicator
+// runs it (every call with Config.CheckEveryCall); once every member has
+// agreed on it, later calls of that shape skip the exchange.
+func (c *Communicator) run(ctx context.Context, t task) error {
+	return c.exclusive(ctx, func(ctx context.Context) error {
+		c.pin.Pin(&c.host[0])
+		for _, b := range t.host {
+			if len(b) > 0 {
+				c.pin.Pin(&b[0])
+			}
+		}
+		defer c.pin.Unpin()
+		for _, b := range t.dev {
+			if b.freed {
+				return fmt.Errorf("%s: %w: the DeviceBuffer was freed", t.name, ErrInvalidArgument)
+			}
+		}
+		if _, ok := c.verified[t.d]; c.cfg.CheckShapes && t.d.kind != 0 && (!ok || c.cfg.CheckEveryCall) {
+			if err := c.checkShape(ctx, t.d); err != nil {
+				return fmt.Errorf("%s: %w", t.name, err)
+			}
+			if len(c.verified) == maxVerified {
+				clear(c.verified)
+			}
+			c.verified[t.d] = struct{}{}
+		}
+		if t.empty {
+			return nil
+		}
+		if err := c.step(ctx, t.name, t.in); err != nil {
+			return err
+		}
+		if t.out == nil {
+			return nil
+		}
+		return c.step(ctx, t.name, t.out)
+	})
+}
+
+// exclusive runs f as one call: under the lock, on a usable communicator,
+// with ctx bounded by Timeout, on a thread locked to the OS thread whose
+// current device is this communicator's. Errors come back wrapped with the
+// member's identity.
+func (c *Communicator) exclusive(ctx context.Context, f func(ctx context.Context) error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.state != nil {
@@ -511,36 +589,27 @@ func (c *Communicator) run(ctx context.Context, name string, d desc, empty bool,
 	}
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if c.abortReq.Load() {
-		return c.wrap(c.abort(errors.New("Abort called")))
-	}
-	c.pin.Pin(&c.host[0])
-	for _, b := range bufs {
-		if len(b) > 0 {
-			c.pin.Pin(&b[0])
+	err := c.onDevice(func() error {
+		if c.abortReq.Load() {
+			return c.abort(errors.New("Abort called"))
 		}
-	}
-	defer c.pin.Unpin()
-	if err := c.setDevice(); err != nil {
-		return c.wrap(err)
-	}
-	if c.cfg.CheckShapes && d.kind != 0 {
-		if err := c.checkShape(ctx, d); err != nil {
-			return c.wrap(fmt.Errorf("%s: %w", name, err))
-		}
-	}
-	if empty {
-		return nil
-	}
-	if err := c.step(ctx, name, in); err != nil {
-		return c.wrap(err)
-	}
-	if err := c.step(ctx, name, out); err != nil {
+		return f(ctx)
+	})
+	if err != nil {
 		return c.wrap(err)
 	}
 	return nil
+}
+
+// onDevice runs f locked to an OS thread whose current CUDA device is this
+// communicator's (the current device belongs to the thread).
+func (c *Communicator) onDevice(f func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := c.setDevice(); err != nil {
+		return err
+	}
+	return f()
 }
 
 // step runs f and waits for the stream. If f fails after enqueueing work,
@@ -680,9 +749,14 @@ func (c *Communicator) abort(cause error) error {
 	return err
 }
 
-// release frees the device memory and the stream. The communicator itself is
-// destroyed or aborted by the caller first.
+// release frees the device memory, DeviceBuffers included, and the stream.
+// The communicator itself is destroyed or aborted by the caller first.
 func (c *Communicator) release() {
+	for b := range c.bufs {
+		if err := c.free(b); err != nil {
+			c.log.Warn("freeing a DeviceBuffer failed", "err", err)
+		}
+	}
 	for _, p := range []*uintptr{&c.dev, &c.meta} {
 		if *p != 0 {
 			if r := call(c.lib.cudaFree, *p); r != cudaSuccess {

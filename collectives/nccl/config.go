@@ -58,12 +58,20 @@ type Config struct {
 	// error wrapping ErrAborted and context.DeadlineExceeded. Zero means only
 	// the caller's context bounds calls.
 	Timeout time.Duration
-	// CheckShapes makes every collective first exchange a 24-byte descriptor
-	// (operation, type, count, root) with all members, and every Send/Recv
-	// with its peer, so that a mismatch is reported as ErrMismatch instead of
-	// hanging or corrupting memory inside NCCL. It costs one small extra NCCL
-	// operation per call.
+	// CheckShapes makes a collective first exchange a 24-byte descriptor
+	// (operation, type, count, root) with all members, and a Send/Recv with
+	// its peer, so that a mismatch is reported as ErrMismatch instead of
+	// hanging or corrupting memory inside NCCL. The exchange is one small
+	// extra NCCL operation, made the first time this communicator runs a
+	// shape: once every member has agreed on it, later calls of that shape
+	// skip it. A member that calls a shape already agreed on while another
+	// calls a different one is therefore not caught; CheckEveryCall catches
+	// that too.
 	CheckShapes bool
+	// CheckEveryCall, with CheckShapes, exchanges the descriptor on every
+	// call instead of once per shape: one extra NCCL operation per call, for
+	// debugging a suspected mismatch.
+	CheckEveryCall bool
 	// PollInterval is the longest sleep between two polls of the stream and
 	// of ncclCommGetAsyncError while waiting for an operation. Polls start
 	// back to back and back off to this value.

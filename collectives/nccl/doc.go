@@ -23,10 +23,24 @@
 //	defer comm.Close()
 //	err = comm.AllReduce(ctx, collectives.Float32s(grads), collectives.Sum)
 //
-// Buffers are host memory. Each call copies them to device scratch memory
-// that the communicator keeps (it grows to the largest buffer seen), runs
-// the NCCL operation on the communicator's own CUDA stream, copies the
-// result back, and returns when it is in the caller's buffer.
+// The collectives.Communicator methods take host memory. Each call copies
+// it to device scratch memory that the communicator keeps (it grows to the
+// largest buffer seen), runs the NCCL operation on the communicator's own
+// CUDA stream, copies the result back, and returns when it is in the
+// caller's buffer.
+//
+// Memory that lives on the GPU avoids both copies. Alloc returns a
+// DeviceBuffer (cudaMalloc), CopyFrom and CopyTo fill and read it, and the
+// *Device methods run NCCL on it in place:
+//
+//	grads, err := comm.Alloc(ctx, collectives.Float32, n)
+//	defer grads.Free()
+//	err = grads.CopyFrom(ctx, collectives.Float32s(host))
+//	err = comm.AllReduceDevice(ctx, grads, collectives.Sum)
+//
+// NewWorld makes the sub-groups of a world Communicator NCCL communicators
+// (the engine's TP, PP and DP groups), Devices is a launcher's pre-flight
+// check, and PlaceLocal places the ranks of one machine on its GPUs.
 //
 // # Failures
 //
@@ -39,12 +53,13 @@
 // an *Error carrying ncclGetErrorString and ncclGetLastError, which unwraps
 // to a sentinel per ncclResult_t (ErrRemote, ErrInvalidUsage, ...). With
 // Config.CheckShapes, mismatched lengths, types, roots or operations across
-// ranks return ErrMismatch before any payload moves.
+// ranks return ErrMismatch before any payload moves; the check is made once
+// per shape, so it costs nothing once a shape has been agreed on.
 //
 // # Concurrency
 //
-// Calls on one Communicator must not be concurrent, except Abort, which may
-// be called from any goroutine. Each call locks its goroutine to an OS thread
+// Calls on one Communicator, and on its DeviceBuffers, must not be
+// concurrent, except Abort, which may be called from any goroutine. Each call locks its goroutine to an OS thread
 // and sets the CUDA device on it first, since the CUDA current device is per
 // thread. Communicators of different groups may be used from different
 // goroutines at once.

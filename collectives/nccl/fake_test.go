@@ -1,29 +1,26 @@
 package nccl
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/ebitengine/purego"
 	"golang.org/x/sync/errgroup"
 
 	"gpucoord/collectives"
+	"gpucoord/collectives/nccl/nccltest"
 )
 
-// The fake CUDA runtime and NCCL (testdata/*.c) are built once per test
+// The fake CUDA runtime and NCCL (package nccltest) are built once per test
 // binary with gcc. They run every call on the CPU and record the arguments,
 // which is how these tests check the API mapping without a GPU.
 var (
 	fakeDir string // directory holding libcudart.so and libnccl.so.2; "" when gcc is missing
 	fakeErr error
-	fake    *fakeLib
+	fake    *nccltest.Fake
 )
 
 func TestMain(m *testing.M) {
@@ -32,118 +29,31 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	fakeErr = buildFake(dir)
-	if fakeErr == nil {
+	if fake, fakeErr = nccltest.Build(dir); fakeErr == nil {
 		fakeDir = dir
-		fake, fakeErr = openFake(dir)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
 
-func buildFake(dir string) error {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		return fmt.Errorf("gcc not found: %w", err)
-	}
-	steps := [][]string{
-		{"-shared", "-fPIC", "-O1", "-o", filepath.Join(dir, "libcudart.so"), "testdata/fakecudart.c", "-lpthread"},
-		{"-shared", "-fPIC", "-O1", "-o", filepath.Join(dir, "libnccl.so.2"), "testdata/fakenccl.c",
-			"-L" + dir, "-l:libcudart.so", "-Wl,-rpath," + dir, "-lm", "-lpthread"},
-	}
-	for _, args := range steps {
-		if out, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("gcc %v: %w\n%s", args, err, out)
-		}
-	}
-	return nil
-}
-
-// fakeRec mirrors fake_rec in testdata/fakegpu.h.
-type fakeRec struct {
-	Fn                                      [32]byte
-	Rank, DType, Op, Count, Peer, Dev, Kind int64
-	Bytes, Stream, Comm, SendBuf, RecvBuf   int64
-}
-
-func (r fakeRec) name() string { return string(bytes.TrimRight(r.Fn[:], "\x00")) }
-
-// fakeLib is the fakes' test-only control surface.
-type fakeLib struct {
-	logLen      func() int32
-	logGet      func(i int32, out *fakeRec) int32
-	reset       func()
-	injectSet   func(fn string, code, skip int32)
-	setDevices  func(n int32)
-	setVersion  func(v int32)
-	liveAllocs  func() int64
-	liveStreams func() int64
-}
-
-func openFake(dir string) (*fakeLib, error) {
-	// The same path as the loader's, so dlopen returns the same object.
-	h, err := purego.Dlopen(filepath.Join(dir, "libcudart.so"), purego.RTLD_NOW|purego.RTLD_GLOBAL)
-	if err != nil {
-		return nil, err
-	}
-	f := &fakeLib{}
-	purego.RegisterLibFunc(&f.logLen, h, "fake_log_len")
-	purego.RegisterLibFunc(&f.logGet, h, "fake_log_get")
-	purego.RegisterLibFunc(&f.reset, h, "fake_reset")
-	purego.RegisterLibFunc(&f.injectSet, h, "fake_inject_set")
-	purego.RegisterLibFunc(&f.setDevices, h, "fake_set_devices")
-	purego.RegisterLibFunc(&f.setVersion, h, "fake_set_nccl_version")
-	purego.RegisterLibFunc(&f.liveAllocs, h, "fake_live_allocs")
-	purego.RegisterLibFunc(&f.liveStreams, h, "fake_live_streams")
-	return f, nil
-}
-
-// records returns the calls recorded since the last reset, optionally only
-// those named in names.
-func (f *fakeLib) records(names ...string) []fakeRec {
-	n := f.logLen()
-	var out []fakeRec
-	for i := int32(0); i < n; i++ {
-		var r fakeRec
-		if f.logGet(i, &r) == 0 {
-			break
-		}
-		if len(names) == 0 {
-			out = append(out, r)
-			continue
-		}
-		for _, want := range names {
-			if r.name() == want {
-				out = append(out, r)
-				break
-			}
-		}
-	}
-	return out
-}
-
-// needFake skips the test when the fakes could not be built, and resets
-// their log, error injections and device count.
+// needFake skips the test when the fakes could not be built, resets their
+// log, error injections and device count, and fails the test if it leaks a
+// device allocation or a stream.
 func needFake(t *testing.T) {
 	t.Helper()
 	if fakeDir == "" {
 		t.Skipf("fake NCCL not built: %v", fakeErr)
 	}
-	fake.reset()
-	allocs, streams := fake.liveAllocs(), fake.liveStreams()
-	t.Cleanup(func() {
-		if a, s := fake.liveAllocs(), fake.liveStreams(); a != allocs || s != streams {
-			t.Errorf("leak: %d device allocations and %d streams alive, want %d and %d", a, s, allocs, streams)
-		}
-	})
+	fake.Reset()
+	fake.CheckLeaks(t)
 }
 
 // fakeConfig is a Config pointing at the fakes, with short timeouts.
 func fakeConfig(t testing.TB, rank, size int, store Store, key string) *Config {
 	cfg := DefaultConfig()
-	cfg.NCCLLibrary = filepath.Join(fakeDir, "libnccl.so.2")
-	cfg.CUDARTLibraries = []string{filepath.Join(fakeDir, "libcudart.so")}
+	cfg.NCCLLibrary = fake.NCCL
+	cfg.CUDARTLibraries = []string{fake.CUDART}
 	cfg.Rank, cfg.Size = rank, size
 	cfg.Store, cfg.Key = store, key
 	cfg.Timeout = 10 * time.Second

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -188,46 +189,93 @@ func TestRealGPU(t *testing.T) {
 	}
 }
 
+// TestRealGPUDevice runs the device-memory collectives on the GPUs against
+// the same references as the fake tests, and checks that the
+// DeviceBuffers' memory is given back.
+func TestRealGPUDevice(t *testing.T) {
+	comms := realGroup(t)
+	for _, n := range []int{1, 1001, 1 << 20} {
+		checkDeviceCollectives(t, comms, n)
+	}
+}
+
 // BenchmarkRealAllReduce reports bus bandwidth of a float32 sum all-reduce
-// over every visible GPU, host buffers included (nccl-tests' busbw:
-// algbw * 2(n-1)/n).
+// over every visible GPU (nccl-tests' busbw: algbw * 2(n-1)/n), on host
+// buffers (staged through device scratch) and on DeviceBuffers.
 func BenchmarkRealAllReduce(b *testing.B) {
 	comms := realGroup(b)
 	world := len(comms)
 	for _, size := range []int{4 << 10, 1 << 20, 64 << 20} {
-		b.Run(fmt.Sprintf("bytes=%d", size), func(b *testing.B) {
+		b.Run(fmt.Sprintf("host/bytes=%d", size), func(b *testing.B) {
 			bufs := make([][]float32, world)
 			for r := range bufs {
 				bufs[r] = make([]float32, size/4)
 			}
-			b.SetBytes(int64(size))
-			b.ResetTimer()
-			for b.Loop() {
-				mustAll(b, "AllReduce", each(comms, func(r int, c *Communicator) error {
-					return c.AllReduce(b.Context(), collectives.Float32s(bufs[r]), collectives.Sum)
-				}))
+			benchAllReduce(b, comms, size, func(r int, c *Communicator) error {
+				return c.AllReduce(b.Context(), collectives.Float32s(bufs[r]), collectives.Sum)
+			})
+		})
+		b.Run(fmt.Sprintf("device/bytes=%d", size), func(b *testing.B) {
+			bufs := make([]*DeviceBuffer, world)
+			for r, c := range comms {
+				var err error
+				if bufs[r], err = c.Alloc(b.Context(), collectives.Float32, size/4); err != nil {
+					b.Fatal(err)
+				}
+				defer bufs[r].Free()
 			}
-			sec := b.Elapsed().Seconds() / float64(b.N)
-			alg := float64(size) / sec / 1e9
-			b.ReportMetric(alg*2*float64(world-1)/float64(world), "busbw_GB/s")
+			benchAllReduce(b, comms, size, func(r int, c *Communicator) error {
+				return c.AllReduceDevice(b.Context(), bufs[r], collectives.Sum)
+			})
 		})
 	}
 }
 
+// benchAllReduce times f on every rank at once and reports busbw.
+func benchAllReduce(b *testing.B, comms []*Communicator, size int, f func(r int, c *Communicator) error) {
+	world := len(comms)
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	for b.Loop() {
+		mustAll(b, "AllReduce", each(comms, f))
+	}
+	sec := b.Elapsed().Seconds() / float64(b.N)
+	alg := float64(size) / sec / 1e9
+	b.ReportMetric(alg*2*float64(world-1)/float64(world), "busbw_GB/s")
+}
+
 // BenchmarkFakeAllReduce measures this package's host-side cost per call
 // (purego calls, staging copies, polling, shape check) on the CPU fake with
-// one rank, where the "GPU" work is a memcpy.
+// one rank, where the "GPU" work is a memcpy: on host memory with the shape
+// check of every call, once per shape (the default) and none, and on a
+// DeviceBuffer.
 func BenchmarkFakeAllReduce(b *testing.B) {
 	if fakeDir == "" {
 		b.Skipf("fake NCCL not built: %v", fakeErr)
 	}
-	for _, check := range []bool{true, false} {
-		b.Run(fmt.Sprintf("check=%v", check), func(b *testing.B) {
-			fake.reset()
-			c := group(b, 1, func(c *Config) { c.CheckShapes = check })[0]
+	for _, tc := range []struct {
+		name  string
+		tweak func(*Config)
+	}{
+		{"host/check=every", func(c *Config) { c.CheckEveryCall = true }},
+		{"host/check=once", nil},
+		{"host/check=off", func(c *Config) { c.CheckShapes = false }},
+		{"device/check=once", nil},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			fake.Reset()
+			c := group(b, 1, tc.tweak)[0]
 			buf := collectives.Float32s(make([]float32, 256))
+			call := func() error { return c.AllReduce(b.Context(), buf, collectives.Sum) }
+			if strings.HasPrefix(tc.name, "device") {
+				d, err := c.Alloc(b.Context(), collectives.Float32, 256)
+				if err != nil {
+					b.Fatal(err)
+				}
+				call = func() error { return c.AllReduceDevice(b.Context(), d, collectives.Sum) }
+			}
 			for b.Loop() {
-				if err := c.AllReduce(b.Context(), buf, collectives.Sum); err != nil {
+				if err := call(); err != nil {
 					b.Fatal(err)
 				}
 			}

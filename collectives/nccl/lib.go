@@ -201,6 +201,19 @@ func (l *library) ncclError(fn string, code int32, comm uintptr) error {
 	return e
 }
 
+// devices returns the number of visible CUDA devices; none, or a failing
+// cudaGetDeviceCount (no driver, say), is ErrUnavailable.
+func (l *library) devices() (int, error) {
+	var n int32
+	if r := call(l.cudaGetDeviceCount, uintptr(unsafe.Pointer(&n))); r != cudaSuccess {
+		return 0, fmt.Errorf("%w: no usable CUDA device: %w", ErrUnavailable, l.cudaError("cudaGetDeviceCount", r))
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("%w: cudaGetDeviceCount found no CUDA device", ErrUnavailable)
+	}
+	return int(n), nil
+}
+
 // cudaError builds the error for a failed CUDA runtime call.
 func (l *library) cudaError(fn string, code int32) error {
 	r, _, _ := purego.SyscallN(l.cudaGetErrorString, uintptr(code))

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"gpucoord/collectives"
+	"gpucoord/collectives/nccl/nccltest"
 )
 
 // The ncclDataType_t and ncclRedOp_t values below are those of nccl.h
@@ -144,8 +145,7 @@ func TestUnavailableOnThisMachine(t *testing.T) {
 
 func TestUnavailable(t *testing.T) {
 	needFake(t)
-	nccl := filepath.Join(fakeDir, "libnccl.so.2")
-	cudart := filepath.Join(fakeDir, "libcudart.so")
+	nccl, cudart := fake.NCCL, fake.CUDART
 	old := filepath.Join(t.TempDir(), "libnccl-old.so.2")
 	copyFile(t, nccl, old)
 	tests := []struct {
@@ -162,16 +162,16 @@ func TestUnavailable(t *testing.T) {
 			wantErr: ErrUnavailable, errHas: []string{"cannot load the CUDA runtime", "/nonexistent/libcudart.so", "libcudart-missing.so.12"}},
 		{name: "not NCCL", nccl: cudart, cudart: []string{cudart},
 			wantErr: ErrUnavailable, errHas: []string{"has no symbol ncclGetVersion"}},
-		{name: "NCCL too old", nccl: old, cudart: []string{cudart}, prep: func() { fake.setVersion(21305) },
+		{name: "NCCL too old", nccl: old, cudart: []string{cudart}, prep: func() { fake.SetNCCLVersion(21305) },
 			wantErr: ErrUnavailable, errHas: []string{"NCCL 2.13.5", "2.14.0 or later"}},
-		{name: "no device", nccl: nccl, cudart: []string{cudart}, prep: func() { fake.setDevices(0) },
+		{name: "no device", nccl: nccl, cudart: []string{cudart}, prep: func() { fake.SetDevices(0) },
 			wantErr: ErrUnavailable, errHas: []string{"no CUDA device"}},
-		{name: "device out of range", nccl: nccl, cudart: []string{cudart}, prep: func() { fake.setDevices(2) },
+		{name: "device out of range", nccl: nccl, cudart: []string{cudart}, prep: func() { fake.SetDevices(2) },
 			wantErr: ErrInvalidArgument, errHas: []string{"Device 5", "only 2"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			fake.reset()
+			fake.Reset()
 			if tc.prep != nil {
 				tc.prep()
 			}
@@ -214,11 +214,11 @@ func copyFile(t *testing.T, from, to string) {
 func TestInitPassesUniqueIDAndConfig(t *testing.T) {
 	needFake(t)
 	comms := group(t, 3, func(c *Config) { c.Device = 1 })
-	gen := fake.records("ncclGetUniqueId")
+	gen := fake.Records("ncclGetUniqueId")
 	if len(gen) != 1 {
 		t.Fatalf("ncclGetUniqueId called %d times, want once (rank 0)", len(gen))
 	}
-	inits := fake.records("ncclCommInitRankConfig")
+	inits := fake.Records("ncclCommInitRankConfig")
 	if len(inits) != 3 {
 		t.Fatalf("%d ncclCommInitRankConfig calls, want 3", len(inits))
 	}
@@ -255,7 +255,7 @@ func TestAllReduceMapping(t *testing.T) {
 	const world, n = 3, 37
 	comms := group(t, world, func(c *Config) { c.Device = 1 })
 	streams := map[int64]bool{}
-	for _, r := range fake.records("cudaStreamCreateWithFlags") {
+	for _, r := range fake.Records("cudaStreamCreateWithFlags") {
 		if r.Op != 1 {
 			t.Errorf("stream created with flags %d, want cudaStreamNonBlocking (1)", r.Op)
 		}
@@ -275,7 +275,7 @@ func TestAllReduceMapping(t *testing.T) {
 		{collectives.BFloat16, collectives.Max, 9, 2},
 	}
 	for _, tc := range tests {
-		fake.reset()
+		fake.Reset()
 		in := make([][]float64, world)
 		bufs := make([]collectives.Buffer, world)
 		for r := range world {
@@ -302,7 +302,7 @@ func TestAllReduceMapping(t *testing.T) {
 				}
 			}
 		}
-		calls := fake.records("ncclAllReduce")
+		calls := fake.Records("ncclAllReduce")
 		if len(calls) != world {
 			t.Fatalf("%d ncclAllReduce calls, want %d", len(calls), world)
 		}
@@ -316,20 +316,20 @@ func TestAllReduceMapping(t *testing.T) {
 					call.Stream, streams[call.Stream], call.SendBuf == call.RecvBuf, call.Dev)
 			}
 		}
-		assertStaging(t, fake.records("cudaMemcpyAsync", "ncclAllReduce"), int64(n*tc.dtype.Size()))
+		assertStaging(t, fake.Records("cudaMemcpyAsync", "ncclAllReduce"), int64(n*tc.dtype.Size()))
 	}
 }
 
 // assertStaging checks that, per rank stream, the payload is copied host to
 // device, reduced, and copied device to host, in that order.
-func assertStaging(t *testing.T, recs []fakeRec, payload int64) {
+func assertStaging(t *testing.T, recs []nccltest.Rec, payload int64) {
 	t.Helper()
 	byStream := map[int64][]string{}
 	for _, r := range recs {
-		if r.Bytes != payload && r.name() == "cudaMemcpyAsync" {
+		if r.Bytes != payload && r.Name() == "cudaMemcpyAsync" {
 			continue // shape-check descriptors
 		}
-		s := r.name()
+		s := r.Name()
 		if s == "cudaMemcpyAsync" {
 			s = map[int64]string{1: "H2D", 2: "D2H"}[r.Kind]
 		}
@@ -518,9 +518,9 @@ func TestCollectivesAgainstReference(t *testing.T) {
 		}
 	}
 	// Point-to-point calls are grouped.
-	for _, r := range fake.records("ncclSend", "ncclRecv") {
+	for _, r := range fake.Records("ncclSend", "ncclRecv") {
 		if r.Op < 1 {
-			t.Fatalf("%s outside ncclGroupStart/End", r.name())
+			t.Fatalf("%s outside ncclGroupStart/End", r.Name())
 		}
 	}
 }
@@ -570,7 +570,7 @@ func TestMismatch(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			fake.reset()
+			fake.Reset()
 			errs := each(comms, tc.call)
 			for r, err := range errs {
 				if !errors.Is(err, ErrMismatch) {
@@ -584,7 +584,7 @@ func TestMismatch(t *testing.T) {
 			if !errors.As(errs[0], &pe) || pe.Peer == 0 || !errors.Is(errs[0], collectives.ErrMismatch) {
 				t.Errorf("rank 0 error %v is not a collectives.PeerError naming another rank", errs[0])
 			}
-			if n := len(fake.records("ncclAllReduce", "ncclBroadcast")) + len(fake.records("ncclAllGather")) - len(comms); n != 0 {
+			if n := len(fake.Records("ncclAllReduce", "ncclBroadcast")) + len(fake.Records("ncclAllGather")) - len(comms); n != 0 {
 				t.Errorf("%d payload NCCL calls after a mismatch, want 0", n)
 			}
 		})
@@ -650,7 +650,7 @@ func TestLocalArgumentErrors(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tc.name, tc.err, tc.want)
 		}
 	}
-	if n := len(fake.records("ncclAllReduce", "ncclAllGather", "ncclBroadcast", "ncclReduceScatter", "ncclSend")); n != 0 {
+	if n := len(fake.Records("ncclAllReduce", "ncclAllGather", "ncclBroadcast", "ncclReduceScatter", "ncclSend")); n != 0 {
 		t.Errorf("%d NCCL calls for rejected arguments, want 0", n)
 	}
 }
@@ -675,7 +675,7 @@ func TestContextEndAbortsHungCollective(t *testing.T) {
 			if !strings.Contains(err.Error(), "rank 0 of 2") {
 				t.Errorf("error %q does not name the rank", err)
 			}
-			aborts := fake.records("ncclCommAbort")
+			aborts := fake.Records("ncclCommAbort")
 			if len(aborts) != 1 || aborts[0].Rank != 0 {
 				t.Fatalf("ncclCommAbort calls %v, want one by rank 0", aborts)
 			}
@@ -700,7 +700,7 @@ func TestConfigTimeoutAbortsInit(t *testing.T) {
 		!errors.Is(err, ErrTimeout) || !errors.Is(err, collectives.ErrTimeout) {
 		t.Fatalf("New = %v, want ErrAborted, ErrTimeout (collectives.ErrTimeout) and DeadlineExceeded", err)
 	}
-	if n := len(fake.records("ncclCommAbort")); n != 1 {
+	if n := len(fake.Records("ncclCommAbort")); n != 1 {
 		t.Errorf("%d ncclCommAbort calls, want 1", n)
 	}
 }
@@ -719,7 +719,7 @@ func TestRankWaitsForUniqueID(t *testing.T) {
 	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "3 bytes, want 128") {
 		t.Fatalf("New with a 3-byte id = %v", err)
 	}
-	if n := len(fake.records("ncclCommInitRankConfig")); n != 0 {
+	if n := len(fake.Records("ncclCommInitRankConfig")); n != 0 {
 		t.Errorf("%d ncclCommInitRankConfig calls without a valid id", n)
 	}
 }
@@ -732,7 +732,7 @@ func TestAbortFromAnotherGoroutine(t *testing.T) {
 	comms := group(t, 2, nil)
 	// With CheckShapes (the default) the first call enqueued is the shape
 	// all-gather, then the broadcast itself.
-	calls := func() int { return len(fake.records("ncclAllGather", "ncclBroadcast")) }
+	calls := func() int { return len(fake.Records("ncclAllGather", "ncclBroadcast")) }
 	before := calls()
 	done := make(chan error, 1)
 	go func() { done <- comms[0].Broadcast(t.Context(), collectives.Float32s(make([]float32, 4)), 0) }()
@@ -755,7 +755,7 @@ func TestAbortFromAnotherGoroutine(t *testing.T) {
 		t.Fatalf("Broadcast = %v, want ErrAborted from Abort", err)
 	}
 	comms[0].Abort() // idempotent
-	if n := len(fake.records("ncclCommAbort")); n != 1 {
+	if n := len(fake.Records("ncclCommAbort")); n != 1 {
 		t.Errorf("%d ncclCommAbort calls, want 1", n)
 	}
 }
@@ -768,7 +768,7 @@ func TestErrorMapping(t *testing.T) {
 	c := comms[0]
 	buf := collectives.Float32s(make([]float32, 8))
 
-	fake.injectSet("ncclAllReduce", resInvalidArgument, 0)
+	fake.Inject("ncclAllReduce", resInvalidArgument, 0)
 	err := c.AllReduce(t.Context(), buf, collectives.Sum)
 	var ne *Error
 	if !errors.As(err, &ne) || !errors.Is(err, ErrInvalidArgument) {
@@ -783,20 +783,20 @@ func TestErrorMapping(t *testing.T) {
 		t.Fatalf("AllReduce after an argument error: %v", err)
 	}
 
-	fake.injectSet("cudaMalloc", 2, 0)
+	fake.Inject("cudaMalloc", 2, 0)
 	err = c.AllReduce(t.Context(), collectives.Float32s(make([]float32, 1<<12)), collectives.Sum)
 	if !errors.Is(err, ErrCUDA) || !strings.Contains(err.Error(), "fake: out of memory") || !strings.Contains(err.Error(), "cudaMalloc") {
 		t.Fatalf("AllReduce with cudaMalloc failing = %v", err)
 	}
 
-	fake.injectSet("asyncError", resRemoteError, 0)
+	fake.Inject("asyncError", resRemoteError, 0)
 	err = c.AllReduce(t.Context(), buf, collectives.Sum)
 	if !errors.Is(err, ErrRemote) || !errors.Is(err, ErrAborted) || !errors.Is(err, collectives.ErrPeerLost) {
 		t.Fatalf("AllReduce with an async remote error = %v, want ErrRemote (collectives.ErrPeerLost) and ErrAborted", err)
 	}
 
 	c2 := group(t, 1, nil)[0]
-	fake.injectSet("cudaStreamQuery", 700, 0)
+	fake.Inject("cudaStreamQuery", 700, 0)
 	err = c2.Barrier(t.Context())
 	if !errors.Is(err, ErrCUDA) || !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "illegal memory access") {
 		t.Fatalf("Barrier with cudaStreamQuery failing = %v, want ErrCUDA and ErrAborted", err)
@@ -805,7 +805,7 @@ func TestErrorMapping(t *testing.T) {
 
 func TestCloseReleasesEverything(t *testing.T) {
 	needFake(t)
-	before := fake.liveAllocs()
+	before := fake.LiveAllocs()
 	c, err := New(t.Context(), fakeConfig(t, 0, 1, nil, ""))
 	if err != nil {
 		t.Fatal(err)
@@ -813,7 +813,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if err := c.AllReduce(t.Context(), collectives.Float64s(make([]float64, 100)), collectives.Sum); err != nil {
 		t.Fatal(err)
 	}
-	if got := fake.liveAllocs() - before; got != 2 {
+	if got := fake.LiveAllocs() - before; got != 2 {
 		t.Errorf("%d device allocations while open, want 2 (descriptors and payload)", got)
 	}
 	if err := c.Close(); err != nil {
@@ -822,7 +822,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Errorf("second Close = %v", err)
 	}
-	if n := len(fake.records("ncclCommDestroy")); n != 1 {
+	if n := len(fake.Records("ncclCommDestroy")); n != 1 {
 		t.Errorf("%d ncclCommDestroy calls, want 1", n)
 	}
 	if err := c.Barrier(t.Context()); !errors.Is(err, ErrClosed) || !errors.Is(err, collectives.ErrClosed) {
@@ -840,7 +840,7 @@ func TestScratchReused(t *testing.T) {
 		}
 	}
 	var payload []int64
-	for _, r := range fake.records("cudaMalloc")[1:] { // [0] is the descriptor block
+	for _, r := range fake.Records("cudaMalloc")[1:] { // [0] is the descriptor block
 		payload = append(payload, r.Bytes)
 	}
 	if len(payload) != 1 || payload[0] != 4096 {

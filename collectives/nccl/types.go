@@ -58,6 +58,9 @@ const (
 	kindSendRecv
 )
 
+// nccl names the NCCL function of a collective kind.
+func (k kind) nccl() string { return "nccl" + k.String() }
+
 func (k kind) String() string {
 	switch k {
 	case kindAllReduce:

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"gpucoord/collectives"
+	"gpucoord/collectives/nccl"
 	"gpucoord/collectives/shm"
 	"gpucoord/collectives/tcp"
 	"gpucoord/internal/localproc"
@@ -25,8 +26,10 @@ import (
 // Ops are the operations Run can time.
 var Ops = []string{"allreduce", "reducescatter", "allgather", "broadcast"}
 
-// Backends are the transports Run can use.
-var Backends = []string{"tcp", "shm", "inmem"}
+// Backends are the transports Run can use. "nccl" runs the operations with
+// NCCL on device memory (collectives/nccl DeviceBuffers), one GPU per rank
+// where there are enough, several ranks per GPU where not.
+var Backends = []string{"tcp", "shm", "inmem", "nccl"}
 
 // Config configures a benchmark run. Start from DefaultConfig.
 type Config struct {
@@ -42,7 +45,8 @@ type Config struct {
 	// Backend is the transport: one of Backends.
 	Backend string `json:"backend"`
 	// InProc runs the ranks as goroutines of this process instead of child
-	// processes (always so for inmem).
+	// processes (always so for inmem). With nccl it needs a GPU per rank:
+	// NCCL refuses two ranks of one process on one GPU.
 	InProc bool `json:"inproc"`
 	// Warmup is the number of untimed operations per size.
 	Warmup int `json:"warmup"`
@@ -67,7 +71,9 @@ type Config struct {
 	// SocketBuffer sets the TCP send and receive buffers in bytes (0: the
 	// kernel's autotuning).
 	SocketBuffer int `json:"socket_buffer"`
-	// Timeout is the collectives timeout (a dead peer is reported sooner).
+	// Timeout is the collectives timeout (a dead peer is reported sooner);
+	// with nccl it bounds every NCCL call, the communicator's creation
+	// included.
 	Timeout time.Duration `json:"timeout"`
 	// WorkerCommand is the argv that starts one worker process (which must
 	// call RunWorker); required unless InProc.
@@ -163,6 +169,11 @@ type Result struct {
 	// Correct reports whether the checked call gave the expected result on
 	// every rank.
 	Correct bool `json:"correct"`
+	// Host is rank 0's host name. When the same bench runs on every node
+	// of a cluster, the lines of a slow node (its GPUs, NVLink or PCIe)
+	// stand out by their busbw; within one run every rank waits for the
+	// slowest, so no rank of it can.
+	Host string `json:"host"`
 }
 
 // busFactor converts algbw to busbw as nccl-tests does.
@@ -228,17 +239,71 @@ func parseSize(s string) (int, error) {
 }
 
 // Run times every size and calls emit with each result, in order.
+//
+// With nccl it first loads NCCL and the CUDA runtime here and counts the
+// GPUs (nccl.Devices): where either is missing, or no GPU is visible, it
+// returns that error, wrapping nccl.ErrUnavailable, before starting any
+// rank.
 func Run(ctx context.Context, cfg *Config, emit func(Result) error) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if cfg.InProc || cfg.Backend == "inmem" {
-		return runInProc(ctx, cfg, emit)
+	devices := 0
+	if cfg.Backend == "nccl" {
+		var err error
+		if devices, err = nccl.Devices(nccl.DefaultConfig()); err != nil {
+			return err
+		}
 	}
-	return runProcs(ctx, cfg, emit)
+	if cfg.InProc || cfg.Backend == "inmem" {
+		return runInProc(ctx, cfg, devices, emit)
+	}
+	return runProcs(ctx, cfg, devices, emit)
 }
 
-func runInProc(ctx context.Context, cfg *Config, emit func(Result) error) error {
+// rankZero passes rank 0's results to emit and drops the others'.
+func rankZero(rank int, emit func(Result) error) func(Result) error {
+	return func(res Result) error {
+		if rank == 0 {
+			return emit(res)
+		}
+		return nil
+	}
+}
+
+// runInProcNCCL runs the ranks as goroutines, one per GPU.
+func runInProcNCCL(ctx context.Context, cfg *Config, devices int, emit func(Result) error) error {
+	if cfg.NP > devices {
+		return fmt.Errorf("bench: %d ranks in one process need as many GPUs, and %d are visible: NCCL refuses two ranks of one process on one GPU (run the ranks as processes, without --inproc)",
+			cfg.NP, devices)
+	}
+	store := collectives.NewMemStore()
+	g, gctx := errgroup.WithContext(ctx)
+	for r := range cfg.NP {
+		g.Go(func() error {
+			device, _ := nccl.PlaceLocal(r, devices, "") // one process: one NCCL host id
+			c, err := nccl.New(gctx, cfg.ncclConfig(r, device, store))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return measure(gctx, cfg, c, devicePayloads(gctx, c, cfg.Op), rankZero(r, emit))
+		})
+	}
+	return g.Wait()
+}
+
+// ncclConfig is rank's NCCL communicator of a run of c, on device.
+func (c *Config) ncclConfig(rank, device int, store nccl.Store) *nccl.Config {
+	nc := nccl.DefaultConfig()
+	nc.Rank, nc.Size, nc.Device, nc.Store, nc.Key, nc.Timeout = rank, c.NP, device, store, "bench/nccl", c.Timeout
+	return nc
+}
+
+func runInProc(ctx context.Context, cfg *Config, devices int, emit func(Result) error) error {
+	if cfg.Backend == "nccl" {
+		return runInProcNCCL(ctx, cfg, devices, emit)
+	}
 	comms := make([]*collectives.Comm, cfg.NP)
 	switch cfg.Backend {
 	case "inmem":
@@ -287,14 +352,7 @@ func runInProc(ctx context.Context, cfg *Config, emit func(Result) error) error 
 	}()
 	g, gctx := errgroup.WithContext(ctx)
 	for r, c := range comms {
-		g.Go(func() error {
-			return measure(gctx, cfg, c, func(res Result) error {
-				if r == 0 {
-					return emit(res) // only rank 0 emits
-				}
-				return nil
-			})
-		})
+		g.Go(func() error { return measure(gctx, cfg, c, hostPayloads(gctx, c, cfg.Op), rankZero(r, emit)) })
 	}
 	return g.Wait()
 }
@@ -312,23 +370,36 @@ type workerSpec struct {
 	Config
 	Rank  int    `json:"rank"`
 	Store string `json:"store"`
+	// Device is the rank's GPU (nccl).
+	Device int `json:"device"`
 }
 
-func runProcs(ctx context.Context, cfg *Config, emit func(Result) error) error {
+// runProcs runs the ranks as child processes. With nccl, rank r of a
+// machine with devices GPUs is placed by nccl.PlaceLocal: its GPU, and an
+// NCCL_HOSTID of its own where it shares that GPU.
+func runProcs(ctx context.Context, cfg *Config, devices int, emit func(Result) error) error {
 	stderr := cfg.Stderr
 	if stderr == nil {
 		stderr = io.Discard
 	}
+	host := localproc.Hostname()
 	return localproc.Run(ctx, localproc.Config{
 		Ranks:  cfg.NP,
 		Stderr: func(int) io.Writer { return stderr },
 		Command: func(ctx context.Context, rank int, store string) (*exec.Cmd, error) {
-			spec, err := json.Marshal(workerSpec{Config: *cfg, Rank: rank, Store: store})
+			spec := workerSpec{Config: *cfg, Rank: rank, Store: store}
+			var env []string
+			if cfg.Backend == "nccl" {
+				var hostID string
+				spec.Device, hostID = nccl.PlaceLocal(rank, devices, host)
+				env = append(env, nccl.EnvHostID+"="+hostID)
+			}
+			b, err := json.Marshal(spec)
 			if err != nil {
 				return nil, err
 			}
 			cmd := exec.CommandContext(ctx, cfg.WorkerCommand[0], cfg.WorkerCommand[1:]...)
-			cmd.Env = append(os.Environ(), WorkerEnv+"="+string(spec))
+			cmd.Env = append(append(os.Environ(), env...), WorkerEnv+"="+string(b))
 			return cmd, nil
 		},
 	}, emit)
@@ -347,32 +418,40 @@ func RunWorker(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer st.Close()
-	var t transport
-	if spec.Backend == "shm" {
-		sc := shm.DefaultConfig()
-		sc.Rank, sc.Size, sc.Store = spec.Rank, spec.NP, st
-		t, err = shm.New(ctx, sc)
-	} else {
-		tc := tcp.DefaultConfig()
-		tc.Rank, tc.Size, tc.Store, tc.SocketBuffer = spec.Rank, spec.NP, st, spec.SocketBuffer
-		t, err = tcp.New(ctx, tc)
-	}
-	if err != nil {
-		return err
-	}
-	defer t.Close()
-	c, err := collectives.New(t, spec.collectives())
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	enc := json.NewEncoder(out)
-	err = measure(ctx, &spec.Config, c, func(res Result) error {
-		if spec.Rank == 0 {
-			return enc.Encode(res)
+	var c collectives.Communicator
+	var alloc func(count int) (payload, error)
+	switch spec.Backend {
+	case "nccl":
+		nc, err := nccl.New(ctx, spec.ncclConfig(spec.Rank, spec.Device, st))
+		if err != nil {
+			return err
 		}
-		return nil
-	})
+		defer nc.Close()
+		c, alloc = nc, devicePayloads(ctx, nc, spec.Op)
+	default:
+		var t transport
+		if spec.Backend == "shm" {
+			sc := shm.DefaultConfig()
+			sc.Rank, sc.Size, sc.Store = spec.Rank, spec.NP, st
+			t, err = shm.New(ctx, sc)
+		} else {
+			tc := tcp.DefaultConfig()
+			tc.Rank, tc.Size, tc.Store, tc.SocketBuffer = spec.Rank, spec.NP, st, spec.SocketBuffer
+			t, err = tcp.New(ctx, tc)
+		}
+		if err != nil {
+			return err
+		}
+		defer t.Close()
+		cc, err := collectives.New(t, spec.collectives())
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		c, alloc = cc, hostPayloads(ctx, cc, spec.Op)
+	}
+	enc := json.NewEncoder(out)
+	err = measure(ctx, &spec.Config, c, alloc, rankZero(spec.Rank, func(res Result) error { return enc.Encode(res) }))
 	if err == nil {
 		err = c.Barrier(ctx) // leave together: no rank sees another's exit as a failure
 	}
@@ -393,95 +472,220 @@ func elements(op string, n, size int) int {
 	return count
 }
 
-// measure runs the whole size sweep on one rank.
-func measure(ctx context.Context, cfg *Config, c *collectives.Comm, emit func(Result) error) error {
-	n, r := c.Size(), c.Rank()
+// payload is one rank's buffers for one size and the operation timed on
+// them.
+type payload interface {
+	// reset fills the buffers with the rank's known data: rank+1 everywhere.
+	reset() error
+	// run performs the operation once.
+	run() error
+	// correct reports whether the buffers hold the result of one run after
+	// a reset.
+	correct() (bool, error)
+	// free releases the buffers.
+	free() error
+}
+
+// hostPayload runs the operation on host memory through any Communicator.
+type hostPayload struct {
+	ctx        context.Context
+	c          collectives.Communicator
+	op         string
+	buf, shard []float32
+}
+
+// newHostPayload allocates count elements (the buffer) and count/n (the
+// shard).
+func newHostPayload(ctx context.Context, c collectives.Communicator, op string, count int) *hostPayload {
+	return &hostPayload{ctx: ctx, c: c, op: op, buf: make([]float32, count), shard: make([]float32, count/c.Size())}
+}
+
+// hostPayloads makes host payloads for measure.
+func hostPayloads(ctx context.Context, c collectives.Communicator, op string) func(count int) (payload, error) {
+	return func(count int) (payload, error) { return newHostPayload(ctx, c, op, count), nil }
+}
+
+func (p *hostPayload) reset() error {
+	for _, s := range [][]float32{p.buf, p.shard} {
+		for i := range s {
+			s[i] = float32(p.c.Rank() + 1)
+		}
+	}
+	return nil
+}
+
+func (p *hostPayload) run() error {
+	buf, shard := collectives.Float32s(p.buf), collectives.Float32s(p.shard)
+	switch p.op {
+	case "allreduce":
+		return p.c.AllReduce(p.ctx, buf, collectives.Sum)
+	case "reducescatter":
+		return p.c.ReduceScatter(p.ctx, buf, shard, collectives.Sum)
+	case "allgather":
+		return p.c.AllGather(p.ctx, shard, buf)
+	}
+	return p.c.Broadcast(p.ctx, buf, 0)
+}
+
+func (p *hostPayload) correct() (bool, error) {
+	return check(p.op, p.c.Size(), p.c.Rank(), p.buf, p.shard), nil
+}
+
+func (p *hostPayload) free() error { return nil }
+
+// devicePayload runs the operation on NCCL device memory, in place, with no
+// copy; its host buffers only set the data up and check the result.
+type devicePayload struct {
+	hostPayload
+	nc        *nccl.Communicator
+	dbuf, dsh *nccl.DeviceBuffer
+	hbuf, hsh collectives.Buffer
+}
+
+// devicePayloads makes device payloads of count and count/n elements, with
+// host buffers of the same sizes.
+func devicePayloads(ctx context.Context, nc *nccl.Communicator, op string) func(count int) (payload, error) {
+	return func(count int) (payload, error) {
+		p := &devicePayload{hostPayload: *newHostPayload(ctx, nc, op, count), nc: nc}
+		p.hbuf, p.hsh = collectives.Float32s(p.buf), collectives.Float32s(p.shard)
+		var err error
+		if p.dbuf, err = nc.Alloc(ctx, collectives.Float32, len(p.buf)); err != nil {
+			return nil, err
+		}
+		if p.dsh, err = nc.Alloc(ctx, collectives.Float32, len(p.shard)); err != nil {
+			p.dbuf.Free()
+			return nil, err
+		}
+		return p, nil
+	}
+}
+
+func (p *devicePayload) reset() error {
+	p.hostPayload.reset()
+	if err := p.dbuf.CopyFrom(p.ctx, p.hbuf); err != nil {
+		return err
+	}
+	return p.dsh.CopyFrom(p.ctx, p.hsh)
+}
+
+func (p *devicePayload) run() error {
+	switch p.op {
+	case "allreduce":
+		return p.nc.AllReduceDevice(p.ctx, p.dbuf, collectives.Sum)
+	case "reducescatter":
+		return p.nc.ReduceScatterDevice(p.ctx, p.dbuf, p.dsh, collectives.Sum)
+	case "allgather":
+		return p.nc.AllGatherDevice(p.ctx, p.dsh, p.dbuf)
+	}
+	return p.nc.BroadcastDevice(p.ctx, p.dbuf, 0)
+}
+
+func (p *devicePayload) correct() (bool, error) {
+	if err := p.dbuf.CopyTo(p.ctx, p.hbuf); err != nil {
+		return false, err
+	}
+	if err := p.dsh.CopyTo(p.ctx, p.hsh); err != nil {
+		return false, err
+	}
+	return p.hostPayload.correct()
+}
+
+func (p *devicePayload) free() error {
+	return errors.Join(p.dbuf.Free(), p.dsh.Free())
+}
+
+// measure runs the whole size sweep on one rank, with the buffers alloc
+// makes for each size.
+func measure(ctx context.Context, cfg *Config, c collectives.Communicator, alloc func(count int) (payload, error), emit func(Result) error) error {
 	for _, size := range cfg.Sizes {
-		count := elements(cfg.Op, n, size)
-		buf := make([]float32, count)
-		shard := make([]float32, count/n)
-		op := func() error {
-			switch cfg.Op {
-			case "allreduce":
-				return c.AllReduce(ctx, collectives.Float32s(buf), collectives.Sum)
-			case "reducescatter":
-				return c.ReduceScatter(ctx, collectives.Float32s(buf), collectives.Float32s(shard), collectives.Sum)
-			case "allgather":
-				return c.AllGather(ctx, collectives.Float32s(shard), collectives.Float32s(buf))
-			}
-			return c.Broadcast(ctx, collectives.Float32s(buf), 0)
-		}
-		// Correctness on one call with known data.
-		for i := range buf {
-			buf[i] = float32(r + 1)
-		}
-		for i := range shard {
-			shard[i] = float32(r + 1)
-		}
-		if err := op(); err != nil {
-			return err
-		}
-		ok := check(cfg.Op, n, r, buf, shard)
-		for range cfg.Warmup {
-			if err := op(); err != nil {
-				return err
-			}
-		}
-		// Probe: 3 calls, slowest rank, to size batch and iters alike on all.
-		if err := c.Barrier(ctx); err != nil {
-			return err
-		}
-		t0 := time.Now()
-		for range 3 {
-			if err := op(); err != nil {
-				return err
-			}
-		}
-		probe := []float64{time.Since(t0).Seconds() / 3, 0}
-		if !ok {
-			probe[1] = 1
-		}
-		if err := c.AllReduce(ctx, collectives.Float64s(probe), collectives.Max); err != nil {
-			return err
-		}
-		batch := cfg.Batch
-		if batch == 0 {
-			batch = max(1, min(100, int(math.Ceil(cfg.MinSample.Seconds()/max(probe[0], 1e-9)))))
-		}
-		iters := cfg.Iters
-		if iters == 0 {
-			iters = max(7, min(50, int(cfg.Budget.Seconds()/max(probe[0]*float64(batch), 1e-9))))
-		}
-		samples := make([]float64, iters)
-		for i := range samples {
-			if err := c.Barrier(ctx); err != nil {
-				return err
-			}
-			t0 := time.Now()
-			for range batch {
-				if err := op(); err != nil {
-					return err
-				}
-			}
-			samples[i] = time.Since(t0).Seconds() / float64(batch)
-		}
-		if err := c.AllReduce(ctx, collectives.Float64s(samples), collectives.Max); err != nil {
-			return err
-		}
-		slices.Sort(samples)
-		med := samples[len(samples)/2]
-		if len(samples)%2 == 0 {
-			med = (samples[len(samples)/2-1] + samples[len(samples)/2]) / 2
-		}
-		bytes := count * 4
-		alg := float64(bytes) / med / 1e9
-		if err := emit(Result{Op: cfg.Op, Backend: cfg.Backend, N: n, SizeBytes: bytes, Bytes: bytes, Count: count,
-			Seconds: med, MedianS: med, MinS: samples[0], AlgBW: alg, BusBW: alg * busFactor(cfg.Op, n),
-			Iters: iters, Batch: batch, Correct: probe[1] == 0}); err != nil {
+		if err := measureSize(ctx, cfg, c, alloc, size, emit); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// measureSize times one size: a checked call with known data, warm-up, a
+// probe that sizes batch and iters alike on all ranks, then the samples.
+func measureSize(ctx context.Context, cfg *Config, c collectives.Communicator, alloc func(count int) (payload, error), size int, emit func(Result) error) (err error) {
+	n := c.Size()
+	count := elements(cfg.Op, n, size)
+	p, err := alloc(count)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if ferr := p.free(); err == nil {
+			err = ferr
+		}
+	}()
+	// Correctness on one call with known data.
+	if err := p.reset(); err != nil {
+		return err
+	}
+	if err := p.run(); err != nil {
+		return err
+	}
+	ok, err := p.correct()
+	if err != nil {
+		return err
+	}
+	for range cfg.Warmup {
+		if err := p.run(); err != nil {
+			return err
+		}
+	}
+	// Probe: 3 calls, slowest rank, to size batch and iters alike on all.
+	if err := c.Barrier(ctx); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	for range 3 {
+		if err := p.run(); err != nil {
+			return err
+		}
+	}
+	probe := []float64{time.Since(t0).Seconds() / 3, 0}
+	if !ok {
+		probe[1] = 1
+	}
+	if err := c.AllReduce(ctx, collectives.Float64s(probe), collectives.Max); err != nil {
+		return err
+	}
+	batch := cfg.Batch
+	if batch == 0 {
+		batch = max(1, min(100, int(math.Ceil(cfg.MinSample.Seconds()/max(probe[0], 1e-9)))))
+	}
+	iters := cfg.Iters
+	if iters == 0 {
+		iters = max(7, min(50, int(cfg.Budget.Seconds()/max(probe[0]*float64(batch), 1e-9))))
+	}
+	samples := make([]float64, iters)
+	for i := range samples {
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		for range batch {
+			if err := p.run(); err != nil {
+				return err
+			}
+		}
+		samples[i] = time.Since(t0).Seconds() / float64(batch)
+	}
+	if err := c.AllReduce(ctx, collectives.Float64s(samples), collectives.Max); err != nil {
+		return err
+	}
+	slices.Sort(samples)
+	med := samples[len(samples)/2]
+	if len(samples)%2 == 0 {
+		med = (samples[len(samples)/2-1] + samples[len(samples)/2]) / 2
+	}
+	bytes := count * 4
+	alg := float64(bytes) / med / 1e9
+	return emit(Result{Op: cfg.Op, Backend: cfg.Backend, N: n, SizeBytes: bytes, Bytes: bytes, Count: count,
+		Seconds: med, MedianS: med, MinS: samples[0], AlgBW: alg, BusBW: alg * busFactor(cfg.Op, n),
+		Iters: iters, Batch: batch, Correct: probe[1] == 0, Host: localproc.Hostname()})
 }
 
 // check verifies one call's result: rank r contributed r+1 everywhere.

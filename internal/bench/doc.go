@@ -15,6 +15,15 @@
 // WorkerEnv; the child calls RunWorker. `gpucoord bench` is the
 // command-line front end.
 //
+// Backend "nccl" is the pre-flight check of a GPU machine: each rank times
+// the operation with NCCL on device memory (collectives/nccl DeviceBuffers:
+// no staging, no host copy inside the timed loop), and checks the result of
+// one call per size on the host. Run first counts the GPUs (nccl.Devices)
+// and returns nccl.ErrUnavailable, starting nothing, where NCCL, the CUDA
+// runtime or a GPU is missing. Rank r runs on GPU r mod GPUs, in a process
+// whose NCCL_HOSTID is its own where it shares a GPU (nccl.PlaceLocal), so
+// several ranks can share one GPU.
+//
 // Every rank allocates its buffers for the size it times, so a sweep to
 // large sizes on many ranks can take most of the machine's memory.
 // Config.MemoryNeeded estimates the peak; before Run, the front end calls

@@ -22,7 +22,9 @@ const MaxMemoryFraction = 0.8
 // for a reduce-scatter, NP buffers for a one-round all-reduce (DirectBytes)
 // and one for recursive doubling (SmallBytes). A rank's peak is its largest
 // buffers plus its largest scratch; socket buffers, shared-memory rings and
-// the runtime's own overhead are small beside them and left out.
+// the runtime's own overhead are small beside them and left out. With nccl
+// the host holds the same buffers, to set the data up and check it, and no
+// scratch: the operation runs in device memory, which is not counted.
 func (c *Config) MemoryNeeded() int64 {
 	n := c.NP
 	if n < 1 {
@@ -34,7 +36,7 @@ func (c *Config) MemoryNeeded() int64 {
 		count := elements(c.Op, n, size)
 		b := 4 * int64(count)
 		bufs = max(bufs, b+4*int64(count/n))
-		if n == 1 {
+		if n == 1 || c.Backend == "nccl" {
 			continue
 		}
 		switch {

@@ -181,6 +181,16 @@ func Run[T any](ctx context.Context, cfg Config, emit func(T) error) error {
 	return err
 }
 
+// Hostname names this machine to the ranks it starts (their NCCL host ids)
+// and in their results: os.Hostname, or "localhost" when that fails.
+func Hostname() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return "localhost"
+	}
+	return h
+}
+
 // prepare sets how a rank is started and stopped: its own process group,
 // SIGKILL when this process dies, SIGTERM to the group when its context
 // ends and SIGKILL after grace; and GOMAXPROCS.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"gpucoord/collectives"
+	"gpucoord/collectives/nccl"
 	"gpucoord/collectives/tcp"
 )
 
@@ -21,12 +22,18 @@ type Process struct {
 	SaveParams string
 	// Log receives the rank's log lines.
 	Log io.Writer
+	// NCCL, when set, makes the TP, PP and DP groups NCCL communicators
+	// (nccl.NewWorld) built from this configuration with the world's store
+	// and Log; an empty Key becomes "nccl". The engine's buffers stay in
+	// host memory. Nil keeps every group on the TCP world.
+	NCCL *nccl.Config
 }
 
 // RunProcess trains cfg as rank p.Rank of a TCP world: it dials the store,
-// connects to every peer, runs Train with report, saves the parameters if
-// asked, and leaves with the others through a double barrier, so that no
-// rank closes its sockets while a peer still finishes its last collective.
+// connects to every peer, runs Train with report (its groups over NCCL with
+// p.NCCL), saves the parameters if asked, and leaves with the others
+// through a double barrier, so that no rank closes its sockets while a peer
+// still finishes its last collective.
 func RunProcess(ctx context.Context, cfg *Config, p Process, report func(StepResult) error) error {
 	st, err := tcp.DialStore(ctx, p.Store)
 	if err != nil {
@@ -51,7 +58,16 @@ func RunProcess(ctx context.Context, cfg *Config, p Process, report func(StepRes
 		return err
 	}
 	defer world.Close()
-	r, err := Train(ctx, cfg, world, report)
+	var w collectives.Communicator = world
+	if p.NCCL != nil {
+		nc := *p.NCCL
+		nc.Store, nc.Logger = st, log
+		if nc.Key == "" {
+			nc.Key = "nccl"
+		}
+		w = nccl.NewWorld(world, &nc)
+	}
+	r, err := Train(ctx, cfg, w, report)
 	if r != nil {
 		defer r.Close()
 	}

@@ -3,7 +3,8 @@
  * once every rank's stream has reached it; point-to-point calls match in
  * order per (sender, receiver) pair. Every call is recorded with the values
  * it received, so the Go tests can check the exact ncclDataType_t,
- * ncclRedOp_t, counts and streams passed. */
+ * ncclRedOp_t, counts, buffers and streams passed; buffers that are not
+ * device memory of the fake runtime are refused with ncclInvalidArgument. */
 #include "fakegpu.h"
 #include <math.h>
 #include <stdio.h>
@@ -273,6 +274,13 @@ static int coll(const char *fn, int kind, const void *send, void *recv, size_t c
 		return fail(InvalidArgument, "fake: %s: bad ncclRedOp_t", fn);
 	if (kind == Broadcast && (root < 0 || root >= c->nranks)) return fail(InvalidArgument, "fake: %s: bad root", fn);
 	if (!stream) return fail(InvalidUsage, "fake: %s on the legacy default stream", fn);
+	/* Both buffers must be device memory, of the extent the operation touches
+	 * (a root's send buffer only for Broadcast). */
+	size_t one = count * esize(dt), all = one * (size_t)c->nranks;
+	size_t sendn = kind == ReduceScatter ? all : one, recvn = kind == AllGather ? all : one;
+	int sends = kind != Broadcast || root == c->rank;
+	if ((sends && !fake_is_device(send, sendn)) || !fake_is_device(recv, recvn))
+		return fail(InvalidArgument, "fake: %s: a buffer is not device memory", fn);
 	struct coll *x = calloc(1, sizeof *x);
 	x->kind = kind, x->dtype = dt, x->op = op, x->root = root, x->count = count;
 	x->send = send, x->recv = recv, x->comm = c, x->seq = -1;
@@ -343,6 +351,7 @@ static int p2p(const char *fn, int is_send, void *buf, size_t count, int dt, int
 	if (!esize(dt)) return fail(InvalidArgument, "fake: %s: bad ncclDataType_t", fn);
 	if (peer < 0 || peer >= c->nranks || peer == c->rank) return fail(InvalidArgument, "fake: %s: bad peer", fn);
 	if (!stream) return fail(InvalidUsage, "fake: %s on the legacy default stream", fn);
+	if (!fake_is_device(buf, count * esize(dt))) return fail(InvalidArgument, "fake: %s: the buffer is not device memory", fn);
 	struct p2p *p = calloc(1, sizeof *p);
 	p->is_send = is_send, p->dtype = dt, p->peer = peer, p->count = count, p->buf = buf;
 	struct group *g = open_group;

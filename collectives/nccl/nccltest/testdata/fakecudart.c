@@ -1,4 +1,7 @@
-/* A fake libcudart.so: the CUDA runtime calls package nccl makes, on the CPU. */
+/* A fake libcudart.so: the CUDA runtime calls package nccl makes, on the CPU.
+ * "Device memory" is host memory, but the fake knows which blocks cudaMalloc
+ * handed out: cudaMemcpyAsync, cudaFree and the fake NCCL reject addresses
+ * outside them, as a GPU would fault on them. */
 #include "fakegpu.h"
 #include <pthread.h>
 #include <stdlib.h>
@@ -153,18 +156,60 @@ int cudaStreamQuery(void *s) {
 	fake_unlock();
 	return c;
 }
+/* The live device allocations. */
+struct block { char *p; size_t n; };
+static struct block *blocks;
+static size_t nblocks, capblocks;
+
+static long find_block_locked(const void *p) {
+	for (size_t i = 0; i < nblocks; i++)
+		if ((const char *)p >= blocks[i].p && (const char *)p < blocks[i].p + blocks[i].n) return (long)i;
+	return -1;
+}
+/* fake_is_device reports whether [p, p+n) lies inside one live allocation. */
+int fake_is_device(const void *p, size_t n) {
+	fake_lock();
+	long i = find_block_locked(p);
+	int ok = i >= 0 && (const char *)p + n <= blocks[i].p + blocks[i].n;
+	fake_unlock();
+	return ok;
+}
+
+/* cudaMalloc records the size asked for (bytes) and the address returned
+ * (recvbuf). */
 int cudaMalloc(void **p, size_t n) {
-	fake_rec r; fake_rec_init(&r, "cudaMalloc"); r.bytes = (int64_t)n; fake_record(&r);
+	fake_rec r; fake_rec_init(&r, "cudaMalloc"); r.bytes = (int64_t)n;
 	int c = fake_inject("cudaMalloc");
-	if (c) return c;
+	if (c) { fake_record(&r); return c; }
 	*p = calloc(1, n ? n : 1);
-	fake_lock(); live_allocs++; fake_unlock();
+	r.recvbuf = (int64_t)(intptr_t)*p;
+	fake_record(&r);
+	fake_lock();
+	if (nblocks == capblocks) {
+		capblocks = capblocks ? 2 * capblocks : 64;
+		blocks = realloc(blocks, capblocks * sizeof *blocks);
+	}
+	blocks[nblocks].p = *p, blocks[nblocks].n = n ? n : 1;
+	nblocks++;
+	live_allocs++;
+	fake_unlock();
 	return 0;
 }
+/* cudaFree records the address (sendbuf) and refuses one that is not the
+ * start of a live allocation (a double free, or host memory). */
 int cudaFree(void *p) {
 	if (!p) return 0;
+	fake_rec r; fake_rec_init(&r, "cudaFree"); r.sendbuf = (int64_t)(intptr_t)p; fake_record(&r);
+	fake_lock();
+	long i = find_block_locked(p);
+	if (i < 0 || blocks[i].p != p) {
+		fake_unlock();
+		return 1; /* cudaErrorInvalidValue */
+	}
+	blocks[i] = blocks[--nblocks];
+	live_allocs--;
+	fake_unlock();
 	free(p);
-	fake_lock(); live_allocs--; fake_unlock();
 	return 0;
 }
 
@@ -182,6 +227,9 @@ int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream
 	int c = fake_inject("cudaMemcpyAsync");
 	if (c) return c;
 	if (kind != 1 && kind != 2) return 21; /* cudaErrorInvalidMemcpyDirection */
+	/* Host to device: dst on the device, src not; device to host the reverse. */
+	const void *dev = kind == 1 ? dst : src, *host = kind == 1 ? src : dst;
+	if (!fake_is_device(dev, n) || fake_is_device(host, 1)) return 1; /* cudaErrorInvalidValue */
 	struct copy *cp = malloc(sizeof *cp);
 	cp->dst = dst, cp->src = src, cp->n = n;
 	fake_stream_enqueue(stream, copy_progress, cp, free);
@@ -189,6 +237,7 @@ int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream
 }
 const char *cudaGetErrorString(int e) {
 	switch (e) {
+	case 1: return "fake: invalid argument";
 	case 2: return "fake: out of memory";
 	case 101: return "fake: invalid device ordinal";
 	case 700: return "fake: an illegal memory access was encountered";

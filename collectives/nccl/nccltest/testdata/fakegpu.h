@@ -1,6 +1,7 @@
 /* Shared between the fake CUDA runtime and the fake NCCL used by the tests of
- * package nccl. Nothing here runs on a GPU: "device memory" is malloc'd host
- * memory and a stream is a queue of deferred host work that advances when it
+ * package nccl and its users (package nccltest). Nothing here runs on a GPU:
+ * "device memory" is calloc'd host memory that the fake runtime tracks, and a
+ * stream is a queue of deferred host work that advances when it
  * is queried, so stream ordering bugs still show. */
 #ifndef FAKEGPU_H
 #define FAKEGPU_H
@@ -20,6 +21,7 @@ void fake_unlock(void);
 void fake_rec_init(fake_rec *r, const char *fn);
 void fake_record(const fake_rec *r);
 int fake_inject(const char *fn);  /* the injected error code for fn, or 0 */
+int fake_is_device(const void *p, size_t n); /* [p, p+n) is inside one cudaMalloc block */
 int fake_current_device(void);
 int fake_nccl_version(void);
 
