@@ -8,6 +8,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"gpucoord/internal/gossip"
 	pb "gpucoord/proto/gpucoordpb"
 )
 
@@ -15,8 +16,9 @@ import (
 // names may not start with it.
 const coordinatorMember = "coordinator:"
 
-// Dead implements gossip.Events: a node the pool declared dead is handed to
-// revokeDead, which takes it out of etcd. It never blocks memberlist.
+// Dead implements gossip.Events: a member the pool declared dead is handed
+// to revokeDead, which takes its node out of etcd. It never blocks
+// memberlist.
 func (c *Coordinator) Dead(name string) {
 	if strings.HasPrefix(name, coordinatorMember) {
 		return
@@ -28,30 +30,50 @@ func (c *Coordinator) Dead(name string) {
 	}
 }
 
-// revokeDead revokes the lease of every node the pool declares dead, so
-// that the node is lost at once for the leader, however its gRPC stream
-// looks (a frozen or cut-off agent keeps its TCP connection open). Every
+// revokeDead revokes the lease of every node whose member the pool declares
+// dead, so that the node is lost at once for the leader, however its gRPC
+// stream looks (a frozen or cut-off agent keeps its TCP connection open).
+// Only the run that died is removed: a node that restarted and registered
+// again has another instance, and the death of its earlier run, which the
+// pool may declare after the new one registered, leaves it alone. Every
 // coordinator does it; a revocation is idempotent.
 func (c *Coordinator) revokeDead(ctx context.Context) error {
-	k := keys(c.cfg.Prefix)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case name := <-c.dead:
+		case member := <-c.dead:
 			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			resp, err := c.etcd.Client.Get(rctx, k.node(name))
-			if err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0 {
-				if _, err = c.etcd.Client.Revoke(rctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err == nil {
-					c.log.Warn("node failed its gossip probes: removed from the pool", "node", name)
-				}
-			}
+			err := c.revokeMember(rctx, member)
 			cancel()
 			if err != nil && ctx.Err() == nil {
-				c.log.Warn("gossip: revoke", "node", name, "err", err)
+				c.log.Warn("gossip: revoke", "member", member, "err", err)
 			}
 		}
 	}
+}
+
+// revokeMember revokes the lease of the node registered by the run the
+// gossip member names, if that run is still the registered one.
+func (c *Coordinator) revokeMember(ctx context.Context, member string) error {
+	name, instance := gossip.ParseMember(member)
+	resp, err := c.etcd.Client.Get(ctx, keys(c.cfg.Prefix).node(name))
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
+		return err
+	}
+	var n pb.Node
+	if err := decode(resp.Kvs[0].Value, &n); err != nil {
+		return err
+	}
+	if n.GetInstance() != instance {
+		c.log.Info("gossip: an earlier run of a node was declared dead; the node has registered again", "node", name, "dead", instance, "registered", n.GetInstance())
+		return nil
+	}
+	if _, err := c.etcd.Client.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
+		return err
+	}
+	c.log.Warn("node failed its gossip probes: removed from the pool", "node", name)
+	return nil
 }
 
 // advertise publishes this coordinator's gossip address under

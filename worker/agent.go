@@ -3,6 +3,8 @@ package worker
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -107,9 +109,10 @@ var ErrRefused = errors.New("worker: refused by the coordinator")
 // keeps its lease alive through its Watch stream, and runs the ranks its
 // assignment names.
 type Agent struct {
-	cfg *Config
-	log *slog.Logger
-	out sync.Mutex // serialises rank output lines
+	cfg      *Config
+	log      *slog.Logger
+	instance string     // this run's, random: its gossip member is name#instance
+	out      sync.Mutex // serialises rank output lines
 
 	mu     sync.Mutex
 	client pb.CoordinatorClient // current coordinator
@@ -127,7 +130,11 @@ func New(cfg *Config) (*Agent, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Agent{cfg: cfg, log: log.With("component", "agent", "node", cfg.Name)}, nil
+	var id [8]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, fmt.Errorf("worker: instance id: %w", err)
+	}
+	return &Agent{cfg: cfg, instance: hex.EncodeToString(id[:]), log: log.With("component", "agent", "node", cfg.Name)}, nil
 }
 
 // Run registers and serves assignments until ctx ends, then stops its
@@ -211,7 +218,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	a.mu.Unlock()
 	if lease == 0 {
 		resp, err := client.Register(ctx, &pb.RegisterRequest{Node: &pb.Node{Name: a.cfg.Name, Host: a.cfg.Host, Gpus: int32(a.cfg.GPUs),
-			NvlinkDomain: a.cfg.NVLinkDomain, Protocol: pb.ProtocolVersion, Version: a.cfg.Version}})
+			NvlinkDomain: a.cfg.NVLinkDomain, Protocol: pb.ProtocolVersion, Version: a.cfg.Version, Instance: a.instance}})
 		if err != nil {
 			switch status.Code(err) {
 			case codes.Unauthenticated, codes.FailedPrecondition, codes.InvalidArgument, codes.AlreadyExists, codes.PermissionDenied:
@@ -263,7 +270,7 @@ func (a *Agent) joinPool(g *pb.Gossip) {
 		}
 		t := gossip.Tuning{ProbeInterval: time.Duration(g.ProbeIntervalMs) * time.Millisecond,
 			ProbeTimeout: time.Duration(g.ProbeTimeoutMs) * time.Millisecond, SuspicionMult: int(g.SuspicionMult)}
-		pool, err := gossip.New(a.cfg.Name, bind, t, nil, nil)
+		pool, err := gossip.New(gossip.MemberName(a.cfg.Name, a.instance), bind, t, nil, nil)
 		if err != nil {
 			a.log.Warn("gossip pool", "err", err)
 			return

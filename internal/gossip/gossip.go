@@ -12,6 +12,7 @@ import (
 	"log"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -43,6 +44,26 @@ func (t Tuning) Validate() error {
 			t.ProbeInterval, t.ProbeTimeout, t.SuspicionMult)
 	}
 	return nil
+}
+
+// MemberName is the pool name of one run of a node: node#instance, or the
+// node's name alone where the run has no instance. A node that restarts
+// joins as a new member while the pool may still be declaring its earlier
+// run dead; the instance tells the two apart.
+func MemberName(node, instance string) string {
+	if instance == "" {
+		return node
+	}
+	return node + "#" + instance
+}
+
+// ParseMember splits a MemberName into the node and the instance ("" for a
+// name without one).
+func ParseMember(member string) (node, instance string) {
+	if i := strings.LastIndexByte(member, '#'); i >= 0 {
+		return member[:i], member[i+1:]
+	}
+	return member, ""
 }
 
 // Events receives membership changes. Calls come from memberlist's

@@ -67,3 +67,26 @@ func TestTuningValidate(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestMemberName: a run's member name carries its instance and splits back,
+// also for node names that contain '#'; a name without one is the node's.
+func TestMemberName(t *testing.T) {
+	for _, tc := range []struct{ node, instance, member string }{
+		{"w1", "9f3a", "w1#9f3a"},
+		{"rack#2", "01", "rack#2#01"},
+		{"w1", "", "w1"},
+	} {
+		if got := MemberName(tc.node, tc.instance); got != tc.member {
+			t.Errorf("MemberName(%q, %q) = %q, want %q", tc.node, tc.instance, got, tc.member)
+		}
+		if tc.instance == "" {
+			continue
+		}
+		if n, i := ParseMember(tc.member); n != tc.node || i != tc.instance {
+			t.Errorf("ParseMember(%q) = %q, %q", tc.member, n, i)
+		}
+	}
+	if n, i := ParseMember("w1"); n != "w1" || i != "" {
+		t.Errorf("ParseMember(w1) = %q, %q", n, i)
+	}
+}

@@ -98,7 +98,11 @@ type Node struct {
 	// protocol is the agent's protocol version (gpucoordpb.ProtocolVersion).
 	Protocol int32 `protobuf:"varint,5,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	// version is the agent's build version, for display.
-	Version       string `protobuf:"bytes,6,opt,name=version,proto3" json:"version,omitempty"`
+	Version string `protobuf:"bytes,6,opt,name=version,proto3" json:"version,omitempty"`
+	// instance identifies one run of the agent (random, per process). Its
+	// member of the gossip pool is named name#instance, so that the pool
+	// declaring an earlier run of the node dead never removes a later one.
+	Instance      string `protobuf:"bytes,7,opt,name=instance,proto3" json:"instance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -171,6 +175,13 @@ func (x *Node) GetProtocol() int32 {
 func (x *Node) GetVersion() string {
 	if x != nil {
 		return x.Version
+	}
+	return ""
+}
+
+func (x *Node) GetInstance() string {
+	if x != nil {
+		return x.Instance
 	}
 	return ""
 }
@@ -2362,14 +2373,15 @@ var File_proto_gpucoord_proto protoreflect.FileDescriptor
 
 const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
-	"\x14proto/gpucoord.proto\x12\vgpucoord.v1\"\x9d\x01\n" +
+	"\x14proto/gpucoord.proto\x12\vgpucoord.v1\"\xb9\x01\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x12\n" +
 	"\x04gpus\x18\x03 \x01(\x05R\x04gpus\x12#\n" +
 	"\rnvlink_domain\x18\x04 \x01(\tR\fnvlinkDomain\x12\x1a\n" +
 	"\bprotocol\x18\x05 \x01(\x05R\bprotocol\x12\x18\n" +
-	"\aversion\x18\x06 \x01(\tR\aversion\"8\n" +
+	"\aversion\x18\x06 \x01(\tR\aversion\x12\x1a\n" +
+	"\binstance\x18\a \x01(\tR\binstance\"8\n" +
 	"\x0fRegisterRequest\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.gpucoord.v1.NodeR\x04node\"{\n" +
 	"\x10RegisterResponse\x12\x19\n" +
