@@ -52,6 +52,20 @@ func plan(t *testing.T, clusterName, model string, mod func(*topology.Config)) *
 	return p
 }
 
+// evaluate lays m out on cl with cfg and returns the estimate.
+func evaluate(t *testing.T, cl topology.Cluster, m topology.Model, cfg topology.Config) Report {
+	t.Helper()
+	p, err := topology.New(cl, m, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Evaluate(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // TestLayerActivationsKorthikanti checks the per-layer activation bytes of
 // Korthikanti et al. 2022, Table 2, for GPT-3 175B (s=2048, h=12288, a=96)
 // with micro-batch 1 and t=8, without flash attention.
@@ -217,14 +231,7 @@ func TestInterleavedActivationFactor(t *testing.T) {
 		cfg := topology.DefaultConfig()
 		cfg.PP, cfg.VPP, cfg.Schedule, cfg.GlobalBatch = pp, v, sched, 2*pp*(8/pp)
 		cl.Nodes = 1
-		p, err := topology.New(cl, m, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := Evaluate(p)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := evaluate(t, cl, m, cfg)
 		// held chunk-micro-batches x layers per chunk
 		return float64(r.Pipeline.PeakInFlight[0]) * float64(m.Layers/(pp*v))
 	}
@@ -440,14 +447,7 @@ func TestMeasuredH100(t *testing.T) {
 		m := topology.Model{Name: "reference", Layers: row.layers, Hidden: row.hidden, Heads: row.heads, Seq: 2048, Vocab: 51200, LearnedPositions: true}
 		c := topology.DefaultConfig()
 		c.MicroBatch, c.GlobalBatch, c.Optimizer = 8, 8, topology.OptimizerMultiTensor
-		p, err := topology.New(cl, m, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := Evaluate(p)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := evaluate(t, cl, m, c)
 		name := fmt.Sprintf("l %d h %d", row.layers, row.hidden)
 		if rel := (r.Step.Seconds - row.step) / row.step; math.Abs(rel) > 0.15 {
 			t.Errorf("%s: plan %.3f s, measured %.3f s (%+.1f%%)", name, r.Step.Seconds, row.step, 100*rel)
@@ -501,15 +501,7 @@ func TestUpdatePeak(t *testing.T) {
 	eval := func(opt topology.Optimizer, fp32Grads bool) Memory {
 		c := topology.DefaultConfig()
 		c.MicroBatch, c.GlobalBatch, c.Recompute, c.Optimizer, c.MainGradsFP32 = 1, 1, topology.RecomputeFull, opt, fp32Grads
-		p, err := topology.New(cl, m, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := Evaluate(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r.Memory.PerGPU
+		return evaluate(t, cl, m, c).Memory.PerGPU
 	}
 	params := m.TotalParams()
 	for _, tc := range []struct {
