@@ -143,30 +143,7 @@ func TestRealGPU(t *testing.T) {
 	mustAll(t, "Barrier", each(comms, func(_ int, c *Communicator) error { return c.Barrier(t.Context()) }))
 
 	if world > 1 {
-		got := make([][]float64, world)
-		mustAll(t, "Send/Recv", each(comms, func(r int, c *Communicator) error {
-			got[r] = make([]float64, n)
-			if r > 0 {
-				if err := c.Recv(t.Context(), collectives.Float64s(got[r]), r-1); err != nil {
-					return err
-				}
-			}
-			if r < world-1 {
-				out := make([]float64, n)
-				for i := range out {
-					out[i] = val(r, i)
-				}
-				return c.Send(t.Context(), collectives.Float64s(out), r+1)
-			}
-			return nil
-		}))
-		for r := 1; r < world; r++ {
-			for i := range n {
-				if got[r][i] != val(r-1, i) {
-					t.Fatalf("rank %d received [%d] = %v, want %v", r, i, got[r][i], val(r-1, i))
-				}
-			}
-		}
+		checkPipeline(t, comms, n, val)
 		errs := each(comms, func(r int, c *Communicator) error {
 			return c.AllReduce(t.Context(), collectives.Float32s(make([]float32, 8+r)), collectives.Sum)
 		})

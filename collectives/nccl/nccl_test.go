@@ -462,32 +462,7 @@ func TestCollectivesAgainstReference(t *testing.T) {
 				continue
 			}
 
-			// A pipeline: rank r sends to r+1; rank r+1 receives from r.
-			got := make([][]float64, world)
-			errs = each(comms, func(r int, c *Communicator) error {
-				got[r] = make([]float64, n)
-				if r > 0 {
-					if err := c.Recv(t.Context(), collectives.Float64s(got[r]), r-1); err != nil {
-						return err
-					}
-				}
-				if r < world-1 {
-					out := make([]float64, n)
-					for i := range out {
-						out[i] = val(r, i)
-					}
-					return c.Send(t.Context(), collectives.Float64s(out), r+1)
-				}
-				return nil
-			})
-			mustAll(t, "Send/Recv", errs)
-			for r := 1; r < world; r++ {
-				for i := range n {
-					if got[r][i] != val(r-1, i) {
-						t.Fatalf("world %d n %d: rank %d received [%d] = %v, want %v", world, n, r, i, got[r][i], val(r-1, i))
-					}
-				}
-			}
+			checkPipeline(t, comms, n, val)
 
 			// SendRecv between ranks 0 and 1, sizes n and n+1 each way.
 			var in0, in1 []float64
@@ -845,5 +820,36 @@ func TestScratchReused(t *testing.T) {
 	}
 	if len(payload) != 1 || payload[0] != 4096 {
 		t.Errorf("payload cudaMalloc sizes %v, want one of 4096", payload)
+	}
+}
+
+// checkPipeline sends val(r, i) for i < n from every rank r to r+1 and
+// checks what each rank received.
+func checkPipeline(t *testing.T, comms []*Communicator, n int, val func(r, i int) float64) {
+	t.Helper()
+	world := len(comms)
+	got := make([][]float64, world)
+	mustAll(t, "Send/Recv", each(comms, func(r int, c *Communicator) error {
+		got[r] = make([]float64, n)
+		if r > 0 {
+			if err := c.Recv(t.Context(), collectives.Float64s(got[r]), r-1); err != nil {
+				return err
+			}
+		}
+		if r < world-1 {
+			out := make([]float64, n)
+			for i := range out {
+				out[i] = val(r, i)
+			}
+			return c.Send(t.Context(), collectives.Float64s(out), r+1)
+		}
+		return nil
+	}))
+	for r := 1; r < world; r++ {
+		for i := range n {
+			if got[r][i] != val(r-1, i) {
+				t.Fatalf("world %d n %d: rank %d received [%d] = %v, want %v", world, n, r, i, got[r][i], val(r-1, i))
+			}
+		}
 	}
 }
