@@ -13,7 +13,8 @@
 #               when missing and Go is here; a GPU machine without Go needs it
 #               copied: CGO_ENABLED=0 go build -o bin/gpucoord ./cmd/gpucoord)
 #   PYTHON      a python3 with PyTorch (default python3); it also handles the JSON
-#   OUT         file for the tables (default: stdout)
+#   OUT         file for the tables, or a directory to write plan-vs-gpu.md
+#               into (default: stdout)
 #   LOGDIR      where each shape's gpt.py JSON and stderr and plan JSON are kept
 #               (default: a new temporary directory, named on stderr)
 #   STEPS       measured steps per shape (default 10), WARMUP steps before (3)
@@ -272,6 +273,7 @@ PY
 }
 
 if [ -n "${OUT:-}" ]; then
+  [ -d "$OUT" ] && OUT=$OUT/plan-vs-gpu.md
   table >"$OUT"
   echo "gpu_plan_check.sh: table in $OUT" >&2
 else
