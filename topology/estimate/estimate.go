@@ -49,21 +49,19 @@ func computeRate(p *topology.Plan, eff efficiency) float64 {
 	return p.Cluster.PeakTFLOPS * 1e12 * eff.compute * h / (h + eff.hidden0)
 }
 
-// layerForwardSeconds returns one layer's forward time for one sequence on
-// one GPU at full width (divide by tp for its share), with constants eff.
-// At computeRate the time is F/(peak E) (1 + h0/h): the matrix multiplies
-// at E of the peak and the elementwise work, h0/h of that. In fp8 the
-// matrix multiplies other than the attention core run at the fp8 peak with
-// the same E (Transformer Engine keeps the attention core and the
-// elementwise work in bf16); the elementwise time does not change.
+// layerForwardSeconds returns the time of flops of one layer's forward
+// work on one GPU, with constants eff: flops at computeRate. In fp8 the
+// matrix multiplies other than the attention core run at the fp8 peak
+// instead of the bf16 one, with the same efficiency (Transformer Engine
+// keeps the attention core and the elementwise work, computeRate's h0
+// share, in bf16).
 func layerForwardSeconds(p *topology.Plan, eff efficiency, flops float64) float64 {
-	peak := p.Cluster.PeakTFLOPS * 1e12 * eff.compute
-	elementwise := flops / peak * eff.hidden0 / float64(p.Model.Hidden)
+	t := flops / computeRate(p, eff)
 	if p.Config.Precision != topology.PrecisionFP8 {
-		return flops/peak + elementwise
+		return t
 	}
-	core := min(flops, attentionCoreFLOPs(p.Model))
-	return core/peak + (flops-core)/(p.Cluster.PeakFP8TFLOPS*1e12*eff.compute) + elementwise
+	gemm := flops - min(flops, attentionCoreFLOPs(p.Model))
+	return t - gemm/(p.Cluster.PeakTFLOPS*1e12*eff.compute) + gemm/(p.Cluster.PeakFP8TFLOPS*1e12*eff.compute)
 }
 
 // Report is the full estimate of a Plan.
