@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests use, when they are missing:
 # etcd-server (the external etcd of the control-plane tests) and
-# python3-torch (the torchrun DDP client under gpucoord launch).
+# python3-torch (the torchrun DDP client under gpucoord launch) and
+# iptables (the cluster-in-a-box tests cut hosts off with it).
 set -euo pipefail
 need=()
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
 /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || need+=(python3-torch)
+command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptables)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" = 0 ] || sudo=sudo
