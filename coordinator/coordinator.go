@@ -37,8 +37,10 @@ type Config struct {
 	// serves none.
 	Metrics string
 	// Gossip is the address of this coordinator's member of the gossip
-	// pool (TCP and UDP); port 0 picks a free one. Agents learn it from
-	// Register.
+	// pool (TCP and UDP); port 0 picks a free one, and empty means Listen's
+	// host with a free port. Agents learn it from Register. An unspecified
+	// host (0.0.0.0, ::) binds every interface and advertises the first
+	// address that is not loopback.
 	Gossip string
 	// GossipTuning sets how fast the pool declares a silent member dead;
 	// agents are told to use the same.
@@ -90,7 +92,6 @@ func DefaultConfig() *Config {
 		KeepJobs:         100,
 		Tick:             200 * time.Millisecond,
 		Etcd:             EtcdConfig{DialTimeout: 5 * time.Second},
-		Gossip:           "127.0.0.1:0",
 		GossipTuning:     gossip.DefaultTuning(),
 	}
 }
@@ -118,17 +119,50 @@ func (c *Config) Validate() error {
 	if err := c.GossipTuning.Validate(); err != nil {
 		return errorf(ErrInvalid, "%v", err)
 	}
-	if _, _, err := net.SplitHostPort(c.Gossip); err != nil {
-		return errorf(ErrInvalid, "gossip address %q: %v", c.Gossip, err)
-	}
 	host, _, err := net.SplitHostPort(c.Listen)
 	if err != nil {
 		return errorf(ErrInvalid, "listen address %q: %v", c.Listen, err)
+	}
+	if c.Gossip != "" {
+		ghost, _, err := net.SplitHostPort(c.Gossip)
+		if err != nil {
+			return errorf(ErrInvalid, "gossip address %q: %v", c.Gossip, err)
+		}
+		if IsLoopback(ghost) && !IsLoopback(host) {
+			return errorf(ErrInvalid, "gossip address %s is loopback but the coordinator listens on %s: agents on other hosts could not reach it (leave --gossip out to use the listen host)", c.Gossip, c.Listen)
+		}
 	}
 	if c.Token == "" && !IsLoopback(host) {
 		return errorf(ErrInvalid, "listen address %s is not loopback: a join token is required (--token, GPUCOORD_TOKEN or --token-file)", c.Listen)
 	}
 	return nil
+}
+
+// gossipAddr returns where the coordinator's gossip member binds and the
+// host it advertises: the Gossip address, or Listen's host with a free
+// port; an unspecified host advertises the machine's first address that is
+// not loopback.
+func gossipAddr(gossipAddr, listen string) (bind, advertise string) {
+	bind = gossipAddr
+	if bind == "" {
+		host, _, _ := net.SplitHostPort(listen)
+		bind = net.JoinHostPort(host, "0")
+	}
+	host, port, _ := net.SplitHostPort(bind)
+	if host == "" {
+		host, bind = "0.0.0.0", net.JoinHostPort("0.0.0.0", port)
+	}
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return bind, host
+	}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() && !ipn.IP.IsLinkLocalUnicast() {
+				return bind, ipn.IP.String()
+			}
+		}
+	}
+	return bind, "127.0.0.1"
 }
 
 // IsLoopback reports whether host names only this machine.
@@ -192,7 +226,8 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 		c.cfg.Name = ln.Addr().String()
 	}
 	c.dead = make(chan string, 1024)
-	c.pool, err = gossip.New(coordinatorMember+c.cfg.Name, cfg.Gossip, cfg.GossipTuning, c, slogWriter{c.log.With("component", "gossip")})
+	bind, advertise := gossipAddr(cfg.Gossip, cfg.Listen)
+	c.pool, err = gossip.New(coordinatorMember+c.cfg.Name, bind, advertise, cfg.GossipTuning, c, slogWriter{c.log.With("component", "gossip")})
 	if err != nil {
 		ln.Close()
 		if mln != nil {

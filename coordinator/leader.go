@@ -264,6 +264,24 @@ func waitingFor(snap *snapshot, spec *pb.JobSpec, free int) string {
 	return s
 }
 
+// firstFailure is the rank failure that came first in time, as its node
+// saw it (a rank whose peer failed fails a moment later, and may be
+// reported sooner); among failures without a time, the first reported.
+// Nil when no rank failed.
+func firstFailure(j *job) *pb.RankExit {
+	var first *pb.RankExit
+	for _, r := range j.exitOrder {
+		e := j.exits[r]
+		if e.Code == 0 {
+			continue
+		}
+		if first == nil || e.FailedAtUnixMs != 0 && (first.FailedAtUnixMs == 0 || e.FailedAtUnixMs < first.FailedAtUnixMs) {
+			first = e
+		}
+	}
+	return first
+}
+
 // watchRunning ends a running generation: succeeded when every rank exited
 // 0, failed when a rank failed or a member node was lost.
 func (l *leader) watchRunning(ctx context.Context, snap *snapshot, j *job, busy map[string]string, now time.Time) error {
@@ -277,13 +295,7 @@ func (l *leader) watchRunning(ctx context.Context, snap *snapshot, j *job, busy 
 			}
 		}
 	}
-	var first *pb.RankExit
-	for _, r := range j.exitOrder {
-		if e := j.exits[r]; e.Code != 0 {
-			first = e
-			break
-		}
-	}
+	first := firstFailure(j)
 	if first == nil && len(lost) == 0 {
 		if len(j.exits) == int(j.gen.World) {
 			return l.setState(ctx, j, &pb.JobState{Phase: pb.JobState_SUCCEEDED, FailedRank: -1})
@@ -301,7 +313,7 @@ func (l *leader) watchRunning(ctx context.Context, snap *snapshot, j *job, busy 
 	}
 	st := &pb.JobState{Phase: pb.JobState_FAILED, FailedRank: -1, ExitCode: 1, LostNodes: lost, LostRanks: lostRanks}
 	if first != nil {
-		st.FailedRank, st.ExitCode, st.FailedNode = first.Rank, first.Code, memberOf(j.gen, first.Rank)
+		st.FailedRank, st.ExitCode, st.FailedNode, st.Output = first.Rank, first.Code, memberOf(j.gen, first.Rank), first.Output
 	}
 	if len(lost) > 0 {
 		parts := make([]string, len(lost))

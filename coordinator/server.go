@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -81,6 +83,19 @@ func etcdErr(err error) error {
 	return status.Errorf(codes.Unavailable, "etcd: %v", err)
 }
 
+// peerHost is the host a call came from, or "" when unknown.
+func peerHost(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(p.Addr.String())
+	if err != nil {
+		return ""
+	}
+	return host
+}
+
 // Register implements pb.CoordinatorServer.
 func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.RegisterResponse, error) {
 	n := req.GetNode()
@@ -94,6 +109,10 @@ func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 		return nil, status.Errorf(codes.InvalidArgument, "node %q: %d GPUs: want at least 1", n.GetName(), n.GetGpus())
 	case n.GetHost() == "":
 		return nil, status.Errorf(codes.InvalidArgument, "node %q: no host address", n.GetName())
+	}
+	if from := peerHost(ctx); IsLoopback(n.GetHost()) && from != "" && !IsLoopback(from) {
+		return nil, status.Errorf(codes.InvalidArgument, "node %q advertises %s, a loopback address, but connects from %s: other nodes could not reach it (start the worker without --advertise-addr, or give its --iface)",
+			n.GetName(), n.GetHost(), from)
 	}
 	ttl := int64(s.cfg.LeaseTTL / time.Second)
 	lease, err := s.cli.Grant(ctx, ttl)
@@ -245,7 +264,7 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 	case *pb.ReportRequest_Bootstrap:
 		key := s.k.bootstrap(id, gen)
 		_, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, k.Bootstrap.GetMaster())).Commit()
+			Then(clientv3.OpPut(key, encode(k.Bootstrap))).Commit()
 	case *pb.ReportRequest_Step:
 		// Only the current generation's steps count.
 		var gr *clientv3.GetResponse

@@ -22,7 +22,7 @@ import (
 //	jobs/<id>/spec                     JobSpec, written once by Submit
 //	jobs/<id>/state                    JobState
 //	jobs/<id>/generation               Generation: the frozen members and layout
-//	jobs/<id>/bootstrap/<gen>          rank 0's rendezvous address
+//	jobs/<id>/bootstrap/<gen>          Bootstrap: rank 0's rendezvous address and the checkpoint probe
 //	jobs/<id>/progress                 Step: rank 0's last finished step
 //	jobs/<id>/commit                   Step: the last step in a committed checkpoint
 //	jobs/<id>/exits/<gen>/<rank>       RankExit
@@ -79,7 +79,7 @@ type job struct {
 	stateRev  int64 // mod revision of the state key, for transactions
 	gen       *pb.Generation
 	genRev    int64
-	master    string // bootstrap of the current generation
+	boot      *pb.Bootstrap // of the current generation; nil until reported
 	step      *pb.Step
 	commit    *pb.Step               // last committed step; nil before the first
 	exits     map[int32]*pb.RankExit // of the current generation
@@ -148,7 +148,7 @@ func read(ctx context.Context, cli *clientv3.Client, k keys, only string) (*snap
 	}
 	exits := map[string][]exitKV{}
 	timesOf := map[string]map[int64]map[string]*pb.TimesHistory{}
-	boots := map[string]map[int64]string{}
+	boots := map[string]map[int64]*pb.Bootstrap{}
 	for _, kv := range jr.Kvs {
 		rest := strings.TrimPrefix(string(kv.Key), k.jobs())
 		id, field, ok := strings.Cut(rest, "/")
@@ -196,9 +196,12 @@ func read(ctx context.Context, cli *clientv3.Client, k keys, only string) (*snap
 		case strings.HasPrefix(field, "bootstrap/"):
 			g, _ := strconv.ParseInt(strings.TrimPrefix(field, "bootstrap/"), 10, 64)
 			if boots[id] == nil {
-				boots[id] = map[int64]string{}
+				boots[id] = map[int64]*pb.Bootstrap{}
 			}
-			boots[id][g] = string(kv.Value)
+			b := &pb.Bootstrap{}
+			if decode(kv.Value, b) == nil {
+				boots[id][g] = b
+			}
 		case strings.HasPrefix(field, "exits/"):
 			parts := strings.Split(field, "/")
 			if len(parts) != 3 {
@@ -223,7 +226,7 @@ func read(ctx context.Context, cli *clientv3.Client, k keys, only string) (*snap
 			if j.stragglers != nil && j.stragglers.Generation != j.gen.Number {
 				j.stragglers = nil
 			}
-			j.master = boots[id][j.gen.Number]
+			j.boot = boots[id][j.gen.Number]
 			es := exits[id]
 			slices.SortFunc(es, func(a, b exitKV) int { return int(a.rev - b.rev) })
 			for _, e := range es {
@@ -264,7 +267,7 @@ func (s *snapshot) assignment(node string) *pb.Assignment {
 		}
 		for _, m := range j.gen.Members {
 			if m.Node == node {
-				return &pb.Assignment{Job: j.spec.Id, Spec: j.spec, Generation: j.gen, Master: j.master}
+				return &pb.Assignment{Job: j.spec.Id, Spec: j.spec, Generation: j.gen, Master: j.boot.GetMaster(), Probe: j.boot.GetProbe()}
 			}
 		}
 	}

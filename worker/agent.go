@@ -44,14 +44,26 @@ type Config struct {
 	Token string
 	// Name is the node's unique name in the pool.
 	Name string
-	// Host is the address other nodes reach this one at.
+	// Host is the address other nodes reach this one at; empty means the
+	// address of Iface, else of the interface that routes to the first
+	// coordinator. A loopback address is refused by a coordinator the node
+	// reaches from elsewhere.
 	Host string
+	// Bind is the local address the node's ranks, rendezvous store and
+	// gossip member listen on; empty means Host. Set it where Host is an
+	// address only a NAT or a container runtime knows.
+	Bind string
+	// Iface names the network interface whose address is advertised and
+	// which gloo and NCCL use (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, unless
+	// the agent's environment or the job sets them); empty means the one
+	// holding Bind.
+	Iface string
 	// GPUs is the number of rank slots: GPUs, or processes on a CPU machine.
 	GPUs int
 	// NVLinkDomain names the node's NVLink domain; empty is the node alone.
 	NVLinkDomain string
 	// Gossip is the address of the node's member of the failure-detection
-	// pool (TCP and UDP); empty means Host with a free port.
+	// pool (TCP and UDP); empty means Bind with a free port.
 	Gossip string
 	// Devices sets CUDA_VISIBLE_DEVICES to each rank's local index.
 	Devices bool
@@ -78,7 +90,7 @@ type Config struct {
 // DefaultConfig returns settings for a real node.
 func DefaultConfig() *Config {
 	host, _ := os.Hostname()
-	return &Config{Name: host, Host: "127.0.0.1", GPUs: 1, Grace: localproc.DefaultGrace, Retry: 500 * time.Millisecond, TimesEvery: time.Second,
+	return &Config{Name: host, GPUs: 1, Grace: localproc.DefaultGrace, Retry: 500 * time.Millisecond, TimesEvery: time.Second,
 		WorkDir: filepath.Join(os.TempDir(), "gpucoord-worker"), Output: os.Stdout}
 }
 
@@ -91,8 +103,6 @@ func (c *Config) Validate() error {
 		return errors.New("no node name")
 	case c.GPUs < 1:
 		return fmt.Errorf("gpus %d: want at least 1", c.GPUs)
-	case c.Host == "":
-		return errors.New("no host address")
 	case len(c.NativeCommand) == 0:
 		return errors.New("no native rank command")
 	case c.Grace <= 0 || c.Retry <= 0 || c.TimesEvery <= 0:
@@ -110,6 +120,7 @@ var ErrRefused = errors.New("worker: refused by the coordinator")
 // assignment names.
 type Agent struct {
 	cfg      *Config
+	net      Network
 	log      *slog.Logger
 	instance string     // this run's, random: its gossip member is name#instance
 	out      sync.Mutex // serialises rank output lines
@@ -134,7 +145,11 @@ func New(cfg *Config) (*Agent, error) {
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("worker: instance id: %w", err)
 	}
-	return &Agent{cfg: cfg, instance: hex.EncodeToString(id[:]), log: log.With("component", "agent", "node", cfg.Name)}, nil
+	nw, err := ResolveNetwork(context.Background(), cfg.Host, cfg.Bind, cfg.Iface, cfg.Coordinators[0])
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	return &Agent{cfg: cfg, net: nw, instance: hex.EncodeToString(id[:]), log: log.With("component", "agent", "node", cfg.Name)}, nil
 }
 
 // Run registers and serves assignments until ctx ends, then stops its
@@ -217,7 +232,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	lease := a.lease
 	a.mu.Unlock()
 	if lease == 0 {
-		resp, err := client.Register(ctx, &pb.RegisterRequest{Node: &pb.Node{Name: a.cfg.Name, Host: a.cfg.Host, Gpus: int32(a.cfg.GPUs),
+		resp, err := client.Register(ctx, &pb.RegisterRequest{Node: &pb.Node{Name: a.cfg.Name, Host: a.net.Host, Gpus: int32(a.cfg.GPUs),
 			NvlinkDomain: a.cfg.NVLinkDomain, Protocol: pb.ProtocolVersion, Version: a.cfg.Version, Instance: a.instance}})
 		if err != nil {
 			switch status.Code(err) {
@@ -230,7 +245,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		a.mu.Lock()
 		a.lease, a.ttl = lease, time.Duration(resp.TtlSeconds)*time.Second
 		a.mu.Unlock()
-		a.log.Info("registered", "gpus", a.cfg.GPUs, "host", a.cfg.Host)
+		a.log.Info("registered", "gpus", a.cfg.GPUs, "host", a.net.Host, "bind", a.net.Bind, "iface", a.net.Iface)
 		a.joinPool(resp.Gossip)
 	}
 	stream, err := client.Watch(ctx, &pb.WatchRequest{Node: a.cfg.Name, LeaseId: lease})
@@ -256,6 +271,11 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	}
 }
 
+// node is what a rank's environment says of this node.
+func (a *Agent) node() NodeEnv {
+	return NodeEnv{Name: a.cfg.Name, Network: a.net, Devices: a.cfg.Devices}
+}
+
 // joinPool makes this node a member of the gossip pool the coordinators
 // announced (once), and joins their members. A node outside the pool still
 // works; only its failures are noticed later (by its stream or its lease).
@@ -266,11 +286,11 @@ func (a *Agent) joinPool(g *pb.Gossip) {
 	if a.pool == nil {
 		bind := a.cfg.Gossip
 		if bind == "" {
-			bind = net.JoinHostPort(a.cfg.Host, "0")
+			bind = net.JoinHostPort(a.net.Bind, "0")
 		}
 		t := gossip.Tuning{ProbeInterval: time.Duration(g.ProbeIntervalMs) * time.Millisecond,
 			ProbeTimeout: time.Duration(g.ProbeTimeoutMs) * time.Millisecond, SuspicionMult: int(g.SuspicionMult)}
-		pool, err := gossip.New(gossip.MemberName(a.cfg.Name, a.instance), bind, t, nil, nil)
+		pool, err := gossip.New(gossip.MemberName(a.cfg.Name, a.instance), bind, a.net.Host, t, nil, nil)
 		if err != nil {
 			a.log.Warn("gossip pool", "err", err)
 			return
@@ -336,7 +356,7 @@ type runner struct {
 	cur     *pb.Assignment // what runs now; nil for nothing
 	cancel  context.CancelFunc
 	done    chan struct{}
-	masters chan string // hands the master address to a run waiting for it
+	masters chan *pb.Bootstrap // hands the master address and probe to a run waiting for them
 }
 
 func (r *runner) active() bool {
@@ -359,7 +379,7 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 	if r.cur != nil {
 		if asg.Master != "" && r.cur.Master == "" {
 			r.cur.Master = asg.Master
-			r.masters <- asg.Master
+			r.masters <- &pb.Bootstrap{Master: asg.Master, Probe: asg.Probe}
 		}
 		return
 	}
@@ -367,9 +387,9 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 	// The ranks outlive the agent's context: when the agent is told to
 	// stop, Run first lets them checkpoint (preempt), then stops them.
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	r.cancel, r.done, r.masters = cancel, make(chan struct{}), make(chan string, 1)
+	r.cancel, r.done, r.masters = cancel, make(chan struct{}), make(chan *pb.Bootstrap, 1)
 	if asg.Master != "" {
-		r.masters <- asg.Master
+		r.masters <- &pb.Bootstrap{Master: asg.Master, Probe: asg.Probe}
 	}
 	r.mu.Lock()
 	r.procs, r.committed = map[int]*os.Process{}, engine.StepResult{}
@@ -390,7 +410,7 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 			}
 		},
 	}
-	go func(a *pb.Assignment, masters <-chan string, done chan struct{}) {
+	go func(a *pb.Assignment, masters <-chan *pb.Bootstrap, done chan struct{}) {
 		defer close(done)
 		r.agent.run(rctx, a, masters, hooks)
 	}(r.cur, r.masters, r.done)
@@ -461,7 +481,7 @@ func (r *runner) stopLocked() {
 
 // run bootstraps (on rank 0's node), waits for the master address, runs
 // the node's ranks and reports how they ended.
-func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan string, hooks runHooks) {
+func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.Bootstrap, hooks runHooks) {
 	log := a.log.With("job", asg.Job, "generation", asg.Generation.GetNumber())
 	me, _ := member(asg, a.cfg.Name)
 	if me == nil {
@@ -469,45 +489,68 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 		return
 	}
 	native := len(asg.Spec.GetCommand()) == 0
+	// A shared checkpoint directory is checked at every generation: rank
+	// 0's node writes a probe there and every other node must read it.
+	shared := asg.Spec.GetCheckpointDir()
+	probing := shared != "" && len(asg.Generation.GetMembers()) > 1
 	if me.FirstRank == 0 && asg.Master == "" {
 		master, stopStore, err := a.bootstrap(ctx, native)
 		if err != nil {
 			log.Error("bootstrap", "err", err)
-			a.reportExit(ctx, asg, 0, 1, "bootstrap: "+err.Error())
+			a.reportExit(ctx, asg, &pb.RankExit{Rank: 0, Code: 1, Error: "bootstrap: " + err.Error()})
 			return
 		}
 		defer stopStore()
+		boot := &pb.Bootstrap{Master: master}
+		if probing {
+			if boot.Probe, err = writeProbe(shared, asg); err != nil {
+				a.reportExit(ctx, asg, &pb.RankExit{Rank: 0, Code: 1, Error: err.Error()})
+				return
+			}
+			defer os.Remove(filepath.Join(shared, boot.Probe))
+		}
 		if err := a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
-			Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: master}}}); err != nil {
+			Kind: &pb.ReportRequest_Bootstrap{Bootstrap: boot}}); err != nil {
 			return
 		}
 	}
+	var boot *pb.Bootstrap
 	select {
 	case <-ctx.Done():
 		return
-	case asg.Master = <-masters:
+	case boot = <-masters:
+	}
+	asg.Master = boot.Master
+	if probing && me.FirstRank != 0 {
+		if err := readProbe(shared, boot.Probe, rankNode(asg, 0), a.cfg.Name); err != nil {
+			log.Error("checkpoint directory", "err", err)
+			a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: err.Error()})
+			return
+		}
 	}
 	l, err := layout(asg)
 	if err != nil {
-		a.reportExit(ctx, asg, me.FirstRank, 2, err.Error())
+		a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 2, Error: err.Error()})
 		return
 	}
 	dir := filepath.Join(a.cfg.WorkDir, asg.Job, "gen-"+strconv.FormatInt(asg.Generation.GetNumber(), 10))
-	ckpt := asg.Spec.GetCheckpointDir()
+	defer os.RemoveAll(dir) // the plan file is this generation's alone
+	ckpt := shared
 	if ckpt == "" {
 		ckpt = filepath.Join(a.cfg.WorkDir, asg.Job, "checkpoints")
 	}
 	planPath := filepath.Join(dir, "plan.json")
-	if err := writePlan(planPath, asg); err == nil {
-		err = os.MkdirAll(ckpt, 0o755)
+	if err := writePlan(planPath, asg); err != nil {
+		a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: fmt.Sprintf("plan file on node %s: %v", a.cfg.Name, err)})
+		return
 	}
-	if err != nil {
-		a.reportExit(ctx, asg, me.FirstRank, 1, err.Error())
+	if err := os.MkdirAll(ckpt, 0o755); err != nil {
+		a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: fmt.Sprintf("checkpoint directory on node %s: %v", a.cfg.Name, err)})
 		return
 	}
 	if wd := asg.Spec.GetWorkdir(); wd != "" && !native {
 		if fi, err := os.Stat(wd); err != nil || !fi.IsDir() {
-			a.reportExit(ctx, asg, me.FirstRank, 1, fmt.Sprintf("working directory %s does not exist on node %s", wd, a.cfg.Name))
+			a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: fmt.Sprintf("working directory %s does not exist on node %s", wd, a.cfg.Name)})
 			return
 		}
 	}
@@ -519,9 +562,19 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 	if native {
 		argv = a.cfg.NativeCommand
 	}
+	// Every line a rank prints goes to the agent's output behind the rank's
+	// tag, and its last lines are kept for the report of its failure.
 	var writers []*localproc.LineWriter
+	tails := map[int]*outputTail{}
+	for _, r := range local {
+		tails[r] = &outputTail{}
+	}
 	tag := func(rank int) io.Writer {
-		w := localproc.NewPrefixWriter(a.cfg.Output, prefix(a.cfg.Name, rank, l), &a.out)
+		out := localproc.NewPrefixWriter(a.cfg.Output, prefix(a.cfg.Name, rank, l), &a.out)
+		w := &localproc.LineWriter{Line: func(b []byte) error {
+			tails[rank].add(b)
+			return out.Line(b)
+		}}
 		writers = append(writers, w)
 		return w
 	}
@@ -529,7 +582,7 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 		Ranks: l.World(), Local: local, Store: asg.Master, Grace: a.cfg.Grace,
 		Stdout: tag, Stderr: tag, Started: hooks.started,
 		Command: func(ctx context.Context, rank int, _ string) (*exec.Cmd, error) {
-			env, err := RankEnv(asg, a.cfg.Name, rank, planPath, ckpt, a.cfg.Devices)
+			env, err := RankEnv(asg, a.node(), rank, planPath, ckpt)
 			if err != nil {
 				return nil, err
 			}
@@ -589,12 +642,13 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan stri
 	switch {
 	case err == nil:
 		for _, r := range local {
-			a.reportExit(ctx, asg, int32(r), 0, "")
+			a.reportExit(ctx, asg, &pb.RankExit{Rank: int32(r)})
 		}
 	case errors.As(err, &ee):
-		a.reportExit(ctx, asg, int32(ee.Rank), int32(ee.Code()), ee.Err.Error())
+		a.reportExit(ctx, asg, &pb.RankExit{Rank: int32(ee.Rank), Code: int32(ee.Code()), Error: ee.Err.Error(),
+			FailedAtUnixMs: ee.At.UnixMilli(), Output: tails[ee.Rank].String()})
 	default:
-		a.reportExit(ctx, asg, me.FirstRank, 1, err.Error())
+		a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: err.Error()})
 	}
 }
 
@@ -645,20 +699,24 @@ func (t *stepTimes) take() []*pb.RankTime {
 	return out
 }
 
-func (a *Agent) reportExit(ctx context.Context, asg *pb.Assignment, rank, code int32, msg string) {
-	a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
-		Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: rank, Code: code, Error: msg}}})
+// reportExit reports how a rank ended; a failure without a time is
+// stamped now.
+func (a *Agent) reportExit(ctx context.Context, asg *pb.Assignment, e *pb.RankExit) {
+	if e.Code != 0 && e.FailedAtUnixMs == 0 {
+		e.FailedAtUnixMs = time.Now().UnixMilli()
+	}
+	a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(), Kind: &pb.ReportRequest_Exit{Exit: e}})
 }
 
 // bootstrap prepares rank 0's rendezvous address on this node: for a
 // native job a store served here until the run ends; for a user's program
 // a free port for its own store (torch's TCPStore on rank 0).
 func (a *Agent) bootstrap(ctx context.Context, native bool) (string, func(), error) {
-	ln, err := net.Listen("tcp", net.JoinHostPort(a.cfg.Host, "0"))
+	ln, err := net.Listen("tcp", net.JoinHostPort(a.net.Bind, "0"))
 	if err != nil {
 		return "", nil, err
 	}
-	addr := ln.Addr().String()
+	addr := net.JoinHostPort(a.net.Host, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
 	if !native {
 		ln.Close()
 		return addr, func() {}, nil

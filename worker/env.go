@@ -3,6 +3,7 @@ package worker
 import (
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 
 	pb "gpucoord/proto/gpucoordpb"
@@ -13,7 +14,26 @@ import (
 const (
 	EnvPlan          = "GPUCOORD_PLAN"
 	EnvCheckpointDir = "GPUCOORD_CHECKPOINT_DIR"
+	// EnvHost is the address other nodes reach this rank's node at.
+	EnvHost = "GPUCOORD_HOST"
+	// EnvBindHost is the local address the rank's listeners bind.
+	EnvBindHost = "GPUCOORD_BIND_HOST"
 )
+
+// NodeEnv is what a rank's environment says of the node it runs on.
+type NodeEnv struct {
+	// Name is the node's name.
+	Name string
+	// Network is how the node is reached: its advertised and bound
+	// addresses and its interface.
+	Network
+	// Devices adds CUDA_VISIBLE_DEVICES with the local rank.
+	Devices bool
+}
+
+// socketIfaceVars are the variables that tell gloo and NCCL which
+// interface to use; the agent sets them to its own unless the user did.
+var socketIfaceVars = []string{"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}
 
 // layout returns the assignment's rank layout: TP and PP as the job asked,
 // DP as the coordinator resolved it for this generation.
@@ -35,15 +55,16 @@ func member(a *pb.Assignment, node string) (*pb.Member, int) {
 // RankEnv returns the environment of global rank r on node: torchrun's
 // contract, so that a program written for torchrun runs unchanged, and
 // gpucoord's own (its coordinates, the plan file, the checkpoint
-// directory). devices adds CUDA_VISIBLE_DEVICES with the local rank.
-func RankEnv(a *pb.Assignment, node string, r int, planPath, ckptDir string, devices bool) ([]string, error) {
+// directory, the node's addresses). gloo and NCCL are pointed at the
+// node's interface unless the agent's environment or the job's names one.
+func RankEnv(a *pb.Assignment, node NodeEnv, r int, planPath, ckptDir string) ([]string, error) {
 	l, err := layout(a)
 	if err != nil {
 		return nil, err
 	}
-	m, group := member(a, node)
+	m, group := member(a, node.Name)
 	if m == nil {
-		return nil, fmt.Errorf("node %s is not in generation %d of job %s", node, a.Generation.GetNumber(), a.Job)
+		return nil, fmt.Errorf("node %s is not in generation %d of job %s", node.Name, a.Generation.GetNumber(), a.Job)
 	}
 	host, port, err := net.SplitHostPort(a.Master)
 	if err != nil {
@@ -76,8 +97,17 @@ func RankEnv(a *pb.Assignment, node string, r int, planPath, ckptDir string, dev
 		"GPUCOORD_RESTART_COUNT=" + restarts,
 		EnvPlan + "=" + planPath,
 		EnvCheckpointDir + "=" + ckptDir,
+		EnvHost + "=" + node.Host,
+		EnvBindHost + "=" + node.Bind,
 	}
-	if devices {
+	if node.Iface != "" {
+		for _, k := range socketIfaceVars {
+			if _, set := os.LookupEnv(k); !set && a.Spec.GetEnv()[k] == "" {
+				env = append(env, k+"="+node.Iface)
+			}
+		}
+	}
+	if node.Devices {
 		env = append(env, "CUDA_VISIBLE_DEVICES="+itoa(r-int(m.FirstRank)))
 	}
 	for k, v := range a.Spec.GetEnv() {

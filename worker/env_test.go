@@ -15,7 +15,7 @@ func TestRankEnvDevices(t *testing.T) {
 		Spec: &pb.JobSpec{Tp: 2, Pp: 2, GpusPerNode: 4},
 		Generation: &pb.Generation{Number: 3, Dp: 2, World: 8, Members: []*pb.Member{
 			{Node: "a", FirstRank: 0, Ranks: 4}, {Node: "b", FirstRank: 4, Ranks: 4}}}}
-	gpu, err := RankEnv(asg, "b", 6, "/p.json", "/ck", true)
+	gpu, err := RankEnv(asg, NodeEnv{Name: "b", Devices: true}, 6, "/p.json", "/ck")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,7 +25,7 @@ func TestRankEnvDevices(t *testing.T) {
 			t.Errorf("GPU node env lacks %s: %v", want, gpu)
 		}
 	}
-	cpu, err := RankEnv(asg, "b", 6, "/p.json", "/ck", false)
+	cpu, err := RankEnv(asg, NodeEnv{Name: "b"}, 6, "/p.json", "/ck")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func TestRankEnvDevices(t *testing.T) {
 			t.Errorf("CPU node env sets %s", kv)
 		}
 	}
-	if _, err := RankEnv(asg, "c", 0, "", "", false); err == nil {
+	if _, err := RankEnv(asg, NodeEnv{Name: "c"}, 0, "", ""); err == nil {
 		t.Error("a node outside the generation got an environment")
 	}
 }

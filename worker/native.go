@@ -104,7 +104,8 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 	enc := json.NewEncoder(stdout)
 	// Every rank reports its steps: rank 0's lines carry the loss to the
 	// coordinator, every rank's its compute time for straggler detection.
-	return engine.RunProcess(ctx, cfg, engine.Process{Rank: rank, Store: store, Log: stderr}, func(s engine.StepResult) error {
+	p := engine.Process{Rank: rank, Store: store, Log: stderr, Bind: os.Getenv(EnvBindHost), Advertise: os.Getenv(EnvHost)}
+	return engine.RunProcess(ctx, cfg, p, func(s engine.StepResult) error {
 		return enc.Encode(s)
 	})
 }

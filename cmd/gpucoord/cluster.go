@@ -193,7 +193,7 @@ Outside loopback a join token is required (--token-file, GPUCOORD_TOKEN or
 	fl.DurationVar(&cfg.Etcd.DialTimeout, "etcd-dial-timeout", cfg.Etcd.DialTimeout, "how long to wait for etcd to answer at start")
 	fl.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "a node's lease: how long a silent node stays in the pool")
 	fl.DurationVar(&cfg.ElectionTTL, "election-ttl", cfg.ElectionTTL, "the leader's session: how soon a standby takes over")
-	fl.StringVar(&cfg.Gossip, "gossip", cfg.Gossip, "address of this coordinator's member of the failure-detection pool, TCP and UDP (port 0: a free one)")
+	fl.StringVar(&cfg.Gossip, "gossip", cfg.Gossip, "address of this coordinator's member of the failure-detection pool, TCP and UDP (default: the --listen host, a free port)")
 	fl.DurationVar(&cfg.GossipTuning.ProbeInterval, "probe-interval", cfg.GossipTuning.ProbeInterval, "gossip: how often each member probes another")
 	fl.DurationVar(&cfg.GossipTuning.ProbeTimeout, "probe-timeout", cfg.GossipTuning.ProbeTimeout, "gossip: how long a probe waits for its answer")
 	fl.IntVar(&cfg.GossipTuning.SuspicionMult, "suspicion-mult", cfg.GossipTuning.SuspicionMult, "gossip: probe intervals a suspect has to refute before it is declared dead")
@@ -221,8 +221,9 @@ here, each line tagged [node rRANK tpT ppP dpD]. Ranks are stopped with
 SIGTERM, then SIGKILL after --grace, when the job ends, when the agent is
 told to stop (SIGINT/SIGTERM) or when no coordinator answers; they die with
 the agent even when it is killed.`,
-		Example: "  gpucoord worker --coordinator 10.0.0.1:7070 --gpus 8 --host 10.0.0.7",
-		Args:    cobra.NoArgs,
+		Example: `  gpucoord worker --coordinator coord-0:7070 --gpus 8 --token-file /etc/gpucoord/token
+  gpucoord worker --coordinator coord-0:7070,coord-1:7070 --gpus 8 --iface ib0 --token-file /etc/gpucoord/token`,
+		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var err error
 			if cfg.Token, cfg.Logger, err = resolveDaemon(c, &tok, &logs); err != nil {
@@ -247,10 +248,14 @@ the agent even when it is killed.`,
 	fl := cmd.Flags()
 	fl.StringVar(&coords, "coordinator", "", "coordinator addresses, comma-separated")
 	fl.StringVar(&cfg.Name, "name", cfg.Name, "this node's unique name")
-	fl.StringVar(&cfg.Host, "host", cfg.Host, "address other nodes reach this one at")
+	fl.StringVar(&cfg.Host, "advertise-addr", "", "address other nodes reach this one at (default: --iface's address, else the address of the interface that routes to the coordinator)")
+	fl.StringVar(&cfg.Host, "host", "", "same as --advertise-addr")
+	fl.MarkDeprecated("host", "use --advertise-addr")
+	fl.StringVar(&cfg.Bind, "bind", "", "local address ranks, the rendezvous store and gossip listen on, where it differs from the advertised one (NAT, containers); default --advertise-addr")
+	fl.StringVar(&cfg.Iface, "iface", "", "network interface to advertise and to give gloo and NCCL (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, unless already set)")
 	fl.IntVar(&cfg.GPUs, "gpus", cfg.GPUs, "rank slots: GPUs, or processes on a CPU machine")
 	fl.StringVar(&cfg.NVLinkDomain, "nvlink-domain", "", "name of the node's NVLink domain (default: the node alone)")
-	fl.StringVar(&cfg.Gossip, "gossip", "", "address of this node's member of the failure-detection pool, TCP and UDP (default: --host, a free port)")
+	fl.StringVar(&cfg.Gossip, "gossip", "", "address of this node's member of the failure-detection pool, TCP and UDP (default: --bind, a free port)")
 	fl.BoolVar(&cfg.Devices, "cuda", false, "set CUDA_VISIBLE_DEVICES to each rank's local index")
 	fl.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "where plan files and checkpoints go")
 	fl.DurationVar(&cfg.Grace, "grace", cfg.Grace, "time between SIGTERM and SIGKILL when ranks stop")

@@ -129,7 +129,7 @@ with that rank named.`,
 	fl.BoolVar(&f.evictStragglers, "evict-stragglers", false, "treat a node with a straggling rank (2x the median compute time for 3 windows) as failed: the job goes on without it")
 	fl.IntVar(&f.minNodes, "min-nodes", 0, "after a node is lost, go on with as few as this many nodes (default --nodes: no shrinking)")
 	fl.IntVar(&f.ckptEvery, "checkpoint-every", 0, "native: commit a sharded checkpoint every N steps (and after the last); a new generation resumes from the last")
-	fl.StringVar(&f.ckptDir, "checkpoint-dir", "", "where checkpoints go; every node must reach it (default: a directory under the temporary directory, removed when launch ends)")
+	fl.StringVar(&f.ckptDir, "checkpoint-dir", "", "where checkpoints go: a directory every node mounts, checked at every generation (default with --standalone: a directory under the temporary directory, removed when launch ends; else none: a native job keeps no checkpoints and a program's GPUCOORD_CHECKPOINT_DIR is a directory of its node's own)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE added to every rank's environment (repeatable)")
 	fl.StringVar(&f.workdir, "workdir", "", "directory the ranks start in; must exist on every node (default: this directory)")
 	f.tok.register(cmd)
@@ -156,9 +156,14 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 	if f.minNodes < 0 || f.minNodes > f.nodes && f.hostfile == "" || f.ckptEvery < 0 || f.maxRestarts < 0 {
 		return nil, fmt.Errorf("--min-nodes %d (at most --nodes), --checkpoint-every %d and --max-restarts %d must not be negative", f.minNodes, f.ckptEvery, f.maxRestarts)
 	}
-	if spec.CheckpointDir == "" {
+	switch {
+	case spec.CheckpointDir == "" && f.standalone:
+		// One machine: every agent reaches the launch host's temporary
+		// directory.
 		spec.CheckpointDir = filepath.Join(os.TempDir(), "gpucoord-checkpoints", id)
-	} else if !filepath.IsAbs(spec.CheckpointDir) {
+	case spec.CheckpointDir == "" && f.ckptEvery > 0:
+		return nil, errors.New("--checkpoint-every needs --checkpoint-dir: a directory every node mounts (checkpoints are not yet copied between nodes)")
+	case spec.CheckpointDir != "" && !filepath.IsAbs(spec.CheckpointDir):
 		if spec.CheckpointDir, err = filepath.Abs(spec.CheckpointDir); err != nil {
 			return nil, err
 		}
@@ -391,7 +396,7 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 		defer cl.stop()
 		addrs, token = []string{cl.addr}, ""
 	}
-	if f.ckptDir == "" {
+	if f.ckptDir == "" && spec.CheckpointDir != "" {
 		defer os.RemoveAll(spec.CheckpointDir) // the default place is ours
 	}
 	fl := &follower{addrs: addrs, token: token, spec: spec, out: stdout, progress: progress, json: f.json}
@@ -630,8 +635,16 @@ func (f *follower) show(ev *pb.JobEvent) {
 		}
 		line := fmt.Sprintf("generation %d: %d node%s (%s), %d ranks, tp %d pp %d dp %d",
 			g.Number, len(names), plural(len(names)), strings.Join(names, ", "), g.World, f.spec.Tp, f.spec.Pp, g.Dp)
-		if g.Reason != "" {
+		switch {
+		case g.Reason == "":
+		case g.ResumeStep > 0:
 			line += fmt.Sprintf(" (%s; resuming after step %d)", g.Reason, g.ResumeStep)
+		case len(f.spec.Command) > 0 && f.spec.CheckpointDir == "":
+			line += fmt.Sprintf(" (%s; restarted: GPUCOORD_CHECKPOINT_DIR is each node's own directory, so the program finds only what its new node holds)", g.Reason)
+		case len(f.spec.Command) > 0:
+			line += fmt.Sprintf(" (%s; restarted: the program resumes from what %s holds)", g.Reason, f.spec.CheckpointDir)
+		default:
+			line += fmt.Sprintf(" (%s; starting over from step 1: no checkpoint was committed)", g.Reason)
 		}
 		fmt.Fprintln(f.progress, line)
 		if g.Number > 1 {
@@ -681,7 +694,11 @@ func (f *follower) finish(st *pb.JobState) error {
 	if code == 0 {
 		code = exitFailure
 	}
-	return &exitError{code: code, err: fmt.Errorf("job %s failed: %s", f.spec.Id, st.Reason)}
+	err := fmt.Errorf("job %s failed: %s", f.spec.Id, st.Reason)
+	if st.Output != "" {
+		err = fmt.Errorf("%w\nlast output of rank %d on %s:\n%s", err, st.FailedRank, st.FailedNode, indent(st.Output, "  "))
+	}
+	return &exitError{code: code, err: err}
 }
 
 func newStatusCmd() *cobra.Command {

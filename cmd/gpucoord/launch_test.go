@@ -40,10 +40,18 @@ type proc struct {
 
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(name, args...), lines: make(chan string, 4096), done: make(chan struct{})}
+	cmd := exec.Command(name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return startCmd(t, cmd)
+}
+
+// startCmd starts cmd as a proc: its output is collected, and it is killed
+// and reaped when the test ends.
+func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
+	p := &proc{cmd: cmd, lines: make(chan string, 4096), done: make(chan struct{})}
 	r, w := io.Pipe()
 	p.cmd.Stdout, p.cmd.Stderr = w, w
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +76,7 @@ func start(t *testing.T, name string, args ...string) *proc {
 		p.cmd.Process.Kill()
 		<-p.done
 		if t.Failed() {
-			t.Logf("%s %s output:\n%s", filepath.Base(name), strings.Join(args, " "), p.output())
+			t.Logf("%s output:\n%s", strings.Join(cmd.Args, " "), p.output())
 		}
 	})
 	return p
@@ -328,6 +336,26 @@ func TestWorkerKilled(t *testing.T) {
 
 // TestLaunchTorchDDP: an unmodified torchrun DDP script (gloo on CPU) runs
 // on 2 nodes x 2 ranks, and all four ranks end with the same parameters.
+// sameParams checks that world ranks of examples/pytorch/ddp.py reported
+// their final parameters in out, and that they are all rank 0's.
+func sameParams(t *testing.T, out string, world int) {
+	t.Helper()
+	digests := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if i := strings.Index(line, "final-params "); i >= 0 {
+			digests[line[strings.Index(line, "rank "):strings.Index(line, "/")]] = line[i+len("final-params "):]
+		}
+	}
+	if len(digests) != world {
+		t.Fatalf("%d ranks reported parameters, want %d", len(digests), world)
+	}
+	for r, d := range digests {
+		if d != digests["rank 0"] {
+			t.Errorf("%s parameters %s differ from rank 0's %s", r, d, digests["rank 0"])
+		}
+	}
+}
+
 func TestLaunchTorchDDP(t *testing.T) {
 	const py = "/usr/bin/python3"
 	if err := exec.Command(py, "-c", "import torch").Run(); err != nil {
@@ -338,20 +366,7 @@ func TestLaunchTorchDDP(t *testing.T) {
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d", code)
 	}
-	digests := map[string]string{}
-	for _, line := range strings.Split(p.output(), "\n") {
-		if i := strings.Index(line, "final-params "); i >= 0 {
-			digests[line[strings.Index(line, "rank "):strings.Index(line, "/")]] = line[i+len("final-params "):]
-		}
-	}
-	if len(digests) != 4 {
-		t.Fatalf("%d ranks reported parameters, want 4", len(digests))
-	}
-	for r, d := range digests {
-		if d != digests["rank 0"] {
-			t.Errorf("%s parameters %s differ from rank 0's %s", r, d, digests["rank 0"])
-		}
-	}
+	sameParams(t, p.output(), 4)
 	for _, s := range []string{"[node0 r0 tp0 pp0 dp0] step 5/5", "[node1 r3 tp0 pp0 dp3] rank 3/4"} {
 		if !strings.Contains(p.output(), s) {
 			t.Errorf("output lacks %q", s)

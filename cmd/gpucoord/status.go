@@ -47,6 +47,9 @@ func printStatus(w io.Writer, s *pb.StatusResponse, asJSON bool) error {
 			line += "  (" + j.State.Reason + ")"
 		}
 		fmt.Fprintln(w, line)
+		if out := j.State.GetOutput(); out != "" {
+			fmt.Fprintf(w, "    last output of rank %d on %s:\n%s\n", j.State.FailedRank, j.State.FailedNode, indent(out, "      "))
+		}
 		if !isTerminal(j.State) {
 			for _, m := range j.Members {
 				fmt.Fprintf(w, "    %-12s ranks %d-%d  %s\n", m.Node, m.FirstRank, m.FirstRank+m.Ranks-1, m.State)
@@ -57,4 +60,9 @@ func printStatus(w io.Writer, s *pb.StatusResponse, asJSON bool) error {
 		}
 	}
 	return nil
+}
+
+// indent puts prefix before every line of s.
+func indent(s, prefix string) string {
+	return prefix + strings.ReplaceAll(s, "\n", "\n"+prefix)
 }

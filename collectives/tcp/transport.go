@@ -38,6 +38,10 @@ type Config struct {
 	// ListenAddr is where to listen when using Store; port 0 picks a free
 	// port.
 	ListenAddr string
+	// Advertise is the host published to the store for peers to dial, with
+	// the port the listener got; empty publishes the listener's own
+	// address, which must then not be unspecified (0.0.0.0, ::).
+	Advertise string
 	// ConnectTimeout bounds the whole rendezvous: listening, publishing,
 	// dialling (with retries while peers start) and handshakes.
 	ConnectTimeout time.Duration
@@ -175,6 +179,11 @@ func (t *Transport) connect(ctx context.Context) error {
 	if len(addrs) == 0 {
 		addrs = make([]string, cfg.Size)
 		addrs[cfg.Rank] = ln.Addr().String()
+		if port := ln.Addr().(*net.TCPAddr).Port; cfg.Advertise != "" {
+			addrs[cfg.Rank] = net.JoinHostPort(cfg.Advertise, strconv.Itoa(port))
+		} else if ln.Addr().(*net.TCPAddr).IP.IsUnspecified() {
+			return fmt.Errorf("%w: listening on %s, which peers cannot dial: set Advertise", collectives.ErrInvalid, ln.Addr())
+		}
 		if err := cfg.Store.Set(ctx, cfg.Prefix+"addr/"+strconv.Itoa(cfg.Rank), []byte(addrs[cfg.Rank])); err != nil {
 			return err
 		}

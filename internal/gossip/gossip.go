@@ -75,9 +75,11 @@ type Events interface {
 }
 
 // New starts a member named name listening on bind ("host:port"; port 0
-// picks a free one, the same for TCP and UDP). events may be nil. Logs go
+// picks a free one, the same for TCP and UDP) and telling the others to
+// reach it at advertise with the same port (empty: bind's host, which must
+// then not be unspecified). events may be nil. Logs go
 // to logw (nil discards them). Shutdown with Leave then Shutdown.
-func New(name, bind string, t Tuning, events Events, logw io.Writer) (*memberlist.Memberlist, error) {
+func New(name, bind, advertise string, t Tuning, events Events, logw io.Writer) (*memberlist.Memberlist, error) {
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
@@ -95,7 +97,17 @@ func New(name, bind string, t Tuning, events Events, logw io.Writer) (*memberlis
 		}
 	}
 	c := memberlist.DefaultLANConfig()
-	c.Name, c.BindAddr, c.BindPort, c.AdvertisePort = name, host, port, port
+	if advertise == "" {
+		advertise = host
+	}
+	if net.ParseIP(advertise) == nil { // memberlist wants an address, not a name
+		ips, err := net.LookupIP(advertise)
+		if err != nil || len(ips) == 0 {
+			return nil, fmt.Errorf("gossip: advertised host %q: %v", advertise, err)
+		}
+		advertise = ips[0].String()
+	}
+	c.Name, c.BindAddr, c.BindPort, c.AdvertiseAddr, c.AdvertisePort = name, host, port, advertise, port
 	c.ProbeInterval, c.ProbeTimeout, c.SuspicionMult = t.ProbeInterval, t.ProbeTimeout, t.SuspicionMult
 	c.GossipInterval = t.ProbeInterval / 2
 	c.TCPTimeout = 10 * t.ProbeInterval

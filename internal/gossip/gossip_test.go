@@ -14,17 +14,17 @@ func (d deadCh) Dead(name string) { d <- name }
 // default tuning's budget, and name it.
 func TestCrashedMemberDeclaredDead(t *testing.T) {
 	dead := make(deadCh, 8)
-	a, err := New("a", "127.0.0.1:0", DefaultTuning(), dead, nil)
+	a, err := New("a", "127.0.0.1:0", "", DefaultTuning(), dead, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Shutdown()
-	b, err := New("b", "127.0.0.1:0", DefaultTuning(), nil, nil)
+	b, err := New("b", "127.0.0.1:0", "", DefaultTuning(), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Shutdown()
-	c, err := New("c", "127.0.0.1:0", DefaultTuning(), nil, nil)
+	c, err := New("c", "127.0.0.1:0", "", DefaultTuning(), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,6 +67,8 @@ type ExitError struct {
 	Rank int
 	// Err is the exec error (an *exec.ExitError for a non-zero exit).
 	Err error
+	// At is when the rank was seen to end (or fail to start).
+	At time.Time
 }
 
 func (e *ExitError) Error() string { return fmt.Sprintf("rank %d: %v", e.Rank, e.Err) }
@@ -155,7 +157,8 @@ func Run[T any](ctx context.Context, cfg Config, emit func(T) error) error {
 		}
 		if err != nil {
 			// Stop the ranks already started and wait for them.
-			g.Go(func() error { return &ExitError{Rank: rank, Err: fmt.Errorf("start: %w", err)} })
+			at := time.Now()
+			g.Go(func() error { return &ExitError{Rank: rank, Err: fmt.Errorf("start: %w", err), At: at} })
 			break
 		}
 		g.Go(func() error {
@@ -165,10 +168,11 @@ func Run[T any](ctx context.Context, cfg Config, emit func(T) error) error {
 				io.Copy(io.Discard, out) // let the rank finish writing
 			}
 			err := cmd.Wait()
+			at := time.Now()
 			// The rank is gone; take any process it left in its group with it.
 			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			if err != nil {
-				return &ExitError{Rank: rank, Err: err}
+				return &ExitError{Rank: rank, Err: err, At: at}
 			}
 			return readErr
 		})

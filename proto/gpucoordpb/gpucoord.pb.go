@@ -857,7 +857,12 @@ type Assignment struct {
 	Generation *Generation            `protobuf:"bytes,3,opt,name=generation,proto3" json:"generation,omitempty"`
 	// master is rank 0's rendezvous address (host:port) once its node has
 	// reported it; until then only that node acts, to bootstrap.
-	Master        string `protobuf:"bytes,4,opt,name=master,proto3" json:"master,omitempty"`
+	Master string `protobuf:"bytes,4,opt,name=master,proto3" json:"master,omitempty"`
+	// probe names the file rank 0's node wrote in the checkpoint directory
+	// (and is its content): every other node must read it there, or the
+	// directory is not shared and the generation fails at once. Empty when
+	// the job has no shared checkpoint directory or one node.
+	Probe         string `protobuf:"bytes,5,opt,name=probe,proto3" json:"probe,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -920,9 +925,19 @@ func (x *Assignment) GetMaster() string {
 	return ""
 }
 
+func (x *Assignment) GetProbe() string {
+	if x != nil {
+		return x.Probe
+	}
+	return ""
+}
+
+// Bootstrap is rank 0's node's report that the generation can start: the
+// rendezvous address and the checkpoint directory's probe.
 type Bootstrap struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Master        string                 `protobuf:"bytes,1,opt,name=master,proto3" json:"master,omitempty"`
+	Probe         string                 `protobuf:"bytes,2,opt,name=probe,proto3" json:"probe,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -960,6 +975,13 @@ func (*Bootstrap) Descriptor() ([]byte, []int) {
 func (x *Bootstrap) GetMaster() string {
 	if x != nil {
 		return x.Master
+	}
+	return ""
+}
+
+func (x *Bootstrap) GetProbe() string {
+	if x != nil {
+		return x.Probe
 	}
 	return ""
 }
@@ -1065,8 +1087,13 @@ type RankExit struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Rank  int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
 	// code is the exit status, 128+signal for a signalled rank.
-	Code          int32  `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
-	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Code  int32  `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Error string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// failed_at_unix_ms is when the node saw the rank end: the job's cause
+	// is the rank that failed first in time, not the first reported.
+	FailedAtUnixMs int64 `protobuf:"varint,4,opt,name=failed_at_unix_ms,json=failedAtUnixMs,proto3" json:"failed_at_unix_ms,omitempty"`
+	// output is the last lines the rank printed (a traceback's tail).
+	Output        string `protobuf:"bytes,5,opt,name=output,proto3" json:"output,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1118,6 +1145,20 @@ func (x *RankExit) GetCode() int32 {
 func (x *RankExit) GetError() string {
 	if x != nil {
 		return x.Error
+	}
+	return ""
+}
+
+func (x *RankExit) GetFailedAtUnixMs() int64 {
+	if x != nil {
+		return x.FailedAtUnixMs
+	}
+	return 0
+}
+
+func (x *RankExit) GetOutput() string {
+	if x != nil {
+		return x.Output
 	}
 	return ""
 }
@@ -1754,8 +1795,10 @@ type JobState struct {
 	FailedRank int32  `protobuf:"varint,4,opt,name=failed_rank,json=failedRank,proto3" json:"failed_rank,omitempty"`
 	FailedNode string `protobuf:"bytes,5,opt,name=failed_node,json=failedNode,proto3" json:"failed_node,omitempty"`
 	// lost_nodes and lost_ranks list nodes that left the running generation.
-	LostNodes     []string `protobuf:"bytes,6,rep,name=lost_nodes,json=lostNodes,proto3" json:"lost_nodes,omitempty"`
-	LostRanks     []int32  `protobuf:"varint,7,rep,packed,name=lost_ranks,json=lostRanks,proto3" json:"lost_ranks,omitempty"`
+	LostNodes []string `protobuf:"bytes,6,rep,name=lost_nodes,json=lostNodes,proto3" json:"lost_nodes,omitempty"`
+	LostRanks []int32  `protobuf:"varint,7,rep,packed,name=lost_ranks,json=lostRanks,proto3" json:"lost_ranks,omitempty"`
+	// output is the last lines the failed rank printed.
+	Output        string `protobuf:"bytes,8,opt,name=output,proto3" json:"output,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1837,6 +1880,13 @@ func (x *JobState) GetLostRanks() []int32 {
 		return x.LostRanks
 	}
 	return nil
+}
+
+func (x *JobState) GetOutput() string {
+	if x != nil {
+		return x.Output
+	}
+	return ""
 }
 
 type FollowRequest struct {
@@ -2445,7 +2495,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x02dp\x18\x05 \x01(\x05R\x02dp\x12\x1f\n" +
 	"\vresume_step\x18\x06 \x01(\x03R\n" +
 	"resumeStep\x12\x16\n" +
-	"\x06reason\x18\a \x01(\tR\x06reason\"\x99\x01\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\"\xaf\x01\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -2453,9 +2503,11 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x03 \x01(\v2\x17.gpucoord.v1.GenerationR\n" +
 	"generation\x12\x16\n" +
-	"\x06master\x18\x04 \x01(\tR\x06master\"#\n" +
+	"\x06master\x18\x04 \x01(\tR\x06master\x12\x14\n" +
+	"\x05probe\x18\x05 \x01(\tR\x05probe\"9\n" +
 	"\tBootstrap\x12\x16\n" +
-	"\x06master\x18\x01 \x01(\tR\x06master\"\xc4\x01\n" +
+	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
+	"\x05probe\x18\x02 \x01(\tR\x05probe\"\xc4\x01\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x12\n" +
 	"\x04loss\x18\x02 \x01(\x01R\x04loss\x12\x18\n" +
@@ -2465,11 +2517,13 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x06 \x01(\x03R\n" +
 	"generation\x12\x0e\n" +
-	"\x02dp\x18\a \x01(\x05R\x02dp\"H\n" +
+	"\x02dp\x18\a \x01(\x05R\x02dp\"\x8b\x01\n" +
 	"\bRankExit\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"8\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12)\n" +
+	"\x11failed_at_unix_ms\x18\x04 \x01(\x03R\x0efailedAtUnixMs\x12\x16\n" +
+	"\x06output\x18\x05 \x01(\tR\x06output\"8\n" +
 	"\tRankTimes\x12+\n" +
 	"\x05ranks\x18\x01 \x03(\v2\x15.gpucoord.v1.RankTimeR\x05ranks\"@\n" +
 	"\fTimesHistory\x120\n" +
@@ -2508,7 +2562,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\rLeaveResponse\"9\n" +
 	"\rSubmitRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.gpucoord.v1.JobSpecR\x04spec\"\x10\n" +
-	"\x0eSubmitResponse\"\xd6\x02\n" +
+	"\x0eSubmitResponse\"\xee\x02\n" +
 	"\bJobState\x121\n" +
 	"\x05phase\x18\x01 \x01(\x0e2\x1b.gpucoord.v1.JobState.PhaseR\x05phase\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1b\n" +
@@ -2520,7 +2574,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
 	"lost_nodes\x18\x06 \x03(\tR\tlostNodes\x12\x1d\n" +
 	"\n" +
-	"lost_ranks\x18\a \x03(\x05R\tlostRanks\"b\n" +
+	"lost_ranks\x18\a \x03(\x05R\tlostRanks\x12\x16\n" +
+	"\x06output\x18\b \x01(\tR\x06output\"b\n" +
 	"\x05Phase\x12\x15\n" +
 	"\x11PHASE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aPENDING\x10\x01\x12\v\n" +

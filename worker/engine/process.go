@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 
 	"gpucoord/collectives"
 	"gpucoord/collectives/nccl"
@@ -18,6 +19,10 @@ type Process struct {
 	Rank int
 	// Store is the address of the world's collectives/tcp store.
 	Store string
+	// Bind is the host the rank's TCP listener binds; empty is 127.0.0.1.
+	Bind string
+	// Advertise is the host peers dial this rank at; empty is Bind.
+	Advertise string
 	// SaveParams, when set, is the directory the final parameters go to.
 	SaveParams string
 	// Log receives the rank's log lines.
@@ -46,6 +51,10 @@ func RunProcess(ctx context.Context, cfg *Config, p Process, report func(StepRes
 	log := slog.New(slog.NewTextHandler(p.Log, &slog.HandlerOptions{Level: level}))
 	tc := tcp.DefaultConfig()
 	tc.Rank, tc.Size, tc.Store, tc.Logger = p.Rank, cfg.World(), st, log
+	if p.Bind != "" {
+		tc.ListenAddr = net.JoinHostPort(p.Bind, "0")
+	}
+	tc.Advertise = p.Advertise
 	t, err := tcp.New(ctx, tc)
 	if err != nil {
 		return fmt.Errorf("rank %d: connect: %w", p.Rank, err)

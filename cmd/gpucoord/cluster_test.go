@@ -1,0 +1,198 @@
+package main
+
+import (
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"gpucoord/internal/testcluster"
+)
+
+// The tests in this file run gpucoord as a real cluster does: each host in
+// its own network namespace with its own address and its own /tmp
+// (internal/testcluster), the coordinator on h1 and an agent on each other
+// host, started without address flags.
+
+// clusterToken is the join token of the test clusters; a coordinator off
+// loopback needs one.
+const clusterToken = "cluster-in-a-box"
+
+// boxCluster is a testcluster with gpucoord installed on it.
+type boxCluster struct {
+	*testcluster.Cluster
+	exe   string
+	coord string // the coordinator's address on h1, by name, as other hosts dial it
+	local string // its address as h1 itself dials it (h1's own name resolves to loopback there)
+}
+
+func newBoxCluster(t *testing.T, cfg testcluster.Config) *boxCluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts hosts in network namespaces")
+	}
+	exe := buildBinary(t)
+	c := testcluster.New(t, cfg)
+	return &boxCluster{Cluster: c, exe: c.Install(exe), coord: "h1:7070", local: net.JoinHostPort(c.Host(1).Addr, "7070")}
+}
+
+// run starts gpucoord args on h.
+func (b *boxCluster) run(t *testing.T, h *testcluster.Host, args ...string) *proc {
+	t.Helper()
+	cmd := h.Command(t.Context(), b.exe, args...)
+	cmd.Env = append(cmd.Env, "GPUCOORD_TOKEN="+clusterToken)
+	return startCmd(t, cmd)
+}
+
+// coordinator starts the coordinator on h (its embedded etcd in h's /tmp)
+// listening on addr, and waits until it serves.
+func (b *boxCluster) coordinator(t *testing.T, h *testcluster.Host, addr string, args ...string) *proc {
+	t.Helper()
+	p := b.run(t, h, append([]string{"coordinator", "--listen", addr, "--data-dir", "/tmp/etcd",
+		"--lease-ttl", "2s", "--election-ttl", "2s", "--stable-for", "500ms"}, args...)...)
+	p.waitLine(t, "coordinator listening on ", 30*time.Second)
+	return p
+}
+
+// worker starts an agent named after h, with no address flags, and waits
+// until it has registered.
+func (b *boxCluster) worker(t *testing.T, h *testcluster.Host, gpus int, args ...string) *proc {
+	t.Helper()
+	p := b.run(t, h, append([]string{"worker", "--coordinator", b.coord, "--name", h.Name, "--gpus", strconv.Itoa(gpus), "--grace", "1s"}, args...)...)
+	p.waitLine(t, "registered", 30*time.Second)
+	return p
+}
+
+// TestClusterNativeJob: the native job with tp 2 on three hosts, each
+// agent started without --advertise-addr, trains every step to the loss of
+// train --np 1.
+func TestClusterNativeJob(t *testing.T) {
+	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
+	want := reference(t, b.exe, "testdata/mlp48.yaml")
+	b.coordinator(t, b.Host(1), b.local)
+	for _, h := range b.Hosts()[1:] {
+		w := b.worker(t, h, 2)
+		if !strings.Contains(w.output(), "host="+h.Addr) {
+			t.Errorf("%s registered with another address than its own %s:\n%s", h.Name, h.Addr, w.output())
+		}
+	}
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2", "--json", "testdata/mlp48.yaml")
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	sameLosses(t, losses(t, p.output()), want)
+}
+
+// TestClusterTorchDDP: examples/pytorch/ddp.py (gloo) on three hosts whose
+// own names resolve to loopback, without the user naming an interface:
+// every rank ends with the same parameters.
+func TestClusterTorchDDP(t *testing.T) {
+	const py = "/usr/bin/python3"
+	if err := exec.Command(py, "-c", "import torch").Run(); err != nil {
+		t.Fatalf("%s cannot import torch (make deps installs python3-torch): %v", py, err)
+	}
+	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
+	b.coordinator(t, b.Host(1), b.local)
+	var workers []*proc
+	for _, h := range b.Hosts()[1:] {
+		workers = append(workers, b.worker(t, h, 2))
+	}
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--", py, "../../examples/pytorch/ddp.py")
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	// The ranks' output is on their hosts' agents.
+	var out strings.Builder
+	for _, w := range workers {
+		out.WriteString(w.output())
+	}
+	sameParams(t, out.String(), 6)
+
+}
+
+// TestClusterCheckpointDirNotShared: a --checkpoint-dir that is each host's
+// own /tmp is refused before any step is trained, naming the directory;
+// the same job with a directory every host mounts runs.
+func TestClusterCheckpointDirNotShared(t *testing.T) {
+	b := newBoxCluster(t, testcluster.Config{Hosts: 3, Shared: true})
+	b.coordinator(t, b.Host(1), b.local)
+	for _, h := range b.Hosts()[1:] {
+		b.worker(t, h, 2)
+	}
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--checkpoint-dir", "/tmp/ckpt",
+		"--checkpoint-every", "5", "--json", "testdata/mlp48.yaml")
+	if code := p.wait(t, 2*time.Minute); code == 0 {
+		t.Fatalf("launch with a directory of each host's own succeeded:\n%s", p.output())
+	}
+	if !strings.Contains(p.output(), "checkpoint directory /tmp/ckpt is not shared: node h3 cannot find the probe node h2 wrote there") {
+		t.Errorf("launch does not say the directory is not shared:\n%s", p.output())
+	}
+	if strings.Contains(p.output(), `{"step"`) {
+		t.Errorf("steps were trained before the refusal:\n%s", p.output())
+	}
+	p = b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--checkpoint-dir", b.Shared(),
+		"--checkpoint-every", "5", "--json", "testdata/mlp48.yaml")
+	if code := p.wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("launch with a shared directory exited %d:\n%s", code, p.output())
+	}
+	if n := len(losses(t, p.output())); n != 20 {
+		t.Errorf("%d steps, want 20", n)
+	}
+}
+
+// TestClusterFailureCause: when one rank of a program fails, launch and
+// status name that rank, its node and code, with its last output (the
+// Python traceback), not a rank stopped because of it.
+func TestClusterFailureCause(t *testing.T) {
+	b := newBoxCluster(t, testcluster.Config{Hosts: 3})
+	b.coordinator(t, b.Host(1), b.local)
+	for _, h := range b.Hosts()[1:] {
+		b.worker(t, h, 2)
+	}
+	script := `if [ "$RANK" = 3 ]; then exec /usr/bin/python3 -c 'raise RuntimeError("boom on rank 3")'; fi; exec sleep 60`
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--job-id", "boom", "--", "/bin/sh", "-c", script)
+	if code := p.wait(t, 2*time.Minute); code != 1 {
+		t.Fatalf("launch exited %d, want 1 (python's):\n%s", code, p.output())
+	}
+	for _, want := range []string{"rank 3 on h3 exited with code 1", "last output of rank 3 on h3:", `  RuntimeError: boom on rank 3`} {
+		if !strings.Contains(p.output(), want) {
+			t.Errorf("launch's output lacks %q:\n%s", want, p.output())
+		}
+	}
+	st := b.run(t, b.Host(1), "status", "--coordinator", b.local)
+	st.wait(t, time.Minute)
+	if !strings.Contains(st.output(), "      RuntimeError: boom on rank 3") {
+		t.Errorf("status lacks the failed rank's output:\n%s", st.output())
+	}
+}
+
+// TestClusterIPv6: a coordinator and agents that reach each other over
+// IPv6 only run the native job; an agent that would advertise a loopback
+// address (its own name resolves to 127.0.1.1) is refused with one line.
+func TestClusterIPv6(t *testing.T) {
+	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
+	b.coord = net.JoinHostPort(b.Host(1).Addr6, "7070")
+	b.local = b.coord
+	b.coordinator(t, b.Host(1), b.coord)
+	for _, h := range b.Hosts()[1:3] {
+		if w := b.worker(t, h, 2); !strings.Contains(w.output(), "host="+h.Addr6) {
+			t.Errorf("%s does not advertise its IPv6 address %s:\n%s", h.Name, h.Addr6, w.output())
+		}
+	}
+	bad := b.run(t, b.Host(4), "worker", "--coordinator", b.coord, "--name", "h4", "--advertise-addr", "h4")
+	if code := bad.wait(t, time.Minute); code == 0 {
+		t.Errorf("an agent listening on a loopback address kept running")
+	}
+	if !strings.Contains(bad.output(), "this node would listen on 127.0.1.1, a loopback address (advertised as h4), but reaches coordinator [2001:db8::11]:7070 over the network from 2001:db8::14") {
+		t.Errorf("the refusal does not say why:\n%s", bad.output())
+	}
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--json", "testdata/mlp48.yaml")
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	if n := len(losses(t, p.output())); n != 20 {
+		t.Errorf("%d steps, want 20", n)
+	}
+}
