@@ -300,7 +300,7 @@ func (l *leader) watchRunning(ctx context.Context, snap *snapshot, j *job, busy 
 		if len(j.exits) == int(j.gen.World) {
 			return l.setState(ctx, j, &pb.JobState{Phase: pb.JobState_SUCCEEDED, FailedRank: -1})
 		}
-		if evicted, err := l.stragglers(ctx, snap, j, now); evicted || err != nil {
+		if evicted, err := l.stragglers(ctx, snap, j, busy, now); evicted || err != nil {
 			return err
 		}
 		return l.admit(ctx, snap, j, busy, now)
@@ -334,7 +334,7 @@ func (l *leader) watchRunning(ctx context.Context, snap *snapshot, j *job, busy 
 	for _, n := range lost {
 		l.strike(n, now)
 	}
-	if ok, err := l.recover(ctx, snap, j, st.Reason, now); ok || err != nil {
+	if ok, err := l.recoverWithout(ctx, snap, j, st.Reason, nil, busy, now); ok || err != nil {
 		return err
 	}
 	if restartsLeft(j) {
@@ -399,7 +399,7 @@ func (l *leader) resumePaused(ctx context.Context, snap *snapshot, j *job, busy 
 // their nodes are dropped as failed (the job goes on without them, within
 // max_restarts, and they wait out a cooldown). It reports whether it made
 // a new generation.
-func (l *leader) stragglers(ctx context.Context, snap *snapshot, j *job, now time.Time) (bool, error) {
+func (l *leader) stragglers(ctx context.Context, snap *snapshot, j *job, busy map[string]string, now time.Time) (bool, error) {
 	id := j.spec.Id
 	var latest []float64
 	for _, h := range j.times {
@@ -463,7 +463,7 @@ func (l *leader) stragglers(ctx context.Context, snap *snapshot, j *job, now tim
 		return false, nil
 	}
 	names := slices.Sorted(maps.Keys(evict))
-	ok, err := l.recoverWithout(ctx, snap, j, "stragglers evicted: "+strings.Join(names, ", "), evict, now)
+	ok, err := l.recoverWithout(ctx, snap, j, "stragglers evicted: "+strings.Join(names, ", "), evict, busy, now)
 	if ok {
 		for _, n := range names {
 			l.strike(n, now)
@@ -504,18 +504,14 @@ func resumeStep(j *job) int64 {
 	return j.commit.Step
 }
 
-// recover makes the next generation of a job whose generation failed, from
-// the member nodes still alive (in their rank order, so rank 0 stays put
-// when its node lives): TP and PP as planned, DP what the nodes hold, from
-// the last committed step. It reports false when the job may not or cannot
+// recoverWithout makes the next generation of a job whose generation
+// failed, from the member nodes still alive (in their rank order, so rank 0
+// stays put when its node lives) but those excluded, and free stable
+// spares up to the job's size: TP and PP as planned, DP what the nodes
+// hold, from the last committed step. It reports false when the job may not or cannot
 // go on (no restarts left, fewer live nodes than min_nodes or than any
 // layout needs).
-func (l *leader) recover(ctx context.Context, snap *snapshot, j *job, why string, now time.Time) (bool, error) {
-	return l.recoverWithout(ctx, snap, j, why, nil, now)
-}
-
-// recoverWithout is recover leaving out the nodes in exclude as well.
-func (l *leader) recoverWithout(ctx context.Context, snap *snapshot, j *job, why string, exclude map[string]bool, now time.Time) (bool, error) {
+func (l *leader) recoverWithout(ctx context.Context, snap *snapshot, j *job, why string, exclude map[string]bool, busy map[string]string, now time.Time) (bool, error) {
 	if !restartsLeft(j) {
 		return false, nil
 	}
@@ -524,6 +520,17 @@ func (l *leader) recoverWithout(ctx context.Context, snap *snapshot, j *job, why
 		if n := snap.nodes[m.Node]; n != nil && !exclude[m.Node] {
 			live = append(live, n)
 		}
+	}
+	// Spare nodes, free and stable, take the lost ones' places at once
+	// rather than joining a generation later.
+	var spares []string
+	for _, n := range freeNodes(snap, j.spec, busy) {
+		if len(live) < max(int(j.spec.MaxNodes), int(j.spec.Nodes)) && !exclude[n.Name] && !l.cooling(n.Name, now) {
+			live, spares = append(live, n), append(spares, n.Name)
+		}
+	}
+	if len(spares) > 0 {
+		why += "; spare nodes joined: " + strings.Join(spares, ", ")
 	}
 	n := usableNodes(j.spec, len(live), minNodes(j.spec))
 	if n == 0 {

@@ -196,3 +196,52 @@ func TestClusterIPv6(t *testing.T) {
 		t.Errorf("%d steps, want 20", n)
 	}
 }
+
+// TestClusterHostLost: a host of a running job is killed outright, or goes
+// silent (every packet dropped) and is then killed; the job goes on as a
+// new generation in which a spare host takes its place, from the last
+// checkpoint in a directory every host mounts, and every step's loss is
+// the uninterrupted run's. The time from the cut to the new generation's
+// first step is logged (docs/BENCHMARKS.md has the figures).
+func TestClusterHostLost(t *testing.T) {
+	for _, silent := range []bool{false, true} {
+		name := map[bool]string{false: "killed", true: "silent"}[silent]
+		t.Run(name, func(t *testing.T) {
+			const steps = 150
+			b := newBoxCluster(t, testcluster.Config{Hosts: 5, Shared: true})
+			want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+			b.coordinator(t, b.Host(1), b.local)
+			// h5 is a spare: the rendezvous takes the first three by name.
+			var spare *proc
+			for _, h := range b.Hosts()[1:] {
+				spare = b.worker(t, h, 2)
+			}
+			p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2",
+				"--min-nodes", "2", "--max-restarts", "2", "--checkpoint-every", "1", "--checkpoint-dir", b.Shared(),
+				"--steps", strconv.Itoa(steps), "--json", "testdata/mlp48.yaml")
+			p.waitLine(t, `{"step":10,`, time.Minute)
+			lost := b.Host(3)
+			cut := time.Now()
+			if silent {
+				lost.Cut()
+			} else {
+				lost.Kill()
+			}
+			p.waitLine(t, `"generation":2,"dp":3}`, time.Minute)
+			t.Logf("%s host: first step of generation 2 reported %s after the cut", name, time.Since(cut).Round(time.Millisecond))
+			if silent {
+				lost.Kill()
+			}
+			if code := p.wait(t, 3*time.Minute); code != 0 {
+				t.Fatalf("launch exited %d:\n%s", code, p.output())
+			}
+			sameLosses(t, losses(t, p.output()), want)
+			if s := "generation 2: 3 nodes (h2, h4, h5), 6 ranks, tp 2 pp 1 dp 3 (node lost: h3 (ranks 2-3); spare nodes joined: h5; resuming after step"; !strings.Contains(p.output(), s) {
+				t.Errorf("launch's output lacks %q:\n%s", s, p.output())
+			}
+			if !strings.Contains(spare.output(), "starting ranks") {
+				t.Errorf("the spare ran nothing:\n%s", spare.output())
+			}
+		})
+	}
+}
