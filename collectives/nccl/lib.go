@@ -169,6 +169,15 @@ func versionString(code int) string {
 
 // call invokes a C function returning an enum (ncclResult_t or cudaError_t);
 // only the low 32 bits of the return register are defined.
+//
+// Callers pass out-parameters as uintptr(unsafe.Pointer(&local)). Without
+// go:uintptrescapes (which purego.SyscallN has, but only for conversions
+// written in its own call) such a local could stay on the goroutine's
+// stack, which may move while the call is set up: the C function would
+// then write into the old copy (seen as cudaGetDeviceCount "finding" 0
+// devices under load). The directive moves every such pointee to the heap.
+//
+//go:uintptrescapes
 func call(fn uintptr, args ...uintptr) int32 {
 	r, _, _ := purego.SyscallN(fn, args...)
 	return int32(r)
