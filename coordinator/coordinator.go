@@ -236,12 +236,12 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 		e.Close()
 		return nil, errorf(ErrUnavailable, "%v", err)
 	}
-	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping}
+	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth()}
 	m := newMetrics(c.srv, c.leading.Load)
 	c.srv.keepalive = m.keepalive.Observe
 	c.registry = prometheus.NewRegistry()
 	c.registry.MustRegister(m)
-	c.grpc = grpc.NewServer(grpc.UnaryInterceptor(c.srv.unary), grpc.StreamInterceptor(c.srv.stream))
+	c.grpc = grpc.NewServer(append(pb.ServerOptions(), grpc.UnaryInterceptor(c.srv.unary), grpc.StreamInterceptor(c.srv.stream))...)
 	pb.RegisterCoordinatorServer(c.grpc, c.srv)
 	return c, nil
 }
@@ -284,6 +284,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 			<-done
 		}
 		return nil
+	})
+	g.Go(func() error {
+		return c.srv.health.monitor(gctx, c.etcd.Client, c.cfg.Prefix, time.Second, 2*time.Second, c.log.With("component", "health"))
 	})
 	g.Go(func() error { return c.campaign(gctx) })
 	g.Go(func() error { return c.advertise(gctx) })

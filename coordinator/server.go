@@ -38,6 +38,9 @@ type server struct {
 	stopping <-chan struct{}
 	// keepalive observes the latency of a lease renewal, in seconds.
 	keepalive func(float64)
+	// health says whether etcd is reachable; while it is not, calls fail
+	// and streams end (Unavailable).
+	health *health
 }
 
 // auth refuses calls without the join token when one is set. The token is
@@ -59,6 +62,9 @@ func (s *server) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h 
 	if err := s.auth(ctx); err != nil {
 		return nil, err
 	}
+	if s.health.isDown() {
+		return nil, errEtcdDown
+	}
 	return h(ctx, req)
 }
 
@@ -66,7 +72,7 @@ func (s *server) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo,
 	if err := s.auth(ss.Context()); err != nil {
 		return err
 	}
-	return h(srv, ss)
+	return s.health.guardStream(srv, ss, h)
 }
 
 // etcdErr turns an etcd failure into a gRPC status.
@@ -137,29 +143,34 @@ func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 }
 
 // Watch implements pb.CoordinatorServer. The node's lease is kept alive
-// while the stream is open.
+// while the stream is open, and every renewal is sent to the agent (the
+// assignment again, with the lease's TTL) so that the agent knows how long
+// its ranks may run without another. A coordinator that cannot renew the
+// lease (etcd unreachable) ends the stream, so that the agent moves to one
+// that can.
 func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[pb.Assignment]) error {
 	ctx := stream.Context()
 	lease := clientv3.LeaseID(req.GetLeaseId())
-	if _, err := s.cli.KeepAliveOnce(ctx, lease); err != nil {
-		return status.Errorf(codes.NotFound, "node %q: lease %x is gone (%v): register again", req.GetNode(), req.GetLeaseId(), err)
+	first, err := s.cli.KeepAliveOnce(ctx, lease)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return status.Errorf(codes.NotFound, "node %q: lease %x is gone: register again", req.GetNode(), req.GetLeaseId())
+	}
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "node %q: renewing lease %x: %v", req.GetNode(), req.GetLeaseId(), err)
 	}
 	kctx, stopKeep := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopKeep()
-	leaseGone := make(chan struct{})
-	go func() {
-		if s.keepAlive(kctx, lease, req.GetNode()) {
-			close(leaseGone)
-		}
-	}()
+	renewed := make(chan int64, 1)
+	keepErr := make(chan error, 1)
+	go func() { keepErr <- s.keepAlive(kctx, lease, renewed) }()
 	defer func() {
 		// A stream the agent dropped without Leave, while this coordinator
-		// is not shutting down, is the agent's loss: revoke its lease now
-		// rather than waiting out the TTL.
+		// is not shutting down and reaches etcd, is the agent's loss:
+		// revoke its lease now rather than waiting out the TTL.
 		select {
 		case <-s.stopping:
 		default:
-			if ctx.Err() != nil {
+			if ctx.Err() != nil && !s.health.isDown() {
 				rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 				if _, err := s.cli.Revoke(rctx, lease); err == nil {
 					s.log.Warn("node disconnected", "node", req.GetNode())
@@ -170,7 +181,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	}()
 	w := s.cli.Watch(clientv3.WithRequireLeader(ctx), s.k.jobs(), clientv3.WithPrefix())
 	var last *pb.Assignment
-	send := func() error {
+	send := func(ttlMs int64) error {
 		snap, err := read(ctx, s.cli, s.k, "")
 		if err != nil {
 			return etcdErr(err)
@@ -180,9 +191,13 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			return nil
 		}
 		last = a
+		if ttlMs > 0 {
+			a = proto.Clone(a).(*pb.Assignment)
+			a.LeaseTtlMs = ttlMs
+		}
 		return stream.Send(a)
 	}
-	if err := send(); err != nil {
+	if err := send(first.TTL * 1000); err != nil {
 		return err
 	}
 	for {
@@ -191,8 +206,18 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			return nil
 		case <-s.stopping:
 			return status.Error(codes.Unavailable, "coordinator shutting down")
-		case <-leaseGone:
-			return status.Errorf(codes.NotFound, "node %q: lease %x expired: register again", req.GetNode(), req.GetLeaseId())
+		case err := <-keepErr:
+			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				return status.Errorf(codes.NotFound, "node %q: lease %x expired: register again", req.GetNode(), req.GetLeaseId())
+			}
+			s.log.Warn("cannot renew a node's lease: ending its stream so that it moves to another coordinator", "node", req.GetNode(), "err", err)
+			return status.Errorf(codes.Unavailable, "this coordinator cannot renew lease %x: %v", req.GetLeaseId(), err)
+		case ttl := <-renewed:
+			a := proto.Clone(last).(*pb.Assignment)
+			a.LeaseTtlMs = ttl
+			if err := stream.Send(a); err != nil {
+				return err
+			}
 		case wr, ok := <-w:
 			if !ok {
 				return status.Error(codes.Unavailable, "etcd watch ended")
@@ -203,41 +228,45 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			if !assignmentChanged(s.k, wr.Events) {
 				continue
 			}
-			if err := send(); err != nil {
+			if err := send(0); err != nil {
 				return err
 			}
 		}
 	}
 }
 
-// keepAlive renews a node's lease every third of its TTL until ctx ends,
-// timing each renewal (the heartbeat latency metric). It returns true when
-// the lease no longer exists.
-func (s *server) keepAlive(ctx context.Context, lease clientv3.LeaseID, node string) bool {
+// keepAlive renews a node's lease every third of its TTL, timing each
+// renewal (the heartbeat latency metric) and handing the TTL granted to
+// renewed (which holds the newest only), until ctx ends or a renewal fails:
+// rpctypes.ErrLeaseNotFound when the lease is gone, etcd's error when etcd
+// did not answer in time.
+func (s *server) keepAlive(ctx context.Context, lease clientv3.LeaseID, renewed chan int64) error {
 	t := time.NewTicker(s.cfg.LeaseTTL / 3)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return false
+			return ctx.Err()
 		case <-t.C:
 		}
 		start := time.Now()
 		rctx, cancel := context.WithTimeout(ctx, s.cfg.LeaseTTL/3)
-		_, err := s.cli.KeepAliveOnce(rctx, lease)
+		resp, err := s.cli.KeepAliveOnce(rctx, lease)
 		cancel()
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return true
-		}
 		if err != nil {
-			if ctx.Err() == nil {
-				s.log.Warn("lease renewal", "node", node, "err", err)
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			continue
+			return err
 		}
 		if s.keepalive != nil {
 			s.keepalive(time.Since(start).Seconds())
 		}
+		select { // the newest renewal replaces one not yet sent
+		case <-renewed:
+		default:
+		}
+		renewed <- resp.TTL * 1000
 	}
 }
 
@@ -266,11 +295,15 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 		_, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 			Then(clientv3.OpPut(key, encode(k.Bootstrap))).Commit()
 	case *pb.ReportRequest_Step:
-		// Only the current generation's steps count.
+		// Only the current generation's steps count; a replaced
+		// generation's ranks are told so, and stop.
 		var gr *clientv3.GetResponse
 		if gr, err = s.cli.Get(ctx, s.k.generation(id)); err == nil && len(gr.Kvs) == 1 {
 			g := &pb.Generation{}
-			if decode(gr.Kvs[0].Value, g) == nil && g.Number == gen {
+			if decode(gr.Kvs[0].Value, g) == nil && g.Number > gen {
+				return nil, status.Errorf(codes.FailedPrecondition, "job %s: generation %d was replaced by generation %d", id, gen, g.Number)
+			}
+			if g.Number == gen {
 				st := proto.Clone(k.Step).(*pb.Step)
 				st.Generation, st.Dp = g.Number, g.Dp
 				ops := []clientv3.Op{clientv3.OpPut(s.k.progress(id), encode(st))}

@@ -23,3 +23,8 @@ var ErrIncomplete = errors.New("sharding: incomplete checkpoint")
 // ErrNoCheckpoint reports a checkpoint root that holds no complete
 // checkpoint.
 var ErrNoCheckpoint = errors.New("sharding: no complete checkpoint")
+
+// ErrFenced reports a checkpoint write by a generation of a job that a
+// later generation has replaced: its state must not overwrite or join the
+// newer one's.
+var ErrFenced = errors.New("sharding: fenced by a later generation")

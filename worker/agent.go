@@ -112,8 +112,16 @@ func (c *Config) Validate() error {
 }
 
 // ErrRefused marks a coordinator's refusal that retrying cannot fix: a
-// wrong token, another protocol version, a name in use.
+// wrong token, another protocol version, a name in use by a live node.
 var ErrRefused = errors.New("worker: refused by the coordinator")
+
+// errNameTaken is a registration refused because the name is registered:
+// retried for nameTakenWait, as it is usually this node's earlier run.
+var errNameTaken = errors.New("worker: name in use")
+
+// nameTakenWait is how long an agent waits for its name to be free: far
+// more than a lease's life.
+const nameTakenWait = time.Minute
 
 // Agent is the worker agent of one node: it registers with a coordinator,
 // keeps its lease alive through its Watch stream, and runs the ranks its
@@ -125,11 +133,12 @@ type Agent struct {
 	instance string     // this run's, random: its gossip member is name#instance
 	out      sync.Mutex // serialises rank output lines
 
-	mu     sync.Mutex
-	client pb.CoordinatorClient // current coordinator
-	lease  int64
-	ttl    time.Duration
-	pool   *memberlist.Memberlist // nil until the first registration
+	mu       sync.Mutex
+	client   pb.CoordinatorClient // current coordinator
+	lease    int64
+	deadline time.Time              // when the lease runs out unless renewed: the ranks' right to run
+	renewed  chan struct{}          // poked at every renewal, for the fence
+	pool     *memberlist.Memberlist // nil until the first registration
 }
 
 // New returns an agent; Run starts it.
@@ -149,13 +158,16 @@ func New(cfg *Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	return &Agent{cfg: cfg, net: nw, instance: hex.EncodeToString(id[:]), log: log.With("component", "agent", "node", cfg.Name)}, nil
+	return &Agent{cfg: cfg, net: nw, instance: hex.EncodeToString(id[:]), renewed: make(chan struct{}, 1),
+		log: log.With("component", "agent", "node", cfg.Name)}, nil
 }
 
 // Run registers and serves assignments until ctx ends, then stops its
 // ranks (SIGTERM, Grace, SIGKILL) and leaves the pool. Ranks keep running
-// while the agent moves between coordinators, and are stopped when no
-// coordinator has answered for twice the lease TTL. It returns an
+// while the agent moves between coordinators, as long as the node's lease
+// holds: when no coordinator has renewed it for its TTL (the node is cut
+// off, or every coordinator lost etcd), the ranks are stopped, since the
+// coordinator may have given them to another node. It returns an
 // ErrRefused error when the coordinator will not take this node.
 func (a *Agent) Run(ctx context.Context) error {
 	conns := make([]*grpc.ClientConn, len(a.cfg.Coordinators))
@@ -176,6 +188,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer stopSessions()
 	ended := make(chan error, 1)
 	go func() { ended <- a.sessions(sctx, conns, run) }()
+	fenced := make(chan struct{})
+	go func() { defer close(fenced); a.fence(sctx, run) }()
+	defer func() { stopSessions(); <-fenced }()
 	var err error
 	select {
 	case <-ctx.Done():
@@ -194,23 +209,33 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // sessions moves between the coordinators until ctx ends or one refuses
-// the node; it stops the ranks when none has answered for twice the lease
-// TTL.
+// the node: after a failure it tries the next at once, and pauses Retry
+// after a whole round.
 func (a *Agent) sessions(ctx context.Context, conns []*grpc.ClientConn, run *runner) error {
-	lastContact := time.Now()
+	var taken time.Time // when registration first found the name in use
 	for i := 0; ctx.Err() == nil; i = (i + 1) % len(conns) {
 		client := pb.NewCoordinatorClient(conns[i])
-		err := a.session(ctx, client, run, &lastContact)
+		err := a.session(ctx, client, run)
 		if ctx.Err() != nil {
 			break
 		}
-		if errors.Is(err, ErrRefused) {
+		switch {
+		case errors.Is(err, ErrRefused):
 			return err
+		case errors.Is(err, errNameTaken) && taken.IsZero():
+			// Most likely this node's earlier run, killed or cut off, whose
+			// lease has not ended yet: take its place when it does.
+			taken = time.Now()
+			a.log.Warn("an earlier run of this node is still registered: waiting for its lease to end", "wait", nameTakenWait)
+		case errors.Is(err, errNameTaken) && time.Since(taken) > nameTakenWait:
+			return fmt.Errorf("%w: %v (still, after %s)", ErrRefused, err, nameTakenWait)
+		case errors.Is(err, errNameTaken):
+		default:
+			taken = time.Time{}
+			a.log.Warn("coordinator connection", "addr", a.cfg.Coordinators[i], "err", err)
 		}
-		a.log.Warn("coordinator connection", "addr", a.cfg.Coordinators[i], "err", err)
-		if ttl := a.leaseTTL(); ttl > 0 && time.Since(lastContact) > 2*ttl && run.active() {
-			a.log.Error("no coordinator for twice the lease TTL: stopping ranks", "since", time.Since(lastContact).Round(time.Millisecond))
-			run.stop()
+		if (i+1)%len(conns) != 0 {
+			continue
 		}
 		select {
 		case <-ctx.Done():
@@ -220,31 +245,74 @@ func (a *Agent) sessions(ctx context.Context, conns []*grpc.ClientConn, run *run
 	return nil
 }
 
-func (a *Agent) leaseTTL() time.Duration {
+// renew moves the lease deadline to d, when it is later.
+func (a *Agent) renew(d time.Time) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.ttl
+	if d.After(a.deadline) {
+		a.deadline = d
+	}
+	a.mu.Unlock()
+	select {
+	case a.renewed <- struct{}{}:
+	default:
+	}
+}
+
+// fence stops the ranks whenever the lease deadline passes with ranks
+// running, until ctx ends: from then on the coordinator may have given
+// their ranks to another node, and two copies of a rank must not run.
+func (a *Agent) fence(ctx context.Context, run *runner) {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		a.mu.Lock()
+		deadline := a.deadline
+		a.mu.Unlock()
+		if deadline.IsZero() {
+			t.Reset(time.Hour)
+		} else {
+			t.Reset(time.Until(deadline))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.renewed:
+			continue
+		case <-t.C:
+		}
+		a.mu.Lock()
+		passed := !a.deadline.IsZero() && !time.Now().Before(a.deadline)
+		a.mu.Unlock()
+		if passed && run.active() {
+			a.log.Error("lease deadline passed with no coordinator renewing it: stopping ranks", "deadline", deadline.Format(time.RFC3339Nano))
+			run.fence()
+		}
+	}
 }
 
 // session registers if needed and follows one Watch stream until it ends.
-func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *runner, lastContact *time.Time) error {
+func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *runner) error {
 	a.mu.Lock()
 	lease := a.lease
 	a.mu.Unlock()
 	if lease == 0 {
+		sent := time.Now()
 		resp, err := client.Register(ctx, &pb.RegisterRequest{Node: &pb.Node{Name: a.cfg.Name, Host: a.net.Host, Gpus: int32(a.cfg.GPUs),
 			NvlinkDomain: a.cfg.NVLinkDomain, Protocol: pb.ProtocolVersion, Version: a.cfg.Version, Instance: a.instance}})
 		if err != nil {
 			switch status.Code(err) {
-			case codes.Unauthenticated, codes.FailedPrecondition, codes.InvalidArgument, codes.AlreadyExists, codes.PermissionDenied:
+			case codes.AlreadyExists:
+				return fmt.Errorf("%w: %s", errNameTaken, status.Convert(err).Message())
+			case codes.Unauthenticated, codes.FailedPrecondition, codes.InvalidArgument, codes.PermissionDenied:
 				return fmt.Errorf("%w: %s", ErrRefused, status.Convert(err).Message())
 			}
 			return err
 		}
 		lease = resp.LeaseId
 		a.mu.Lock()
-		a.lease, a.ttl = lease, time.Duration(resp.TtlSeconds)*time.Second
+		a.lease = lease
 		a.mu.Unlock()
+		a.renew(sent.Add(time.Duration(resp.TtlSeconds) * time.Second))
 		a.log.Info("registered", "gpus", a.cfg.GPUs, "host", a.net.Host, "bind", a.net.Bind, "iface", a.net.Iface)
 		a.joinPool(resp.Gossip)
 	}
@@ -266,7 +334,9 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 			}
 			return err
 		}
-		*lastContact = time.Now()
+		if asg.LeaseTtlMs > 0 {
+			a.renew(time.Now().Add(time.Duration(asg.LeaseTtlMs) * time.Millisecond))
+		}
 		run.apply(ctx, asg)
 	}
 }
@@ -315,6 +385,9 @@ func (a *Agent) leave() {
 	client.Leave(ctx, &pb.LeaveRequest{Node: a.cfg.Name, LeaseId: lease})
 }
 
+// reportTimeout bounds one Report call.
+const reportTimeout = 5 * time.Second
+
 // report sends r to the current coordinator, retrying across coordinator
 // changes until it is taken, refused for good (a wrong token, a bad
 // report) or ctx ends.
@@ -324,7 +397,11 @@ func (a *Agent) report(ctx context.Context, r *pb.ReportRequest) error {
 		a.mu.Lock()
 		client := a.client
 		a.mu.Unlock()
-		_, err := client.Report(ctx, r)
+		// A call is bounded: one sent to a coordinator that was then cut
+		// off, or lost etcd, is tried again through the current one.
+		cctx, cancel := context.WithTimeout(ctx, reportTimeout)
+		_, err := client.Report(cctx, r)
+		cancel()
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
@@ -352,10 +429,16 @@ type runner struct {
 	committed engine.StepResult
 	// life guards the fields below: apply and stop come from the session
 	// goroutine, preempt and the last stop from Run's.
-	life    sync.Mutex
-	cur     *pb.Assignment // what runs now; nil for nothing
-	cancel  context.CancelFunc
-	done    chan struct{}
+	life   sync.Mutex
+	cur    *pb.Assignment // what runs now; nil for nothing
+	cancel context.CancelFunc
+	done   chan struct{}
+	// started is the last generation of each job this agent started:
+	// a generation is run once; if its ranks were stopped while it went on
+	// (fenced), its assignment coming back is answered with their failure.
+	started map[string]int64
+	// fenced is the job and generation whose ranks the lease fence stopped.
+	fenced  *pb.Assignment
 	masters chan *pb.Bootstrap // hands the master address and probe to a run waiting for them
 }
 
@@ -376,6 +459,10 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 	if asg.Job == "" {
 		return
 	}
+	if r.cur == nil && asg.Generation.GetNumber() <= r.started[asg.Job] {
+		r.refuseRestart(ctx, asg)
+		return
+	}
 	if r.cur != nil {
 		if asg.Master != "" && r.cur.Master == "" {
 			r.cur.Master = asg.Master
@@ -384,6 +471,10 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 		return
 	}
 	r.cur = proto.Clone(asg).(*pb.Assignment)
+	if r.started == nil {
+		r.started = map[string]int64{}
+	}
+	r.started[asg.Job] = asg.Generation.GetNumber()
 	// The ranks outlive the agent's context: when the agent is told to
 	// stop, Run first lets them checkpoint (preempt), then stops them.
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -461,6 +552,37 @@ func (r *runner) preempt(grace time.Duration) {
 type runHooks struct {
 	started func(rank int, p *os.Process)
 	step    func(engine.StepResult)
+}
+
+// fence stops the current run because the node's lease ran out: its
+// generation is not run again on this node.
+func (r *runner) fence() {
+	r.life.Lock()
+	defer r.life.Unlock()
+	if r.cur != nil {
+		r.fenced = r.cur
+	}
+	r.stopLocked()
+}
+
+// refuseRestart answers an assignment of a generation this node already
+// ran: if the fence stopped its ranks while the coordinator kept the
+// generation going (the lease outlived the agent's deadline), report them
+// failed, once, so that the coordinator makes a new generation; never
+// start them again (their rendezvous is gone, and the generation's other
+// ranks have moved on).
+func (r *runner) refuseRestart(ctx context.Context, asg *pb.Assignment) {
+	f := r.fenced
+	if f == nil || f.Job != asg.Job || f.Generation.GetNumber() != asg.Generation.GetNumber() {
+		return
+	}
+	r.fenced = nil
+	me, _ := member(asg, r.agent.cfg.Name)
+	if me == nil {
+		return
+	}
+	go r.agent.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1,
+		Error: fmt.Sprintf("node %s stopped its ranks when its lease deadline passed (no coordinator renewed it in time)", r.agent.cfg.Name)})
 }
 
 // stop ends the current run and waits for its ranks to exit.

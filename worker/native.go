@@ -64,6 +64,7 @@ func NativeConfig(asg *pb.Assignment) (*engine.Config, error) {
 	// checkpoint, which every node reaches in the job's checkpoint dir.
 	cfg.CheckpointDir, cfg.CheckpointEvery = spec.GetCheckpointDir(), int(spec.GetCheckpointEvery())
 	cfg.Resume = int(asg.Generation.GetResumeStep())
+	cfg.Generation = asg.Generation.GetNumber()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

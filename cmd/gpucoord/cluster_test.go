@@ -2,9 +2,12 @@ package main
 
 import (
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -243,5 +246,138 @@ func TestClusterHostLost(t *testing.T) {
 				t.Errorf("the spare ran nothing:\n%s", spare.output())
 			}
 		})
+	}
+}
+
+// TestClusterPartition: a host of a running job is cut off from every
+// other for 45 s, then healed. Its agent stops its ranks when its lease
+// deadline passes (lease TTL after the last renewal it received), a spare
+// takes its place, the checkpoint directory is fenced to the new
+// generation, and after the heal the host registers again and is back in
+// the pool; the job's losses are the uninterrupted run's.
+func TestClusterPartition(t *testing.T) {
+	const (
+		steps = 400
+		ttl   = 2 * time.Second
+		grace = time.Second
+		cut   = 45 * time.Second
+	)
+	b := newBoxCluster(t, testcluster.Config{Hosts: 5, Shared: true})
+	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	b.coordinator(t, b.Host(1), b.local)
+	workers := map[string]*proc{}
+	for _, h := range b.Hosts()[1:] {
+		workers[h.Name] = b.worker(t, h, 2)
+	}
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2",
+		"--min-nodes", "2", "--max-restarts", "2", "--checkpoint-every", "10", "--checkpoint-dir", b.Shared(),
+		"--steps", strconv.Itoa(steps), "--json", "testdata/mlp48.yaml")
+	p.waitLine(t, `{"step":20,`, time.Minute)
+	h3 := b.Host(3)
+	cutAt := time.Now()
+	h3.Cut()
+	workers["h3"].waitLine(t, "lease deadline passed with no coordinator renewing it: stopping ranks", 30*time.Second)
+	workers["h3"].waitLine(t, "ranks stopped", 30*time.Second)
+	gone := time.Since(cutAt)
+	p.waitLine(t, `"generation":2,"dp":3}`, time.Minute)
+	resumed := time.Since(cutAt)
+	t.Logf("cut at 0: h3's ranks gone at %s (lease TTL %s + grace %s), generation 2's first step at %s",
+		gone.Round(time.Millisecond), ttl, grace, resumed.Round(time.Millisecond))
+	if b, err := os.ReadFile(filepath.Join(b.Shared(), "generation")); err != nil || strings.TrimSpace(string(b)) != "2" {
+		t.Errorf("checkpoint fence %q (%v), want generation 2", b, err)
+	}
+	time.Sleep(cut - time.Since(cutAt)) // the partition's length is the scenario, not a synchronisation
+	h3.Heal()
+	workers["h3"].waitLine(t, "registered", time.Minute)
+	if code := p.wait(t, 5*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	sameLosses(t, losses(t, p.output()), want)
+	st := b.run(t, b.Host(1), "status", "--coordinator", b.local)
+	st.wait(t, time.Minute)
+	if !strings.Contains(st.output(), "  h3 ") {
+		t.Errorf("h3 is not back in the pool after the heal:\n%s", st.output())
+	}
+	if n := strings.Count(workers["h3"].output(), "starting ranks"); n != 1 {
+		t.Errorf("h3 started ranks %d times, want once (its generation must not be restarted there)", n)
+	}
+}
+
+// TestClusterCoordinatorFailover: two coordinators on their own hosts
+// share an external etcd (Debian's etcd-server) on a third. The leader is
+// killed outright, or cut off from etcd; the agents move to the other
+// coordinator, which renews their leases, and the job finishes in its
+// first generation: no rank was stopped or started again.
+func TestClusterCoordinatorFailover(t *testing.T) {
+	const etcdBin = "/usr/bin/etcd"
+	if _, err := os.Stat(etcdBin); err != nil {
+		t.Fatalf("%s is missing: install Debian's etcd-server (make deps)", etcdBin)
+	}
+	for _, how := range []string{"killed", "cut from etcd"} {
+		t.Run(how, func(t *testing.T) {
+			const steps = 400
+			b := newBoxCluster(t, testcluster.Config{Hosts: 5, Shared: true})
+			want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+			h1 := b.Host(1)
+			client := "http://" + net.JoinHostPort(h1.Addr, "2379")
+			etcd := startCmd(t, h1.Command(t.Context(), etcdBin, "--name", "e", "--data-dir", "/tmp/etcd-data",
+				"--listen-client-urls", client, "--advertise-client-urls", client,
+				"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
+				"--initial-cluster", "e=http://127.0.0.1:2380"))
+			etcd.waitLine(t, "ready to serve client requests", time.Minute)
+			// The leases live 5 s: long enough for an agent to notice its
+			// coordinator is gone and move to the other.
+			coord := func(h *testcluster.Host) *proc {
+				return b.coordinator(t, h, net.JoinHostPort(h.Addr, "7070"), "--etcd", client, "--name", h.Name, "--lease-ttl", "5s")
+			}
+			leader := coord(b.Host(2))
+			leader.waitLine(t, "elected leader", time.Minute)
+			coord(b.Host(3))
+			b.coord = "h2:7070,h3:7070"
+			workers := []*proc{b.worker(t, b.Host(4), 2), b.worker(t, b.Host(5), 2)}
+			both := net.JoinHostPort(b.Host(2).Addr, "7070") + "," + net.JoinHostPort(b.Host(3).Addr, "7070")
+			p := b.run(t, h1, "launch", "--coordinator", both, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2",
+				"--checkpoint-every", "10", "--checkpoint-dir", b.Shared(), "--steps", strconv.Itoa(steps), "--json", "testdata/mlp48.yaml")
+			p.waitLine(t, `{"step":20,`, time.Minute)
+			if how == "killed" {
+				b.Host(2).Kill()
+			} else {
+				b.Host(2).Cut(h1)
+			}
+			if code := p.wait(t, 3*time.Minute); code != 0 {
+				t.Fatalf("launch exited %d:\n%s", code, p.output())
+			}
+			sameLosses(t, losses(t, p.output()), want)
+			if strings.Contains(p.output(), "generation 2") {
+				t.Errorf("the failover made a new generation:\n%s", p.output())
+			}
+			for i, w := range workers {
+				if n := strings.Count(w.output(), "starting ranks"); n != 1 {
+					t.Errorf("h%d started ranks %d times, want once:\n%s", 4+i, n, w.output())
+				}
+				if strings.Contains(w.output(), "lease deadline passed") {
+					t.Errorf("h%d's lease ran out during the failover:\n%s", 4+i, w.output())
+				}
+			}
+		})
+	}
+}
+
+// TestClusterAgentRestart: an agent started while its node's earlier run
+// is still registered (that run frozen, so its lease has not ended) says
+// so in one line and registers once the pool has declared the earlier run
+// dead.
+func TestClusterAgentRestart(t *testing.T) {
+	b := newBoxCluster(t, testcluster.Config{Hosts: 2})
+	b.coordinator(t, b.Host(1), b.local)
+	old := b.worker(t, b.Host(2), 2)
+	if err := old.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	p := b.run(t, b.Host(2), "worker", "--coordinator", b.coord, "--name", "h2", "--gpus", "2")
+	p.waitLine(t, "an earlier run of this node is still registered: waiting for its lease to end", time.Minute)
+	p.waitLine(t, "msg=registered", time.Minute)
+	if n := strings.Count(p.output(), "still registered"); n != 1 {
+		t.Errorf("the wait was said %d times, want once:\n%s", n, p.output())
 	}
 }

@@ -2,20 +2,43 @@ package gpucoordpb
 
 import (
 	"context"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 )
 
 // Dial returns a client connection to a coordinator that sends token (if
 // any) with every call. It connects lazily; the first call reports an
 // unreachable address. Mutual TLS will replace the plaintext transport.
 func Dial(addr, token string) (*grpc.ClientConn, error) {
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout, PermitWithoutStream: true})}
 	if token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(bearer(token)))
 	}
 	return grpc.NewClient(addr, opts...)
+}
+
+// KeepaliveTime and KeepaliveTimeout are both ends' gRPC keepalives: a
+// connection idle for KeepaliveTime is pinged, and one whose ping is not
+// answered within KeepaliveTimeout is closed, failing its calls, so that a
+// peer cut off from the network is noticed in seconds rather than when
+// TCP's retransmissions give up.
+const (
+	KeepaliveTime    = 2 * time.Second
+	KeepaliveTimeout = 2 * time.Second
+)
+
+// ServerOptions are the coordinator's gRPC server options that go with
+// Dial's: it pings idle clients as they ping it, and lets them ping as
+// often as KeepaliveTime.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2, PermitWithoutStream: true}),
+	}
 }
 
 // bearer sends the join token as TokenHeader metadata.

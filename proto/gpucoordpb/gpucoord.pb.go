@@ -862,7 +862,12 @@ type Assignment struct {
 	// (and is its content): every other node must read it there, or the
 	// directory is not shared and the generation fails at once. Empty when
 	// the job has no shared checkpoint directory or one node.
-	Probe         string `protobuf:"bytes,5,opt,name=probe,proto3" json:"probe,omitempty"`
+	Probe string `protobuf:"bytes,5,opt,name=probe,proto3" json:"probe,omitempty"`
+	// lease_ttl_ms, when set, says the coordinator has just renewed the
+	// node's lease for this long: the agent's deadline to stop its ranks is
+	// the time it received this plus lease_ttl_ms. The stream repeats the
+	// assignment with it at every renewal.
+	LeaseTtlMs    int64 `protobuf:"varint,6,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -930,6 +935,13 @@ func (x *Assignment) GetProbe() string {
 		return x.Probe
 	}
 	return ""
+}
+
+func (x *Assignment) GetLeaseTtlMs() int64 {
+	if x != nil {
+		return x.LeaseTtlMs
+	}
+	return 0
 }
 
 // Bootstrap is rank 0's node's report that the generation can start: the
@@ -2495,7 +2507,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x02dp\x18\x05 \x01(\x05R\x02dp\x12\x1f\n" +
 	"\vresume_step\x18\x06 \x01(\x03R\n" +
 	"resumeStep\x12\x16\n" +
-	"\x06reason\x18\a \x01(\tR\x06reason\"\xaf\x01\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\"\xd1\x01\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -2504,7 +2516,9 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\v2\x17.gpucoord.v1.GenerationR\n" +
 	"generation\x12\x16\n" +
 	"\x06master\x18\x04 \x01(\tR\x06master\x12\x14\n" +
-	"\x05probe\x18\x05 \x01(\tR\x05probe\"9\n" +
+	"\x05probe\x18\x05 \x01(\tR\x05probe\x12 \n" +
+	"\flease_ttl_ms\x18\x06 \x01(\x03R\n" +
+	"leaseTtlMs\"9\n" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x02 \x01(\tR\x05probe\"\xc4\x01\n" +

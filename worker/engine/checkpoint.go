@@ -32,6 +32,9 @@ func (r *Rank) chunkRoot(root string, cs *chunkState) string {
 // group is all it waits for). A checkpoint of any DP degree can be read
 // back at another by Restore.
 func (r *Rank) Checkpoint(ctx context.Context, root string, steps int) error {
+	if err := r.checkFence(root, steps); err != nil {
+		return err
+	}
 	for _, cs := range r.chunks {
 		full := map[string][]float32{}
 		sh := &sharding.Shard{Rank: r.coord.DP, Range: cs.owned, Vectors: map[string][]float32{}}
@@ -64,6 +67,9 @@ func (r *Rank) Checkpoint(ctx context.Context, root string, steps int) error {
 		}
 	}
 	if r.coord.DP == 0 {
+		if err := r.checkFence(root, steps); err != nil {
+			return err
+		}
 		for _, cs := range r.chunks {
 			croot := r.chunkRoot(root, cs)
 			infos := make([]sharding.ShardInfo, r.dp)
@@ -82,6 +88,18 @@ func (r *Rank) Checkpoint(ctx context.Context, root string, steps int) error {
 	if r.dp > 1 {
 		// Nobody leaves before the manifests are written.
 		return r.g.DP.Barrier(ctx)
+	}
+	return nil
+}
+
+// checkFence fails with sharding.ErrFenced when a generation after this
+// rank's (Config.Generation, 0 for none) has started writing under root.
+func (r *Rank) checkFence(root string, steps int) error {
+	if r.cfg.Generation == 0 {
+		return nil
+	}
+	if err := sharding.CheckFence(root, r.cfg.Generation); err != nil {
+		return fmt.Errorf("engine: checkpoint of step %d: %w", steps, err)
 	}
 	return nil
 }

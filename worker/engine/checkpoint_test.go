@@ -109,3 +109,36 @@ func TestPreemptionCheckpoints(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckpointFenced: a generation replaced by a later one (whose rank 0
+// raised the checkpoint directory's fence) cannot write a checkpoint:
+// Train fails with sharding.ErrFenced before any shard or manifest of its
+// lands, while the later generation checkpoints as usual.
+func TestCheckpointFenced(t *testing.T) {
+	job := tinyJob(LossMSE)
+	job.Steps = 2
+	dir := t.TempDir()
+	newer := DefaultConfig(job)
+	newer.TP, newer.PP, newer.DP = 1, 2, 2
+	newer.CheckpointDir, newer.CheckpointEvery, newer.Generation = dir, 1, 3
+	if _, err := RunInProc(t.Context(), newer, nil); err != nil {
+		t.Fatalf("generation 3: %v", err)
+	}
+	root := filepath.Join(dir, "tp0-of-1", "chunk0-of-2")
+	before, err := sharding.LatestComplete(t.Context(), root)
+	if err != nil || before != 2 {
+		t.Fatalf("generation 3 committed step %d (%v), want 2", before, err)
+	}
+	older := *newer
+	older.Generation = 2
+	older.Job.Steps = 4
+	older.CheckpointDir = dir
+	if _, err := RunInProc(t.Context(), &older, nil); !errors.Is(err, sharding.ErrFenced) {
+		t.Fatalf("generation 2 after generation 3: %v, want ErrFenced", err)
+	}
+	for _, step := range []int64{3, 4} {
+		if _, err := os.Stat(sharding.StepDir(root, step)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("generation 2 wrote step %d's directory (%v)", step, err)
+		}
+	}
+}

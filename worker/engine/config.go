@@ -48,6 +48,12 @@ type Config struct {
 	// with the next step. Data and Adam's step count depend only on the
 	// step, so the run continues as if it had not stopped.
 	Resume int
+	// Generation, when above 0, fences the checkpoints: world rank 0 raises
+	// CheckpointDir's fence to it before the first step, and every
+	// checkpoint write first checks that no later generation has started
+	// (sharding.ErrFenced), so that a replaced generation still running
+	// (a host cut off from its coordinator) cannot overwrite its successor's.
+	Generation int64
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }

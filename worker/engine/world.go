@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"gpucoord/collectives"
+	"gpucoord/sharding"
 	"gpucoord/topology"
 )
 
@@ -101,6 +102,11 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 	if err != nil {
 		g.Close()
 		return nil, err
+	}
+	if cfg.CheckpointDir != "" && cfg.Generation > 0 && world.Rank() == 0 {
+		if err := sharding.RaiseFence(cfg.CheckpointDir, cfg.Generation); err != nil {
+			return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
+		}
 	}
 	if cfg.Resume > 0 {
 		if err := r.Restore(ctx, cfg.CheckpointDir, cfg.Resume); err != nil {
