@@ -33,6 +33,10 @@ test: deps ## Run every test with the race detector (installs what the tests nee
 stress: ## Kill or preempt an agent at 40 random steps of an elastic job (minutes; not part of make test)
 	GPUCOORD_STRESS=1 $(GO) test -count=1 -timeout 30m -run TestElasticStress -v ./cmd/gpucoord
 
+.PHONY: bench-recovery
+bench-recovery: ## Detection and recovery times after a node loss, across hosts (network namespaces) and on one host; needs root
+	GPUCOORD_BENCH_RECOVERY=$${RUNS:-5} $(GO) test -count=1 -timeout 60m -run TestRecoveryTimes -v ./cmd/gpucoord
+
 .PHONY: lint
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

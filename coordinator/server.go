@@ -401,6 +401,10 @@ func ValidateSpec(j *pb.JobSpec) error {
 		return errors.New("neither a command nor a native job")
 	case len(j.GetCommand()) > 0 && len(j.GetNativeJob()) > 0:
 		return errors.New("both a command and a native job")
+	case j.GetKeepCheckpoints() < 0 || j.GetKeepCheckpoints() == 1:
+		return fmt.Errorf("keep checkpoints %d: want 0 (every one) or at least 2", j.GetKeepCheckpoints())
+	case j.GetCheckpointEvery() < 0 || j.GetMaxRestarts() < 0 || j.GetMinNodes() < 0:
+		return fmt.Errorf("checkpoint every %d, max restarts %d and min nodes %d must not be negative", j.GetCheckpointEvery(), j.GetMaxRestarts(), j.GetMinNodes())
 	}
 	_, err := Layout(j, int(j.GetNodes()))
 	return err

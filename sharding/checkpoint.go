@@ -517,17 +517,7 @@ func LatestComplete(ctx context.Context, root string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("sharding: list %s: %w", root, err)
 	}
-	var steps []int64
-	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), stepPrefix)
-		if !ok || !e.IsDir() {
-			continue
-		}
-		if n, err := strconv.ParseInt(rest, 10, 64); err == nil && n >= 0 && strconv.FormatInt(n, 10) == rest {
-			steps = append(steps, n)
-		}
-	}
-	slices.Sort(steps)
+	steps := stepsIn(entries)
 	for _, step := range slices.Backward(steps) {
 		m, err := ReadManifest(ctx, root, step)
 		if ctx.Err() != nil {
@@ -549,6 +539,66 @@ func LatestComplete(ctx context.Context, root string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("%w under %s", ErrNoCheckpoint, root)
+}
+
+// stepsIn returns the steps of the step directories among entries, in
+// increasing order.
+func stepsIn(entries []fs.DirEntry) []int64 {
+	var steps []int64
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), stepPrefix)
+		if !ok || !e.IsDir() {
+			continue
+		}
+		if n, err := strconv.ParseInt(rest, 10, 64); err == nil && n >= 0 && strconv.FormatInt(n, 10) == rest {
+			steps = append(steps, n)
+		}
+	}
+	slices.Sort(steps)
+	return steps
+}
+
+// Prune removes all but the newest keep committed steps under root (those
+// with a manifest), and the incomplete step directories older than the
+// oldest kept (what a crash mid-write left). Incomplete steps newer than
+// that are left alone: they may be being written. keep must be at least 2
+// (the step a coordinator has recorded as committed may be one behind the
+// newest on disk); 0 keeps everything. It returns the steps removed.
+func Prune(ctx context.Context, root string, keep int) ([]int64, error) {
+	if keep == 0 {
+		return nil, nil
+	}
+	if keep < 2 {
+		return nil, fmt.Errorf("sharding: keep %d checkpoints: want 0 (all) or at least 2", keep)
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil, fmt.Errorf("sharding: list %s: %w", root, err)
+	}
+	steps := stepsIn(entries)
+	var committed []int64
+	for _, step := range steps {
+		if _, err := ReadManifest(ctx, root, step); err == nil {
+			committed = append(committed, step)
+		} else if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	if len(committed) == 0 {
+		return nil, nil
+	}
+	oldest := committed[max(0, len(committed)-keep)]
+	var removed []int64
+	for _, step := range steps {
+		if step >= oldest {
+			break
+		}
+		if err := os.RemoveAll(StepDir(root, step)); err != nil {
+			return removed, fmt.Errorf("sharding: prune step %d: %w", step, err)
+		}
+		removed = append(removed, step)
+	}
+	return removed, nil
 }
 
 // shardHeader is the decoded header of a shard file.

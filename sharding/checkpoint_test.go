@@ -600,3 +600,60 @@ func killedWriterChild(t *testing.T, root, at string) {
 	}
 	t.Fatalf("unknown kill point %q", at)
 }
+
+// TestPrune: the newest keep committed steps stay, older ones go, and so
+// do incomplete steps older than the oldest kept; an incomplete step newer
+// than that (being written) and other entries are left alone.
+func TestPrune(t *testing.T) {
+	p, _ := NewPartition(vecTensors(100), 2, nil)
+	uncommitted := func(root string, step int64) {
+		for r := range 2 {
+			s, _ := ShardOf(p, r, randomState(uint64(step), 100))
+			if _, err := WriteShard(t.Context(), root, step, p, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	tests := []struct {
+		keep        int
+		wantRemoved []int64
+		wantLeft    []int64
+	}{
+		{keep: 0, wantLeft: []int64{3, 5, 6, 7, 8, 9}},
+		{keep: 2, wantRemoved: []int64{3, 5, 6}, wantLeft: []int64{7, 8, 9}},
+		{keep: 3, wantRemoved: []int64{3, 5}, wantLeft: []int64{6, 7, 8, 9}},
+		{keep: 4, wantRemoved: []int64{3}, wantLeft: []int64{5, 6, 7, 8, 9}},
+		{keep: 9, wantRemoved: []int64{3}, wantLeft: []int64{5, 6, 7, 8, 9}},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("keep %d", tc.keep), func(t *testing.T) {
+			root := t.TempDir()
+			uncommitted(root, 3) // a crash's leftover
+			for _, s := range []int64{5, 6, 7, 8} {
+				writeCheckpoint(t, root, s, p, randomState(uint64(s), 100))
+			}
+			uncommitted(root, 9) // being written
+			os.Mkdir(filepath.Join(root, "notes"), 0o755)
+			removed, err := Prune(t.Context(), root, tc.keep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(removed, tc.wantRemoved) {
+				t.Errorf("removed %v, want %v", removed, tc.wantRemoved)
+			}
+			entries, _ := os.ReadDir(root)
+			if left := stepsIn(entries); !slices.Equal(left, tc.wantLeft) {
+				t.Errorf("left %v, want %v", left, tc.wantLeft)
+			}
+			if _, err := os.Stat(filepath.Join(root, "notes")); err != nil {
+				t.Errorf("a directory that is no step was removed: %v", err)
+			}
+			if got, err := LatestComplete(t.Context(), root); err != nil || got != 8 {
+				t.Errorf("latest complete after pruning: %d, %v; want 8", got, err)
+			}
+		})
+	}
+	if _, err := Prune(t.Context(), t.TempDir(), 1); err == nil {
+		t.Error("keep 1 accepted")
+	}
+}

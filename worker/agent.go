@@ -341,6 +341,22 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	}
 }
 
+// jobDir is where this agent keeps a job's plan files and, without a
+// shared checkpoint directory, its ranks' GPUCOORD_CHECKPOINT_DIR: under
+// the node's name, so agents sharing a work directory never share it.
+func (a *Agent) jobDir(job string) string { return filepath.Join(a.cfg.WorkDir, job, a.cfg.Name) }
+
+// removeJobDir removes this agent's directory of job, and the job's
+// directory when no other agent's is left in it.
+func (a *Agent) removeJobDir(job string) {
+	if err := os.RemoveAll(a.jobDir(job)); err != nil {
+		a.log.Warn("removing the job's files", "job", job, "err", err)
+		return
+	}
+	os.Remove(filepath.Join(a.cfg.WorkDir, job)) // fails, as it should, while not empty
+	a.log.Info("job files removed", "job", job, "dir", a.jobDir(job))
+}
+
 // node is what a rank's environment says of this node.
 func (a *Agent) node() NodeEnv {
 	return NodeEnv{Name: a.cfg.Name, Network: a.net, Devices: a.cfg.Devices}
@@ -454,7 +470,13 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 	r.life.Lock()
 	defer r.life.Unlock()
 	if r.cur != nil && (asg.Job != r.cur.Job || asg.Generation.GetNumber() != r.cur.Generation.GetNumber()) {
+		old := r.cur.Job
 		r.stopLocked()
+		if asg.Job != old {
+			// The node is done with the job (it ended, or went on
+			// without this node): its plan and scratch files go.
+			r.agent.removeJobDir(old)
+		}
 	}
 	if asg.Job == "" {
 		return
@@ -655,11 +677,11 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 		a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 2, Error: err.Error()})
 		return
 	}
-	dir := filepath.Join(a.cfg.WorkDir, asg.Job, "gen-"+strconv.FormatInt(asg.Generation.GetNumber(), 10))
+	dir := filepath.Join(a.jobDir(asg.Job), "gen-"+strconv.FormatInt(asg.Generation.GetNumber(), 10))
 	defer os.RemoveAll(dir) // the plan file is this generation's alone
 	ckpt := shared
 	if ckpt == "" {
-		ckpt = filepath.Join(a.cfg.WorkDir, asg.Job, "checkpoints")
+		ckpt = filepath.Join(a.jobDir(asg.Job), "checkpoints")
 	}
 	planPath := filepath.Join(dir, "plan.json")
 	if err := writePlan(planPath, asg); err != nil {

@@ -65,6 +65,7 @@ func NativeConfig(asg *pb.Assignment) (*engine.Config, error) {
 	cfg.CheckpointDir, cfg.CheckpointEvery = spec.GetCheckpointDir(), int(spec.GetCheckpointEvery())
 	cfg.Resume = int(asg.Generation.GetResumeStep())
 	cfg.Generation = asg.Generation.GetNumber()
+	cfg.KeepCheckpoints = int(spec.GetKeepCheckpoints())
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"gpucoord/coordinator"
+	"gpucoord/internal/gossip"
 	pb "gpucoord/proto/gpucoordpb"
 	"gpucoord/worker"
 )
@@ -137,7 +138,7 @@ func defaultDataDir() string {
 
 func newCoordinatorCmd() *cobra.Command {
 	cfg := coordinator.DefaultConfig()
-	var etcd string
+	var etcd, profile string
 	var tok tokenFlags
 	var logs logFlags
 	cmd := &cobra.Command{
@@ -161,6 +162,9 @@ Outside loopback a join token is required (--token-file, GPUCOORD_TOKEN or
 			}
 			if etcd != "" {
 				cfg.Etcd.Endpoints = strings.Split(etcd, ",")
+			}
+			if err := applyGossipProfile(c, profile, &cfg.GossipTuning); err != nil {
+				return usageError(err)
 			}
 			co, err := coordinator.New(c.Context(), cfg)
 			if err != nil {
@@ -194,6 +198,7 @@ Outside loopback a join token is required (--token-file, GPUCOORD_TOKEN or
 	fl.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "a node's lease: how long a silent node stays in the pool")
 	fl.DurationVar(&cfg.ElectionTTL, "election-ttl", cfg.ElectionTTL, "the leader's session: how soon a standby takes over")
 	fl.StringVar(&cfg.Gossip, "gossip", cfg.Gossip, "address of this coordinator's member of the failure-detection pool, TCP and UDP (default: the --listen host, a free port)")
+	fl.StringVar(&profile, "gossip-profile", "lan", "failure-detection tuning: lan (a dead node found in about a second) or wan (memberlist's WAN settings, for round trips of hundreds of ms); --probe-interval, --probe-timeout and --suspicion-mult override it")
 	fl.DurationVar(&cfg.GossipTuning.ProbeInterval, "probe-interval", cfg.GossipTuning.ProbeInterval, "gossip: how often each member probes another")
 	fl.DurationVar(&cfg.GossipTuning.ProbeTimeout, "probe-timeout", cfg.GossipTuning.ProbeTimeout, "gossip: how long a probe waits for its answer")
 	fl.IntVar(&cfg.GossipTuning.SuspicionMult, "suspicion-mult", cfg.GossipTuning.SuspicionMult, "gossip: probe intervals a suspect has to refute before it is declared dead")
@@ -262,6 +267,26 @@ the agent even when it is killed.`,
 	tok.register(cmd)
 	logs.register(cmd)
 	return cmd
+}
+
+// applyGossipProfile sets t to the named profile, keeping the tuning
+// flags given on the command line.
+func applyGossipProfile(c *cobra.Command, name string, t *gossip.Tuning) error {
+	p, err := gossip.Profile(name)
+	if err != nil {
+		return fmt.Errorf("--gossip-profile: %w", err)
+	}
+	fl := c.Flags()
+	if !fl.Changed("probe-interval") {
+		t.ProbeInterval = p.ProbeInterval
+	}
+	if !fl.Changed("probe-timeout") {
+		t.ProbeTimeout = p.ProbeTimeout
+	}
+	if !fl.Changed("suspicion-mult") {
+		t.SuspicionMult = p.SuspicionMult
+	}
+	return nil
 }
 
 // rankCmd is the hidden command an agent starts for each native-engine rank.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"gpucoord/internal/testcluster"
+	"gpucoord/sharding"
 )
 
 // The tests in this file run gpucoord as a real cluster does: each host in
@@ -75,17 +77,28 @@ func TestClusterNativeJob(t *testing.T) {
 	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
 	want := reference(t, b.exe, "testdata/mlp48.yaml")
 	b.coordinator(t, b.Host(1), b.local)
+	var workers []*proc
 	for _, h := range b.Hosts()[1:] {
 		w := b.worker(t, h, 2)
 		if !strings.Contains(w.output(), "host="+h.Addr) {
 			t.Errorf("%s registered with another address than its own %s:\n%s", h.Name, h.Addr, w.output())
 		}
+		workers = append(workers, w)
 	}
-	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2", "--json", "testdata/mlp48.yaml")
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2",
+		"--job-id", "native", "--json", "testdata/mlp48.yaml")
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
 	sameLosses(t, losses(t, p.output()), want)
+	// Each agent removes the job's files once the job has ended.
+	for i, w := range workers {
+		w.waitLine(t, "job files removed", time.Minute)
+		h := b.Host(i + 2)
+		if _, err := os.Stat(h.Path("/tmp/gpucoord-worker/native")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s keeps the job's directory (%v)", h.Name, err)
+		}
+	}
 }
 
 // TestClusterTorchDDP: examples/pytorch/ddp.py (gloo) on three hosts whose
@@ -142,6 +155,12 @@ func TestClusterCheckpointDirNotShared(t *testing.T) {
 	}
 	if n := len(losses(t, p.output())); n != 20 {
 		t.Errorf("%d steps, want 20", n)
+	}
+	// Of the checkpoints of steps 5, 10, 15 and 20, the last two are kept
+	// (--keep-checkpoints 2 by default).
+	if kept, _ := filepath.Glob(filepath.Join(b.Shared(), "tp0-of-1", "chunk0-of-1", "step-*")); len(kept) != 2 ||
+		filepath.Base(kept[0]) != filepath.Base(sharding.StepDir("", 15)) || filepath.Base(kept[1]) != filepath.Base(sharding.StepDir("", 20)) {
+		t.Errorf("checkpoints kept: %v, want steps 15 and 20", kept)
 	}
 }
 
@@ -379,5 +398,40 @@ func TestClusterAgentRestart(t *testing.T) {
 	p.waitLine(t, "msg=registered", time.Minute)
 	if n := strings.Count(p.output(), "still registered"); n != 1 {
 		t.Errorf("the wait was said %d times, want once:\n%s", n, p.output())
+	}
+}
+
+// TestClusterWAN: with 600 ms round trips between hosts and the wan gossip
+// profile, no healthy node is declared dead for two minutes while the
+// native job trains across them to the losses of train --np 1.
+func TestClusterWAN(t *testing.T) {
+	const (
+		steps  = 8
+		length = 2 * time.Minute
+	)
+	b := newBoxCluster(t, testcluster.Config{Hosts: 3, Relay: true})
+	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	for _, h := range b.Hosts() {
+		h.Delay(150 * time.Millisecond) // each way through each host's link: 4 x 150 ms between two hosts
+	}
+	start := time.Now()
+	co := b.coordinator(t, b.Host(1), b.local, "--gossip-profile", "wan", "--lease-ttl", "5s")
+	workers := []*proc{b.worker(t, b.Host(2), 2), b.worker(t, b.Host(3), 2)}
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2",
+		"--steps", strconv.Itoa(steps), "--json", "testdata/mlp48.yaml")
+	if code := p.wait(t, length); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	sameLosses(t, losses(t, p.output()), want)
+	time.Sleep(length - time.Since(start)) // the scenario's length: two minutes of delayed links
+	for _, bad := range []string{"failed its gossip probes", "node disconnected", "node lost"} {
+		if strings.Contains(co.output(), bad) {
+			t.Errorf("coordinator: %q at 600 ms round trips with the wan profile:\n%s", bad, co.output())
+		}
+	}
+	for i, w := range workers {
+		if n := strings.Count(w.output(), "msg=registered"); n != 1 {
+			t.Errorf("h%d registered %d times, want once:\n%s", i+2, n, w.output())
+		}
 	}
 }

@@ -36,23 +36,23 @@ import (
 func init() { subcommands = append(subcommands, newLaunchCmd, newStatusCmd) }
 
 type launchFlags struct {
-	standalone               bool
-	coordinator              string
-	tok                      tokenFlags
-	nodes, maxNodes, gpus    int
-	tp, pp, dp, vpp, zero    int
-	schedule, order          string
-	steps                    int
-	seed                     uint64
-	json, dryRun             bool
-	hostfile, jobID, dataDir string
-	rendezvous, lastCall     time.Duration
-	maxRestarts              int
-	env                      []string
-	workdir                  string
-	minNodes, ckptEvery      int
-	ckptDir                  string
-	evictStragglers          bool
+	standalone                     bool
+	coordinator                    string
+	tok                            tokenFlags
+	nodes, maxNodes, gpus          int
+	tp, pp, dp, vpp, zero          int
+	schedule, order                string
+	steps                          int
+	seed                           uint64
+	json, dryRun                   bool
+	hostfile, jobID, dataDir       string
+	rendezvous, lastCall           time.Duration
+	maxRestarts                    int
+	env                            []string
+	workdir                        string
+	minNodes, ckptEvery, keepCkpts int
+	ckptDir                        string
+	evictStragglers                bool
 }
 
 func newLaunchCmd() *cobra.Command {
@@ -129,6 +129,7 @@ with that rank named.`,
 	fl.BoolVar(&f.evictStragglers, "evict-stragglers", false, "treat a node with a straggling rank (2x the median compute time for 3 windows) as failed: the job goes on without it")
 	fl.IntVar(&f.minNodes, "min-nodes", 0, "after a node is lost, go on with as few as this many nodes (default --nodes: no shrinking)")
 	fl.IntVar(&f.ckptEvery, "checkpoint-every", 0, "native: commit a sharded checkpoint every N steps (and after the last); a new generation resumes from the last")
+	fl.IntVar(&f.keepCkpts, "keep-checkpoints", 2, "native: committed checkpoint steps kept; older ones are removed after each commit (0 keeps every one)")
 	fl.StringVar(&f.ckptDir, "checkpoint-dir", "", "where checkpoints go: a directory every node mounts, checked at every generation (default with --standalone: a directory under the temporary directory, removed when launch ends; else none: a native job keeps no checkpoints and a program's GPUCOORD_CHECKPOINT_DIR is a directory of its node's own)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE added to every rank's environment (repeatable)")
 	fl.StringVar(&f.workdir, "workdir", "", "directory the ranks start in; must exist on every node (default: this directory)")
@@ -152,7 +153,10 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		Tp: int32(f.tp), Pp: int32(f.pp), Dp: int32(f.dp), Vpp: int32(f.vpp), Zero: int32(f.zero), Schedule: f.schedule,
 		Order: f.order, RendezvousTimeoutMs: f.rendezvous.Milliseconds(), LastCallMs: f.lastCall.Milliseconds(),
 		MaxRestarts: int32(f.maxRestarts), Env: map[string]string{}, MinNodes: int32(f.minNodes), CheckpointEvery: int32(f.ckptEvery),
-		CheckpointDir: f.ckptDir, EvictStragglers: f.evictStragglers}
+		CheckpointDir: f.ckptDir, EvictStragglers: f.evictStragglers, KeepCheckpoints: int32(f.keepCkpts)}
+	if f.keepCkpts < 0 || f.keepCkpts == 1 {
+		return nil, fmt.Errorf("--keep-checkpoints %d: want 0 (every one) or at least 2 (the step the coordinator recorded may be one behind the newest)", f.keepCkpts)
+	}
 	if f.minNodes < 0 || f.minNodes > f.nodes && f.hostfile == "" || f.ckptEvery < 0 || f.maxRestarts < 0 {
 		return nil, fmt.Errorf("--min-nodes %d (at most --nodes), --checkpoint-every %d and --max-restarts %d must not be negative", f.minNodes, f.ckptEvery, f.maxRestarts)
 	}
@@ -163,6 +167,8 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		spec.CheckpointDir = filepath.Join(os.TempDir(), "gpucoord-checkpoints", id)
 	case spec.CheckpointDir == "" && f.ckptEvery > 0:
 		return nil, errors.New("--checkpoint-every needs --checkpoint-dir: a directory every node mounts (checkpoints are not yet copied between nodes)")
+	case spec.CheckpointDir == "" && f.maxRestarts > 0 && c.ArgsLenAtDash() >= 0:
+		return nil, errors.New("--max-restarts for a program needs --checkpoint-dir, a directory every node mounts: a restarted program whose ranks found their checkpoints each on its own node would resume them at different steps")
 	case spec.CheckpointDir != "" && !filepath.IsAbs(spec.CheckpointDir):
 		if spec.CheckpointDir, err = filepath.Abs(spec.CheckpointDir); err != nil {
 			return nil, err

@@ -443,6 +443,9 @@ func TestLaunchBadInput(t *testing.T) {
 		{[]string{"--standalone", "--hostfile", hosts, job}, "slots=2 but earlier hosts have 4"},
 		{[]string{"--standalone", "--nodes", "1", "--gpus-per-node", "1", "--steps", "3", "--", "true"}, "--steps is for native-engine jobs"},
 		{[]string{"--standalone", "--nodes", "1", "--gpus-per-node", "1"}, "give one job file"},
+		{[]string{"--coordinator", "127.0.0.1:1", "--nodes", "2", "--gpus-per-node", "1", "--checkpoint-every", "5", job}, "--checkpoint-every needs --checkpoint-dir"},
+		{[]string{"--coordinator", "127.0.0.1:1", "--nodes", "2", "--gpus-per-node", "1", "--max-restarts", "1", "--", "true"}, "--max-restarts for a program needs --checkpoint-dir"},
+		{[]string{"--standalone", "--nodes", "1", "--gpus-per-node", "1", "--keep-checkpoints", "1", job}, "--keep-checkpoints 1"},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -37,6 +37,26 @@ func DefaultTuning() Tuning {
 	return Tuning{ProbeInterval: 200 * time.Millisecond, ProbeTimeout: 100 * time.Millisecond, SuspicionMult: 3}
 }
 
+// Profiles are the named tunings: "lan", DefaultTuning (a dead member
+// found in about a second where round trips take a millisecond), and
+// "wan", memberlist's WAN settings (probe every 5 s, 3 s for an ack,
+// suspicion 6), for round trips of hundreds of milliseconds, at the cost
+// of finding a dead member in tens of seconds (the lease still finds one
+// that stopped renewing within its TTL).
+var Profiles = map[string]Tuning{
+	"lan": DefaultTuning(),
+	"wan": {ProbeInterval: 5 * time.Second, ProbeTimeout: 3 * time.Second, SuspicionMult: 6},
+}
+
+// Profile returns the tuning named name (Profiles).
+func Profile(name string) (Tuning, error) {
+	t, ok := Profiles[name]
+	if !ok {
+		return Tuning{}, fmt.Errorf("gossip profile %q: want lan or wan", name)
+	}
+	return t, nil
+}
+
 // Validate names the first field that cannot work.
 func (t Tuning) Validate() error {
 	if t.ProbeInterval < 10*time.Millisecond || t.ProbeTimeout <= 0 || t.ProbeTimeout >= t.ProbeInterval || t.SuspicionMult < 1 {

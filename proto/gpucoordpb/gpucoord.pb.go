@@ -470,6 +470,9 @@ type JobSpec struct {
 	// evict_stragglers treats a straggler's node as failed: the job goes on
 	// without it (within max_restarts).
 	EvictStragglers bool `protobuf:"varint,25,opt,name=evict_stragglers,json=evictStragglers,proto3" json:"evict_stragglers,omitempty"`
+	// keep_checkpoints is how many committed checkpoint steps a native job
+	// keeps; older ones are removed after each commit. 0 keeps every one.
+	KeepCheckpoints int32 `protobuf:"varint,26,opt,name=keep_checkpoints,json=keepCheckpoints,proto3" json:"keep_checkpoints,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -677,6 +680,13 @@ func (x *JobSpec) GetEvictStragglers() bool {
 		return x.EvictStragglers
 	}
 	return false
+}
+
+func (x *JobSpec) GetKeepCheckpoints() int32 {
+	if x != nil {
+		return x.KeepCheckpoints
+	}
+	return 0
 }
 
 // Member is a node of a generation and the global ranks it runs.
@@ -2458,7 +2468,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x0esuspicion_mult\x18\x04 \x01(\x05R\rsuspicionMult\"=\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\xa1\x06\n" +
+	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\xcc\x06\n" +
 	"\aJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\x12\x1b\n" +
@@ -2488,7 +2498,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\fglobal_batch\x18\x17 \x01(\x05R\vglobalBatch\x12\x1f\n" +
 	"\vmicro_batch\x18\x18 \x01(\x05R\n" +
 	"microBatch\x12)\n" +
-	"\x10evict_stragglers\x18\x19 \x01(\bR\x0fevictStragglers\x1a6\n" +
+	"\x10evict_stragglers\x18\x19 \x01(\bR\x0fevictStragglers\x12)\n" +
+	"\x10keep_checkpoints\x18\x1a \x01(\x05R\x0fkeepCheckpoints\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"e\n" +

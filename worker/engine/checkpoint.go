@@ -83,6 +83,9 @@ func (r *Rank) Checkpoint(ctx context.Context, root string, steps int) error {
 			if err := sharding.Commit(ctx, croot, int64(steps), cs.part, infos); err != nil {
 				return fmt.Errorf("engine: checkpoint of step %d: %w", steps, err)
 			}
+			if _, err := sharding.Prune(ctx, croot, r.cfg.KeepCheckpoints); err != nil {
+				return fmt.Errorf("engine: checkpoint of step %d: %w", steps, err)
+			}
 		}
 	}
 	if r.dp > 1 {

@@ -48,6 +48,10 @@ type Config struct {
 	// with the next step. Data and Adam's step count depend only on the
 	// step, so the run continues as if it had not stopped.
 	Resume int
+	// KeepCheckpoints is how many committed checkpoint steps stay in
+	// CheckpointDir: after each commit older ones are removed
+	// (sharding.Prune). 0 keeps every one; otherwise at least 2.
+	KeepCheckpoints int
 	// Generation, when above 0, fences the checkpoints: world rank 0 raises
 	// CheckpointDir's fence to it before the first step, and every
 	// checkpoint write first checks that no later generation has started
@@ -95,6 +99,8 @@ func (c *Config) Validate() error {
 		return bad("ZeRO stage %d: want 0, 1, 2 or 3", c.Zero)
 	case c.CheckpointEvery < 0 || c.Resume < 0 || c.Resume > c.Job.Steps:
 		return bad("checkpoint every %d and resume after %d steps: want both >= 0 and resume <= steps %d", c.CheckpointEvery, c.Resume, c.Job.Steps)
+	case c.KeepCheckpoints < 0 || c.KeepCheckpoints == 1:
+		return bad("keep %d checkpoints: want 0 (every one) or at least 2", c.KeepCheckpoints)
 	case c.CheckpointDir == "" && (c.CheckpointEvery > 0 || c.Resume > 0):
 		return bad("checkpointing and resuming need a checkpoint directory")
 	case m.Hidden%c.TP != 0:
