@@ -449,10 +449,13 @@ type runner struct {
 	cur    *pb.Assignment // what runs now; nil for nothing
 	cancel context.CancelFunc
 	done   chan struct{}
-	// started is the last generation of each job this agent started:
-	// a generation is run once; if its ranks were stopped while it went on
+	// started is the job and generation this agent started last: a
+	// generation is run once; if its ranks were stopped while it went on
 	// (fenced), its assignment coming back is answered with their failure.
-	started map[string]int64
+	started struct {
+		job string
+		gen int64
+	}
 	// fenced is the job and generation whose ranks the lease fence stopped.
 	fenced  *pb.Assignment
 	masters chan *pb.Bootstrap // hands the master address and probe to a run waiting for them
@@ -481,7 +484,7 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 	if asg.Job == "" {
 		return
 	}
-	if r.cur == nil && asg.Generation.GetNumber() <= r.started[asg.Job] {
+	if r.cur == nil && asg.Job == r.started.job && asg.Generation.GetNumber() <= r.started.gen {
 		r.refuseRestart(ctx, asg)
 		return
 	}
@@ -493,10 +496,7 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 		return
 	}
 	r.cur = proto.Clone(asg).(*pb.Assignment)
-	if r.started == nil {
-		r.started = map[string]int64{}
-	}
-	r.started[asg.Job] = asg.Generation.GetNumber()
+	r.started.job, r.started.gen = asg.Job, asg.Generation.GetNumber()
 	// The ranks outlive the agent's context: when the agent is told to
 	// stop, Run first lets them checkpoint (preempt), then stops them.
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))

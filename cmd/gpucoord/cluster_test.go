@@ -70,20 +70,39 @@ func (b *boxCluster) worker(t *testing.T, h *testcluster.Host, gpus int, args ..
 	return p
 }
 
+// pool starts the coordinator on h1 and a 2-slot agent on every other
+// host, and returns the coordinator and the agents (h2 first).
+func (b *boxCluster) pool(t *testing.T) (*proc, []*proc) {
+	t.Helper()
+	co := b.coordinator(t, b.Host(1), b.local)
+	var workers []*proc
+	for _, h := range b.Hosts()[1:] {
+		workers = append(workers, b.worker(t, h, 2))
+	}
+	return co, workers
+}
+
+// elasticJob launches, from h1, the native job with tp 2 on 3 nodes of 2
+// ranks that goes on down to 2 nodes, checkpointing every every steps in
+// the shared directory, for steps steps.
+func (b *boxCluster) elasticJob(t *testing.T, every, steps int) *proc {
+	t.Helper()
+	return b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2",
+		"--min-nodes", "2", "--max-restarts", "2", "--checkpoint-every", strconv.Itoa(every), "--checkpoint-dir", b.Shared(),
+		"--steps", strconv.Itoa(steps), "--json", "testdata/mlp48.yaml")
+}
+
 // TestClusterNativeJob: the native job with tp 2 on three hosts, each
 // agent started without --advertise-addr, trains every step to the loss of
 // train --np 1.
 func TestClusterNativeJob(t *testing.T) {
 	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
 	want := reference(t, b.exe, "testdata/mlp48.yaml")
-	b.coordinator(t, b.Host(1), b.local)
-	var workers []*proc
-	for _, h := range b.Hosts()[1:] {
-		w := b.worker(t, h, 2)
-		if !strings.Contains(w.output(), "host="+h.Addr) {
+	_, workers := b.pool(t)
+	for i, w := range workers {
+		if h := b.Host(i + 2); !strings.Contains(w.output(), "host="+h.Addr) {
 			t.Errorf("%s registered with another address than its own %s:\n%s", h.Name, h.Addr, w.output())
 		}
-		workers = append(workers, w)
 	}
 	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2",
 		"--job-id", "native", "--json", "testdata/mlp48.yaml")
@@ -110,11 +129,7 @@ func TestClusterTorchDDP(t *testing.T) {
 		t.Fatalf("%s cannot import torch (make deps installs python3-torch): %v", py, err)
 	}
 	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
-	b.coordinator(t, b.Host(1), b.local)
-	var workers []*proc
-	for _, h := range b.Hosts()[1:] {
-		workers = append(workers, b.worker(t, h, 2))
-	}
+	_, workers := b.pool(t)
 	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--", py, "../../examples/pytorch/ddp.py")
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
@@ -133,10 +148,7 @@ func TestClusterTorchDDP(t *testing.T) {
 // the same job with a directory every host mounts runs.
 func TestClusterCheckpointDirNotShared(t *testing.T) {
 	b := newBoxCluster(t, testcluster.Config{Hosts: 3, Shared: true})
-	b.coordinator(t, b.Host(1), b.local)
-	for _, h := range b.Hosts()[1:] {
-		b.worker(t, h, 2)
-	}
+	b.pool(t)
 	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--checkpoint-dir", "/tmp/ckpt",
 		"--checkpoint-every", "5", "--json", "testdata/mlp48.yaml")
 	if code := p.wait(t, 2*time.Minute); code == 0 {
@@ -169,10 +181,7 @@ func TestClusterCheckpointDirNotShared(t *testing.T) {
 // Python traceback), not a rank stopped because of it.
 func TestClusterFailureCause(t *testing.T) {
 	b := newBoxCluster(t, testcluster.Config{Hosts: 3})
-	b.coordinator(t, b.Host(1), b.local)
-	for _, h := range b.Hosts()[1:] {
-		b.worker(t, h, 2)
-	}
+	b.pool(t)
 	script := `if [ "$RANK" = 3 ]; then exec /usr/bin/python3 -c 'raise RuntimeError("boom on rank 3")'; fi; exec sleep 60`
 	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--job-id", "boom", "--", "/bin/sh", "-c", script)
 	if code := p.wait(t, 2*time.Minute); code != 1 {
@@ -232,15 +241,10 @@ func TestClusterHostLost(t *testing.T) {
 			const steps = 150
 			b := newBoxCluster(t, testcluster.Config{Hosts: 5, Shared: true})
 			want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
-			b.coordinator(t, b.Host(1), b.local)
 			// h5 is a spare: the rendezvous takes the first three by name.
-			var spare *proc
-			for _, h := range b.Hosts()[1:] {
-				spare = b.worker(t, h, 2)
-			}
-			p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2",
-				"--min-nodes", "2", "--max-restarts", "2", "--checkpoint-every", "1", "--checkpoint-dir", b.Shared(),
-				"--steps", strconv.Itoa(steps), "--json", "testdata/mlp48.yaml")
+			_, workers := b.pool(t)
+			spare := workers[3]
+			p := b.elasticJob(t, 1, steps)
 			p.waitLine(t, `{"step":10,`, time.Minute)
 			lost := b.Host(3)
 			cut := time.Now()
@@ -283,20 +287,14 @@ func TestClusterPartition(t *testing.T) {
 	)
 	b := newBoxCluster(t, testcluster.Config{Hosts: 5, Shared: true})
 	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
-	b.coordinator(t, b.Host(1), b.local)
-	workers := map[string]*proc{}
-	for _, h := range b.Hosts()[1:] {
-		workers[h.Name] = b.worker(t, h, 2)
-	}
-	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2",
-		"--min-nodes", "2", "--max-restarts", "2", "--checkpoint-every", "10", "--checkpoint-dir", b.Shared(),
-		"--steps", strconv.Itoa(steps), "--json", "testdata/mlp48.yaml")
+	_, workers := b.pool(t)
+	p := b.elasticJob(t, 10, steps)
 	p.waitLine(t, `{"step":20,`, time.Minute)
 	h3 := b.Host(3)
 	cutAt := time.Now()
 	h3.Cut()
-	workers["h3"].waitLine(t, "lease deadline passed with no coordinator renewing it: stopping ranks", 30*time.Second)
-	workers["h3"].waitLine(t, "ranks stopped", 30*time.Second)
+	workers[1].waitLine(t, "lease deadline passed with no coordinator renewing it: stopping ranks", 30*time.Second)
+	workers[1].waitLine(t, "ranks stopped", 30*time.Second)
 	gone := time.Since(cutAt)
 	p.waitLine(t, `"generation":2,"dp":3}`, time.Minute)
 	resumed := time.Since(cutAt)
@@ -307,7 +305,7 @@ func TestClusterPartition(t *testing.T) {
 	}
 	time.Sleep(cut - time.Since(cutAt)) // the partition's length is the scenario, not a synchronisation
 	h3.Heal()
-	workers["h3"].waitLine(t, "registered", time.Minute)
+	workers[1].waitLine(t, "registered", time.Minute)
 	if code := p.wait(t, 5*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
@@ -317,7 +315,7 @@ func TestClusterPartition(t *testing.T) {
 	if !strings.Contains(st.output(), "  h3 ") {
 		t.Errorf("h3 is not back in the pool after the heal:\n%s", st.output())
 	}
-	if n := strings.Count(workers["h3"].output(), "starting ranks"); n != 1 {
+	if n := strings.Count(workers[1].output(), "starting ranks"); n != 1 {
 		t.Errorf("h3 started ranks %d times, want once (its generation must not be restarted there)", n)
 	}
 }

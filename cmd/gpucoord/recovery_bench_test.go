@@ -67,19 +67,18 @@ func TestRecoveryTimes(t *testing.T) {
 // generation 2.
 func recoveryRun(t *testing.T, fault string, oneHost bool) (detect, resume time.Duration) {
 	b := newBoxCluster(t, testcluster.Config{Hosts: 5, Shared: true})
-	co := b.coordinator(t, b.Host(1), b.local)
+	var co *proc
 	var workers []*proc
-	for i, h := range b.Hosts()[1:] {
-		if oneHost {
+	if oneHost {
+		co = b.coordinator(t, b.Host(1), b.local)
+		for i := range 4 {
 			name := "n" + strconv.Itoa(i+1)
 			workers = append(workers, b.worker(t, b.Host(2), 2, "--name", name, "--work-dir", filepath.Join("/tmp", name)))
-		} else {
-			workers = append(workers, b.worker(t, h, 2))
 		}
+	} else {
+		co, workers = b.pool(t)
 	}
-	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2",
-		"--min-nodes", "2", "--max-restarts", "2", "--checkpoint-every", "1", "--checkpoint-dir", b.Shared(),
-		"--steps", "400", "--json", "testdata/mlp48.yaml")
+	p := b.elasticJob(t, 1, 400)
 	p.waitLine(t, `{"step":10,`, time.Minute)
 	victim := workers[1]
 	at := time.Now()
