@@ -154,7 +154,15 @@ func New(cfg *Config) (*Agent, error) {
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("worker: instance id: %w", err)
 	}
-	nw, err := ResolveNetwork(context.Background(), cfg.Host, cfg.Bind, cfg.Iface, cfg.Coordinators[0])
+	// The first coordinator whose route can be found says which address
+	// this node advertises.
+	var nw Network
+	var err error
+	for _, c := range cfg.Coordinators {
+		if nw, err = ResolveNetwork(context.Background(), cfg.Host, cfg.Bind, cfg.Iface, c); err == nil {
+			break
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
