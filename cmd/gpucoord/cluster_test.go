@@ -19,7 +19,9 @@ import (
 // The tests in this file run gpucoord as a real cluster does: each host in
 // its own network namespace with its own address and its own /tmp
 // (internal/testcluster), the coordinator on h1 and an agent on each other
-// host, started without address flags.
+// host, started without address flags. The files the hosts read are
+// installed where every host sees them: the test's own directory may be
+// under /tmp, which each host replaces with its own.
 
 // clusterToken is the join token of the test clusters; a coordinator off
 // loopback needs one.
@@ -29,6 +31,7 @@ const clusterToken = "cluster-in-a-box"
 type boxCluster struct {
 	*testcluster.Cluster
 	exe   string
+	job   string // testdata/mlp48.yaml, where every host reads it
 	coord string // the coordinator's address on h1, by name, as other hosts dial it
 	local string // its address as h1 itself dials it (h1's own name resolves to loopback there)
 }
@@ -40,7 +43,8 @@ func newBoxCluster(t *testing.T, cfg testcluster.Config) *boxCluster {
 	}
 	exe := buildBinary(t)
 	c := testcluster.New(t, cfg)
-	return &boxCluster{Cluster: c, exe: c.Install(exe), coord: "h1:7070", local: net.JoinHostPort(c.Host(1).Addr, "7070")}
+	return &boxCluster{Cluster: c, exe: c.Install(exe), job: c.Install("testdata/mlp48.yaml"), coord: "h1:7070",
+		local: net.JoinHostPort(c.Host(1).Addr, "7070")}
 }
 
 // run starts gpucoord args on h.
@@ -89,7 +93,7 @@ func (b *boxCluster) elasticJob(t *testing.T, every, steps int) *proc {
 	t.Helper()
 	return b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2",
 		"--min-nodes", "2", "--max-restarts", "2", "--checkpoint-every", strconv.Itoa(every), "--checkpoint-dir", b.Shared(),
-		"--steps", strconv.Itoa(steps), "--json", "testdata/mlp48.yaml")
+		"--steps", strconv.Itoa(steps), "--json", b.job)
 }
 
 // TestClusterNativeJob: the native job with tp 2 on three hosts, each
@@ -105,7 +109,7 @@ func TestClusterNativeJob(t *testing.T) {
 		}
 	}
 	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2",
-		"--job-id", "native", "--json", "testdata/mlp48.yaml")
+		"--job-id", "native", "--json", b.job)
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
@@ -130,7 +134,7 @@ func TestClusterTorchDDP(t *testing.T) {
 	}
 	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
 	_, workers := b.pool(t)
-	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--", py, "../../examples/pytorch/ddp.py")
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--", py, b.Install("../../examples/pytorch/ddp.py"))
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
@@ -150,7 +154,7 @@ func TestClusterCheckpointDirNotShared(t *testing.T) {
 	b := newBoxCluster(t, testcluster.Config{Hosts: 3, Shared: true})
 	b.pool(t)
 	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--checkpoint-dir", "/tmp/ckpt",
-		"--checkpoint-every", "5", "--json", "testdata/mlp48.yaml")
+		"--checkpoint-every", "5", "--json", b.job)
 	if code := p.wait(t, 2*time.Minute); code == 0 {
 		t.Fatalf("launch with a directory of each host's own succeeded:\n%s", p.output())
 	}
@@ -161,7 +165,7 @@ func TestClusterCheckpointDirNotShared(t *testing.T) {
 		t.Errorf("steps were trained before the refusal:\n%s", p.output())
 	}
 	p = b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--checkpoint-dir", b.Shared(),
-		"--checkpoint-every", "5", "--json", "testdata/mlp48.yaml")
+		"--checkpoint-every", "5", "--json", b.job)
 	if code := p.wait(t, 2*time.Minute); code != 0 {
 		t.Fatalf("launch with a shared directory exited %d:\n%s", code, p.output())
 	}
@@ -219,7 +223,7 @@ func TestClusterIPv6(t *testing.T) {
 	if !strings.Contains(bad.output(), "this node would listen on 127.0.1.1, a loopback address (advertised as h4), but reaches coordinator [2001:db8::11]:7070 over the network from 2001:db8::14") {
 		t.Errorf("the refusal does not say why:\n%s", bad.output())
 	}
-	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--json", "testdata/mlp48.yaml")
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--json", b.job)
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
@@ -354,7 +358,7 @@ func TestClusterCoordinatorFailover(t *testing.T) {
 			workers := []*proc{b.worker(t, b.Host(4), 2), b.worker(t, b.Host(5), 2)}
 			both := net.JoinHostPort(b.Host(2).Addr, "7070") + "," + net.JoinHostPort(b.Host(3).Addr, "7070")
 			p := b.run(t, h1, "launch", "--coordinator", both, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2",
-				"--checkpoint-every", "10", "--checkpoint-dir", b.Shared(), "--steps", strconv.Itoa(steps), "--json", "testdata/mlp48.yaml")
+				"--checkpoint-every", "10", "--checkpoint-dir", b.Shared(), "--steps", strconv.Itoa(steps), "--json", b.job)
 			p.waitLine(t, `{"step":20,`, time.Minute)
 			if how == "killed" {
 				b.Host(2).Kill()
@@ -416,7 +420,7 @@ func TestClusterWAN(t *testing.T) {
 	co := b.coordinator(t, b.Host(1), b.local, "--gossip-profile", "wan", "--lease-ttl", "5s")
 	workers := []*proc{b.worker(t, b.Host(2), 2), b.worker(t, b.Host(3), 2)}
 	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2",
-		"--steps", strconv.Itoa(steps), "--json", "testdata/mlp48.yaml")
+		"--steps", strconv.Itoa(steps), "--json", b.job)
 	if code := p.wait(t, length); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}

@@ -107,7 +107,7 @@ func usable() error {
 }
 
 func (c *Cluster) make(cfg Config) error {
-	if err := os.MkdirAll(c.dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(c.dir, "files"), 0o755); err != nil {
 		return err
 	}
 	if err := run("ip", "netns", "add", c.bridge); err != nil {
@@ -192,11 +192,13 @@ func (c *Cluster) Host(i int) *Host { return c.hosts[i-1] }
 // Config.Shared.
 func (c *Cluster) Shared() string { return c.shared }
 
-// Install copies the file at path (a binary the test built) to where every
-// host can run it, and returns the path to run it by.
+// Install copies the file at path (a binary the test built, a file a
+// program reads) to the directory every host sees, where the hosts'
+// processes start, and returns its path there. The test's own files may be
+// under /tmp, which every host replaces with its own.
 func (c *Cluster) Install(path string) string {
 	c.t.Helper()
-	dst := filepath.Join(c.dir, "bin", filepath.Base(path))
+	dst := filepath.Join(c.dir, "files", filepath.Base(path))
 	if err := copyFile(path, dst); err != nil {
 		c.t.Fatalf("testcluster: install %s: %v", path, err)
 	}
@@ -229,14 +231,16 @@ func copyFile(src, dst string) error {
 
 // Command returns the command name args run on h: in its network
 // namespace, with its own /tmp, /etc/hosts and host name, HOME=/tmp/home
-// and TMPDIR=/tmp. Paths name files as the host sees them (Install's, the
-// shared directory's, or the host's own /tmp). The process dies with the
+// and TMPDIR=/tmp, started in the directory of Install's files. Paths name
+// files as the host sees them (Install's, the shared directory's, or the
+// host's own /tmp). The process dies with the
 // test process (SIGKILL on parent death); append to Env, do not replace it.
 func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	const script = `mount --bind "$1" /tmp && mount --bind "$2" /etc/hosts && hostname "$3" && shift 3 && exec "$@"`
 	argv := append([]string{"--net=/run/netns/" + h.ns, "--", "unshare", "--mount", "--uts", "--propagation", "private", "--",
 		"/bin/sh", "-c", script, "sh", h.tmp, h.hosts, h.Name, name}, args...)
 	cmd := exec.CommandContext(ctx, "nsenter", argv...)
+	cmd.Dir = filepath.Join(h.c.dir, "files")
 	cmd.Env = append(os.Environ(), "HOME=/tmp/home", "TMPDIR=/tmp")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	return cmd
