@@ -276,24 +276,19 @@ func (a *Agent) fence(ctx context.Context, run *runner) {
 		a.mu.Lock()
 		deadline := a.deadline
 		a.mu.Unlock()
-		if deadline.IsZero() {
-			t.Reset(time.Hour)
-		} else {
-			t.Reset(time.Until(deadline))
+		var expired <-chan time.Time // nil once passed: only a renewal is waited for
+		if left := time.Until(deadline); !deadline.IsZero() && left > 0 {
+			t.Reset(left)
+			expired = t.C
+		} else if !deadline.IsZero() && run.active() {
+			a.log.Error("lease deadline passed with no coordinator renewing it: stopping ranks", "deadline", deadline.Format(time.RFC3339Nano))
+			run.fence()
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-a.renewed:
-			continue
-		case <-t.C:
-		}
-		a.mu.Lock()
-		passed := !a.deadline.IsZero() && !time.Now().Before(a.deadline)
-		a.mu.Unlock()
-		if passed && run.active() {
-			a.log.Error("lease deadline passed with no coordinator renewing it: stopping ranks", "deadline", deadline.Format(time.RFC3339Nano))
-			run.fence()
+		case <-expired:
 		}
 	}
 }
