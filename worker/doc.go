@@ -14,9 +14,17 @@
 // Ranks run in their own process groups with a parent-death signal, so
 // they die with the agent even when it is killed with SIGKILL. They are
 // stopped with SIGTERM, then SIGKILL after Config.Grace, when their
-// generation ends, when the agent stops, or when no coordinator has
-// answered for twice the lease TTL. The agent moves between coordinators
-// without stopping its ranks.
+// generation ends, when the agent stops, or when the node's lease
+// deadline passes: the last renewal a coordinator sent on the Watch stream
+// plus the lease TTL (the fence: after it, the coordinator may have given
+// the ranks to another node). The agent moves between coordinators without
+// stopping its ranks, and never starts a generation it already ran.
+//
+// # Addresses
+//
+// ResolveNetwork finds what the node advertises (the address that routes
+// to a coordinator, unless told), what its listeners bind and the
+// interface gloo and NCCL are pointed at.
 //
 // The agent never imports package coordinator: they meet in gpucoordpb.
 package worker

@@ -224,8 +224,14 @@ per local rank when a job's generation includes the node: the native engine,
 or the job's command with torchrun's environment. Rank output is streamed
 here, each line tagged [node rRANK tpT ppP dpD]. Ranks are stopped with
 SIGTERM, then SIGKILL after --grace, when the job ends, when the agent is
-told to stop (SIGINT/SIGTERM) or when no coordinator answers; they die with
-the agent even when it is killed.`,
+told to stop (SIGINT/SIGTERM) or when no coordinator has renewed the node's
+lease for its TTL; they die with the agent even when it is killed.
+
+No address flag is needed: the node advertises the address of the
+interface that routes to the coordinator (--iface or --advertise-addr to
+choose another, --bind where NAT or a container runtime makes the local
+address differ), and its ranks get GLOO_SOCKET_IFNAME and
+NCCL_SOCKET_IFNAME for that interface unless already set.`,
 		Example: `  gpucoord worker --coordinator coord-0:7070 --gpus 8 --token-file /etc/gpucoord/token
   gpucoord worker --coordinator coord-0:7070,coord-1:7070 --gpus 8 --iface ib0 --token-file /etc/gpucoord/token`,
 		Args: cobra.NoArgs,
