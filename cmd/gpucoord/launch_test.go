@@ -55,7 +55,9 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	scanned := make(chan struct{})
 	go func() {
+		defer close(scanned)
 		sc := bufio.NewScanner(r)
 		for sc.Scan() {
 			p.mu.Lock()
@@ -66,10 +68,14 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
 			default:
 			}
 		}
+		io.Copy(io.Discard, r) // past a line too long to scan, so the process never blocks writing
 	}()
 	go func() {
 		p.err = p.cmd.Wait()
 		w.Close()
+		// The process is gone, but the scanner may still hold its last
+		// lines: done means every line is in the output.
+		<-scanned
 		close(p.done)
 	}()
 	t.Cleanup(func() {
