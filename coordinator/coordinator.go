@@ -152,7 +152,7 @@ func gossipAddr(gossipAddr, listen string) (bind, advertise string) {
 	if host == "" {
 		host, bind = "0.0.0.0", net.JoinHostPort("0.0.0.0", port)
 	}
-	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+	if ip := net.ParseIP(host); ip == nil || !ip.IsUnspecified() {
 		return bind, host
 	}
 	if addrs, err := net.InterfaceAddrs(); err == nil {

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "gpucoord/proto/gpucoordpb"
+	"gpucoord/sharding"
 	"gpucoord/topology"
 )
 
@@ -191,11 +192,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			return nil
 		}
 		last = a
-		if ttlMs > 0 {
-			a = proto.Clone(a).(*pb.Assignment)
-			a.LeaseTtlMs = ttlMs
-		}
-		return stream.Send(a)
+		return stream.Send(withTTL(a, ttlMs))
 	}
 	if err := send(first.TTL * 1000); err != nil {
 		return err
@@ -213,9 +210,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			s.log.Warn("cannot renew a node's lease: ending its stream so that it moves to another coordinator", "node", req.GetNode(), "err", err)
 			return status.Errorf(codes.Unavailable, "this coordinator cannot renew lease %x: %v", req.GetLeaseId(), err)
 		case ttl := <-renewed:
-			a := proto.Clone(last).(*pb.Assignment)
-			a.LeaseTtlMs = ttl
-			if err := stream.Send(a); err != nil {
+			if err := stream.Send(withTTL(last, ttl)); err != nil {
 				return err
 			}
 		case wr, ok := <-w:
@@ -233,6 +228,16 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			}
 		}
 	}
+}
+
+// withTTL is a with the lease renewal of ttlMs, or a itself for none.
+func withTTL(a *pb.Assignment, ttlMs int64) *pb.Assignment {
+	if ttlMs == 0 {
+		return a
+	}
+	a = proto.Clone(a).(*pb.Assignment)
+	a.LeaseTtlMs = ttlMs
+	return a
 }
 
 // keepAlive renews a node's lease every third of its TTL, timing each
@@ -401,8 +406,8 @@ func ValidateSpec(j *pb.JobSpec) error {
 		return errors.New("neither a command nor a native job")
 	case len(j.GetCommand()) > 0 && len(j.GetNativeJob()) > 0:
 		return errors.New("both a command and a native job")
-	case j.GetKeepCheckpoints() < 0 || j.GetKeepCheckpoints() == 1:
-		return fmt.Errorf("keep checkpoints %d: want 0 (every one) or at least 2", j.GetKeepCheckpoints())
+	case sharding.CheckKeep(int(j.GetKeepCheckpoints())) != nil:
+		return fmt.Errorf("keep checkpoints %d: %v", j.GetKeepCheckpoints(), sharding.CheckKeep(int(j.GetKeepCheckpoints())))
 	case j.GetCheckpointEvery() < 0 || j.GetMaxRestarts() < 0 || j.GetMinNodes() < 0:
 		return fmt.Errorf("checkpoint every %d, max restarts %d and min nodes %d must not be negative", j.GetCheckpointEvery(), j.GetMaxRestarts(), j.GetMinNodes())
 	}

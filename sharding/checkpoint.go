@@ -558,18 +558,28 @@ func stepsIn(entries []fs.DirEntry) []int64 {
 	return steps
 }
 
+// CheckKeep says why keep cannot be the number of committed steps Prune
+// keeps, or nil: 0 (every one) or at least 2, since the step a
+// coordinator has recorded as committed may be one behind the newest on
+// disk.
+func CheckKeep(keep int) error {
+	if keep < 0 || keep == 1 {
+		return errors.New("want 0 (every one) or at least 2 (the step recorded as committed may be one behind the newest)")
+	}
+	return nil
+}
+
 // Prune removes all but the newest keep committed steps under root (those
 // with a manifest), and the incomplete step directories older than the
 // oldest kept (what a crash mid-write left). Incomplete steps newer than
-// that are left alone: they may be being written. keep must be at least 2
-// (the step a coordinator has recorded as committed may be one behind the
-// newest on disk); 0 keeps everything. It returns the steps removed.
+// that are left alone: they may be being written. keep must pass
+// CheckKeep; 0 keeps everything. It returns the steps removed.
 func Prune(ctx context.Context, root string, keep int) ([]int64, error) {
+	if err := CheckKeep(keep); err != nil {
+		return nil, fmt.Errorf("sharding: keep %d checkpoints: %w", keep, err)
+	}
 	if keep == 0 {
 		return nil, nil
-	}
-	if keep < 2 {
-		return nil, fmt.Errorf("sharding: keep %d checkpoints: want 0 (all) or at least 2", keep)
 	}
 	entries, err := os.ReadDir(root)
 	if err != nil {

@@ -28,6 +28,7 @@ import (
 	"gpucoord/coordinator"
 	pb "gpucoord/proto/gpucoordpb"
 	"gpucoord/schedule"
+	"gpucoord/sharding"
 	"gpucoord/topology"
 	"gpucoord/worker"
 	"gpucoord/worker/engine"
@@ -154,8 +155,8 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		Order: f.order, RendezvousTimeoutMs: f.rendezvous.Milliseconds(), LastCallMs: f.lastCall.Milliseconds(),
 		MaxRestarts: int32(f.maxRestarts), Env: map[string]string{}, MinNodes: int32(f.minNodes), CheckpointEvery: int32(f.ckptEvery),
 		CheckpointDir: f.ckptDir, EvictStragglers: f.evictStragglers, KeepCheckpoints: int32(f.keepCkpts)}
-	if f.keepCkpts < 0 || f.keepCkpts == 1 {
-		return nil, fmt.Errorf("--keep-checkpoints %d: want 0 (every one) or at least 2 (the step the coordinator recorded may be one behind the newest)", f.keepCkpts)
+	if err := sharding.CheckKeep(f.keepCkpts); err != nil {
+		return nil, fmt.Errorf("--keep-checkpoints %d: %w", f.keepCkpts, err)
 	}
 	if f.minNodes < 0 || f.minNodes > f.nodes && f.hostfile == "" || f.ckptEvery < 0 || f.maxRestarts < 0 {
 		return nil, fmt.Errorf("--min-nodes %d (at most --nodes), --checkpoint-every %d and --max-restarts %d must not be negative", f.minNodes, f.ckptEvery, f.maxRestarts)
@@ -645,8 +646,6 @@ func (f *follower) show(ev *pb.JobEvent) {
 		case g.Reason == "":
 		case g.ResumeStep > 0:
 			line += fmt.Sprintf(" (%s; resuming after step %d)", g.Reason, g.ResumeStep)
-		case len(f.spec.Command) > 0 && f.spec.CheckpointDir == "":
-			line += fmt.Sprintf(" (%s; restarted: GPUCOORD_CHECKPOINT_DIR is each node's own directory, so the program finds only what its new node holds)", g.Reason)
 		case len(f.spec.Command) > 0:
 			line += fmt.Sprintf(" (%s; restarted: the program resumes from what %s holds)", g.Reason, f.spec.CheckpointDir)
 		default:

@@ -132,7 +132,6 @@ func TestCheckpointFenced(t *testing.T) {
 	older := *newer
 	older.Generation = 2
 	older.Job.Steps = 4
-	older.CheckpointDir = dir
 	if _, err := RunInProc(t.Context(), &older, nil); !errors.Is(err, sharding.ErrFenced) {
 		t.Fatalf("generation 2 after generation 3: %v, want ErrFenced", err)
 	}

@@ -99,8 +99,8 @@ func (c *Config) Validate() error {
 		return bad("ZeRO stage %d: want 0, 1, 2 or 3", c.Zero)
 	case c.CheckpointEvery < 0 || c.Resume < 0 || c.Resume > c.Job.Steps:
 		return bad("checkpoint every %d and resume after %d steps: want both >= 0 and resume <= steps %d", c.CheckpointEvery, c.Resume, c.Job.Steps)
-	case c.KeepCheckpoints < 0 || c.KeepCheckpoints == 1:
-		return bad("keep %d checkpoints: want 0 (every one) or at least 2", c.KeepCheckpoints)
+	case sharding.CheckKeep(c.KeepCheckpoints) != nil:
+		return bad("keep %d checkpoints: %v", c.KeepCheckpoints, sharding.CheckKeep(c.KeepCheckpoints))
 	case c.CheckpointDir == "" && (c.CheckpointEvery > 0 || c.Resume > 0):
 		return bad("checkpointing and resuming need a checkpoint directory")
 	case m.Hidden%c.TP != 0:
