@@ -1,6 +1,7 @@
 # gpucoord developer targets. `make help` lists them.
 GO      ?= go
 PKGS    ?= ./...
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 export GOTOOLCHAIN := local
 
 .DEFAULT_GOAL := help
@@ -38,9 +39,10 @@ bench-recovery: ## Detection and recovery times after a node loss, across hosts 
 	GPUCOORD_BENCH_RECOVERY=$${RUNS:-5} $(GO) test -count=1 -timeout 60m -run TestRecoveryTimes -v ./cmd/gpucoord
 
 .PHONY: lint
-lint: ## gofmt and go vet
+lint: ## gofmt, go vet and staticcheck (staticcheck 2026.2.2, fetched through the module proxy)
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) run $(STATICCHECK) $(PKGS)
 
 .PHONY: bench
 bench: ## Run the Go benchmarks (figures go in docs/BENCHMARKS.md)
@@ -57,7 +59,7 @@ fuzz: ## Run every fuzz test for 30s (spec parsers, factorisation, schedules, Ze
 
 .PHONY: proto
 proto: ## Regenerate proto/gpucoordpb from proto/gpucoord.proto (needs protoc, protoc-gen-go, protoc-gen-go-grpc)
-	protoc --go_out=. --go_opt=module=gpucoord --go-grpc_out=. --go-grpc_opt=module=gpucoord proto/gpucoord.proto
+	protoc --go_out=. --go_opt=module=github.com/gpucoord/gpucoord --go-grpc_out=. --go-grpc_opt=module=github.com/gpucoord/gpucoord proto/gpucoord.proto
 
 .PHONY: tidy
 tidy: ## go mod tidy, failing if go.mod or go.sum change

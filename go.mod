@@ -1,4 +1,4 @@
-module gpucoord
+module github.com/gpucoord/gpucoord
 
 go 1.26.0
 

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives"
 )
 
 // MemberIndex is the member-list rule every Grouper applies (Comm.Group and

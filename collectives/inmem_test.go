@@ -8,8 +8,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"gpucoord/collectives"
-	"gpucoord/collectives/collectivestest"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives/collectivestest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"unsafe"
 
-	"gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives"
 )
 
 func bytesOf[T any](s []T) []byte {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	pb "gpucoord/proto/gpucoordpb"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // BenchmarkRendezvous64 times rendezvous of 64 agents into one generation:

@@ -16,8 +16,8 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
-	"gpucoord/internal/gossip"
-	pb "gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/internal/gossip"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // Config configures a Coordinator. Start from DefaultConfig and override

@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"gpucoord/internal/gossip"
-	pb "gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/internal/gossip"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // testEtcd starts an embedded etcd for one test and returns its endpoints.

@@ -3,7 +3,7 @@ package coordinator
 import (
 	"testing"
 
-	pb "gpucoord/proto/gpucoordpb"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // TestFirstFailure: the cause of a failed generation is the rank that

@@ -8,8 +8,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"gpucoord/internal/gossip"
-	pb "gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/internal/gossip"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // coordinatorMember prefixes a coordinator's name in the gossip pool; node

@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	pb "gpucoord/proto/gpucoordpb"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // metrics are the coordinator's Prometheus metrics. The pool and job

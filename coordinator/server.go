@@ -20,9 +20,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	pb "gpucoord/proto/gpucoordpb"
-	"gpucoord/sharding"
-	"gpucoord/topology"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // server implements the Coordinator service over etcd. Every coordinator

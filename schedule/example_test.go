@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"os"
 
-	"gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/schedule"
 )
 
 // Build a schedule, check it, and read the bubble and the activations each

@@ -6,7 +6,7 @@ import (
 	"log"
 	"os"
 
-	"gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/sharding"
 )
 
 // The partition of a small model over 4 data-parallel ranks: equal aligned

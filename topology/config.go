@@ -1,6 +1,6 @@
 package topology
 
-import "gpucoord/schedule"
+import "github.com/gpucoord/gpucoord/schedule"
 
 // Recompute is the activation recomputation policy.
 type Recompute string

@@ -3,7 +3,7 @@ package topology
 import (
 	"fmt"
 
-	"gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/schedule"
 )
 
 // Plan is a validated parallel layout of a model on a cluster: the rank

@@ -1,7 +1,7 @@
 package topology
 
 import (
-	"gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/schedule"
 
 	"errors"
 	"reflect"

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/schedule"
 )
 
 // SearchSpace bounds the layouts Candidates enumerates.

@@ -27,12 +27,12 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"gpucoord/collectives"
-	"gpucoord/collectives/tcp"
-	"gpucoord/internal/gossip"
-	"gpucoord/internal/localproc"
-	pb "gpucoord/proto/gpucoordpb"
-	"gpucoord/worker/engine"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives/tcp"
+	"github.com/gpucoord/gpucoord/internal/gossip"
+	"github.com/gpucoord/gpucoord/internal/localproc"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/worker/engine"
 )
 
 // Config configures an Agent. Start from DefaultConfig and override fields.

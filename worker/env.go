@@ -6,8 +6,8 @@ import (
 	"os"
 	"strconv"
 
-	pb "gpucoord/proto/gpucoordpb"
-	"gpucoord/topology"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // Env variables a rank's program gets beyond torchrun's.

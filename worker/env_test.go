@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	pb "gpucoord/proto/gpucoordpb"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // TestRankEnvDevices: CUDA_VISIBLE_DEVICES is the local rank on GPU nodes

@@ -15,9 +15,9 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
-	pb "gpucoord/proto/gpucoordpb"
-	"gpucoord/schedule"
-	"gpucoord/worker/engine"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/worker/engine"
 )
 
 // PreemptSignal is what an agent sends its native ranks when the node is

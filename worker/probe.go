@@ -13,7 +13,7 @@ import (
 	"strings"
 	"sync"
 
-	pb "gpucoord/proto/gpucoordpb"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // writeProbe writes the probe of asg's generation into the shared

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"gpucoord/internal/bench"
+	"github.com/gpucoord/gpucoord/internal/bench"
 )
 
 func init() { subcommands = append(subcommands, newBenchCmd, newBenchWorkerCmd) }

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"gpucoord/internal/bench"
+	"github.com/gpucoord/gpucoord/internal/bench"
 )
 
 // benchRecord holds the fields scripts rely on.

@@ -13,10 +13,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"gpucoord/coordinator"
-	"gpucoord/internal/gossip"
-	pb "gpucoord/proto/gpucoordpb"
-	"gpucoord/worker"
+	"github.com/gpucoord/gpucoord/coordinator"
+	"github.com/gpucoord/gpucoord/internal/gossip"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/worker"
 )
 
 func init() {

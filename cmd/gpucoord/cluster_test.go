@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"gpucoord/internal/testcluster"
-	"gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/internal/testcluster"
+	"github.com/gpucoord/gpucoord/sharding"
 )
 
 // The tests in this file run gpucoord as a real cluster does: each host in

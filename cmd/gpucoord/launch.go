@@ -25,13 +25,13 @@ import (
 	"google.golang.org/grpc/status"
 	"gopkg.in/yaml.v3"
 
-	"gpucoord/coordinator"
-	pb "gpucoord/proto/gpucoordpb"
-	"gpucoord/schedule"
-	"gpucoord/sharding"
-	"gpucoord/topology"
-	"gpucoord/worker"
-	"gpucoord/worker/engine"
+	"github.com/gpucoord/gpucoord/coordinator"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/topology"
+	"github.com/gpucoord/gpucoord/worker"
+	"github.com/gpucoord/gpucoord/worker/engine"
 )
 
 func init() { subcommands = append(subcommands, newLaunchCmd, newStatusCmd) }

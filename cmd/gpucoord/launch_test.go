@@ -22,9 +22,9 @@ import (
 	"testing"
 	"time"
 
-	"gpucoord/coordinator"
-	"gpucoord/worker"
-	"gpucoord/worker/engine"
+	"github.com/gpucoord/gpucoord/coordinator"
+	"github.com/gpucoord/gpucoord/worker"
+	"github.com/gpucoord/gpucoord/worker/engine"
 )
 
 // proc is a gpucoord (or etcd) process a test started; it is killed and

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"gpucoord/collectives/nccl"
-	"gpucoord/collectives/nccl/nccltest"
+	"github.com/gpucoord/gpucoord/collectives/nccl"
+	"github.com/gpucoord/gpucoord/collectives/nccl/nccltest"
 )
 
 var (

@@ -13,9 +13,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"gpucoord/schedule"
-	"gpucoord/topology"
-	"gpucoord/topology/estimate"
+	"github.com/gpucoord/gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/topology"
+	"github.com/gpucoord/gpucoord/topology/estimate"
 )
 
 func init() { subcommands = append(subcommands, newPlanCmd) }

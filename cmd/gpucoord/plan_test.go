@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // runCLI runs gpucoord with args and returns stdout and the exit code main

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"gpucoord/internal/testcluster"
+	"github.com/gpucoord/gpucoord/internal/testcluster"
 )
 
 // TestRecoveryTimes measures how long a job takes to notice a lost node

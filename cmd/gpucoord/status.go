@@ -7,7 +7,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
-	pb "gpucoord/proto/gpucoordpb"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // printStatus writes the coordinator's status as text or JSON.

@@ -14,8 +14,8 @@ import (
 	"sync"
 	"testing"
 
-	"gpucoord/schedule"
-	"gpucoord/worker/engine"
+	"github.com/gpucoord/gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/worker/engine"
 )
 
 // tinyJob is small enough that eight processes train 20 steps in about a

@@ -10,9 +10,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"gpucoord/collectives/nccl"
-	"gpucoord/internal/localproc"
-	"gpucoord/worker/engine"
+	"github.com/gpucoord/gpucoord/collectives/nccl"
+	"github.com/gpucoord/gpucoord/internal/localproc"
+	"github.com/gpucoord/gpucoord/worker/engine"
 )
 
 func init() { subcommands = append(subcommands, newTrainWorkerCmd) }

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"gpucoord/collectives"
-	"gpucoord/collectives/tcp"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives/tcp"
 )
 
 // Transport is a collectives.Transport that can be closed, as every real

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives"
 )
 
 // NewWorld builds n connected world communicators with cfg. It registers

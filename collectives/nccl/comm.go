@@ -13,7 +13,7 @@ import (
 	"time"
 	"unsafe"
 
-	"gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives"
 )
 
 // Communicator is one NCCL communicator: a member of a process group whose

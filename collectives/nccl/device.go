@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives"
 )
 
 // DeviceBuffer is memory on a Communicator's GPU, allocated with cudaMalloc

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives"
 )
 
 // allocFilled allocates a DeviceBuffer of n elements of dt on every rank and

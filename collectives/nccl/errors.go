@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives"
 )
 
 // The sentinels below that have a transport-independent meaning wrap the

@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"gpucoord/collectives"
-	"gpucoord/collectives/nccl/nccltest"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives/nccl/nccltest"
 )
 
 // The fake CUDA runtime and NCCL (package nccltest) are built once per test

@@ -11,7 +11,7 @@ import (
 	"time"
 	"unsafe"
 
-	"gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives"
 )
 
 // EnvGPUTest opts in to the tests and benchmarks that need real NCCL and at

@@ -32,7 +32,7 @@ type commConfig struct {
 	cgaClusterSize int32
 	minCTAs        int32
 	maxCTAs        int32
-	netName        uintptr
+	_              uintptr // netName: unused, kept for the C layout
 }
 
 const (
@@ -171,7 +171,7 @@ func versionString(code int) string {
 // only the low 32 bits of the return register are defined.
 //
 // Callers pass out-parameters as uintptr(unsafe.Pointer(&local)). Without
-// go:uintptrescapes (which purego.SyscallN has, but only for conversions
+// the uintptrescapes directive (which purego.SyscallN has, but only for conversions
 // written in its own call) such a local could stay on the goroutine's
 // stack, which may move while the call is set up: the C function would
 // then write into the old copy (seen as cudaGetDeviceCount "finding" 0

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"gpucoord/collectives"
-	"gpucoord/collectives/nccl/nccltest"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives/nccl/nccltest"
 )
 
 // The ncclDataType_t and ncclRedOp_t values below are those of nccl.h

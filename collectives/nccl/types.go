@@ -3,7 +3,7 @@ package nccl
 import (
 	"fmt"
 
-	"gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives"
 )
 
 // ncclDataType_t values from nccl.h (unchanged since NCCL 2.0; bfloat16 since 2.10).

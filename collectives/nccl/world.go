@@ -7,7 +7,7 @@ import (
 	"strings"
 	"sync"
 
-	"gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives"
 )
 
 // World is a world Communicator whose sub-groups are NCCL communicators:

@@ -11,9 +11,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	"gpucoord/collectives"
-	"gpucoord/collectives/collectivestest"
-	"gpucoord/collectives/shm"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives/collectivestest"
+	"github.com/gpucoord/gpucoord/collectives/shm"
 )
 
 // TestMain doubles as the helper process of TestKilledPeerProcess.

@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives"
 )
 
 // Config configures a Transport. Start from DefaultConfig and set Rank,
@@ -56,7 +56,7 @@ type Config struct {
 
 // DefaultConfig returns settings for one host.
 func DefaultConfig() *Config {
-	return &Config{Prefix: "gpucoord/shm/", Dir: "/dev/shm", RingBytes: 1 << 20, ConnectTimeout: 60 * time.Second,
+	return &Config{Prefix: "github.com/gpucoord/gpucoord/shm/", Dir: "/dev/shm", RingBytes: 1 << 20, ConnectTimeout: 60 * time.Second,
 		WriteTimeout: 60 * time.Second, LivenessInterval: 100 * time.Millisecond}
 }
 

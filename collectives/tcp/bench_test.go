@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"testing"
 
-	"gpucoord/collectives"
-	"gpucoord/collectives/collectivestest"
-	"gpucoord/collectives/tcp"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives/collectivestest"
+	"github.com/gpucoord/gpucoord/collectives/tcp"
 )
 
 // BenchmarkAllReduce times one float32 sum all-reduce over loopback TCP in

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives"
 )
 
 // The store protocol: a request is op (1 byte: 'S' set, 'G' get), key

@@ -12,9 +12,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	"gpucoord/collectives"
-	"gpucoord/collectives/collectivestest"
-	"gpucoord/collectives/tcp"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives/collectivestest"
+	"github.com/gpucoord/gpucoord/collectives/tcp"
 )
 
 // TestMain doubles as the helper process of TestKilledPeerProcess: with

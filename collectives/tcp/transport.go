@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives"
 )
 
 // Config configures a Transport. Start from DefaultConfig and set Rank,
@@ -70,7 +70,7 @@ type Config struct {
 // DefaultConfig returns settings for local process groups and small
 // clusters.
 func DefaultConfig() *Config {
-	return &Config{ListenAddr: "127.0.0.1:0", Prefix: "gpucoord/tcp/", ConnectTimeout: 60 * time.Second, WriteTimeout: 60 * time.Second,
+	return &Config{ListenAddr: "127.0.0.1:0", Prefix: "github.com/gpucoord/gpucoord/tcp/", ConnectTimeout: 60 * time.Second, WriteTimeout: 60 * time.Second,
 		PollSpin: 50 * time.Microsecond}
 }
 

@@ -16,11 +16,11 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"gpucoord/collectives"
-	"gpucoord/collectives/nccl"
-	"gpucoord/collectives/shm"
-	"gpucoord/collectives/tcp"
-	"gpucoord/internal/localproc"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives/nccl"
+	"github.com/gpucoord/gpucoord/collectives/shm"
+	"github.com/gpucoord/gpucoord/collectives/tcp"
+	"github.com/gpucoord/gpucoord/internal/localproc"
 )
 
 // Ops are the operations Run can time.

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"gpucoord/collectives/nccl"
-	"gpucoord/collectives/nccl/nccltest"
+	"github.com/gpucoord/gpucoord/collectives/nccl"
+	"github.com/gpucoord/gpucoord/collectives/nccl/nccltest"
 )
 
 // fakeNCCL points nccl.DefaultConfig, and so Run, at the fake libraries of

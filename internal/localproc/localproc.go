@@ -19,8 +19,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"gpucoord/collectives"
-	"gpucoord/collectives/tcp"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives/tcp"
 )
 
 // DefaultGrace is how long a rank has to exit after SIGTERM before it and

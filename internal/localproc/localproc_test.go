@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"gpucoord/collectives/tcp"
+	"github.com/gpucoord/gpucoord/collectives/tcp"
 )
 
 // The test binary doubles as the worker: with LOCALPROC_TEST_MODE set it

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"gpucoord/internal/testcluster"
+	"github.com/gpucoord/gpucoord/internal/testcluster"
 )
 
 // The test binary doubles as the programs the hosts run: with

@@ -2658,7 +2658,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x06Submit\x12\x1a.gpucoord.v1.SubmitRequest\x1a\x1b.gpucoord.v1.SubmitResponse\x12=\n" +
 	"\x06Follow\x12\x1a.gpucoord.v1.FollowRequest\x1a\x15.gpucoord.v1.JobEvent0\x01\x12A\n" +
 	"\x06Cancel\x12\x1a.gpucoord.v1.CancelRequest\x1a\x1b.gpucoord.v1.CancelResponse\x12A\n" +
-	"\x06Status\x12\x1a.gpucoord.v1.StatusRequest\x1a\x1b.gpucoord.v1.StatusResponseB\x1bZ\x19gpucoord/proto/gpucoordpbb\x06proto3"
+	"\x06Status\x12\x1a.gpucoord.v1.StatusRequest\x1a\x1b.gpucoord.v1.StatusResponseB/Z-github.com/gpucoord/gpucoord/proto/gpucoordpbb\x06proto3"
 
 var (
 	file_proto_gpucoord_proto_rawDescOnce sync.Once

@@ -3,7 +3,7 @@ package estimate
 import (
 	"testing"
 
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // BenchmarkPlan32768 plans and evaluates gpt-1t on 32,768 H100s (4,096 DGX

@@ -3,8 +3,8 @@ package estimate
 import (
 	"fmt"
 
-	"gpucoord/schedule"
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // Efficiency model: the fractions of datasheet peaks a real step reaches.

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"gpucoord/schedule"
-	"gpucoord/sharding"
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 func near(got, want, rel float64) bool { return math.Abs(got-want) <= rel*math.Abs(want) }

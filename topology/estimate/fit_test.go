@@ -4,7 +4,7 @@ import (
 	"math"
 	"testing"
 
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // table1Row is one row of Narayanan et al. 2021 ("Efficient Large-Scale

@@ -1,6 +1,6 @@
 package estimate
 
-import "gpucoord/topology"
+import "github.com/gpucoord/gpucoord/topology"
 
 // layerForwardFLOPs returns the forward FLOPs of one transformer layer for
 // one sequence (2 FLOPs per multiply-add, matrix multiplications only):

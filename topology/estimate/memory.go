@@ -1,8 +1,8 @@
 package estimate
 
 import (
-	"gpucoord/sharding"
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // Memory is a per-GPU memory breakdown in bytes.

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"strings"
 
-	"gpucoord/sharding"
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // gib formats bytes as GiB with one decimal.

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // TestRemediesFollowStage checks that the ZeRO remedies come from the

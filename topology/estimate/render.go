@@ -7,7 +7,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // Document is the JSON form of a plan and its estimate, the shape scripts

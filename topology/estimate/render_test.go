@@ -8,7 +8,7 @@ import (
 	"regexp"
 	"testing"
 
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the golden outputs in testdata with the current renderer")

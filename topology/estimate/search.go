@@ -5,7 +5,7 @@ import (
 	"sort"
 	"strings"
 
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // Ranked is one evaluated candidate of a search.

@@ -7,7 +7,7 @@ import (
 	"regexp"
 	"strconv"
 
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // svgMaxNodes bounds the nodes drawn in the rank grid.

@@ -1,9 +1,9 @@
 package estimate
 
 import (
-	"gpucoord/schedule"
-	"gpucoord/sharding"
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // Link names.

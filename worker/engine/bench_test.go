@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/schedule"
 )
 
 // BenchmarkStep profiles one warm step of examples/jobs/mlp-bench.yaml in

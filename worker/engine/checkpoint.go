@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/sharding"
 )
 
 // The state vectors a checkpoint holds for each chunk, in package

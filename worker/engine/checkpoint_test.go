@@ -8,8 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"gpucoord/schedule"
-	"gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/sharding"
 )
 
 // TestResumeAcrossDP checks the elastic contract of the engine's

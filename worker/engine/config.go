@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 
-	"gpucoord/schedule"
-	"gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/sharding"
 )
 
 // Config configures one run of the engine on a 3D layout. Start from

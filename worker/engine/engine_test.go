@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"gpucoord/schedule"
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // tinyJob is a model small enough for finite differences and the layout

@@ -5,7 +5,7 @@ import (
 	"math"
 	"testing"
 
-	"gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/schedule"
 )
 
 // layouts are the (tp, pp, dp) grids of the headline test.

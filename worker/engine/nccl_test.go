@@ -7,10 +7,10 @@ import (
 	"sync"
 	"testing"
 
-	"gpucoord/collectives"
-	"gpucoord/collectives/nccl"
-	"gpucoord/collectives/nccl/nccltest"
-	"gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives/nccl"
+	"github.com/gpucoord/gpucoord/collectives/nccl/nccltest"
+	"github.com/gpucoord/gpucoord/schedule"
 )
 
 // The engine's TP, PP and DP groups as NCCL communicators (nccl.NewWorld,

@@ -7,9 +7,9 @@ import (
 	"log/slog"
 	"net"
 
-	"gpucoord/collectives"
-	"gpucoord/collectives/nccl"
-	"gpucoord/collectives/tcp"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/collectives/nccl"
+	"github.com/gpucoord/gpucoord/collectives/tcp"
 )
 
 // Process is one rank of a job run as its own operating-system process,

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"gpucoord/schedule"
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // Profile is what one measured step of an in-process run shows.

@@ -3,10 +3,10 @@ package engine
 import (
 	"testing"
 
-	"gpucoord/schedule"
-	"gpucoord/sharding"
-	"gpucoord/topology"
-	"gpucoord/topology/estimate"
+	"github.com/gpucoord/gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/topology"
+	"github.com/gpucoord/gpucoord/topology/estimate"
 )
 
 // stashFloats is the hand count of what one micro-batch leaves stashed in

@@ -7,10 +7,10 @@ import (
 	"math"
 	"time"
 
-	"gpucoord/collectives"
-	"gpucoord/schedule"
-	"gpucoord/sharding"
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/schedule"
+	"github.com/gpucoord/gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // Groups are the three process groups one rank belongs to. A nil group is a

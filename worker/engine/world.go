@@ -11,9 +11,9 @@ import (
 	"path/filepath"
 	"time"
 
-	"gpucoord/collectives"
-	"gpucoord/sharding"
-	"gpucoord/topology"
+	"github.com/gpucoord/gpucoord/collectives"
+	"github.com/gpucoord/gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // Layout lays the job's ranks out in c.Order (Megatron-LM's tp-cp-dp-pp by
