@@ -2091,7 +2091,10 @@ func (x *CancelRequest) GetReason() string {
 }
 
 type CancelResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// state is the job's state after the call: CANCELLED, or the end it had
+	// already reached (a job that ended first is not cancelled).
+	State         *JobState `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2124,6 +2127,13 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
 	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *CancelResponse) GetState() *JobState {
+	if x != nil {
+		return x.State
+	}
+	return nil
 }
 
 type StatusRequest struct {
@@ -2621,8 +2631,9 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\brevision\x18\x04 \x01(\x03R\brevision\"9\n" +
 	"\rCancelRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x10\n" +
-	"\x0eCancelResponse\"\x0f\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"=\n" +
+	"\x0eCancelResponse\x12+\n" +
+	"\x05state\x18\x01 \x01(\v2\x15.gpucoord.v1.JobStateR\x05state\"\x0f\n" +
 	"\rStatusRequest\"E\n" +
 	"\n" +
 	"NodeStatus\x12%\n" +
@@ -2730,36 +2741,37 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	24, // 15: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
 	8,  // 16: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
 	11, // 17: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	1,  // 18: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	6,  // 19: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	24, // 20: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	8,  // 21: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	11, // 22: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	32, // 23: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	16, // 24: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	30, // 25: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	31, // 26: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	2,  // 27: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 28: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	18, // 29: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	20, // 30: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	22, // 31: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	25, // 32: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	27, // 33: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	29, // 34: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	3,  // 35: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	9,  // 36: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	19, // 37: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	21, // 38: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	23, // 39: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	26, // 40: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	28, // 41: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	33, // 42: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	35, // [35:43] is the sub-list for method output_type
-	27, // [27:35] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	24, // 18: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 19: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	6,  // 20: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	24, // 21: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	8,  // 22: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	11, // 23: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	32, // 24: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	16, // 25: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	30, // 26: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	31, // 27: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	2,  // 28: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 29: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	18, // 30: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	20, // 31: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	22, // 32: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	25, // 33: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	27, // 34: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	29, // 35: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	3,  // 36: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	9,  // 37: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	19, // 38: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	21, // 39: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	23, // 40: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	26, // 41: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	28, // 42: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	33, // 43: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	36, // [36:44] is the sub-list for method output_type
+	28, // [28:36] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
