@@ -182,6 +182,7 @@ type Coordinator struct {
 	ln       net.Listener
 	etcd     *Etcd
 	srv      *server
+	cache    *cache
 	grpc     *grpc.Server
 	stopping chan struct{}
 	metrics  net.Listener // nil without Config.Metrics
@@ -236,7 +237,8 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 		e.Close()
 		return nil, errorf(ErrUnavailable, "%v", err)
 	}
-	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth()}
+	c.cache = newCache(e.Client, keys(cfg.Prefix), c.log.With("component", "cache"))
+	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth(), cache: c.cache}
 	m := newMetrics(c.srv, c.leading.Load)
 	c.srv.keepalive = m.keepalive.Observe
 	c.registry = prometheus.NewRegistry()
@@ -288,6 +290,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	g.Go(func() error {
 		return c.srv.health.monitor(gctx, c.etcd.Client, c.cfg.Prefix, time.Second, 2*time.Second, c.log.With("component", "health"))
 	})
+	g.Go(func() error { return c.cache.run(gctx) })
 	g.Go(func() error { return c.campaign(gctx) })
 	g.Go(func() error { return c.advertise(gctx) })
 	g.Go(func() error { return c.revokeDead(gctx) })

@@ -80,14 +80,30 @@ func node(name string, gpus int32) *pb.Node {
 // agent registers a node and opens its Watch stream; the returned channel
 // carries its assignments, and cancel drops the stream as a dying agent
 // would.
-func agent(t *testing.T, c pb.CoordinatorClient, n *pb.Node) (<-chan *pb.Assignment, context.CancelFunc) {
+// agent registers n and watches its assignments; kill makes the node
+// lost, as a dead agent found by gossip is: its stream ends and its lease
+// is revoked.
+func agent(t *testing.T, c pb.CoordinatorClient, n *pb.Node) (<-chan *pb.Assignment, func()) {
 	t.Helper()
 	resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: n})
 	if err != nil {
 		t.Fatalf("register %s: %v", n.Name, err)
 	}
+	ch, disconnect := watch(t, c, n.Name, resp.LeaseId, 0)
+	return ch, func() {
+		disconnect()
+		if _, err := c.Leave(t.Context(), &pb.LeaveRequest{Node: n.Name, LeaseId: resp.LeaseId}); err != nil {
+			t.Errorf("leave %s: %v", n.Name, err)
+		}
+	}
+}
+
+// watch opens a node's Watch stream on its lease; cancel drops the stream
+// (the node is disconnected, not lost).
+func watch(t *testing.T, c pb.CoordinatorClient, name string, lease, from int64) (<-chan *pb.Assignment, context.CancelFunc) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
-	stream, err := c.Watch(ctx, &pb.WatchRequest{Node: n.Name, LeaseId: resp.LeaseId})
+	stream, err := c.Watch(ctx, &pb.WatchRequest{Node: name, LeaseId: lease, FromRevision: from})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +131,7 @@ func next(t *testing.T, ch <-chan *pb.Assignment, ok func(*pb.Assignment) bool) 
 			if !open {
 				t.Fatal("watch stream ended")
 			}
-			if ok(a) {
+			if !a.Renewal && ok(a) {
 				return a
 			}
 		case <-timeout:
@@ -213,9 +229,10 @@ func TestRankFailureNamesRank(t *testing.T) {
 	}
 }
 
-// TestNodeLossNamesNodeAndRanks: an agent whose stream drops (as when it is
-// killed) is out of the pool at once, and its running job fails naming the
-// node and its ranks, even when its peers' rank failures come first.
+// TestNodeLossNamesNodeAndRanks: a node found dead (its stream ends and
+// its lease is revoked, as gossip does) is out of the pool at once, and its
+// running job fails naming the node and its ranks, even when its peers'
+// rank failures come first.
 func TestNodeLossNamesNodeAndRanks(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), nil)
 	c := client(t, co.Addr(), "")
@@ -231,6 +248,62 @@ func TestNodeLossNamesNodeAndRanks(t *testing.T) {
 		len(st.LostRanks) != 4 || st.LostRanks[0] != 4 || !strings.Contains(st.Reason, "node lost: n1 (ranks 4-7)") {
 		t.Fatalf("state = %v", st)
 	}
+}
+
+// TestDisconnectedAtFailureIsLost: an agent killed with its ranks drops its
+// stream, and its peers' ranks fail; the node, disconnected when the
+// failure is seen, is lost at once: the job does not wait for its lease
+// (30 s here, longer than final waits).
+func TestDisconnectedAtFailureIsLost(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.LeaseTTL = 30 * time.Second })
+	c := client(t, co.Addr(), "")
+	a0, _ := agent(t, c, node("n0", 4))
+	resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: node("n1", 4)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, drop := watch(t, c, "n1", resp.LeaseId, 0)
+	c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 2, 4)})
+	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
+	drop()
+	waitJob(t, c, "j", func(j *pb.JobStatus) bool { return len(j.Members) == 2 && j.Members[1].State == "disconnected" })
+	report(t, c, "j", 1, &pb.RankExit{Rank: 1, Code: 1})
+	st := final(t, c, "j")
+	if st.Phase != pb.JobState_FAILED || len(st.LostNodes) != 1 || st.LostNodes[0] != "n1" || st.FailedRank != 1 ||
+		!strings.Contains(st.Reason, "node lost: n1 (ranks 4-7)") {
+		t.Fatalf("state = %v", st)
+	}
+}
+
+// TestReconnectKeepsPlace: a dropped stream (a proxy reset, a blip) makes
+// the node disconnected, not lost: an agent that watches again on its
+// lease gets its generation back and the job ends in it.
+func TestReconnectKeepsPlace(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.LeaseTTL = 30 * time.Second })
+	c := client(t, co.Addr(), "")
+	a0, _ := agent(t, c, node("n0", 4))
+	resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: node("n1", 4)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1, drop := watch(t, c, "n1", resp.LeaseId, 0)
+	c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 2, 4)})
+	first := next(t, a1, func(a *pb.Assignment) bool { return a.Job == "j" })
+	drop()
+	waitJob(t, c, "j", func(j *pb.JobStatus) bool { return len(j.Members) == 2 && j.Members[1].State == "disconnected" })
+	a1, _ = watch(t, c, "n1", resp.LeaseId, first.Revision)
+	again := next(t, a1, func(*pb.Assignment) bool { return true })
+	if again.Job != "j" || again.Generation.GetNumber() != 1 || again.Revision < first.Revision {
+		t.Fatalf("after reconnecting: %v, want job j generation 1 at revision >= %d", again, first.Revision)
+	}
+	waitJob(t, c, "j", func(j *pb.JobStatus) bool { return j.Members[1].State == "alive" })
+	for r := range int32(8) {
+		report(t, c, "j", 1, &pb.RankExit{Rank: r})
+	}
+	if st := final(t, c, "j"); st.Phase != pb.JobState_SUCCEEDED {
+		t.Fatalf("state = %v", st)
+	}
+	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "" })
 }
 
 // TestRendezvousWaitsThenTimesOut: too few nodes keep a job pending with a

@@ -74,16 +74,21 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		lead = 1
 	}
 	ch <- prometheus.MustNewConstMetric(m.isLeader, prometheus.GaugeValue, lead)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	snap, err := read(ctx, m.s.cli, m.s.k, "")
-	if err != nil {
-		return // the scrape shows the gap; etcd's trouble is logged elsewhere
+	nodes, _, _, rev := m.s.cache.pool()
+	if rev == 0 {
+		return // not listed yet: the scrape shows the gap
 	}
-	ch <- prometheus.MustNewConstMetric(m.nodes, prometheus.GaugeValue, float64(len(snap.nodes)))
-	ch <- prometheus.MustNewConstMetric(m.busy, prometheus.GaugeValue, float64(len(snap.busy())))
+	jobs := m.s.cache.jobsNow()
+	busy := 0
+	for _, j := range jobs {
+		if !j.terminal() && j.gen != nil {
+			busy += len(j.gen.Members)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(m.nodes, prometheus.GaugeValue, float64(len(nodes)))
+	ch <- prometheus.MustNewConstMetric(m.busy, prometheus.GaugeValue, float64(busy))
 	phases := map[pb.JobState_Phase]int{}
-	for _, j := range snap.jobs {
+	for _, j := range jobs {
 		phases[j.state.GetPhase()]++
 		id := j.spec.Id
 		if j.gen != nil {

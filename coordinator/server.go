@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -39,6 +41,11 @@ type server struct {
 	// health says whether etcd is reachable; while it is not, calls fail
 	// and streams end (Unavailable).
 	health *health
+	// cache is this coordinator's view of etcd: Watch, Status and Follow
+	// read it.
+	cache *cache
+	// streams numbers Watch streams, to name each one's connection key.
+	streams atomic.Int64
 }
 
 // auth refuses calls without the join token when one is set. The token is
@@ -118,6 +125,8 @@ func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 		return nil, status.Errorf(codes.InvalidArgument, "node %q advertises %s, a loopback address, but connects from %s: other nodes could not reach it (start the worker without --advertise-addr, or give its --iface)",
 			n.GetName(), n.GetHost(), from)
 	}
+	n = proto.Clone(n).(*pb.Node)
+	n.RegisteredUnixMs = time.Now().UnixMilli()
 	ttl := int64(s.cfg.LeaseTTL / time.Second)
 	lease, err := s.cli.Grant(ctx, ttl)
 	if err != nil {
@@ -141,90 +150,90 @@ func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 }
 
 // Watch implements pb.CoordinatorServer. The node's lease is kept alive
-// while the stream is open, and every renewal is sent to the agent (the
-// assignment again, with the lease's TTL) so that the agent knows how long
-// its ranks may run without another. A coordinator that cannot renew the
-// lease (etcd unreachable) ends the stream, so that the agent moves to one
-// that can.
+// while the stream is open, and every renewal is sent to the agent (a
+// renewal message with the lease's TTL) so that the agent knows how long
+// its ranks may run without another. Assignments come from this
+// coordinator's cache: a stream wakes when the cache changes, never reads
+// etcd itself. While the stream is open the node's connection key says so;
+// a stream that drops leaves the node in the pool, disconnected, until its
+// lease ends (an agent that comes back in time keeps its place).
 func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[pb.Assignment]) error {
 	ctx := stream.Context()
-	lease := clientv3.LeaseID(req.GetLeaseId())
+	node, lease := req.GetNode(), clientv3.LeaseID(req.GetLeaseId())
 	first, err := s.cli.KeepAliveOnce(ctx, lease)
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return status.Errorf(codes.NotFound, "node %q: lease %x is gone: register again", req.GetNode(), req.GetLeaseId())
+		return status.Errorf(codes.NotFound, "node %q: lease %x is gone: register again", node, req.GetLeaseId())
 	}
 	if err != nil {
-		return status.Errorf(codes.Unavailable, "node %q: renewing lease %x: %v", req.GetNode(), req.GetLeaseId(), err)
+		return status.Errorf(codes.Unavailable, "node %q: renewing lease %x: %v", node, req.GetLeaseId(), err)
 	}
-	kctx, stopKeep := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopKeep()
-	renewed := make(chan int64, 1)
-	keepErr := make(chan error, 1)
-	go func() { keepErr <- s.keepAlive(kctx, lease, renewed) }()
+	if err := s.cache.waitRev(ctx, req.GetFromRevision()); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	id := fmt.Sprintf("%s/%d", s.cfg.Name, s.streams.Add(1))
+	if _, err := s.cli.Put(ctx, s.k.conn(node), id, clientv3.WithLease(lease)); err != nil {
+		return etcdErr(err)
+	}
 	defer func() {
-		// A stream the agent dropped without Leave, while this coordinator
-		// is not shutting down and reaches etcd, is the agent's loss:
-		// revoke its lease now rather than waiting out the TTL.
-		select {
-		case <-s.stopping:
-		default:
-			if ctx.Err() != nil && !s.health.isDown() {
-				rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				if _, err := s.cli.Revoke(rctx, lease); err == nil {
-					s.log.Warn("node disconnected", "node", req.GetNode())
-				}
-				cancel()
-			}
+		// Only this stream's key: the agent may be on another stream
+		// already.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		resp, err := s.cli.Txn(rctx).If(clientv3.Compare(clientv3.Value(s.k.conn(node)), "=", id)).Then(clientv3.OpDelete(s.k.conn(node))).Commit()
+		if err == nil && resp.Succeeded && ctx.Err() != nil {
+			s.log.Info("node disconnected: it keeps its place until its lease ends", "node", node)
 		}
 	}()
-	w := s.cli.Watch(clientv3.WithRequireLeader(ctx), s.k.jobs(), clientv3.WithPrefix())
-	var last *pb.Assignment
-	send := func(ttlMs int64) error {
-		snap, err := read(ctx, s.cli, s.k, "")
-		if err != nil {
-			return etcdErr(err)
-		}
-		a := snap.assignment(req.GetNode())
-		if last != nil && proto.Equal(a, last) {
-			return nil
-		}
-		last = a
-		return stream.Send(withTTL(a, ttlMs))
+	kctx, stopKeep := context.WithCancel(ctx)
+	defer stopKeep()
+	renewals, err := s.cli.KeepAlive(kctx, lease)
+	if err != nil {
+		return etcdErr(err)
 	}
-	if err := send(first.TTL * 1000); err != nil {
+	a, changed := s.cache.assignment(node)
+	if err := stream.Send(withTTL(a, first.TTL*1000)); err != nil {
 		return err
 	}
+	last, renewed := a, time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-s.stopping:
 			return status.Error(codes.Unavailable, "coordinator shutting down")
-		case err := <-keepErr:
-			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-				return status.Errorf(codes.NotFound, "node %q: lease %x expired: register again", req.GetNode(), req.GetLeaseId())
+		case r, ok := <-renewals:
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return status.Errorf(codes.NotFound, "node %q: lease %x expired: register again", node, req.GetLeaseId())
 			}
-			s.log.Warn("cannot renew a node's lease: ending its stream so that it moves to another coordinator", "node", req.GetNode(), "err", err)
-			return status.Errorf(codes.Unavailable, "this coordinator cannot renew lease %x: %v", req.GetLeaseId(), err)
-		case ttl := <-renewed:
-			if err := stream.Send(withTTL(last, ttl)); err != nil {
+			now := time.Now()
+			if s.keepalive != nil {
+				s.keepalive(now.Sub(renewed).Seconds())
+			}
+			renewed = now
+			if err := stream.Send(&pb.Assignment{Renewal: true, LeaseTtlMs: r.TTL * 1000, Revision: last.Revision}); err != nil {
 				return err
 			}
-		case wr, ok := <-w:
-			if !ok {
-				return status.Error(codes.Unavailable, "etcd watch ended")
-			}
-			if err := wr.Err(); err != nil {
-				return etcdErr(err)
-			}
-			if !assignmentChanged(s.k, wr.Events) {
+		case <-changed:
+			var a *pb.Assignment
+			a, changed = s.cache.assignment(node)
+			if sameAssignment(a, last) {
 				continue
 			}
-			if err := send(0); err != nil {
+			last = a
+			if err := stream.Send(a); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// sameAssignment reports whether a and b run the same thing (revisions
+// aside). Spec and generation are the cache's: shared while unchanged.
+func sameAssignment(a, b *pb.Assignment) bool {
+	return a.Job == b.Job && a.Master == b.Master && a.Probe == b.Probe && (a.Generation == b.Generation || proto.Equal(a.Generation, b.Generation))
 }
 
 // withTTL is a with the lease renewal of ttlMs, or a itself for none.
@@ -235,53 +244,6 @@ func withTTL(a *pb.Assignment, ttlMs int64) *pb.Assignment {
 	a = proto.Clone(a).(*pb.Assignment)
 	a.LeaseTtlMs = ttlMs
 	return a
-}
-
-// keepAlive renews a node's lease every third of its TTL, timing each
-// renewal (the heartbeat latency metric) and handing the TTL granted to
-// renewed (which holds the newest only), until ctx ends or a renewal fails:
-// rpctypes.ErrLeaseNotFound when the lease is gone, etcd's error when etcd
-// did not answer in time.
-func (s *server) keepAlive(ctx context.Context, lease clientv3.LeaseID, renewed chan int64) error {
-	t := time.NewTicker(s.cfg.LeaseTTL / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-		start := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, s.cfg.LeaseTTL/3)
-		resp, err := s.cli.KeepAliveOnce(rctx, lease)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return err
-		}
-		if s.keepalive != nil {
-			s.keepalive(time.Since(start).Seconds())
-		}
-		select { // the newest renewal replaces one not yet sent
-		case <-renewed:
-		default:
-		}
-		renewed <- resp.TTL * 1000
-	}
-}
-
-// assignmentChanged reports whether any event touches what an assignment
-// is made of (not progress or exits, which change every step).
-func assignmentChanged(k keys, evs []*clientv3.Event) bool {
-	for _, ev := range evs {
-		key := string(ev.Kv.Key)
-		if strings.HasSuffix(key, "/generation") || strings.HasSuffix(key, "/state") || strings.Contains(key, "/bootstrap/") {
-			return true
-		}
-	}
-	return false
 }
 
 // Report implements pb.CoordinatorServer.
@@ -394,23 +356,36 @@ func (s *server) Submit(ctx context.Context, req *pb.SubmitRequest) (*pb.SubmitR
 func (s *server) Follow(req *pb.FollowRequest, stream grpc.ServerStreamingServer[pb.JobEvent]) error {
 	ctx := stream.Context()
 	id := req.GetJob()
-	snap, err := read(ctx, s.cli, s.k, id)
-	if err != nil {
-		return etcdErr(err)
+	if err := s.cache.waitRev(ctx, 1); err != nil {
+		return status.FromContextError(err).Err()
 	}
-	if len(snap.jobs) == 0 {
+	j, rev, ok := s.cache.jobOf(id)
+	if !ok {
+		// Submitted through another coordinator a moment ago, perhaps:
+		// catch up with etcd before saying no.
+		resp, err := s.cli.Get(ctx, s.k.spec(id), clientv3.WithCountOnly())
+		if err != nil {
+			return etcdErr(err)
+		}
+		if resp.Count > 0 {
+			if err := s.cache.waitRev(ctx, resp.Header.Revision); err != nil {
+				return status.FromContextError(err).Err()
+			}
+			j, rev, ok = s.cache.jobOf(id)
+		}
+	}
+	if !ok {
 		return status.Errorf(codes.NotFound, "no job %q", id)
 	}
 	from := req.GetFromRevision()
 	if from == 0 {
-		j := snap.jobs[0]
-		if err := stream.Send(&pb.JobEvent{State: j.state, Generation: j.gen, Step: j.step, Revision: snap.rev}); err != nil {
+		if err := stream.Send(&pb.JobEvent{State: j.state, Generation: j.gen, Step: j.step, Revision: rev}); err != nil {
 			return err
 		}
 		if j.terminal() {
 			return nil
 		}
-		from = snap.rev + 1
+		from = rev + 1
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -453,7 +428,7 @@ func (s *server) Follow(req *pb.FollowRequest, stream grpc.ServerStreamingServer
 				if err := stream.Send(out); err != nil {
 					return err
 				}
-				if out.State != nil && (&job{state: out.State}).terminal() {
+				if pb.Terminal(out.State) {
 					return nil
 				}
 			}
@@ -461,44 +436,68 @@ func (s *server) Follow(req *pb.FollowRequest, stream grpc.ServerStreamingServer
 	}
 }
 
-// Cancel implements pb.CoordinatorServer.
+// Cancel implements pb.CoordinatorServer. It writes CANCELLED over the
+// state it read, and reads again when someone (the leader) wrote the state
+// in between, until the job is cancelled or has ended otherwise; the
+// response carries the state the job is in.
 func (s *server) Cancel(ctx context.Context, req *pb.CancelRequest) (*pb.CancelResponse, error) {
-	snap, err := read(ctx, s.cli, s.k, req.GetJob())
-	if err != nil {
-		return nil, etcdErr(err)
-	}
-	if len(snap.jobs) == 0 {
-		return nil, status.Errorf(codes.NotFound, "no job %q", req.GetJob())
-	}
-	j := snap.jobs[0]
-	if j.terminal() {
-		return &pb.CancelResponse{}, nil
-	}
+	id := req.GetJob()
 	st := &pb.JobState{Phase: pb.JobState_CANCELLED, Reason: req.GetReason(), ExitCode: 130, FailedRank: -1}
 	if st.Reason == "" {
 		st.Reason = "cancelled"
 	}
-	_, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.state(j.spec.Id)), "=", j.stateRev)).
-		Then(clientv3.OpPut(s.k.state(j.spec.Id), encode(st))).Commit()
-	return &pb.CancelResponse{}, etcdErr(err)
+	for {
+		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(s.k.spec(id)), ">", 0)).
+			Then(clientv3.OpGet(s.k.state(id))).Commit()
+		if err != nil {
+			return nil, etcdErr(err)
+		}
+		if !resp.Succeeded {
+			return nil, status.Errorf(codes.NotFound, "no job %q", id)
+		}
+		cur, rev := &pb.JobState{Phase: pb.JobState_PENDING}, int64(0)
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
+			if err := decode(kvs[0].Value, cur); err != nil {
+				return nil, status.Errorf(codes.Internal, "job %s: state: %v", id, err)
+			}
+			rev = kvs[0].ModRevision
+		}
+		if pb.Terminal(cur) {
+			return &pb.CancelResponse{State: cur}, nil
+		}
+		w, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.state(id)), "=", rev)).
+			Then(clientv3.OpPut(s.k.state(id), encode(st))).Commit()
+		if err != nil {
+			return nil, etcdErr(err)
+		}
+		if w.Succeeded {
+			s.log.Info("job cancelled", "job", id, "reason", st.Reason)
+			return &pb.CancelResponse{State: st}, nil
+		}
+	}
 }
 
-// Status implements pb.CoordinatorServer.
+// Status implements pb.CoordinatorServer, from the cache.
 func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusResponse, error) {
-	snap, err := read(ctx, s.cli, s.k, "")
-	if err != nil {
-		return nil, etcdErr(err)
+	if err := s.cache.waitRev(ctx, 1); err != nil {
+		return nil, status.FromContextError(err).Err()
 	}
-	resp := &pb.StatusResponse{}
-	if lr, err := s.cli.Get(ctx, s.k.leader(), clientv3.WithFirstCreate()...); err == nil && len(lr.Kvs) > 0 {
-		resp.Leader = string(lr.Kvs[0].Value)
+	nodes, connected, leader, _ := s.cache.pool()
+	jobs := s.cache.jobsNow()
+	resp := &pb.StatusResponse{Leader: leader}
+	busy := map[string]string{}
+	for _, j := range jobs {
+		if !j.terminal() && j.gen != nil {
+			for _, m := range j.gen.Members {
+				busy[m.Node] = j.spec.Id
+			}
+		}
 	}
-	busy := snap.busy()
-	for _, n := range snap.nodes {
+	for _, n := range nodes {
 		resp.Nodes = append(resp.Nodes, &pb.NodeStatus{Node: n, Job: busy[n.Name]})
 	}
 	slices.SortFunc(resp.Nodes, func(a, b *pb.NodeStatus) int { return strings.Compare(a.Node.Name, b.Node.Name) })
-	for _, j := range snap.jobs {
+	for _, j := range jobs {
 		js := &pb.JobStatus{Spec: j.spec, State: j.state, Generation: j.gen, LastStep: j.step}
 		if j.commit != nil {
 			js.CommittedStep = j.commit.Step
@@ -506,8 +505,11 @@ func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusRes
 		js.Stragglers = j.stragglers.GetRanks()
 		for _, m := range j.gen.GetMembers() {
 			state := "lost"
-			if snap.nodes[m.Node] != nil {
+			switch {
+			case nodes[m.Node] != nil && connected[m.Node]:
 				state = "alive"
+			case nodes[m.Node] != nil:
+				state = "disconnected"
 			}
 			js.Members = append(js.Members, &pb.MemberStatus{Node: m.Node, FirstRank: m.FirstRank, Ranks: m.Ranks, State: state})
 		}

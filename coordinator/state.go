@@ -1,14 +1,9 @@
 package coordinator
 
 import (
-	"context"
-	"fmt"
-	"maps"
-	"slices"
+	"encoding/json"
 	"strconv"
-	"strings"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -28,6 +23,9 @@ import (
 //	jobs/<id>/exits/<gen>/<rank>       RankExit
 //	jobs/<id>/times/<gen>/<node>       RankTimes: the node's ranks' last window
 //	jobs/<id>/stragglers               Stragglers of the current generation
+//	jobs/<id>/policy                   jobPolicy: the leader's timers for the job (JSON)
+//	conns/<node>                       the node's open Watch stream, leased with the node
+//	policy/nodes/<node>                nodePolicy: strikes and cooldown (JSON), kept across registrations
 //	leader                             the election (etcd concurrency package)
 //	coordinators/<name>                a coordinator's gossip address, leased
 type keys string
@@ -45,6 +43,11 @@ func (k keys) times(id string, gen int64, node string) string {
 	return k.job(id) + "times/" + strconv.FormatInt(gen, 10) + "/" + node
 }
 func (k keys) stragglers(id string) string    { return k.job(id) + "stragglers" }
+func (k keys) policy(id string) string        { return k.job(id) + "policy" }
+func (k keys) conns() string                  { return string(k) + "conns/" }
+func (k keys) conn(node string) string        { return k.conns() + node }
+func (k keys) nodePolicies() string           { return string(k) + "policy/nodes/" }
+func (k keys) nodePolicy(node string) string  { return k.nodePolicies() + node }
 func (k keys) leader() string                 { return string(k) + "leader" }
 func (k keys) coordinators() string           { return string(k) + "coordinators/" }
 func (k keys) coordinator(name string) string { return k.coordinators() + name }
@@ -72,7 +75,43 @@ func decode(b []byte, m proto.Message) error {
 	return protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(b, m)
 }
 
-// job is everything etcd holds about one job, read in one revision.
+// encodeJSON and decodeJSON encode the leader's own bookkeeping, which is
+// not part of the protocol.
+func encodeJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only for values that cannot be marshalled: a bug
+	}
+	return string(b)
+}
+
+func decodeJSON(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// jobPolicy is the leader's timers for one job, kept in etcd with it so
+// that a new leader goes on where the old one stopped. Times are Unix
+// milliseconds of the leader's clock; 0 means unset.
+type jobPolicy struct {
+	// PendingSince is when the job started waiting for nodes: submitted
+	// and not yet frozen, or paused. The rendezvous timeout counts from it.
+	PendingSince int64 `json:"pending_since_ms,omitempty"`
+	// EnoughSince is when enough nodes were first free: the last call for
+	// more counts from it.
+	EnoughSince int64 `json:"enough_since_ms,omitempty"`
+	// FailedSince is when a failure of the current generation was first
+	// seen: its cause is settled FailureSettle later.
+	FailedSince int64 `json:"failed_since_ms,omitempty"`
+}
+
+// nodePolicy is what the leader holds against a node, kept across its
+// registrations: every loss or eviction is a strike, and a struck node
+// waits out a cooldown that doubles with each before a job takes it back.
+type nodePolicy struct {
+	Strikes       int   `json:"strikes"`
+	CooldownUntil int64 `json:"cooldown_until_ms"`
+}
+
+// job is what decide knows of one job: its fields of the current
+// generation, as the cache held them at one revision.
 type job struct {
 	spec      *pb.JobSpec
 	state     *pb.JobState
@@ -89,187 +128,8 @@ type job struct {
 	times      map[string]*pb.TimesHistory
 	stragglers *pb.Stragglers
 	created    int64 // create revision of the spec: submission order
+	policy     jobPolicy
 }
 
 // terminal reports whether the job has ended.
-func (j *job) terminal() bool {
-	switch j.state.GetPhase() {
-	case pb.JobState_SUCCEEDED, pb.JobState_FAILED, pb.JobState_CANCELLED:
-		return true
-	}
-	return false
-}
-
-// snapshot is the pool and every job at one etcd revision.
-type snapshot struct {
-	rev   int64
-	nodes map[string]*pb.Node
-	// nodeRev is each node key's create revision: a node that registered
-	// again (after its lease was lost) has a new one.
-	nodeRev map[string]int64
-	jobs    []*job // in submission order
-}
-
-// read loads a snapshot; only is a job id to read just that job ("" all).
-func read(ctx context.Context, cli *clientv3.Client, k keys, only string) (*snapshot, error) {
-	nodes, err := cli.Get(ctx, k.nodes(), clientv3.WithPrefix())
-	if err != nil {
-		return nil, err
-	}
-	prefix := k.jobs()
-	if only != "" {
-		prefix = k.job(only)
-	}
-	jr, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(nodes.Header.Revision))
-	if err != nil {
-		return nil, err
-	}
-	s := &snapshot{rev: nodes.Header.Revision, nodes: map[string]*pb.Node{}, nodeRev: map[string]int64{}}
-	for _, kv := range nodes.Kvs {
-		n := &pb.Node{}
-		if decode(kv.Value, n) == nil {
-			s.nodes[n.Name], s.nodeRev[n.Name] = n, kv.CreateRevision
-		}
-	}
-	byID := map[string]*job{}
-	get := func(id string) *job {
-		if j := byID[id]; j != nil {
-			return j
-		}
-		j := &job{exits: map[int32]*pb.RankExit{}, times: map[string]*pb.TimesHistory{}}
-		byID[id] = j
-		return j
-	}
-	type exitKV struct {
-		gen  int64
-		rank int32
-		rev  int64
-		e    *pb.RankExit
-	}
-	exits := map[string][]exitKV{}
-	timesOf := map[string]map[int64]map[string]*pb.TimesHistory{}
-	boots := map[string]map[int64]*pb.Bootstrap{}
-	for _, kv := range jr.Kvs {
-		rest := strings.TrimPrefix(string(kv.Key), k.jobs())
-		id, field, ok := strings.Cut(rest, "/")
-		if !ok {
-			continue
-		}
-		j := get(id)
-		switch {
-		case field == "spec":
-			j.spec, j.created = &pb.JobSpec{}, kv.CreateRevision
-			if err := decode(kv.Value, j.spec); err != nil {
-				return nil, fmt.Errorf("job %s spec: %w", id, err)
-			}
-		case field == "state":
-			j.state, j.stateRev = &pb.JobState{}, kv.ModRevision
-			decode(kv.Value, j.state)
-		case field == "generation":
-			j.gen, j.genRev = &pb.Generation{}, kv.ModRevision
-			decode(kv.Value, j.gen)
-		case field == "progress":
-			j.step = &pb.Step{}
-			decode(kv.Value, j.step)
-		case field == "commit":
-			j.commit = &pb.Step{}
-			decode(kv.Value, j.commit)
-		case field == "stragglers":
-			j.stragglers = &pb.Stragglers{}
-			decode(kv.Value, j.stragglers)
-		case strings.HasPrefix(field, "times/"):
-			parts := strings.Split(field, "/")
-			if len(parts) != 3 {
-				continue
-			}
-			g, _ := strconv.ParseInt(parts[1], 10, 64)
-			t := &pb.TimesHistory{}
-			if decode(kv.Value, t) == nil {
-				if timesOf[id] == nil {
-					timesOf[id] = map[int64]map[string]*pb.TimesHistory{}
-				}
-				if timesOf[id][g] == nil {
-					timesOf[id][g] = map[string]*pb.TimesHistory{}
-				}
-				timesOf[id][g][parts[2]] = t
-			}
-		case strings.HasPrefix(field, "bootstrap/"):
-			g, _ := strconv.ParseInt(strings.TrimPrefix(field, "bootstrap/"), 10, 64)
-			if boots[id] == nil {
-				boots[id] = map[int64]*pb.Bootstrap{}
-			}
-			b := &pb.Bootstrap{}
-			if decode(kv.Value, b) == nil {
-				boots[id][g] = b
-			}
-		case strings.HasPrefix(field, "exits/"):
-			parts := strings.Split(field, "/")
-			if len(parts) != 3 {
-				continue
-			}
-			g, _ := strconv.ParseInt(parts[1], 10, 64)
-			e := &pb.RankExit{}
-			if decode(kv.Value, e) == nil {
-				exits[id] = append(exits[id], exitKV{g, e.Rank, kv.ModRevision, e})
-			}
-		}
-	}
-	for id, j := range byID {
-		if j.spec == nil {
-			continue // a job being deleted, or keys without a spec
-		}
-		if j.state == nil {
-			j.state = &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1}
-		}
-		if j.gen != nil {
-			maps.Copy(j.times, timesOf[id][j.gen.Number])
-			if j.stragglers != nil && j.stragglers.Generation != j.gen.Number {
-				j.stragglers = nil
-			}
-			j.boot = boots[id][j.gen.Number]
-			es := exits[id]
-			slices.SortFunc(es, func(a, b exitKV) int { return int(a.rev - b.rev) })
-			for _, e := range es {
-				if e.gen == j.gen.Number {
-					if _, seen := j.exits[e.rank]; !seen {
-						j.exitOrder = append(j.exitOrder, e.rank)
-					}
-					j.exits[e.rank] = e.e
-				}
-			}
-		}
-		s.jobs = append(s.jobs, j)
-	}
-	slices.SortFunc(s.jobs, func(a, b *job) int { return int(a.created - b.created) })
-	return s, nil
-}
-
-// busy returns the running job of each node that is in one.
-func (s *snapshot) busy() map[string]string {
-	out := map[string]string{}
-	for _, j := range s.jobs {
-		if j.terminal() || j.gen == nil {
-			continue
-		}
-		for _, m := range j.gen.Members {
-			out[m.Node] = j.spec.Id
-		}
-	}
-	return out
-}
-
-// assignment returns what node should run now: the generation of the
-// unfinished job that holds it, or an empty Assignment.
-func (s *snapshot) assignment(node string) *pb.Assignment {
-	for _, j := range s.jobs {
-		if j.state.GetPhase() != pb.JobState_RUNNING || j.gen == nil {
-			continue // pending, paused or ended: nothing runs
-		}
-		for _, m := range j.gen.Members {
-			if m.Node == node {
-				return &pb.Assignment{Job: j.spec.Id, Spec: j.spec, Generation: j.gen, Master: j.boot.GetMaster(), Probe: j.boot.GetProbe()}
-			}
-		}
-	}
-	return &pb.Assignment{}
-}
+func (j *job) terminal() bool { return pb.Terminal(j.state) }

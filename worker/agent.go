@@ -133,9 +133,12 @@ type Agent struct {
 	instance string     // this run's, random: its gossip member is name#instance
 	out      sync.Mutex // serialises rank output lines
 
-	mu       sync.Mutex
-	client   pb.CoordinatorClient // current coordinator
-	lease    int64
+	mu     sync.Mutex
+	client pb.CoordinatorClient // current coordinator
+	lease  int64
+	// revision is the newest view of etcd an assignment came from: a stream
+	// opened on another coordinator starts no earlier.
+	revision int64
 	deadline time.Time              // when the lease runs out unless renewed: the ranks' right to run
 	renewed  chan struct{}          // poked at every renewal, for the fence
 	pool     *memberlist.Memberlist // nil until the first registration
@@ -319,7 +322,10 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		a.log.Info("registered", "gpus", a.cfg.GPUs, "host", a.net.Host, "bind", a.net.Bind, "iface", a.net.Iface)
 		a.joinPool(resp.Gossip)
 	}
-	stream, err := client.Watch(ctx, &pb.WatchRequest{Node: a.cfg.Name, LeaseId: lease})
+	a.mu.Lock()
+	seen := a.revision
+	a.mu.Unlock()
+	stream, err := client.Watch(ctx, &pb.WatchRequest{Node: a.cfg.Name, LeaseId: lease, FromRevision: seen})
 	if err != nil {
 		return err
 	}
@@ -340,7 +346,12 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		if asg.LeaseTtlMs > 0 {
 			a.renew(time.Now().Add(time.Duration(asg.LeaseTtlMs) * time.Millisecond))
 		}
-		run.apply(ctx, asg)
+		a.mu.Lock()
+		a.revision = max(a.revision, asg.Revision)
+		a.mu.Unlock()
+		if !asg.Renewal {
+			run.apply(ctx, asg)
+		}
 	}
 }
 

@@ -11,7 +11,7 @@ package gpucoordpb
 
 // ProtocolVersion is the version of this protocol. A coordinator refuses an
 // agent that speaks another.
-const ProtocolVersion = 2
+const ProtocolVersion = 3
 
 // TokenHeader is the metadata key of the join token; its value is
 // "Bearer <token>".

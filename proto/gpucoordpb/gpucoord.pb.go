@@ -102,9 +102,14 @@ type Node struct {
 	// instance identifies one run of the agent (random, per process). Its
 	// member of the gossip pool is named name#instance, so that the pool
 	// declaring an earlier run of the node dead never removes a later one.
-	Instance      string `protobuf:"bytes,7,opt,name=instance,proto3" json:"instance,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Instance string `protobuf:"bytes,7,opt,name=instance,proto3" json:"instance,omitempty"`
+	// registered_unix_ms is when the coordinator registered this run of the
+	// node (its clock; whatever the agent sends is replaced). A running job
+	// takes in a node only once it has been registered for the coordinator's
+	// stable-for, and this survives a change of leader.
+	RegisteredUnixMs int64 `protobuf:"varint,8,opt,name=registered_unix_ms,json=registeredUnixMs,proto3" json:"registered_unix_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -184,6 +189,13 @@ func (x *Node) GetInstance() string {
 		return x.Instance
 	}
 	return ""
+}
+
+func (x *Node) GetRegisteredUnixMs() int64 {
+	if x != nil {
+		return x.RegisteredUnixMs
+	}
+	return 0
 }
 
 type RegisterRequest struct {
@@ -365,9 +377,14 @@ func (x *Gossip) GetSuspicionMult() int32 {
 }
 
 type WatchRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	LeaseId       int64                  `protobuf:"varint,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Node    string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	LeaseId int64                  `protobuf:"varint,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// from_revision is the newest Assignment.revision the agent has seen (0
+	// for none): a coordinator whose view of etcd is older waits until it has
+	// caught up, so that an agent moving between coordinators never goes
+	// back to an older assignment.
+	FromRevision  int64 `protobuf:"varint,3,opt,name=from_revision,json=fromRevision,proto3" json:"from_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -412,6 +429,13 @@ func (x *WatchRequest) GetNode() string {
 func (x *WatchRequest) GetLeaseId() int64 {
 	if x != nil {
 		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *WatchRequest) GetFromRevision() int64 {
+	if x != nil {
+		return x.FromRevision
 	}
 	return 0
 }
@@ -877,7 +901,13 @@ type Assignment struct {
 	// node's lease for this long: the agent's deadline to stop its ranks is
 	// the time it received this plus lease_ttl_ms. The stream repeats the
 	// assignment with it at every renewal.
-	LeaseTtlMs    int64 `protobuf:"varint,6,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	LeaseTtlMs int64 `protobuf:"varint,6,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	// revision is the etcd revision of the coordinator's view this
+	// assignment was read from.
+	Revision int64 `protobuf:"varint,7,opt,name=revision,proto3" json:"revision,omitempty"`
+	// renewal marks a message that only renews the lease (lease_ttl_ms): the
+	// assignment is the one sent last, and every other field is empty.
+	Renewal       bool `protobuf:"varint,8,opt,name=renewal,proto3" json:"renewal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -952,6 +982,20 @@ func (x *Assignment) GetLeaseTtlMs() int64 {
 		return x.LeaseTtlMs
 	}
 	return 0
+}
+
+func (x *Assignment) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *Assignment) GetRenewal() bool {
+	if x != nil {
+		return x.Renewal
+	}
+	return false
 }
 
 // Bootstrap is rank 0's node's report that the generation can start: the
@@ -2326,7 +2370,9 @@ type MemberStatus struct {
 	Node      string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	FirstRank int32                  `protobuf:"varint,2,opt,name=first_rank,json=firstRank,proto3" json:"first_rank,omitempty"`
 	Ranks     int32                  `protobuf:"varint,3,opt,name=ranks,proto3" json:"ranks,omitempty"`
-	// state is "alive" while the node is in the pool, else "lost".
+	// state is "alive" while the node is in the pool and its agent's stream
+	// is open, "disconnected" while it is in the pool without a stream (its
+	// lease still runs), else "lost".
 	State         string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2455,7 +2501,7 @@ var File_proto_gpucoord_proto protoreflect.FileDescriptor
 
 const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
-	"\x14proto/gpucoord.proto\x12\vgpucoord.v1\"\xb9\x01\n" +
+	"\x14proto/gpucoord.proto\x12\vgpucoord.v1\"\xe7\x01\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x12\n" +
@@ -2463,7 +2509,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\rnvlink_domain\x18\x04 \x01(\tR\fnvlinkDomain\x12\x1a\n" +
 	"\bprotocol\x18\x05 \x01(\x05R\bprotocol\x12\x18\n" +
 	"\aversion\x18\x06 \x01(\tR\aversion\x12\x1a\n" +
-	"\binstance\x18\a \x01(\tR\binstance\"8\n" +
+	"\binstance\x18\a \x01(\tR\binstance\x12,\n" +
+	"\x12registered_unix_ms\x18\b \x01(\x03R\x10registeredUnixMs\"8\n" +
 	"\x0fRegisterRequest\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.gpucoord.v1.NodeR\x04node\"{\n" +
 	"\x10RegisterResponse\x12\x19\n" +
@@ -2475,10 +2522,11 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x05seeds\x18\x01 \x03(\tR\x05seeds\x12*\n" +
 	"\x11probe_interval_ms\x18\x02 \x01(\x03R\x0fprobeIntervalMs\x12(\n" +
 	"\x10probe_timeout_ms\x18\x03 \x01(\x03R\x0eprobeTimeoutMs\x12%\n" +
-	"\x0esuspicion_mult\x18\x04 \x01(\x05R\rsuspicionMult\"=\n" +
+	"\x0esuspicion_mult\x18\x04 \x01(\x05R\rsuspicionMult\"b\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\xcc\x06\n" +
+	"\blease_id\x18\x02 \x01(\x03R\aleaseId\x12#\n" +
+	"\rfrom_revision\x18\x03 \x01(\x03R\ffromRevision\"\xcc\x06\n" +
 	"\aJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\x12\x1b\n" +
@@ -2528,7 +2576,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x02dp\x18\x05 \x01(\x05R\x02dp\x12\x1f\n" +
 	"\vresume_step\x18\x06 \x01(\x03R\n" +
 	"resumeStep\x12\x16\n" +
-	"\x06reason\x18\a \x01(\tR\x06reason\"\xd1\x01\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\"\x87\x02\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -2539,7 +2587,9 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x06master\x18\x04 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x05 \x01(\tR\x05probe\x12 \n" +
 	"\flease_ttl_ms\x18\x06 \x01(\x03R\n" +
-	"leaseTtlMs\"9\n" +
+	"leaseTtlMs\x12\x1a\n" +
+	"\brevision\x18\a \x01(\x03R\brevision\x12\x18\n" +
+	"\arenewal\x18\b \x01(\bR\arenewal\"9\n" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x02 \x01(\tR\x05probe\"\xc4\x01\n" +

@@ -1,0 +1,537 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+)
+
+// cache is one coordinator's view of everything under the prefix: listed
+// once, then kept current by one etcd watch that starts at the list's
+// revision + 1 (listed again when etcd has compacted past it, or the watch
+// breaks). Every value is decoded once, when its event arrives. Agents'
+// Watch streams, Status and the leader all read it; none of them reads
+// etcd per event.
+//
+// # Concurrency
+//
+// run is the only writer; every other method may be called from any
+// goroutine. Messages handed out are shared and must not be modified.
+type cache struct {
+	cli *clientv3.Client
+	k   keys
+	log *slog.Logger
+
+	mu    sync.RWMutex
+	rev   int64 // the revision the view is at; 0 until the first list
+	nodes map[string]nodeEntry
+	// conns holds the nodes whose agent has a Watch stream open (the value
+	// names the stream), so that a node without one is disconnected.
+	conns   map[string]string
+	nodePol map[string]nodePolicy
+	jobs    map[string]*jobEntry
+	// candidates are the election's keys: the one created first leads.
+	candidates map[string]candidate
+	holder     map[string]string // node -> the running job whose generation holds it
+	changed    chan struct{}     // closed when an assignment may have changed
+	advanced   chan struct{}     // closed when rev moves
+	notify     func(jobs []string, pool bool)
+}
+
+// nodeEntry is a registered node and its key's create revision (a node
+// that registered again has a new one) and lease.
+type nodeEntry struct {
+	node    *pb.Node
+	created int64
+	lease   int64
+}
+
+// jobEntry is everything the prefix holds about one job, decoded.
+type jobEntry struct {
+	spec       *pb.JobSpec
+	created    int64 // the spec's create revision: submission order
+	state      *pb.JobState
+	stateRev   int64
+	gen        *pb.Generation
+	genRev     int64
+	policy     jobPolicy
+	boots      map[int64]*pb.Bootstrap
+	step       *pb.Step
+	commit     *pb.Step
+	exits      map[int64]map[int32]exitKV
+	times      map[int64]map[string]*pb.TimesHistory
+	stragglers *pb.Stragglers
+}
+
+type candidate struct {
+	name    string
+	created int64
+}
+
+type exitKV struct {
+	rev int64
+	e   *pb.RankExit
+}
+
+func newCache(cli *clientv3.Client, k keys, log *slog.Logger) *cache {
+	return &cache{cli: cli, k: k, log: log, changed: make(chan struct{}), advanced: make(chan struct{})}
+}
+
+// setNotify sets the function told, after each batch of events, which jobs
+// a decision may depend on and whether the pool changed; nil for none. It
+// is called without the cache's lock held and must not block.
+func (c *cache) setNotify(f func(jobs []string, pool bool)) {
+	c.mu.Lock()
+	c.notify = f
+	c.mu.Unlock()
+}
+
+// run keeps the view current until ctx ends.
+func (c *cache) run(ctx context.Context) error {
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := c.listAndWatch(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.log.Warn("etcd watch ended: listing again", "err", err, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+	return nil
+}
+
+// listAndWatch lists the prefix, then applies its watch from the list's
+// revision + 1 until the watch fails.
+func (c *cache) listAndWatch(ctx context.Context) error {
+	resp, err := c.cli.Get(ctx, string(c.k), clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	c.reset(resp.Header.Revision, resp.Kvs)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w := c.cli.Watch(clientv3.WithRequireLeader(wctx), string(c.k), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	for wr := range w {
+		if wr.CompactRevision != 0 {
+			return rpctypes.ErrCompacted
+		}
+		if err := wr.Err(); err != nil {
+			return err
+		}
+		c.apply(wr.Header.Revision, wr.Events)
+	}
+	return errors.New("watch closed")
+}
+
+// reset replaces the view with a listing at rev.
+func (c *cache) reset(rev int64, kvs []*mvccpb.KeyValue) {
+	c.mu.Lock()
+	c.nodes, c.conns, c.nodePol, c.jobs = map[string]nodeEntry{}, map[string]string{}, map[string]nodePolicy{}, map[string]*jobEntry{}
+	c.candidates = map[string]candidate{}
+	for _, kv := range kvs {
+		c.put(kv)
+	}
+	ids := c.ids()
+	c.finish(rev)
+	notify := c.notify
+	c.mu.Unlock()
+	if notify != nil {
+		notify(ids, true)
+	}
+}
+
+// apply adds one watch response's events at rev.
+func (c *cache) apply(rev int64, evs []*clientv3.Event) {
+	c.mu.Lock()
+	dirty := map[string]bool{}
+	pool := false
+	for _, ev := range evs {
+		key := string(ev.Kv.Key)
+		if ev.Type == clientv3.EventTypeDelete {
+			c.del(key)
+		} else {
+			c.put(ev.Kv)
+		}
+		switch id, field := c.jobKey(key); {
+		case id != "":
+			if affectsDecision(field) {
+				dirty[id] = true
+			}
+		case strings.HasPrefix(key, c.k.leader()+"/"):
+		default:
+			pool = pool || strings.HasPrefix(key, c.k.nodes()) || strings.HasPrefix(key, c.k.conns()) || strings.HasPrefix(key, c.k.nodePolicies())
+		}
+	}
+	var ids []string
+	if pool {
+		ids = c.ids()
+	} else {
+		for id := range dirty {
+			ids = append(ids, id)
+		}
+	}
+	c.finish(rev)
+	notify := c.notify
+	c.mu.Unlock()
+	if notify != nil && (len(ids) > 0 || pool) {
+		notify(ids, pool)
+	}
+}
+
+// affectsDecision reports whether a change of a job's field can change
+// what the leader decides for it. Progress, times and the leader's own
+// stragglers and policy do not: stragglers are checked on a timer, and a
+// grow-back waits for a commit, which arrives with its progress.
+func affectsDecision(field string) bool {
+	switch {
+	case field == "spec", field == "state", field == "generation", field == "commit", strings.HasPrefix(field, "exits/"):
+		return true
+	}
+	return false
+}
+
+// ids lists the jobs that have not ended.
+func (c *cache) ids() []string {
+	var out []string
+	for id, j := range c.jobs {
+		if j.spec != nil && !pb.Terminal(j.state) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// finish moves the view to rev, rebuilds the node -> job index and wakes
+// whoever waits on the view.
+func (c *cache) finish(rev int64) {
+	c.rev = rev
+	holder := map[string]string{}
+	for id, j := range c.jobs {
+		if j.spec == nil || j.gen == nil || j.state.GetPhase() != pb.JobState_RUNNING {
+			continue
+		}
+		for _, m := range j.gen.Members {
+			holder[m.Node] = id
+		}
+	}
+	c.holder = holder
+	close(c.changed)
+	c.changed = make(chan struct{})
+	close(c.advanced)
+	c.advanced = make(chan struct{})
+}
+
+// jobKey splits a key under jobs/ into the job's id and the field; "" for
+// another key.
+func (c *cache) jobKey(key string) (id, field string) {
+	rest, ok := strings.CutPrefix(key, c.k.jobs())
+	if !ok {
+		return "", ""
+	}
+	id, field, _ = strings.Cut(rest, "/")
+	return id, field
+}
+
+// put decodes one key into the view. A value that does not decode is
+// logged and left out: nothing but gpucoord writes under the prefix.
+func (c *cache) put(kv *mvccpb.KeyValue) {
+	key := string(kv.Key)
+	bad := func(err error) {
+		if err != nil {
+			c.log.Warn("undecodable value in etcd: ignored", "key", key, "err", err)
+		}
+	}
+	switch {
+	case strings.HasPrefix(key, c.k.leader()+"/"):
+		c.candidates[key] = candidate{name: string(kv.Value), created: kv.CreateRevision}
+	case strings.HasPrefix(key, c.k.nodes()):
+		n := &pb.Node{}
+		if err := decode(kv.Value, n); err != nil {
+			bad(err)
+			return
+		}
+		c.nodes[strings.TrimPrefix(key, c.k.nodes())] = nodeEntry{node: n, created: kv.CreateRevision, lease: kv.Lease}
+	case strings.HasPrefix(key, c.k.conns()):
+		c.conns[strings.TrimPrefix(key, c.k.conns())] = string(kv.Value)
+	case strings.HasPrefix(key, c.k.nodePolicies()):
+		var p nodePolicy
+		bad(decodeJSON(kv.Value, &p))
+		c.nodePol[strings.TrimPrefix(key, c.k.nodePolicies())] = p
+	default:
+		id, field := c.jobKey(key)
+		if id == "" {
+			return
+		}
+		j := c.jobs[id]
+		if j == nil {
+			j = &jobEntry{boots: map[int64]*pb.Bootstrap{}, exits: map[int64]map[int32]exitKV{}, times: map[int64]map[string]*pb.TimesHistory{}}
+			c.jobs[id] = j
+		}
+		c.putJob(j, field, kv, bad)
+	}
+}
+
+func (c *cache) putJob(j *jobEntry, field string, kv *mvccpb.KeyValue, bad func(error)) {
+	switch {
+	case field == "spec":
+		s := &pb.JobSpec{}
+		if err := decode(kv.Value, s); err != nil {
+			bad(err)
+			return
+		}
+		j.spec, j.created = s, kv.CreateRevision
+	case field == "state":
+		s := &pb.JobState{}
+		bad(decode(kv.Value, s))
+		j.state, j.stateRev = s, kv.ModRevision
+	case field == "generation":
+		g := &pb.Generation{}
+		bad(decode(kv.Value, g))
+		j.gen, j.genRev = g, kv.ModRevision
+	case field == "policy":
+		var p jobPolicy
+		bad(decodeJSON(kv.Value, &p))
+		j.policy = p
+	case field == "progress":
+		s := &pb.Step{}
+		bad(decode(kv.Value, s))
+		j.step = s
+	case field == "commit":
+		s := &pb.Step{}
+		bad(decode(kv.Value, s))
+		j.commit = s
+	case field == "stragglers":
+		s := &pb.Stragglers{}
+		bad(decode(kv.Value, s))
+		j.stragglers = s
+	case strings.HasPrefix(field, "bootstrap/"):
+		g, err := strconv.ParseInt(strings.TrimPrefix(field, "bootstrap/"), 10, 64)
+		b := &pb.Bootstrap{}
+		if err == nil {
+			err = decode(kv.Value, b)
+		}
+		if err != nil {
+			bad(err)
+			return
+		}
+		j.boots[g] = b
+	case strings.HasPrefix(field, "exits/"):
+		g, _, ok := genAndName(field)
+		e := &pb.RankExit{}
+		if err := decode(kv.Value, e); !ok || err != nil {
+			bad(err)
+			return
+		}
+		if j.exits[g] == nil {
+			j.exits[g] = map[int32]exitKV{}
+		}
+		j.exits[g][e.Rank] = exitKV{rev: kv.ModRevision, e: e}
+	case strings.HasPrefix(field, "times/"):
+		g, node, ok := genAndName(field)
+		t := &pb.TimesHistory{}
+		if err := decode(kv.Value, t); !ok || err != nil {
+			bad(err)
+			return
+		}
+		if j.times[g] == nil {
+			j.times[g] = map[string]*pb.TimesHistory{}
+		}
+		j.times[g][node] = t
+	}
+}
+
+// genAndName splits "exits/<gen>/<rank>" or "times/<gen>/<node>".
+func genAndName(field string) (int64, string, bool) {
+	parts := strings.Split(field, "/")
+	if len(parts) != 3 {
+		return 0, "", false
+	}
+	g, err := strconv.ParseInt(parts[1], 10, 64)
+	return g, parts[2], err == nil
+}
+
+// del removes one key from the view.
+func (c *cache) del(key string) {
+	switch {
+	case strings.HasPrefix(key, c.k.leader()+"/"):
+		delete(c.candidates, key)
+	case strings.HasPrefix(key, c.k.nodes()):
+		delete(c.nodes, strings.TrimPrefix(key, c.k.nodes()))
+	case strings.HasPrefix(key, c.k.conns()):
+		delete(c.conns, strings.TrimPrefix(key, c.k.conns()))
+	case strings.HasPrefix(key, c.k.nodePolicies()):
+		delete(c.nodePol, strings.TrimPrefix(key, c.k.nodePolicies()))
+	default:
+		id, field := c.jobKey(key)
+		j := c.jobs[id]
+		if j == nil {
+			return
+		}
+		switch {
+		case field == "spec":
+			delete(c.jobs, id) // the job is being forgotten: its keys go in one transaction
+		case field == "stragglers":
+			j.stragglers = nil
+		case field == "policy":
+			j.policy = jobPolicy{}
+		}
+	}
+}
+
+// waitRev blocks until the view is at rev or later, or ctx ends.
+func (c *cache) waitRev(ctx context.Context, rev int64) error {
+	for {
+		c.mu.RLock()
+		at, ch := c.rev, c.advanced
+		c.mu.RUnlock()
+		if at >= rev && at > 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+// assignment returns what node should run now (the generation of the
+// running job that holds it, or an empty Assignment), the revision of the
+// view, and a channel closed when that may change.
+func (c *cache) assignment(node string) (*pb.Assignment, <-chan struct{}) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	a := &pb.Assignment{Revision: c.rev}
+	if id := c.holder[node]; id != "" {
+		j := c.jobs[id]
+		boot := j.boots[j.gen.Number]
+		a.Job, a.Spec, a.Generation, a.Master, a.Probe = id, j.spec, j.gen, boot.GetMaster(), boot.GetProbe()
+	}
+	return a, c.changed
+}
+
+// view is one job and the pool as the cache holds them now, for decide:
+// the job's fields of its current generation only, and every map its own.
+func (c *cache) view(id string) (*view, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e := c.jobs[id]
+	if e == nil || e.spec == nil {
+		return nil, false
+	}
+	v := &view{job: e.job(), nodes: make(map[string]*pb.Node, len(c.nodes)), connected: make(map[string]bool, len(c.conns)),
+		busy: map[string]string{}, nodePolicy: make(map[string]nodePolicy, len(c.nodePol))}
+	for name, n := range c.nodes {
+		v.nodes[name] = n.node
+	}
+	for name := range c.conns {
+		v.connected[name] = true
+	}
+	for name, p := range c.nodePol {
+		v.nodePolicy[name] = p
+	}
+	for jid, o := range c.jobs {
+		if o.spec == nil || o.gen == nil || pb.Terminal(o.state) {
+			continue
+		}
+		for _, m := range o.gen.Members {
+			v.busy[m.Node] = jid
+		}
+	}
+	return v, true
+}
+
+// job builds the decision input of one job: its current generation's
+// bootstrap, exits (in the order they were written) and times.
+func (e *jobEntry) job() *job {
+	j := &job{spec: e.spec, state: e.state, stateRev: e.stateRev, gen: e.gen, genRev: e.genRev, policy: e.policy,
+		step: e.step, commit: e.commit, created: e.created, exits: map[int32]*pb.RankExit{}, times: map[string]*pb.TimesHistory{}}
+	if j.state == nil {
+		j.state = &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1}
+	}
+	if e.gen == nil {
+		return j
+	}
+	g := e.gen.Number
+	j.boot = e.boots[g]
+	for node, t := range e.times[g] {
+		j.times[node] = t
+	}
+	if e.stragglers != nil && e.stragglers.Generation == g {
+		j.stragglers = e.stragglers
+	}
+	ex := make([]exitKV, 0, len(e.exits[g]))
+	for _, x := range e.exits[g] {
+		ex = append(ex, x)
+	}
+	slices.SortFunc(ex, func(a, b exitKV) int { return int(a.rev - b.rev) })
+	for _, x := range ex {
+		j.exits[x.e.Rank] = x.e
+		j.exitOrder = append(j.exitOrder, x.e.Rank)
+	}
+	return j
+}
+
+// jobsNow returns every job with a spec, in submission order, each as its
+// current-generation view.
+func (c *cache) jobsNow() []*job {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]*job, 0, len(c.jobs))
+	for _, e := range c.jobs {
+		if e.spec != nil {
+			out = append(out, e.job())
+		}
+	}
+	slices.SortFunc(out, func(a, b *job) int { return int(a.created - b.created) })
+	return out
+}
+
+// pool returns the registered nodes, the connected ones, the leader and
+// the revision.
+func (c *cache) pool() (nodes map[string]*pb.Node, connected map[string]bool, leader string, rev int64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	nodes, connected = make(map[string]*pb.Node, len(c.nodes)), make(map[string]bool, len(c.conns))
+	for name, n := range c.nodes {
+		nodes[name] = n.node
+	}
+	for name := range c.conns {
+		connected[name] = true
+	}
+	var first candidate
+	for _, cand := range c.candidates {
+		if first.created == 0 || cand.created < first.created {
+			first = cand
+		}
+	}
+	return nodes, connected, first.name, c.rev
+}
+
+// jobOf returns one job's view and the revision, or false when there is
+// no such job.
+func (c *cache) jobOf(id string) (*job, int64, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e := c.jobs[id]
+	if e == nil || e.spec == nil {
+		return nil, c.rev, false
+	}
+	return e.job(), c.rev, true
+}

@@ -1,0 +1,687 @@
+package coordinator
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+)
+
+// view is what decide reads: one job and the pool, as the cache held them
+// at one revision. Every map is the view's own.
+type view struct {
+	job *job
+	// nodes are the registered nodes (their lease lives), by name.
+	nodes map[string]*pb.Node
+	// connected are the nodes whose agent has a Watch stream open.
+	connected map[string]bool
+	// busy names, for each node an unfinished job's generation holds (this
+	// job's too), that job.
+	busy       map[string]string
+	nodePolicy map[string]nodePolicy
+}
+
+// policy is the part of Config that decide reads.
+type policy struct {
+	FailureSettle    time.Duration
+	StableFor        time.Duration
+	StragglerFactor  float64
+	StragglerWindows int
+	// Recheck is how often a running job's compute times are looked at
+	// for stragglers (they change every window, not at an event).
+	Recheck time.Duration
+}
+
+func (c *Config) policy() policy {
+	return policy{FailureSettle: c.FailureSettle, StableFor: c.StableFor, StragglerFactor: c.StragglerFactor,
+		StragglerWindows: c.StragglerWindows, Recheck: c.Tick}
+}
+
+// decision is everything the leader does for a job after one look: the
+// writes, which it makes in one transaction (all or none), what to log,
+// and when to look again if nothing happens before.
+type decision struct {
+	state      *pb.JobState   // the job's new state; nil: unchanged
+	gen        *pb.Generation // the next generation; nil: none
+	stragglers *pb.Stragglers // nil: unchanged
+	policy     *jobPolicy     // the job's new timers; nil: unchanged
+	// strikes are the nodes struck, with their policy after the strike.
+	strikes map[string]nodePolicy
+	// msg and args are the log line of what happened; "" for nothing worth
+	// a line. warn marks one an operator should see.
+	msg  string
+	args []any
+	warn bool
+	// after is when to look again without an event; 0 for never.
+	after time.Duration
+}
+
+// writes reports whether d changes anything in etcd.
+func (d *decision) writes() bool {
+	return d.state != nil || d.gen != nil || d.stragglers != nil || d.policy != nil || len(d.strikes) > 0
+}
+
+// wake makes d look again at t at the latest.
+func (d *decision) wake(now, t time.Time) {
+	if left := t.Sub(now); left > 0 && (d.after == 0 || left < d.after) {
+		d.after = left
+	}
+}
+
+func (d *decision) log(warn bool, msg string, args ...any) { d.msg, d.args, d.warn = msg, args, warn }
+
+// decide is the leader's whole policy for one job: given the job and the
+// pool at one revision and the time, what to write and when to look again.
+// It reads no clock and does no I/O.
+//
+//   - Not yet frozen: wait for enough free connected nodes, then a last
+//     call for more up to max_nodes, and freeze generation 1 on the most
+//     nodes the layout works on; fail when the rendezvous timeout passes.
+//   - Running: succeeded when every rank exited 0. A failure waits
+//     FailureSettle for a node loss to show (a member disconnected at a
+//     failure counts as lost at once), then the next generation runs on
+//     the live members and free stable spares from the last commit; too few
+//     nodes pause the job; no restarts left fail it. Lost nodes are struck.
+//   - Stragglers are flagged and, when the job asks, evicted (struck).
+//   - A job below its size grows back at a step boundary with stable nodes.
+//   - Paused: resume once a layout of at least min_nodes is possible; fail
+//     when the rendezvous timeout passes first.
+//   - Ended (succeeded, failed, cancelled): nothing.
+func decide(v *view, now time.Time, p policy) decision {
+	j := v.job
+	switch {
+	case j.terminal():
+		return decision{}
+	case j.gen == nil:
+		return rendezvous(v, now)
+	case j.state.GetPhase() == pb.JobState_PENDING:
+		return resumePaused(v, now, p)
+	default:
+		return running(v, now, p)
+	}
+}
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+func at(ms int64) time.Time { return time.UnixMilli(ms) }
+
+// stateIf is st when it differs from the job's current state, else nil.
+func stateIf(j *job, st *pb.JobState) *pb.JobState {
+	if encode(st) == encode(j.state) {
+		return nil
+	}
+	return st
+}
+
+// rendezvous freezes the first generation of a pending job once enough
+// free nodes are connected (and the last call for more has passed), or
+// fails it when the rendezvous timeout passes first.
+func rendezvous(v *view, now time.Time) decision {
+	var d decision
+	j, spec := v.job, v.job.spec
+	pol := j.policy
+	if pol.PendingSince == 0 {
+		pol.PendingSince = ms(now)
+	}
+	free := freeNodes(v, spec)
+	need, most := int(spec.Nodes), max(int(spec.MaxNodes), int(spec.Nodes))
+	if len(free) < need {
+		pol.EnoughSince = 0
+		if t := time.Duration(spec.RendezvousTimeoutMs) * time.Millisecond; t > 0 {
+			deadline := at(pol.PendingSince).Add(t)
+			if !now.Before(deadline) {
+				d.state = &pb.JobState{Phase: pb.JobState_FAILED, ExitCode: 1, FailedRank: -1,
+					Reason: fmt.Sprintf("rendezvous timed out after %s: %s", t, waitingFor(v, spec, len(free)))}
+				d.log(true, "job failed", "job", spec.Id, "reason", d.state.Reason)
+				return d
+			}
+			d.wake(now, deadline)
+		}
+		d.state = stateIf(j, &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1, Reason: waitingFor(v, spec, len(free))})
+		if pol != j.policy {
+			d.policy = &pol
+		}
+		return d
+	}
+	if pol.EnoughSince == 0 {
+		pol.EnoughSince = ms(now)
+	}
+	if call := at(pol.EnoughSince).Add(time.Duration(spec.LastCallMs) * time.Millisecond); len(free) < most && now.Before(call) {
+		d.wake(now, call) // last call: wait a little for more
+		if pol != j.policy {
+			d.policy = &pol
+		}
+		return d
+	}
+	// The most nodes, up to max, on which the layout works.
+	n := usableNodes(spec, min(len(free), most), need)
+	if n == 0 {
+		_, err := Layout(spec, need)
+		d.state = &pb.JobState{Phase: pb.JobState_FAILED, ExitCode: 2, FailedRank: -1, Reason: fmt.Sprint(err)}
+		d.log(true, "job failed", "job", spec.Id, "reason", d.state.Reason)
+		return d
+	}
+	layout, _ := Layout(spec, n)
+	d.gen = buildGeneration(spec, 1, free[:n], layout.DP, 0, "")
+	d.state = &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1}
+	d.policy = &jobPolicy{}
+	d.log(false, "generation frozen", "job", spec.Id, "generation", 1, "nodes", memberNames(d.gen), "world", d.gen.World,
+		"rendezvous", now.Sub(at(pol.PendingSince)).Round(time.Millisecond))
+	return d
+}
+
+// running ends or replaces a running generation: succeeded when every rank
+// exited 0; on a rank failure or a lost member, the next generation, a
+// pause or the end.
+func running(v *view, now time.Time, p policy) decision {
+	j := v.job
+	var lost []string
+	for _, m := range j.gen.Members {
+		if v.nodes[m.Node] == nil {
+			lost = append(lost, m.Node)
+		}
+	}
+	first := firstFailure(j)
+	if first == nil && len(lost) == 0 {
+		if len(j.exits) == int(j.gen.World) {
+			d := decision{state: &pb.JobState{Phase: pb.JobState_SUCCEEDED, FailedRank: -1}}
+			d.log(false, "job succeeded", "job", j.spec.Id, "generation", j.gen.Number)
+			return d
+		}
+		if d := stragglers(v, now, p); d.gen != nil || d.stragglers != nil {
+			return d
+		}
+		d := admit(v, now, p)
+		if p.Recheck > 0 {
+			d.wake(now, now.Add(p.Recheck)) // compute times change without an event
+		}
+		return d
+	}
+	var d decision
+	pol := j.policy
+	if pol.FailedSince == 0 {
+		pol.FailedSince = ms(now)
+	}
+	if first != nil {
+		// A member whose agent is gone from its stream when a rank fails is
+		// most likely why (killed with its ranks): it is not trusted with
+		// the next generation, and nothing is waited for.
+		for _, m := range j.gen.Members {
+			if v.nodes[m.Node] != nil && !v.connected[m.Node] {
+				lost = append(lost, m.Node)
+			}
+		}
+	}
+	if settle := at(pol.FailedSince).Add(p.FailureSettle); len(lost) == 0 && now.Before(settle) {
+		d.wake(now, settle) // give a node loss behind this failure time to show
+		if pol != j.policy {
+			d.policy = &pol
+		}
+		return d
+	}
+	st := &pb.JobState{Phase: pb.JobState_FAILED, FailedRank: -1, ExitCode: 1, LostNodes: lost}
+	for _, n := range lost {
+		for _, m := range j.gen.Members {
+			if m.Node == n {
+				for r := m.FirstRank; r < m.FirstRank+m.Ranks; r++ {
+					st.LostRanks = append(st.LostRanks, r)
+				}
+			}
+		}
+	}
+	if first != nil {
+		st.FailedRank, st.ExitCode, st.FailedNode, st.Output = first.Rank, first.Code, memberOf(j.gen, first.Rank), first.Output
+	}
+	if len(lost) > 0 {
+		parts := make([]string, len(lost))
+		for i, n := range lost {
+			for _, m := range j.gen.Members {
+				if m.Node == n {
+					parts[i] = fmt.Sprintf("%s (ranks %d-%d)", n, m.FirstRank, m.FirstRank+m.Ranks-1)
+				}
+			}
+		}
+		st.Reason = "node lost: " + strings.Join(parts, ", ")
+	} else {
+		st.Reason = fmt.Sprintf("rank %d on %s exited with code %d", first.Rank, st.FailedNode, first.Code)
+		if first.Error != "" {
+			st.Reason += ": " + first.Error
+		}
+	}
+	exclude := map[string]bool{}
+	for _, n := range lost {
+		exclude[n] = true
+	}
+	if d, ok := recoverWithout(v, now, p, st.Reason, exclude); ok {
+		d.strikes = strike(v, now, p, lost, d.strikes)
+		return d
+	}
+	d.strikes = strike(v, now, p, lost, nil)
+	if restartsLeft(j) {
+		// Too few live nodes: pause until enough come back, or the
+		// rendezvous timeout passes.
+		d.state = &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1,
+			Reason: fmt.Sprintf("paused after generation %d: %s; %s", j.gen.Number, st.Reason, shortOf(v, exclude))}
+		d.policy = &jobPolicy{PendingSince: ms(now)}
+		d.log(true, "job paused", "job", j.spec.Id, "generation", j.gen.Number, "reason", st.Reason)
+		if t := time.Duration(j.spec.RendezvousTimeoutMs) * time.Millisecond; t > 0 {
+			d.wake(now, now.Add(t))
+		}
+		return d
+	}
+	d.state = st
+	d.policy = &jobPolicy{}
+	d.log(true, "job failed", "job", j.spec.Id, "generation", j.gen.Number, "reason", st.Reason)
+	return d
+}
+
+// shortOf says how many nodes a paused job has and needs.
+func shortOf(v *view, exclude map[string]bool) string {
+	live := 0
+	for _, m := range v.job.gen.Members {
+		if v.nodes[m.Node] != nil && !exclude[m.Node] {
+			live++
+		}
+	}
+	return fmt.Sprintf("waiting for nodes: %d live of at least %d", live, minNodes(v.job.spec))
+}
+
+// resumePaused restarts a paused job as soon as its live members and free
+// stable nodes make a usable layout of at least min_nodes, or fails it
+// when the rendezvous timeout passes first.
+func resumePaused(v *view, now time.Time, p policy) decision {
+	var d decision
+	j := v.job
+	pol := j.policy
+	if pol.PendingSince == 0 {
+		pol.PendingSince = ms(now) // paused by a version that kept no timer
+	}
+	most := max(int(j.spec.MaxNodes), int(j.spec.Nodes))
+	var nodes []*pb.Node
+	for _, m := range j.gen.Members {
+		if n := v.nodes[m.Node]; n != nil && v.connected[m.Node] {
+			nodes = append(nodes, n)
+		}
+	}
+	for _, n := range stableFree(v, now, p, &d, nil) {
+		if len(nodes) < most {
+			nodes = append(nodes, n)
+		}
+	}
+	if n := usableNodes(j.spec, len(nodes), minNodes(j.spec)); n > 0 {
+		d.after = 0
+		return nextGeneration(v, nodes[:n], fmt.Sprintf("resumed on %d node%s after a pause", n, plural(n)), now)
+	}
+	if t := time.Duration(j.spec.RendezvousTimeoutMs) * time.Millisecond; t > 0 {
+		deadline := at(pol.PendingSince).Add(t)
+		if !now.Before(deadline) {
+			d.state = &pb.JobState{Phase: pb.JobState_FAILED, ExitCode: 1, FailedRank: -1,
+				Reason: fmt.Sprintf("paused for %s without enough nodes: %s", t, j.state.Reason)}
+			d.policy = &jobPolicy{}
+			d.log(true, "job failed", "job", j.spec.Id, "reason", d.state.Reason)
+			d.after = 0
+			return d
+		}
+		d.wake(now, deadline)
+	}
+	if pol != j.policy {
+		d.policy = &pol
+	}
+	return d
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+// stragglers flags the job's stragglers from its nodes' recent windows of
+// compute times: a rank is one when in each of its last StragglerWindows
+// windows its mean exceeded StragglerFactor times the median of every
+// rank's latest mean. They are written (status, metrics) and logged with
+// node and GPU; with evict_stragglers their nodes are dropped as failed
+// (the job goes on without them, within max_restarts) and struck.
+func stragglers(v *view, now time.Time, p policy) decision {
+	var d decision
+	j := v.job
+	var latest []float64
+	for _, h := range j.times {
+		if n := len(h.Windows); n > 0 {
+			for _, r := range h.Windows[n-1].Ranks {
+				latest = append(latest, r.ComputeSeconds)
+			}
+		}
+	}
+	if len(latest) < 3 {
+		return d // a median of two says nothing about which is slow
+	}
+	slices.Sort(latest)
+	median := latest[len(latest)/2]
+	if len(latest)%2 == 0 {
+		median = (latest[len(latest)/2-1] + latest[len(latest)/2]) / 2
+	}
+	if median <= 0 {
+		return d
+	}
+	found := &pb.Stragglers{Generation: j.gen.Number}
+	evict := map[string]bool{}
+	for node, h := range j.times {
+		if len(h.Windows) < p.StragglerWindows {
+			continue
+		}
+		fastest := map[int32]float64{} // the fastest of each rank's windows
+		count := map[int32]int{}
+		for _, w := range h.Windows {
+			for _, r := range w.Ranks {
+				if count[r.Rank] == 0 || r.ComputeSeconds < fastest[r.Rank] {
+					fastest[r.Rank] = r.ComputeSeconds
+				}
+				count[r.Rank]++
+			}
+		}
+		for rank, f := range fastest {
+			if count[rank] < p.StragglerWindows || f <= p.StragglerFactor*median {
+				continue
+			}
+			local := rank
+			for _, m := range j.gen.Members {
+				if m.Node == node {
+					local = rank - m.FirstRank
+				}
+			}
+			found.Ranks = append(found.Ranks, &pb.Straggler{Rank: rank, Node: node, LocalRank: local, Ratio: math.Round(f/median*100) / 100})
+			evict[node] = true
+		}
+	}
+	slices.SortFunc(found.Ranks, func(a, b *pb.Straggler) int { return int(a.Rank - b.Rank) })
+	if (len(found.Ranks) > 0 || j.stragglers != nil) && encode(found) != encode(j.stragglers) {
+		d.stragglers = found
+		if len(found.Ranks) > 0 {
+			s := found.Ranks[0]
+			d.log(true, "stragglers", "job", j.spec.Id, "generation", j.gen.Number, "count", len(found.Ranks),
+				"rank", s.Rank, "node", s.Node, "gpu", s.LocalRank, "ratio", s.Ratio)
+		}
+	}
+	if !j.spec.EvictStragglers || len(evict) == 0 {
+		return d
+	}
+	names := slices.Sorted(maps.Keys(evict))
+	next, ok := recoverWithout(v, now, p, "stragglers evicted: "+strings.Join(names, ", "), evict)
+	if !ok {
+		return d
+	}
+	next.stragglers = d.stragglers
+	next.strikes = strike(v, now, p, names, next.strikes)
+	return next
+}
+
+// strike adds a strike to each node: a struck node waits StableFor *
+// 2^strikes (at most 10 minutes) before a job takes it back, so a host that
+// keeps failing is kept out longer each time.
+func strike(v *view, now time.Time, p policy, nodes []string, into map[string]nodePolicy) map[string]nodePolicy {
+	if len(nodes) == 0 {
+		return into
+	}
+	if into == nil {
+		into = map[string]nodePolicy{}
+	}
+	for _, n := range nodes {
+		np := v.nodePolicy[n]
+		np.Strikes++
+		np.CooldownUntil = ms(now.Add(min(p.StableFor<<min(np.Strikes, 20), 10*time.Minute)))
+		into[n] = np
+	}
+	return into
+}
+
+// coolingUntil is when node may join a running job: after its cooldown and
+// once registered for StableFor; the zero time when it may now.
+func coolingUntil(v *view, n *pb.Node, now time.Time, p policy) time.Time {
+	until := at(v.nodePolicy[n.Name].CooldownUntil)
+	if n.RegisteredUnixMs != 0 {
+		if stable := at(n.RegisteredUnixMs).Add(p.StableFor); stable.After(until) {
+			until = stable
+		}
+	}
+	if !now.Before(until) {
+		return time.Time{}
+	}
+	return until
+}
+
+// stableFree lists the free nodes a running or paused job may take now,
+// in placement order, but those excluded; d wakes when a cooling one may.
+func stableFree(v *view, now time.Time, p policy, d *decision, exclude map[string]bool) []*pb.Node {
+	var out []*pb.Node
+	for _, n := range freeNodes(v, v.job.spec) {
+		if exclude[n.Name] {
+			continue
+		}
+		if until := coolingUntil(v, n, now, p); !until.IsZero() {
+			d.wake(now, until)
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// restartsLeft reports whether the job may make another generation.
+func restartsLeft(j *job) bool { return j.gen.Number-1 < int64(j.spec.MaxRestarts) }
+
+// minNodes is the fewest nodes a job may run on.
+func minNodes(spec *pb.JobSpec) int {
+	if spec.MinNodes > 0 {
+		return int(spec.MinNodes)
+	}
+	return int(spec.Nodes)
+}
+
+// resumeStep is the step a new generation of j starts from: its last
+// committed checkpoint, or the beginning.
+func resumeStep(j *job) int64 {
+	if j.commit == nil {
+		return 0
+	}
+	return j.commit.Step
+}
+
+// recoverWithout makes the next generation of a job whose generation
+// failed, from the member nodes still alive (in their rank order, so rank 0
+// stays put when its node lives) but those excluded, and free stable
+// spares up to the job's size: TP and PP as planned, DP what the nodes
+// hold, from the last committed step. It reports false when the job may
+// not or cannot go on (no restarts left, fewer live nodes than min_nodes or
+// than any layout needs).
+func recoverWithout(v *view, now time.Time, p policy, why string, exclude map[string]bool) (decision, bool) {
+	j := v.job
+	if !restartsLeft(j) {
+		return decision{}, false
+	}
+	var live []*pb.Node
+	for _, m := range j.gen.Members {
+		if n := v.nodes[m.Node]; n != nil && !exclude[m.Node] {
+			live = append(live, n)
+		}
+	}
+	// Spare nodes, free and stable, take the lost ones' places at once
+	// rather than joining a generation later.
+	var spares []string
+	var ignored decision
+	for _, n := range stableFree(v, now, p, &ignored, exclude) {
+		if len(live) < max(int(j.spec.MaxNodes), int(j.spec.Nodes)) {
+			live, spares = append(live, n), append(spares, n.Name)
+		}
+	}
+	if len(spares) > 0 {
+		why += "; spare nodes joined: " + strings.Join(spares, ", ")
+	}
+	n := usableNodes(j.spec, len(live), minNodes(j.spec))
+	if n == 0 {
+		return decision{}, false
+	}
+	return nextGeneration(v, live[:n], why, now), true
+}
+
+// usableNodes is the most nodes, at most have and at least least, on which
+// the job's layout works; 0 when none.
+func usableNodes(spec *pb.JobSpec, have, least int) int {
+	for n := have; n >= max(least, 1); n-- {
+		if _, err := Layout(spec, n); err == nil {
+			return n
+		}
+	}
+	return 0
+}
+
+// admit grows a running job that has fewer nodes than it asked for with
+// free nodes registered for at least StableFor, at a step boundary (the
+// last reported step is committed, so no work is lost).
+func admit(v *view, now time.Time, p policy) decision {
+	var d decision
+	j, spec := v.job, v.job.spec
+	most := max(int(spec.MaxNodes), int(spec.Nodes))
+	if len(j.gen.Members) >= most || !restartsLeft(j) {
+		return d
+	}
+	var nodes []*pb.Node
+	for _, m := range j.gen.Members {
+		nodes = append(nodes, v.nodes[m.Node])
+	}
+	var added []string
+	for _, n := range stableFree(v, now, p, &d, nil) {
+		if len(nodes) < most {
+			nodes, added = append(nodes, n), append(added, n.Name)
+		}
+	}
+	if len(added) == 0 || j.commit == nil || j.step == nil || j.commit.Step != j.step.Step || j.gen.Number != j.commit.Generation {
+		return d // nobody to take, or not at a committed step boundary: the next commit looks again
+	}
+	n := usableNodes(spec, len(nodes), len(j.gen.Members)+1)
+	if n == 0 {
+		return d
+	}
+	return nextGeneration(v, nodes[:n], "nodes joined: "+strings.Join(added, ", "), now)
+}
+
+// nextGeneration is the decision to run generation g+1 of the job on
+// nodes.
+func nextGeneration(v *view, nodes []*pb.Node, why string, now time.Time) decision {
+	j := v.job
+	layout, err := Layout(j.spec, len(nodes))
+	if err != nil { // usableNodes chose nodes the layout works on: a bug
+		panic(fmt.Sprintf("next generation of %s on %d nodes: %v", j.spec.Id, len(nodes), err))
+	}
+	resume := resumeStep(j)
+	gen := buildGeneration(j.spec, j.gen.Number+1, nodes, layout.DP, resume, why)
+	d := decision{gen: gen, policy: &jobPolicy{},
+		state: &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1, Reason: fmt.Sprintf("generation %d: %s; resuming after step %d", gen.Number, why, resume)}}
+	d.log(true, "new generation", "job", j.spec.Id, "generation", gen.Number, "nodes", len(nodes), "dp", gen.Dp, "resume", resume, "why", why)
+	return d
+}
+
+// freeNodes lists the connected nodes no job holds that a job may
+// take, in placement order: the hostfile's order when the job has one,
+// else by name.
+func freeNodes(v *view, spec *pb.JobSpec) []*pb.Node {
+	var out []*pb.Node
+	for _, n := range v.nodes {
+		if v.busy[n.Name] == "" && v.connected[n.Name] && n.Gpus >= spec.GpusPerNode && (len(spec.Hosts) == 0 || hostIndex(spec.Hosts, n) >= 0) {
+			out = append(out, n)
+		}
+	}
+	slices.SortFunc(out, func(a, b *pb.Node) int {
+		if len(spec.Hosts) > 0 {
+			if d := hostIndex(spec.Hosts, a) - hostIndex(spec.Hosts, b); d != 0 {
+				return d
+			}
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out
+}
+
+// hostIndex is the position of n in a hostfile's list (by name or host),
+// or -1.
+func hostIndex(hosts []string, n *pb.Node) int {
+	for i, h := range hosts {
+		if h == n.Name || h == n.Host {
+			return i
+		}
+	}
+	return -1
+}
+
+// waitingFor says, in one line, what a pending job waits for.
+func waitingFor(v *view, spec *pb.JobSpec, free int) string {
+	s := fmt.Sprintf("waiting for nodes: %d of %d free with %d GPUs each (%d registered)", free, spec.Nodes, spec.GpusPerNode, len(v.nodes))
+	if len(spec.Hosts) > 0 {
+		s += " among hosts " + strings.Join(spec.Hosts, ",")
+	}
+	return s
+}
+
+// firstFailure is the rank failure that came first in time, as its node
+// saw it (a rank whose peer failed fails a moment later, and may be
+// reported sooner); among failures without a time, the first reported.
+// Nil when no rank failed.
+func firstFailure(j *job) *pb.RankExit {
+	var first *pb.RankExit
+	for _, r := range j.exitOrder {
+		e := j.exits[r]
+		if e.Code == 0 {
+			continue
+		}
+		if first == nil || e.FailedAtUnixMs != 0 && (first.FailedAtUnixMs == 0 || e.FailedAtUnixMs < first.FailedAtUnixMs) {
+			first = e
+		}
+	}
+	return first
+}
+
+// buildGeneration lays out generation number of a job on nodes, in order:
+// node i runs ranks i*G .. i*G+G-1.
+func buildGeneration(spec *pb.JobSpec, number int64, nodes []*pb.Node, dp int, resume int64, why string) *pb.Generation {
+	g := &pb.Generation{Job: spec.Id, Number: number, World: int32(len(nodes)) * spec.GpusPerNode, Dp: int32(dp), ResumeStep: resume, Reason: why}
+	for i, n := range nodes {
+		g.Members = append(g.Members, &pb.Member{Node: n.Name, Host: n.Host, FirstRank: int32(i) * spec.GpusPerNode, Ranks: spec.GpusPerNode})
+	}
+	return g
+}
+
+// memberOf names the node running rank r.
+func memberOf(g *pb.Generation, r int32) string {
+	for _, m := range g.Members {
+		if r >= m.FirstRank && r < m.FirstRank+m.Ranks {
+			return m.Node
+		}
+	}
+	return ""
+}
+
+// memberNames lists a generation's nodes, comma-separated.
+func memberNames(g *pb.Generation) string {
+	names := make([]string, len(g.Members))
+	for i, m := range g.Members {
+		names[i] = m.Node
+	}
+	return strings.Join(names, ",")
+}
+
+// forget lists the ended jobs to delete so that at most keep remain: the
+// oldest first. jobs are in submission order.
+func forget(jobs []*job, keep int) []string {
+	var ended []string
+	for _, j := range jobs {
+		if j.terminal() {
+			ended = append(ended, j.spec.Id)
+		}
+	}
+	return ended[:max(0, len(ended)-keep)]
+}
