@@ -105,6 +105,17 @@ func decide(v *view, now time.Time, p policy) decision {
 	}
 }
 
+// member is the registered node of a generation's member, or nil when the
+// member is lost: its lease ended, or the node registered again since (a
+// restarted agent, whose ranks died with its earlier run).
+func (v *view) member(m *pb.Member) *pb.Node {
+	n := v.nodes[m.Node]
+	if n == nil || m.Instance != "" && n.Instance != m.Instance {
+		return nil
+	}
+	return n
+}
+
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
 func at(ms int64) time.Time { return time.UnixMilli(ms) }
@@ -181,7 +192,7 @@ func running(v *view, now time.Time, p policy) decision {
 	j := v.job
 	var lost []string
 	for _, m := range j.gen.Members {
-		if v.nodes[m.Node] == nil {
+		if v.member(m) == nil {
 			lost = append(lost, m.Node)
 		}
 	}
@@ -196,7 +207,7 @@ func running(v *view, now time.Time, p policy) decision {
 			return d
 		}
 		d := admit(v, now, p)
-		if p.Recheck > 0 {
+		if p.Recheck > 0 && d.gen == nil {
 			d.wake(now, now.Add(p.Recheck)) // compute times change without an event
 		}
 		return d
@@ -211,7 +222,7 @@ func running(v *view, now time.Time, p policy) decision {
 		// most likely why (killed with its ranks): it is not trusted with
 		// the next generation, and nothing is waited for.
 		for _, m := range j.gen.Members {
-			if v.nodes[m.Node] != nil && !v.connected[m.Node] {
+			if v.member(m) != nil && !v.connected[m.Node] {
 				lost = append(lost, m.Node)
 			}
 		}
@@ -283,7 +294,7 @@ func running(v *view, now time.Time, p policy) decision {
 func shortOf(v *view, exclude map[string]bool) string {
 	live := 0
 	for _, m := range v.job.gen.Members {
-		if v.nodes[m.Node] != nil && !exclude[m.Node] {
+		if v.member(m) != nil && !exclude[m.Node] {
 			live++
 		}
 	}
@@ -303,7 +314,7 @@ func resumePaused(v *view, now time.Time, p policy) decision {
 	most := max(int(j.spec.MaxNodes), int(j.spec.Nodes))
 	var nodes []*pb.Node
 	for _, m := range j.gen.Members {
-		if n := v.nodes[m.Node]; n != nil && v.connected[m.Node] {
+		if n := v.member(m); n != nil && v.connected[m.Node] {
 			nodes = append(nodes, n)
 		}
 	}
@@ -313,7 +324,6 @@ func resumePaused(v *view, now time.Time, p policy) decision {
 		}
 	}
 	if n := usableNodes(j.spec, len(nodes), minNodes(j.spec)); n > 0 {
-		d.after = 0
 		return nextGeneration(v, nodes[:n], fmt.Sprintf("resumed on %d node%s after a pause", n, plural(n)), now)
 	}
 	if t := time.Duration(j.spec.RendezvousTimeoutMs) * time.Millisecond; t > 0 {
@@ -323,7 +333,7 @@ func resumePaused(v *view, now time.Time, p policy) decision {
 				Reason: fmt.Sprintf("paused for %s without enough nodes: %s", t, j.state.Reason)}
 			d.policy = &jobPolicy{}
 			d.log(true, "job failed", "job", j.spec.Id, "reason", d.state.Reason)
-			d.after = 0
+			d.after = 0 // over: no cooling node is waited for
 			return d
 		}
 		d.wake(now, deadline)
@@ -506,7 +516,7 @@ func recoverWithout(v *view, now time.Time, p policy, why string, exclude map[st
 	}
 	var live []*pb.Node
 	for _, m := range j.gen.Members {
-		if n := v.nodes[m.Node]; n != nil && !exclude[m.Node] {
+		if n := v.member(m); n != nil && !exclude[m.Node] {
 			live = append(live, n)
 		}
 	}
@@ -650,7 +660,7 @@ func firstFailure(j *job) *pb.RankExit {
 func buildGeneration(spec *pb.JobSpec, number int64, nodes []*pb.Node, dp int, resume int64, why string) *pb.Generation {
 	g := &pb.Generation{Job: spec.Id, Number: number, World: int32(len(nodes)) * spec.GpusPerNode, Dp: int32(dp), ResumeStep: resume, Reason: why}
 	for i, n := range nodes {
-		g.Members = append(g.Members, &pb.Member{Node: n.Name, Host: n.Host, FirstRank: int32(i) * spec.GpusPerNode, Ranks: spec.GpusPerNode})
+		g.Members = append(g.Members, &pb.Member{Node: n.Name, Host: n.Host, FirstRank: int32(i) * spec.GpusPerNode, Ranks: spec.GpusPerNode, Instance: n.Instance})
 	}
 	return g
 }

@@ -505,10 +505,12 @@ func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusRes
 		js.Stragglers = j.stragglers.GetRanks()
 		for _, m := range j.gen.GetMembers() {
 			state := "lost"
+			n := nodes[m.Node]
 			switch {
-			case nodes[m.Node] != nil && connected[m.Node]:
+			case n == nil || m.Instance != "" && n.Instance != m.Instance:
+			case connected[m.Node]:
 				state = "alive"
-			case nodes[m.Node] != nil:
+			default:
 				state = "disconnected"
 			}
 			js.Members = append(js.Members, &pb.MemberStatus{Node: m.Node, FirstRank: m.FirstRank, Ranks: m.Ranks, State: state})

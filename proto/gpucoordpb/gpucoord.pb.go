@@ -720,8 +720,12 @@ type Member struct {
 	Host  string                 `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
 	// first_rank is the node's first global rank; it runs ranks
 	// first_rank .. first_rank+ranks-1.
-	FirstRank     int32 `protobuf:"varint,3,opt,name=first_rank,json=firstRank,proto3" json:"first_rank,omitempty"`
-	Ranks         int32 `protobuf:"varint,4,opt,name=ranks,proto3" json:"ranks,omitempty"`
+	FirstRank int32 `protobuf:"varint,3,opt,name=first_rank,json=firstRank,proto3" json:"first_rank,omitempty"`
+	Ranks     int32 `protobuf:"varint,4,opt,name=ranks,proto3" json:"ranks,omitempty"`
+	// instance is the run of the node's agent the generation was given to
+	// (Node.instance): a node that restarted and registered again is not
+	// this member, and the member is lost.
+	Instance      string `protobuf:"bytes,5,opt,name=instance,proto3" json:"instance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -782,6 +786,13 @@ func (x *Member) GetRanks() int32 {
 		return x.Ranks
 	}
 	return 0
+}
+
+func (x *Member) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
 }
 
 // Generation is one frozen membership of a job with its layout.
@@ -2560,13 +2571,14 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x10keep_checkpoints\x18\x1a \x01(\x05R\x0fkeepCheckpoints\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"e\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x1d\n" +
 	"\n" +
 	"first_rank\x18\x03 \x01(\x05R\tfirstRank\x12\x14\n" +
-	"\x05ranks\x18\x04 \x01(\x05R\x05ranks\"\xc4\x01\n" +
+	"\x05ranks\x18\x04 \x01(\x05R\x05ranks\x12\x1a\n" +
+	"\binstance\x18\x05 \x01(\tR\binstance\"\xc4\x01\n" +
 	"\n" +
 	"Generation\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +

@@ -1,0 +1,457 @@
+package coordinator
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+)
+
+// t0 is the tests' "now": every time in a case is relative to it.
+var t0 = time.UnixMilli(1_800_000_000_000)
+
+var testPolicy = policy{FailureSettle: time.Second, StableFor: 2 * time.Second, StragglerFactor: 2, StragglerWindows: 3, Recheck: 200 * time.Millisecond}
+
+// pool is a view of connected nodes of 4 GPUs, registered an hour before
+// t0, each run named "<name>-1", and one job.
+func pool(j *job, names ...string) *view {
+	v := &view{job: j, nodes: map[string]*pb.Node{}, connected: map[string]bool{}, busy: map[string]string{}, nodePolicy: map[string]nodePolicy{}}
+	for _, n := range names {
+		v.nodes[n] = &pb.Node{Name: n, Host: n, Gpus: 4, Instance: n + "-1", RegisteredUnixMs: ms(t0.Add(-time.Hour))}
+		v.connected[n] = true
+	}
+	if j.gen != nil && !j.terminal() {
+		for _, m := range j.gen.Members {
+			v.busy[m.Node] = j.spec.Id
+		}
+	}
+	return v
+}
+
+// pending is a submitted job of n nodes of 4 GPUs (tp 2, pp 2).
+func pending(n int32, edit func(*pb.JobSpec)) *job {
+	s := &pb.JobSpec{Id: "j", Nodes: n, GpusPerNode: 4, Tp: 2, Pp: 2, Command: []string{"true"}, MaxRestarts: 3}
+	if edit != nil {
+		edit(s)
+	}
+	return &job{spec: s, state: &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1, Reason: "waiting for rendezvous"},
+		exits: map[int32]*pb.RankExit{}, times: map[string]*pb.TimesHistory{}}
+}
+
+// runningOn is j running generation g on nodes (runs "<name>-1").
+func runningOn(j *job, g int64, nodes ...string) *job {
+	var ns []*pb.Node
+	for _, n := range nodes {
+		ns = append(ns, &pb.Node{Name: n, Host: n, Instance: n + "-1"})
+	}
+	l, err := Layout(j.spec, len(nodes))
+	if err != nil {
+		panic(err)
+	}
+	j.gen = buildGeneration(j.spec, g, ns, l.DP, 0, "")
+	j.state = &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1}
+	return j
+}
+
+func fail(j *job, rank, code int32, at time.Time) *job {
+	j.exits[rank] = &pb.RankExit{Rank: rank, Code: code, FailedAtUnixMs: ms(at)}
+	j.exitOrder = append(j.exitOrder, rank)
+	return j
+}
+
+func names(g *pb.Generation) string {
+	if g == nil {
+		return "-"
+	}
+	return memberNames(g)
+}
+
+// want is what a case expects of a decision; zero fields are not checked
+// unless noted.
+type want struct {
+	phase    pb.JobState_Phase // 0: no state written
+	reason   string            // a substring of the new state's reason
+	gen      string            // the next generation's nodes, comma-separated; "" none
+	genNum   int64
+	dp       int32
+	resume   int64
+	strikes  map[string]int // node -> strikes after; nil: none
+	policy   *jobPolicy     // the job's timers written; nil: unchanged
+	after    time.Duration  // when to look again; 0: never
+	stragg   []int32        // ranks flagged
+	noWrites bool
+}
+
+func check(t *testing.T, d decision, w want) {
+	t.Helper()
+	switch {
+	case w.phase == 0 && d.state != nil:
+		t.Errorf("state written: %v", d.state)
+	case w.phase != 0 && d.state == nil:
+		t.Errorf("no state written, want %v", w.phase)
+	case w.phase != 0 && (d.state.Phase != w.phase || !strings.Contains(d.state.Reason, w.reason)):
+		t.Errorf("state = %v %q, want %v containing %q", d.state.Phase, d.state.Reason, w.phase, w.reason)
+	}
+	if got := names(d.gen); w.gen == "" && d.gen != nil || w.gen != "" && got != w.gen {
+		t.Errorf("generation on %s, want %q", got, w.gen)
+	}
+	if d.gen != nil && w.genNum != 0 && (d.gen.Number != w.genNum || d.gen.Dp != w.dp || d.gen.ResumeStep != w.resume) {
+		t.Errorf("generation %d dp %d resume %d, want %d dp %d resume %d", d.gen.Number, d.gen.Dp, d.gen.ResumeStep, w.genNum, w.dp, w.resume)
+	}
+	if len(d.strikes) != len(w.strikes) {
+		t.Errorf("strikes = %v, want %v", d.strikes, w.strikes)
+	}
+	for n, k := range w.strikes {
+		if d.strikes[n].Strikes != k {
+			t.Errorf("strikes of %s = %d, want %d", n, d.strikes[n].Strikes, k)
+		}
+	}
+	if w.policy != nil && (d.policy == nil || *d.policy != *w.policy) {
+		t.Errorf("policy = %+v, want %+v", d.policy, *w.policy)
+	}
+	if d.after != w.after {
+		t.Errorf("after = %s, want %s", d.after, w.after)
+	}
+	if w.stragg != nil {
+		var got []int32
+		for _, s := range d.stragglers.GetRanks() {
+			got = append(got, s.Rank)
+		}
+		if len(got) != len(w.stragg) || (len(got) > 0 && got[0] != w.stragg[0]) {
+			t.Errorf("stragglers = %v, want %v", got, w.stragg)
+		}
+	}
+	if w.noWrites && d.writes() {
+		t.Errorf("writes %+v, want none", d)
+	}
+}
+
+func TestDecideRendezvous(t *testing.T) {
+	since := ms(t0.Add(-time.Second))
+	tests := []struct {
+		name string
+		v    *view
+		want want
+	}{
+		{name: "too few nodes: wait, start the clock",
+			v:    pool(pending(2, func(s *pb.JobSpec) { s.RendezvousTimeoutMs = 5000 }), "n0"),
+			want: want{phase: pb.JobState_PENDING, reason: "waiting for nodes: 1 of 2 free with 4 GPUs each (1 registered)", policy: &jobPolicy{PendingSince: ms(t0)}, after: 5 * time.Second}},
+		{name: "too few until the timeout: failed",
+			v: func() *view {
+				j := pending(2, func(s *pb.JobSpec) { s.RendezvousTimeoutMs = 5000 })
+				j.policy.PendingSince = ms(t0.Add(-5 * time.Second))
+				return pool(j, "n0")
+			}(),
+			want: want{phase: pb.JobState_FAILED, reason: "rendezvous timed out after 5s: waiting for nodes: 1 of 2"}},
+		{name: "a disconnected node is not free",
+			v: func() *view {
+				v := pool(pending(2, nil), "n0", "n1")
+				delete(v.connected, "n1")
+				return v
+			}(),
+			want: want{phase: pb.JobState_PENDING, reason: "1 of 2 free", policy: &jobPolicy{PendingSince: ms(t0)}}},
+		{name: "a node another job holds is not free",
+			v: func() *view {
+				v := pool(pending(2, nil), "n0", "n1")
+				v.busy["n1"] = "other"
+				return v
+			}(),
+			want: want{phase: pb.JobState_PENDING, reason: "1 of 2 free"}},
+		{name: "enough: frozen on the nodes in name order",
+			v:    pool(pending(2, nil), "n1", "n0", "n2"),
+			want: want{phase: pb.JobState_RUNNING, gen: "n0,n1", genNum: 1, dp: 2, policy: &jobPolicy{}}},
+		{name: "enough but fewer than max: last call",
+			v: func() *view {
+				j := pending(2, func(s *pb.JobSpec) { s.MaxNodes, s.LastCallMs = 4, 500 })
+				j.policy.PendingSince = since
+				return pool(j, "n0", "n1")
+			}(),
+			want: want{policy: &jobPolicy{PendingSince: since, EnoughSince: ms(t0)}, after: 500 * time.Millisecond}},
+		{name: "last call over: frozen on what came",
+			v: func() *view {
+				j := pending(2, func(s *pb.JobSpec) { s.MaxNodes, s.LastCallMs = 4, 500 })
+				j.policy = jobPolicy{PendingSince: since, EnoughSince: ms(t0.Add(-500 * time.Millisecond))}
+				return pool(j, "n0", "n1", "n2")
+			}(),
+			want: want{phase: pb.JobState_RUNNING, gen: "n0,n1,n2", genNum: 1, dp: 3}},
+		{name: "a loss during last call below nodes: back to waiting, the call forgotten",
+			v: func() *view {
+				j := pending(2, func(s *pb.JobSpec) { s.MaxNodes, s.LastCallMs = 4, 500 })
+				j.policy = jobPolicy{PendingSince: since, EnoughSince: ms(t0.Add(-100 * time.Millisecond))}
+				return pool(j, "n0")
+			}(),
+			want: want{phase: pb.JobState_PENDING, reason: "1 of 2 free", policy: &jobPolicy{PendingSince: since}}},
+		{name: "a loss during last call that leaves enough: the call runs on",
+			v: func() *view {
+				j := pending(2, func(s *pb.JobSpec) { s.MaxNodes, s.LastCallMs = 4, 500 })
+				j.policy = jobPolicy{PendingSince: since, EnoughSince: ms(t0.Add(-100 * time.Millisecond))}
+				return pool(j, "n0", "n2")
+			}(),
+			want: want{after: 400 * time.Millisecond, noWrites: true}},
+		{name: "max nodes present: no last call",
+			v:    pool(pending(2, func(s *pb.JobSpec) { s.MaxNodes, s.LastCallMs = 3, 500 }), "n0", "n1", "n2", "n3"),
+			want: want{phase: pb.JobState_RUNNING, gen: "n0,n1,n2", genNum: 1, dp: 3}},
+		{name: "the most nodes a global batch allows",
+			v: pool(pending(2, func(s *pb.JobSpec) {
+				s.MaxNodes, s.GlobalBatch, s.MicroBatch = 3, 16, 2 // dp 3 does not divide 8 micro-batches
+			}), "n0", "n1", "n2"),
+			want: want{phase: pb.JobState_RUNNING, gen: "n0,n1", dp: 2, genNum: 1}},
+		{name: "no layout works: failed with the reason",
+			v:    pool(pending(1, func(s *pb.JobSpec) { s.GlobalBatch, s.MicroBatch = 3, 2 }), "n0"),
+			want: want{phase: pb.JobState_FAILED, reason: "does not divide the global batch"}},
+		{name: "hostfile order and hosts only",
+			v:    pool(pending(2, func(s *pb.JobSpec) { s.Hosts = []string{"n2", "n0"} }), "n0", "n1", "n2"),
+			want: want{phase: pb.JobState_RUNNING, gen: "n2,n0"}},
+		{name: "ended: nothing",
+			v: func() *view {
+				j := pending(2, nil)
+				j.state = &pb.JobState{Phase: pb.JobState_CANCELLED}
+				return pool(j, "n0", "n1")
+			}(),
+			want: want{noWrites: true}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { check(t, decide(tc.v, t0, testPolicy), tc.want) })
+	}
+}
+
+func TestDecideRunning(t *testing.T) {
+	settling := ms(t0.Add(-300 * time.Millisecond))
+	tests := []struct {
+		name string
+		v    *view
+		want want
+	}{
+		{name: "healthy: look again for stragglers",
+			v:    pool(runningOn(pending(2, nil), 1, "n0", "n1"), "n0", "n1"),
+			want: want{after: testPolicy.Recheck, noWrites: true}},
+		{name: "every rank exited 0: succeeded",
+			v: func() *view {
+				j := runningOn(pending(1, nil), 1, "n0")
+				for r := range int32(4) {
+					j.exits[r] = &pb.RankExit{Rank: r}
+				}
+				return pool(j, "n0")
+			}(),
+			want: want{phase: pb.JobState_SUCCEEDED}},
+		{name: "a rank failed: settle first",
+			v:    pool(fail(runningOn(pending(2, nil), 1, "n0", "n1"), 2, 9, t0), "n0", "n1"),
+			want: want{policy: &jobPolicy{FailedSince: ms(t0)}, after: time.Second}},
+		{name: "settled: the next generation on the same nodes",
+			v: func() *view {
+				j := fail(runningOn(pending(2, nil), 1, "n0", "n1"), 2, 9, t0)
+				j.policy.FailedSince = ms(t0.Add(-time.Second))
+				j.commit, j.step = &pb.Step{Step: 7, Generation: 1}, &pb.Step{Step: 8}
+				return pool(j, "n0", "n1")
+			}(),
+			want: want{phase: pb.JobState_RUNNING, reason: "rank 2 on n0 exited with code 9; resuming after step 7", gen: "n0,n1", genNum: 2, dp: 2, resume: 7, policy: &jobPolicy{}}},
+		{name: "a node lost: the next generation at once, without it, struck",
+			v:    pool(runningOn(pending(2, func(s *pb.JobSpec) { s.MinNodes = 1 }), 1, "n0", "n1"), "n0"),
+			want: want{phase: pb.JobState_RUNNING, reason: "node lost: n1 (ranks 4-7)", gen: "n0", genNum: 2, dp: 1, strikes: map[string]int{"n1": 1}}},
+		{name: "a node lost while a failure settles: no more waiting",
+			v: func() *view {
+				j := fail(runningOn(pending(2, func(s *pb.JobSpec) { s.MinNodes = 1 }), 1, "n0", "n1"), 0, 1, t0)
+				j.policy.FailedSince = settling
+				return pool(j, "n0")
+			}(),
+			want: want{phase: pb.JobState_RUNNING, reason: "node lost: n1", gen: "n0", strikes: map[string]int{"n1": 1}}},
+		{name: "two losses in one settle window: both out, both struck",
+			v: func() *view {
+				j := fail(runningOn(pending(3, func(s *pb.JobSpec) { s.MinNodes = 1 }), 1, "n0", "n1", "n2"), 0, 1, t0)
+				j.policy.FailedSince = settling
+				return pool(j, "n0")
+			}(),
+			want: want{phase: pb.JobState_RUNNING, reason: "node lost: n1 (ranks 4-7), n2 (ranks 8-11)", gen: "n0", strikes: map[string]int{"n1": 1, "n2": 1}}},
+		{name: "disconnected when a rank fails: lost at once (a killed agent)",
+			v: func() *view {
+				v := pool(fail(runningOn(pending(2, func(s *pb.JobSpec) { s.MinNodes = 1 }), 1, "n0", "n1"), 1, 1, t0), "n0", "n1")
+				delete(v.connected, "n1")
+				return v
+			}(),
+			want: want{phase: pb.JobState_RUNNING, reason: "node lost: n1 (ranks 4-7)", gen: "n0", strikes: map[string]int{"n1": 1}}},
+		{name: "disconnected without a failure: keeps its place",
+			v: func() *view {
+				v := pool(runningOn(pending(2, nil), 1, "n0", "n1"), "n0", "n1")
+				delete(v.connected, "n1")
+				return v
+			}(),
+			want: want{after: testPolicy.Recheck, noWrites: true}},
+		{name: "a rejoin racing a loss: the node registered again is another run, the member is lost",
+			v: func() *view {
+				v := pool(runningOn(pending(2, func(s *pb.JobSpec) { s.MinNodes = 1 }), 1, "n0", "n1"), "n0", "n1")
+				v.nodes["n1"].Instance, v.nodes["n1"].RegisteredUnixMs = "n1-2", ms(t0)
+				return v
+			}(),
+			want: want{phase: pb.JobState_RUNNING, reason: "node lost: n1", gen: "n0", strikes: map[string]int{"n1": 1}}},
+		{name: "a lost node's place taken by a stable spare",
+			v:    pool(runningOn(pending(2, nil), 1, "n0", "n1"), "n0", "n2"),
+			want: want{phase: pb.JobState_RUNNING, reason: "node lost: n1 (ranks 4-7); spare nodes joined: n2", gen: "n0,n2", strikes: map[string]int{"n1": 1}}},
+		{name: "a spare still cooling is not taken",
+			v: func() *view {
+				v := pool(runningOn(pending(2, nil), 1, "n0", "n1"), "n0", "n2")
+				v.nodePolicy["n2"] = nodePolicy{Strikes: 1, CooldownUntil: ms(t0.Add(time.Second))}
+				return v
+			}(),
+			want: want{phase: pb.JobState_PENDING, reason: "paused after generation 1: node lost: n1 (ranks 4-7); waiting for nodes: 1 live of at least 2",
+				strikes: map[string]int{"n1": 1}, policy: &jobPolicy{PendingSince: ms(t0)}}},
+		{name: "a strike doubles the cooldown of a struck node",
+			v: func() *view {
+				v := pool(runningOn(pending(2, func(s *pb.JobSpec) { s.MinNodes = 1 }), 1, "n0", "n1"), "n0")
+				v.nodePolicy["n1"] = nodePolicy{Strikes: 2}
+				return v
+			}(),
+			want: want{phase: pb.JobState_RUNNING, gen: "n0", strikes: map[string]int{"n1": 3}}},
+		{name: "too few left for min nodes: paused",
+			v:    pool(runningOn(pending(2, func(s *pb.JobSpec) { s.RendezvousTimeoutMs = 9000 }), 1, "n0", "n1"), "n0"),
+			want: want{phase: pb.JobState_PENDING, reason: "waiting for nodes: 1 live of at least 2", strikes: map[string]int{"n1": 1}, policy: &jobPolicy{PendingSince: ms(t0)}, after: 9 * time.Second}},
+		{name: "no restarts left: failed naming the first failure in time",
+			v: func() *view {
+				j := runningOn(pending(2, func(s *pb.JobSpec) { s.MaxRestarts = 0 }), 1, "n0", "n1")
+				fail(j, 6, 1, t0)
+				fail(j, 2, 7, t0.Add(-10*time.Millisecond)) // reported later, failed first
+				j.policy.FailedSince = ms(t0.Add(-time.Second))
+				return pool(j, "n0", "n1")
+			}(),
+			want: want{phase: pb.JobState_FAILED, reason: "rank 2 on n0 exited with code 7", policy: &jobPolicy{}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { check(t, decide(tc.v, t0, testPolicy), tc.want) })
+	}
+}
+
+func TestDecideGrowPauseResume(t *testing.T) {
+	atBoundary := func(j *job) *job {
+		j.commit, j.step = &pb.Step{Step: 10, Generation: j.gen.Number}, &pb.Step{Step: 10}
+		return j
+	}
+	shrunk := func(edit func(*pb.JobSpec)) *job {
+		return runningOn(pending(2, func(s *pb.JobSpec) {
+			s.MinNodes = 1
+			if edit != nil {
+				edit(s)
+			}
+		}), 2, "n0")
+	}
+	tests := []struct {
+		name string
+		v    *view
+		want want
+	}{
+		{name: "grow back at a committed step with a stable node",
+			v:    pool(atBoundary(shrunk(nil)), "n0", "n1"),
+			want: want{phase: pb.JobState_RUNNING, reason: "nodes joined: n1; resuming after step 10", gen: "n0,n1", genNum: 3, dp: 2, resume: 10}},
+		{name: "not at a committed step: wait for the next commit",
+			v: func() *view {
+				j := atBoundary(shrunk(nil))
+				j.step = &pb.Step{Step: 11}
+				return pool(j, "n0", "n1")
+			}(),
+			want: want{after: testPolicy.Recheck, noWrites: true}},
+		{name: "a node registered less than stable-for ago waits, and is looked at again then",
+			v: func() *view {
+				v := pool(atBoundary(shrunk(nil)), "n0", "n1")
+				v.nodes["n1"].RegisteredUnixMs = ms(t0.Add(-1900 * time.Millisecond))
+				return v
+			}(),
+			want: want{after: 100 * time.Millisecond, noWrites: true}},
+		{name: "a loss during a grow-back: recovery, the newcomer taken as a spare",
+			v: func() *view {
+				j := atBoundary(runningOn(pending(3, func(s *pb.JobSpec) { s.MinNodes = 1 }), 2, "n0", "n1"))
+				return pool(j, "n0", "n2")
+			}(),
+			want: want{phase: pb.JobState_RUNNING, reason: "node lost: n1 (ranks 4-7); spare nodes joined: n2", gen: "n0,n2", strikes: map[string]int{"n1": 1}}},
+		{name: "no restarts left: no grow back",
+			v:    pool(atBoundary(shrunk(func(s *pb.JobSpec) { s.MaxRestarts = 1 })), "n0", "n1"),
+			want: want{after: testPolicy.Recheck, noWrites: true}},
+		{name: "paused: resumed once a layout fits",
+			v: func() *view {
+				j := shrunk(func(s *pb.JobSpec) { s.MinNodes = 2 })
+				j.state = &pb.JobState{Phase: pb.JobState_PENDING, Reason: "paused after generation 2: ..."}
+				j.policy.PendingSince = ms(t0.Add(-time.Second))
+				return pool(j, "n0", "n1")
+			}(),
+			want: want{phase: pb.JobState_RUNNING, reason: "resumed on 2 nodes after a pause", gen: "n0,n1", genNum: 3, dp: 2, policy: &jobPolicy{}}},
+		{name: "paused past the rendezvous timeout: failed",
+			v: func() *view {
+				j := shrunk(func(s *pb.JobSpec) { s.MinNodes, s.RendezvousTimeoutMs = 2, 500 })
+				j.state = &pb.JobState{Phase: pb.JobState_PENDING, Reason: "paused after generation 2: node lost"}
+				j.policy.PendingSince = ms(t0.Add(-500 * time.Millisecond))
+				return pool(j, "n0")
+			}(),
+			want: want{phase: pb.JobState_FAILED, reason: "paused for 500ms without enough nodes: paused after generation 2: node lost", policy: &jobPolicy{}}},
+		{name: "paused, a member disconnected: not taken back",
+			v: func() *view {
+				j := runningOn(pending(2, nil), 1, "n0", "n1")
+				j.state = &pb.JobState{Phase: pb.JobState_PENDING, Reason: "paused"}
+				j.policy.PendingSince = ms(t0)
+				v := pool(j, "n0", "n1")
+				delete(v.connected, "n1")
+				return v
+			}(),
+			want: want{noWrites: true}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { check(t, decide(tc.v, t0, testPolicy), tc.want) })
+	}
+}
+
+func TestDecideStragglers(t *testing.T) {
+	windows := func(ranks map[int32][]float64) *pb.TimesHistory {
+		h := &pb.TimesHistory{}
+		for i := range 3 {
+			w := &pb.RankTimes{}
+			for r, secs := range ranks {
+				if i < len(secs) {
+					w.Ranks = append(w.Ranks, &pb.RankTime{Rank: r, ComputeSeconds: secs[i]})
+				}
+			}
+			h.Windows = append(h.Windows, w)
+		}
+		return h
+	}
+	job := func(evict bool, slow []float64) *view {
+		j := runningOn(pending(2, func(s *pb.JobSpec) { s.Tp, s.Pp, s.MinNodes, s.EvictStragglers = 1, 1, 1, evict }), 1, "n0", "n1")
+		j.times["n0"] = windows(map[int32][]float64{0: {.010, .010, .010}, 1: {.011, .011, .011}, 2: {.010, .010, .010}, 3: {.010, .010, .010}})
+		j.times["n1"] = windows(map[int32][]float64{4: {.010, .010, .010}, 5: {.010, .010, .010}, 6: {.010, .010, .010}, 7: slow})
+		return pool(j, "n0", "n1")
+	}
+	tests := []struct {
+		name string
+		v    *view
+		want want
+	}{
+		// The median of the latest means is 0.010: 0.05 is 5x it.
+		{name: "slow in each of the last three windows: flagged", v: job(false, []float64{.05, .05, .05}),
+			want: want{stragg: []int32{7}, after: 0}},
+		{name: "one normal window among three: not flagged", v: job(false, []float64{.05, .011, .05}),
+			want: want{stragg: []int32{}, after: testPolicy.Recheck, noWrites: true}},
+		{name: "evicted: the job goes on without the node, struck", v: job(true, []float64{.05, .05, .05}),
+			want: want{phase: pb.JobState_RUNNING, reason: "stragglers evicted: n1", gen: "n0", stragg: []int32{7}, strikes: map[string]int{"n1": 1}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := decide(tc.v, t0, testPolicy)
+			check(t, d, tc.want)
+			if len(tc.want.stragg) > 0 && d.stragglers.Ranks[0].Ratio != 5 {
+				t.Errorf("ratio = %v, want 5", d.stragglers.Ranks[0].Ratio)
+			}
+		})
+	}
+}
+
+// TestForget: the oldest ended jobs beyond keep, never one still running.
+func TestForget(t *testing.T) {
+	var jobs []*job
+	for i, phase := range []pb.JobState_Phase{pb.JobState_SUCCEEDED, pb.JobState_RUNNING, pb.JobState_FAILED, pb.JobState_CANCELLED, pb.JobState_PENDING} {
+		jobs = append(jobs, &job{spec: &pb.JobSpec{Id: string(rune('a' + i))}, state: &pb.JobState{Phase: phase}})
+	}
+	for _, tc := range []struct {
+		keep int
+		want string
+	}{{0, "a,c,d"}, {1, "a,c"}, {2, "a"}, {3, ""}, {100, ""}} {
+		if got := strings.Join(forget(jobs, tc.keep), ","); got != tc.want {
+			t.Errorf("forget keep %d = %q, want %q", tc.keep, got, tc.want)
+		}
+	}
+}
