@@ -190,6 +190,21 @@ type Coordinator struct {
 	leading  atomic.Bool
 	pool     *memberlist.Memberlist
 	dead     chan string // members the pool declared dead, for revokeDead
+	hooks    *hooks
+}
+
+// hooks are fault points for tests, at the lines where a crash or a race
+// matters; every field is nil outside tests. Set them before Run.
+type hooks struct {
+	// beforeApply and afterApply run around the leader's transaction of a
+	// decision.
+	beforeApply, afterApply func(job string, d *decision)
+	// watchRead runs after a Watch stream read its first assignment and
+	// before it waits for changes.
+	watchRead func(node string)
+	// cancelRead runs after Cancel read the job's state and before it
+	// writes.
+	cancelRead func(job string)
 }
 
 // New binds the listen address and opens etcd, so that a port in use or an
@@ -238,7 +253,8 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 		return nil, errorf(ErrUnavailable, "%v", err)
 	}
 	c.cache = newCache(e.Client, keys(cfg.Prefix), c.log.With("component", "cache"))
-	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth(), cache: c.cache}
+	c.hooks = &hooks{}
+	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth(), cache: c.cache, hooks: c.hooks}
 	m := newMetrics(c.srv, c.leading.Load)
 	c.srv.keepalive = m.keepalive.Observe
 	c.registry = prometheus.NewRegistry()

@@ -143,9 +143,15 @@ func (l *leader) reconcile(ctx context.Context, q *queue, id string, p policy) e
 	if !d.writes() {
 		return nil
 	}
+	if l.hooks.beforeApply != nil {
+		l.hooks.beforeApply(id, &d)
+	}
 	rev, ok, err := l.apply(ctx, v, &d)
 	if err != nil {
 		return err
+	}
+	if ok && l.hooks.afterApply != nil {
+		l.hooks.afterApply(id, &d)
 	}
 	if !ok {
 		// Someone wrote the job since the view (a report, a cancel): the

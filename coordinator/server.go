@@ -46,6 +46,7 @@ type server struct {
 	cache *cache
 	// streams numbers Watch streams, to name each one's connection key.
 	streams atomic.Int64
+	hooks   *hooks
 }
 
 // auth refuses calls without the join token when one is set. The token is
@@ -191,6 +192,9 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 		return etcdErr(err)
 	}
 	a, changed := s.cache.assignment(node)
+	if s.hooks.watchRead != nil {
+		s.hooks.watchRead(node)
+	}
 	if err := stream.Send(withTTL(a, first.TTL*1000)); err != nil {
 		return err
 	}
@@ -464,6 +468,9 @@ func (s *server) Cancel(ctx context.Context, req *pb.CancelRequest) (*pb.CancelR
 		}
 		if pb.Terminal(cur) {
 			return &pb.CancelResponse{State: cur}, nil
+		}
+		if s.hooks.cancelRead != nil {
+			s.hooks.cancelRead(id)
 		}
 		w, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.state(id)), "=", rev)).
 			Then(clientv3.OpPut(s.k.state(id), encode(st))).Commit()

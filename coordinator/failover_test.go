@@ -1,0 +1,249 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+)
+
+// depose ends co's term as a dead leader's would end: its election lease
+// is revoked, so a standby is elected and every fenced write of co fails.
+func depose(t *testing.T, cli *clientv3.Client, co *Coordinator) {
+	t.Helper()
+	resp, err := cli.Get(context.WithoutCancel(t.Context()), keys(co.cfg.Prefix).leader()+"/", clientv3.WithPrefix())
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	for _, kv := range resp.Kvs {
+		if string(kv.Value) == co.cfg.Name {
+			if _, err := cli.Revoke(context.WithoutCancel(t.Context()), clientv3.LeaseID(kv.Lease)); err != nil {
+				t.Error(err)
+			}
+			return
+		}
+	}
+	t.Error("no election key of", co.cfg.Name)
+}
+
+// strikesOf reads a node's strikes from etcd.
+func strikesOf(t *testing.T, cli *clientv3.Client, prefix, node string) int {
+	t.Helper()
+	resp, err := cli.Get(t.Context(), keys(prefix).nodePolicy(node))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("policy of %s: %v, %d keys", node, err, len(resp.Kvs))
+	}
+	var p nodePolicy
+	if err := decodeJSON(resp.Kvs[0].Value, &p); err != nil {
+		t.Fatal(err)
+	}
+	return p.Strikes
+}
+
+// TestLeaderKilledWhileApplying: the leader dies at either side of writing
+// a decision (generation 2 after n1 is lost, with n1's strike). Killed just
+// after, the new leader neither makes the generation again nor strikes n1
+// twice; killed just before, its write, when it comes, is refused, and the
+// new leader makes generation 2 once.
+func TestLeaderKilledWhileApplying(t *testing.T) {
+	for _, when := range []string{"after", "before"} {
+		t.Run(when, func(t *testing.T) {
+			eps := testEtcd(t)
+			a, _ := testCoordinator(t, eps, nil)
+			ca := client(t, a.Addr(), "")
+			waitLeader(t, ca, a.cfg.Name)
+			b, _ := testCoordinator(t, eps, nil)
+			cb := client(t, b.Addr(), "")
+			var deposed atomic.Bool
+			hook := func(job string, d *decision) {
+				if job != "j" || d.gen.GetNumber() != 2 || !deposed.CompareAndSwap(false, true) {
+					return
+				}
+				depose(t, a.etcd.Client, a)
+				if when == "after" {
+					<-t.Context().Done() // dead: it does nothing more
+					return
+				}
+				// The write comes once the new leader has made generation 2.
+				for {
+					a0, changed := a.cache.assignment("n0")
+					if a0.Generation.GetNumber() == 2 {
+						return
+					}
+					select {
+					case <-changed:
+					case <-t.Context().Done():
+						return
+					}
+				}
+			}
+			if when == "after" {
+				a.hooks.afterApply = hook
+			} else {
+				a.hooks.beforeApply = hook
+			}
+			a0, _ := agent(t, cb, node("n0", 4))
+			_, kill1 := agent(t, cb, node("n1", 4))
+			s := spec("j", 2, 4)
+			s.MinNodes, s.MaxRestarts = 1, 3
+			if _, err := cb.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); err != nil {
+				t.Fatal(err)
+			}
+			next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 1 })
+			kill1()
+			waitLeader(t, cb, b.cfg.Name)
+			g := next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
+			if when == "before" {
+				for deadline := time.Now().Add(10 * time.Second); a.leading.Load(); time.Sleep(10 * time.Millisecond) {
+					if time.Now().After(deadline) { // the refused write ends a's term
+						t.Fatal("the deposed leader still leads 10s after its late write")
+					}
+				}
+			}
+			// Once the new leader has answered a job submitted after all
+			// this, it has looked at j too (it takes jobs in order).
+			probe := spec("probe", 9, 1)
+			probe.Tp, probe.Pp = 1, 1
+			if _, err := cb.Submit(t.Context(), &pb.SubmitRequest{Spec: probe}); err != nil {
+				t.Fatal(err)
+			}
+			waitJob(t, cb, "probe", func(j *pb.JobStatus) bool { return j.State.GetReason() != "waiting for rendezvous" })
+			st := waitJob(t, cb, "j", func(*pb.JobStatus) bool { return true })
+			if st.Generation.GetNumber() != 2 || len(g.Members) != 1 || g.Members[0].Node != "n0" || st.State.GetPhase() != pb.JobState_RUNNING {
+				t.Fatalf("job j: generation %v, state %v; want generation 2 on n0, running", st.Generation, st.State)
+			}
+			if n := strikesOf(t, b.etcd.Client, b.cfg.Prefix, "n1"); n != 1 {
+				t.Errorf("n1 has %d strikes, want 1", n)
+			}
+		})
+	}
+}
+
+// TestWatchMissesNothing: a generation written after a Watch stream read
+// the node's assignment, before it waits for the next, reaches the agent.
+func TestWatchMissesNothing(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr(), "")
+	var once sync.Once
+	co.hooks.watchRead = func(string) {
+		once.Do(func() {
+			if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 1, 4)}); err != nil {
+				t.Error(err)
+				return
+			}
+			for { // until the leader has frozen generation 1 on n0
+				a, changed := co.cache.assignment("n0")
+				if a.Job == "j" {
+					return
+				}
+				select {
+				case <-changed:
+				case <-t.Context().Done():
+					return
+				}
+			}
+		})
+	}
+	a0, _ := agent(t, c, node("n0", 4))
+	if a := next(t, a0, func(*pb.Assignment) bool { return true }); a.Job != "" {
+		t.Fatalf("first assignment %v, want the empty one read before the job existed", a)
+	}
+	if a := next(t, a0, func(*pb.Assignment) bool { return true }); a.Job != "j" || a.Generation.GetNumber() != 1 {
+		t.Fatalf("second assignment %v, want generation 1 of j", a)
+	}
+}
+
+// TestCancelRacesNewGeneration: a cancel and the leader's next generation
+// at the same moment end the job cancelled, whichever writes first: the
+// leader's write is refused when the cancel came first, and the cancel
+// reads again and writes when the leader's came first.
+func TestCancelRacesNewGeneration(t *testing.T) {
+	t.Run("cancel first", func(t *testing.T) {
+		co, _ := testCoordinator(t, testEtcd(t), nil)
+		c := client(t, co.Addr(), "")
+		var refused atomic.Bool
+		co.hooks.beforeApply = func(job string, d *decision) {
+			if d.gen.GetNumber() == 2 && refused.CompareAndSwap(false, true) {
+				resp, err := c.Cancel(t.Context(), &pb.CancelRequest{Job: job, Reason: "stop"})
+				if err != nil || resp.State.GetPhase() != pb.JobState_CANCELLED {
+					t.Errorf("cancel: %v, %v", resp, err)
+				}
+			}
+		}
+		a0, _ := agent(t, c, node("n0", 4))
+		_, kill1 := agent(t, c, node("n1", 4))
+		s := spec("j", 2, 4)
+		s.MinNodes, s.MaxRestarts = 1, 3
+		c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
+		next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
+		kill1()
+		if st := final(t, c, "j"); st.Phase != pb.JobState_CANCELLED || st.Reason != "stop" {
+			t.Fatalf("state = %v, want cancelled", st)
+		}
+		next(t, a0, func(a *pb.Assignment) bool { return a.Job == "" })
+		if st := waitJob(t, c, "j", func(*pb.JobStatus) bool { return true }); !refused.Load() || st.Generation.GetNumber() != 1 {
+			t.Fatalf("generation %d (leader's write raced: %v), want 1: the leader's write refused", st.Generation.GetNumber(), refused.Load())
+		}
+	})
+	t.Run("generation first", func(t *testing.T) {
+		co, _ := testCoordinator(t, testEtcd(t), nil)
+		c := client(t, co.Addr(), "")
+		a0, _ := agent(t, c, node("n0", 4))
+		_, kill1 := agent(t, c, node("n1", 4))
+		s := spec("j", 2, 4)
+		s.MinNodes, s.MaxRestarts = 1, 3
+		c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
+		next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
+		var reads atomic.Int32
+		co.hooks.cancelRead = func(string) {
+			if reads.Add(1) == 1 { // the leader writes generation 2 now
+				kill1()
+				next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 })
+			}
+		}
+		resp, err := c.Cancel(t.Context(), &pb.CancelRequest{Job: "j"})
+		if err != nil || resp.State.GetPhase() != pb.JobState_CANCELLED {
+			t.Fatalf("cancel = %v, %v", resp, err)
+		}
+		if n := reads.Load(); n != 2 {
+			t.Errorf("cancel read the state %d times, want 2 (once more after the leader's write)", n)
+		}
+		if st := final(t, c, "j"); st.Phase != pb.JobState_CANCELLED {
+			t.Fatalf("state = %v, want cancelled", st)
+		}
+		next(t, a0, func(a *pb.Assignment) bool { return a.Job == "" })
+	})
+}
+
+// TestFence: a leader's write carries its election key's create revision;
+// once another coordinator leads, it fails with errDeposed and writes
+// nothing, even on keys nobody else wrote.
+func TestFence(t *testing.T) {
+	a, _ := testCoordinator(t, testEtcd(t), nil)
+	cli := a.etcd.Client
+	waitLeader(t, client(t, a.Addr(), ""), a.cfg.Name)
+	resp, err := cli.Get(t.Context(), keys(a.cfg.Prefix).leader()+"/", clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("election keys: %v, %v", resp, err)
+	}
+	kv := resp.Kvs[0]
+	l := &leader{Coordinator: a, k: keys(a.cfg.Prefix), electionKey: string(kv.Key), electionRev: kv.CreateRevision,
+		fence: clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)}
+	if _, ok, err := l.txn(t.Context(), []clientv3.Op{clientv3.OpPut(l.k.policy("x"), "{}")}); !ok || err != nil {
+		t.Fatalf("leader's write: ok %v, %v", ok, err)
+	}
+	depose(t, cli, a)
+	if _, ok, err := l.txn(t.Context(), []clientv3.Op{clientv3.OpPut(l.k.policy("y"), "{}")}); ok || !errors.Is(err, errDeposed) {
+		t.Fatalf("deposed leader's write: ok %v, err %v; want errDeposed", ok, err)
+	}
+	if r, _ := cli.Get(t.Context(), l.k.policy("y")); len(r.Kvs) != 0 {
+		t.Fatal("the deposed leader's write landed")
+	}
+}
