@@ -57,13 +57,13 @@ func (c *Config) Validate() error {
 	}
 	switch {
 	case c.RetryInterval <= 0:
-		return fmt.Errorf("RetryInterval %s: want a positive pause", c.RetryInterval)
+		return fmt.Errorf("retry interval %s: want a positive pause", c.RetryInterval)
 	case c.CallTimeout <= 0:
-		return fmt.Errorf("CallTimeout %s: want a positive timeout", c.CallTimeout)
+		return fmt.Errorf("call timeout %s: want a positive timeout", c.CallTimeout)
 	case c.Rounds < 1:
-		return fmt.Errorf("Rounds %d: want at least 1", c.Rounds)
+		return fmt.Errorf("rounds %d: want at least one pass over the coordinators", c.Rounds)
 	case c.FollowTimeout <= 0:
-		return fmt.Errorf("FollowTimeout %s: want a positive timeout", c.FollowTimeout)
+		return fmt.Errorf("follow timeout %s: want a positive timeout", c.FollowTimeout)
 	}
 	return nil
 }
