@@ -41,10 +41,13 @@
 //     reports how they end; also the native-engine rank started by it.
 //   - worker/engine: a native Go training engine running the schedules with
 //     tensor-parallel layers and ZeRO-sharded Adam.
+//   - client: the Go API of the coordinators (submit, follow a job with
+//     failover and resume from a revision, cancel, status) that launch and
+//     status are built on.
 //   - cmd/gpucoord: the command line; flags and wiring only.
 //
 // Imports point one way: proto, topology and schedule at the bottom, then
-// sharding and collectives, then worker and coordinator (which never import
-// each other: they meet in proto), then cmd. docs/ARCHITECTURE.md draws the
-// map.
+// sharding and collectives, then worker, coordinator and client (worker
+// and coordinator never import each other: they meet in proto), then cmd.
+// docs/ARCHITECTURE.md draws the map.
 package gpucoord

@@ -21,10 +21,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"gopkg.in/yaml.v3"
 
+	"github.com/gpucoord/gpucoord/client"
 	"github.com/gpucoord/gpucoord/coordinator"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/schedule"
@@ -34,7 +33,7 @@ import (
 	"github.com/gpucoord/gpucoord/worker/engine"
 )
 
-func init() { subcommands = append(subcommands, newLaunchCmd, newStatusCmd) }
+func init() { subcommands = append(subcommands, newLaunchCmd) }
 
 type launchFlags struct {
 	standalone                     bool
@@ -479,24 +478,25 @@ func (s *standalone) stop() {
 	os.RemoveAll(s.tmp)
 }
 
-// follower submits a job and prints its progress until it ends, moving
-// between coordinators when one fails.
+// follower submits a job through the client and prints its progress until
+// it ends.
 type follower struct {
 	addrs         []string
 	token         string
 	spec          *pb.JobSpec
 	out, progress io.Writer
 	json          bool
+	steps         int // a native job's total steps
+	started       time.Time
 
-	steps      int          // a native job's total steps
-	nextRev    int64        // where a new Follow stream resumes
+	// mu guards what show records: the ticker of a program's job reads it.
+	mu         sync.Mutex
 	state      *pb.JobState // the job's state as last reported
 	lastGen    int64
 	lastNodes  int
 	lastStep   int64
 	lastReason string
 	lastLoss   float64
-	started    time.Time
 }
 
 func (f *follower) run(ctx context.Context) error {
@@ -506,35 +506,24 @@ func (f *follower) run(ctx context.Context) error {
 			f.steps = job.Steps
 		}
 	}
-	clients := make([]pb.CoordinatorClient, len(f.addrs))
-	for i, a := range f.addrs {
-		cc, err := pb.Dial(a, f.token)
-		if err != nil {
-			return usageError(fmt.Errorf("coordinator %q: %v", a, err))
-		}
-		defer cc.Close()
-		clients[i] = pb.NewCoordinatorClient(cc)
+	cfg := client.DefaultConfig()
+	cfg.Coordinators, cfg.Token, cfg.OnFailover = f.addrs, f.token, f.failover
+	cfg.Logger = slog.New(slog.DiscardHandler) // the moves are printed by failover
+	cl, err := client.New(cfg)
+	if err != nil {
+		return usageError(err)
 	}
-	// Submit through the first coordinator that answers.
-	var err error
-	submitted := false
-	for i := 0; !submitted; i++ {
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err = clients[i%len(clients)].Submit(sctx, &pb.SubmitRequest{Spec: f.spec})
-		cancel()
-		switch status.Code(err) {
-		case codes.OK:
-			submitted = true
-		case codes.Unavailable, codes.DeadlineExceeded:
-			if i+1 >= 3*len(clients) || ctx.Err() != nil {
-				return fmt.Errorf("no coordinator answered at %s: %s", strings.Join(f.addrs, ","), status.Convert(err).Message())
-			}
-			time.Sleep(200 * time.Millisecond)
-		case codes.InvalidArgument, codes.AlreadyExists:
-			return usageError(errors.New(status.Convert(err).Message()))
-		default:
-			return errors.New(status.Convert(err).Message())
+	defer cl.Close()
+	if err := cl.Submit(ctx, f.spec); err != nil {
+		switch {
+		case ctx.Err() != nil:
+			return err
+		case errors.Is(err, client.ErrInvalid), errors.Is(err, client.ErrExists):
+			return usageError(errors.New(coordinatorSaid(err)))
+		case errors.Is(err, client.ErrUnreachable):
+			return fmt.Errorf("no coordinator answered at %s: %s", strings.Join(f.addrs, ","), coordinatorSaid(err))
 		}
+		return errors.New(coordinatorSaid(err))
 	}
 	what := "native engine"
 	if len(f.spec.Command) > 0 {
@@ -542,98 +531,99 @@ func (f *follower) run(ctx context.Context) error {
 	}
 	fmt.Fprintf(f.progress, "job %s submitted: %d node%s x %d ranks, tp %d pp %d, %s\n",
 		f.spec.Id, f.spec.Nodes, plural(int(f.spec.Nodes)), f.spec.GpusPerNode, f.spec.Tp, f.spec.Pp, what)
-	lastContact := time.Now()
-	for i := 0; ; i = (i + 1) % len(clients) {
-		st, err := f.follow(ctx, clients[i], &lastContact)
-		if ctx.Err() != nil {
-			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			clients[i].Cancel(cctx, &pb.CancelRequest{Job: f.spec.Id, Reason: "launch interrupted"})
-			cancel()
-			return &exitError{code: exitInterrupted, err: fmt.Errorf("job %s cancelled: launch interrupted", f.spec.Id)}
+	st, err := f.follow(ctx, cl)
+	switch {
+	case ctx.Err() != nil:
+		return f.cancel(cl)
+	case errors.Is(err, client.ErrUnreachable):
+		last := err // the last coordinator's failure, as gRPC reported it
+		var ce *client.Error
+		if errors.As(err, &ce) {
+			last = ce.Status.Err()
 		}
-		if st != nil {
-			return f.finish(st)
-		}
-		if status.Code(err) == codes.OutOfRange {
-			// The history since our last event is compacted: follow from
-			// now (the steps in between are not shown again).
-			fmt.Fprintf(f.progress, "coordinator %s: %s; following from now\n", f.addrs[i], status.Convert(err).Message())
-			f.nextRev = 0
-			continue
-		}
-		if time.Since(lastContact) > time.Minute {
-			return fmt.Errorf("lost the coordinators (%s) for a minute: %v; the job may still run: gpucoord status", strings.Join(f.addrs, ","), err)
-		}
-		fmt.Fprintf(f.progress, "coordinator %s: %s; trying the next\n", f.addrs[i], status.Convert(err).Message())
-		select {
-		case <-ctx.Done():
-		case <-time.After(200 * time.Millisecond):
-		}
+		return fmt.Errorf("lost the coordinators (%s) for a minute: %v; the job may still run: gpucoord status", strings.Join(f.addrs, ","), last)
+	case err != nil:
+		return errors.New(coordinatorSaid(err))
+	}
+	return f.finish(st)
+}
+
+// follow follows the job to its end. While a program's job runs, a line
+// every second shows it is alive: a program reports no steps.
+func (f *follower) follow(ctx context.Context, cl *client.Client) (*pb.JobState, error) {
+	if len(f.spec.Command) > 0 {
+		tctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for {
+				select {
+				case <-tctx.Done():
+					return
+				case <-tick.C:
+					f.alive()
+				}
+			}
+		}()
+		defer func() { cancel(); <-done }()
+	}
+	return cl.Follow(ctx, f.spec.Id, f.show)
+}
+
+// alive prints the running line of a program's job.
+func (f *follower) alive() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.state.GetPhase() == pb.JobState_RUNNING {
+		fmt.Fprintf(f.progress, "running %s: generation %d, %d node%s\n", since(f.started), f.lastGen, f.lastNodes, plural(f.lastNodes))
 	}
 }
 
-// follow reads one Follow stream; it returns the final state when the job
-// has ended, or the stream's error.
-func (f *follower) follow(ctx context.Context, client pb.CoordinatorClient, lastContact *time.Time) (*pb.JobState, error) {
-	fctx, cancel := context.WithCancel(ctx)
+// failover prints where following the job moves when a coordinator fails.
+// A Submit moves on without a word.
+func (f *follower) failover(fo client.Failover) {
+	if fo.Method != "Follow" {
+		return
+	}
+	next := "trying the next"
+	if errors.Is(fo.Err, client.ErrCompacted) {
+		// The history since our last event is compacted: the steps in
+		// between are not shown again.
+		next = "following from now"
+	}
+	fmt.Fprintf(f.progress, "coordinator %s: %s; %s\n", fo.Addr, coordinatorSaid(fo.Err), next)
+}
+
+// cancel cancels the job after launch was interrupted, and reports the
+// state the cancel produced: cancelled, or the end the job reached first.
+func (f *follower) cancel(cl *client.Client) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	stream, err := client.Follow(fctx, &pb.FollowRequest{Job: f.spec.Id, FromRevision: f.nextRev})
-	if err != nil {
-		return nil, err
+	if st, _ := cl.Cancel(ctx, f.spec.Id, "launch interrupted"); pb.Terminal(st) {
+		return f.finish(st)
 	}
-	evs := make(chan *pb.JobEvent)
-	errc := make(chan error, 1)
-	go func() {
-		for {
-			ev, err := stream.Recv()
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case evs <- ev:
-			case <-fctx.Done():
-				return
-			}
-		}
-	}()
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case err := <-errc:
-			if err == io.EOF && isTerminal(f.state) {
-				return f.state, nil
-			}
-			return nil, err
-		case <-tick.C:
-			// A program that reports no steps still shows it is alive.
-			if f.state.GetPhase() == pb.JobState_RUNNING && len(f.spec.Command) > 0 {
-				fmt.Fprintf(f.progress, "running %s: generation %d, %d node%s\n", since(f.started), f.lastGen, f.lastNodes, plural(f.lastNodes))
-			}
-		case ev := <-evs:
-			*lastContact = time.Now()
-			f.nextRev = ev.Revision + 1
-			if ev.State != nil {
-				f.state = ev.State
-			}
-			f.show(ev)
-		}
-	}
+	return &exitError{code: exitInterrupted, err: fmt.Errorf("job %s cancelled: launch interrupted", f.spec.Id)}
 }
 
-func isTerminal(s *pb.JobState) bool {
-	switch s.GetPhase() {
-	case pb.JobState_SUCCEEDED, pb.JobState_FAILED, pb.JobState_CANCELLED:
-		return true
+// coordinatorSaid is the message of the coordinator's answer in err, or
+// err's text when no coordinator answered.
+func coordinatorSaid(err error) string {
+	var ce *client.Error
+	if errors.As(err, &ce) {
+		return ce.Status.Message()
 	}
-	return false
+	return err.Error()
 }
 
-// show prints what is new in ev.
-func (f *follower) show(ev *pb.JobEvent) {
+// show records and prints what is new in ev.
+func (f *follower) show(ev *pb.JobEvent) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ev.State != nil {
+		f.state = ev.State
+	}
 	if g := ev.Generation; g != nil && g.Number != f.lastGen {
 		f.lastGen, f.lastNodes = g.Number, len(g.Members)
 		names := make([]string, len(g.Members))
@@ -672,6 +662,7 @@ func (f *follower) show(ev *pb.JobEvent) {
 		f.lastReason = st.Reason
 		fmt.Fprintf(f.progress, "pending: %s\n", st.Reason)
 	}
+	return nil
 }
 
 // launchStep is a step line of launch --json: train --json's fields plus
@@ -704,40 +695,4 @@ func (f *follower) finish(st *pb.JobState) error {
 		err = fmt.Errorf("%w\nlast output of rank %d on %s:\n%s", err, st.FailedRank, st.FailedNode, indent(st.Output, "  "))
 	}
 	return &exitError{code: code, err: err}
-}
-
-func newStatusCmd() *cobra.Command {
-	var coord string
-	var asJSON bool
-	var tok tokenFlags
-	cmd := &cobra.Command{
-		Use:   "status --coordinator ADDR [--json]",
-		Short: "Show the pool, the jobs, their generations and the leader",
-		Args:  cobra.NoArgs,
-		RunE: func(c *cobra.Command, _ []string) error {
-			token, err := tok.resolve()
-			if err != nil {
-				return usageError(err)
-			}
-			if coord == "" {
-				return usageError(errors.New("status needs --coordinator ADDR"))
-			}
-			cc, err := pb.Dial(strings.Split(coord, ",")[0], token)
-			if err != nil {
-				return usageError(err)
-			}
-			defer cc.Close()
-			ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
-			defer cancel()
-			resp, err := pb.NewCoordinatorClient(cc).Status(ctx, &pb.StatusRequest{})
-			if err != nil {
-				return fmt.Errorf("coordinator %s: %s", coord, status.Convert(err).Message())
-			}
-			return printStatus(c.OutOrStdout(), resp, asJSON)
-		},
-	}
-	cmd.Flags().StringVar(&coord, "coordinator", "", "coordinator address")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
-	tok.register(cmd)
-	return cmd
 }

@@ -1,14 +1,60 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
+	"time"
 
+	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/gpucoord/gpucoord/client"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
+
+func init() { subcommands = append(subcommands, newStatusCmd) }
+
+func newStatusCmd() *cobra.Command {
+	var coord string
+	var asJSON bool
+	var tok tokenFlags
+	cmd := &cobra.Command{
+		Use:   "status --coordinator ADDR [--json]",
+		Short: "Show the pool, the jobs, their generations and the leader",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			token, err := tok.resolve()
+			if err != nil {
+				return usageError(err)
+			}
+			if coord == "" {
+				return usageError(errors.New("status needs --coordinator ADDR"))
+			}
+			cfg := client.DefaultConfig()
+			cfg.Coordinators, cfg.Token, cfg.Logger = strings.Split(coord, ","), token, slog.New(slog.DiscardHandler)
+			cl, err := client.New(cfg)
+			if err != nil {
+				return usageError(err)
+			}
+			defer cl.Close()
+			ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
+			defer cancel()
+			resp, err := cl.Status(ctx)
+			if err != nil {
+				return fmt.Errorf("coordinator %s: %s", coord, coordinatorSaid(err))
+			}
+			return printStatus(c.OutOrStdout(), resp, asJSON)
+		},
+	}
+	cmd.Flags().StringVar(&coord, "coordinator", "", "coordinator addresses, comma-separated (the first that answers)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
+	tok.register(cmd)
+	return cmd
+}
 
 // printStatus writes the coordinator's status as text or JSON.
 func printStatus(w io.Writer, s *pb.StatusResponse, asJSON bool) error {
@@ -50,7 +96,7 @@ func printStatus(w io.Writer, s *pb.StatusResponse, asJSON bool) error {
 		if out := j.State.GetOutput(); out != "" {
 			fmt.Fprintf(w, "    last output of rank %d on %s:\n%s\n", j.State.FailedRank, j.State.FailedNode, indent(out, "      "))
 		}
-		if !isTerminal(j.State) {
+		if !pb.Terminal(j.State) {
 			for _, m := range j.Members {
 				fmt.Fprintf(w, "    %-12s ranks %d-%d  %s\n", m.Node, m.FirstRank, m.FirstRank+m.Ranks-1, m.State)
 			}
