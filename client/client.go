@@ -119,9 +119,8 @@ func (c *Client) Status(ctx context.Context) (*pb.StatusResponse, error) {
 //
 // When a stream breaks, Follow moves to the next coordinator and resumes
 // after the last revision it delivered (FollowRequest.from_revision), so
-// no event is repeated. As the protocol resumes by revision, an event the
-// broken stream had not yet sent of that same revision (one etcd
-// transaction can change several of the job's keys) is not delivered.
+// no event is repeated or lost: the coordinator sends everything one etcd
+// revision changed (a generation and its state) as one event.
 // When the history from that revision is compacted, it follows again from the job as it is
 // now (reported to Config.OnFailover with ErrCompacted): the events in
 // between are not delivered. It gives up with ErrUnreachable when no event

@@ -410,31 +410,51 @@ func (s *server) Follow(req *pb.FollowRequest, stream grpc.ServerStreamingServer
 			if err := wr.Err(); err != nil {
 				return etcdErr(err)
 			}
+			// One event per revision: the leader writes a generation and
+			// its state in one transaction, and a client resuming after a
+			// revision must not lose half of it.
+			var out *pb.JobEvent
+			flush := func() (bool, error) {
+				if out == nil {
+					return false, nil
+				}
+				ev := out
+				out = nil
+				if err := stream.Send(ev); err != nil {
+					return true, err
+				}
+				return pb.Terminal(ev.State), nil
+			}
 			for _, ev := range wr.Events {
 				if ev.Type != clientv3.EventTypePut {
 					continue
 				}
 				key, rev := string(ev.Kv.Key), ev.Kv.ModRevision
-				var out *pb.JobEvent
-				switch key {
-				case s.k.progress(id):
-					out = &pb.JobEvent{Step: &pb.Step{}, Revision: rev}
-					decode(ev.Kv.Value, out.Step)
-				case s.k.state(id):
-					out = &pb.JobEvent{State: &pb.JobState{}, Revision: rev}
-					decode(ev.Kv.Value, out.State)
-				case s.k.generation(id):
-					out = &pb.JobEvent{Generation: &pb.Generation{}, Revision: rev}
-					decode(ev.Kv.Value, out.Generation)
-				default:
+				if key != s.k.progress(id) && key != s.k.state(id) && key != s.k.generation(id) {
 					continue
 				}
-				if err := stream.Send(out); err != nil {
-					return err
+				if out != nil && out.Revision != rev {
+					if stop, err := flush(); stop || err != nil {
+						return err
+					}
 				}
-				if pb.Terminal(out.State) {
-					return nil
+				if out == nil {
+					out = &pb.JobEvent{Revision: rev}
 				}
+				switch key {
+				case s.k.progress(id):
+					out.Step = &pb.Step{}
+					decode(ev.Kv.Value, out.Step)
+				case s.k.state(id):
+					out.State = &pb.JobState{}
+					decode(ev.Kv.Value, out.State)
+				case s.k.generation(id):
+					out.Generation = &pb.Generation{}
+					decode(ev.Kv.Value, out.Generation)
+				}
+			}
+			if stop, err := flush(); stop || err != nil {
+				return err
 			}
 		}
 	}

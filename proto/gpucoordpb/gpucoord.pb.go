@@ -2024,6 +2024,9 @@ func (x *FollowRequest) GetFromRevision() int64 {
 // JobEvent is a change in a followed job: the first event has everything,
 // later ones only what changed (a new state, generation or step). Every
 // step rank 0 reports comes as its own event, in order.
+// JobEvent is what one etcd revision changed of a job: any of its state,
+// generation and last step (a generation and its state are written
+// together, and come together).
 type JobEvent struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	State      *JobState              `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
