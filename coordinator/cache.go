@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,8 +71,15 @@ type jobEntry struct {
 	step       *pb.Step
 	commit     *pb.Step
 	exits      map[int64]map[int32]exitKV
-	times      map[int64]map[string]*pb.TimesHistory
+	// times holds, per generation, each coordinator's batch of its nodes'
+	// compute times, with the revision that wrote it.
+	times      map[int64]map[string]timesKV
 	stragglers *pb.Stragglers
+}
+
+type timesKV struct {
+	rev   int64
+	batch *pb.TimesBatch
 }
 
 type candidate struct {
@@ -148,7 +156,7 @@ func (c *cache) reset(rev int64, kvs []*mvccpb.KeyValue) {
 		c.put(kv)
 	}
 	ids := c.ids()
-	c.finish(rev)
+	c.finish(rev, true)
 	notify := c.notify
 	c.mu.Unlock()
 	if notify != nil {
@@ -160,7 +168,7 @@ func (c *cache) reset(rev int64, kvs []*mvccpb.KeyValue) {
 func (c *cache) apply(rev int64, evs []*clientv3.Event) {
 	c.mu.Lock()
 	dirty := map[string]bool{}
-	pool := false
+	pool, assign := false, false
 	for _, ev := range evs {
 		key := string(ev.Kv.Key)
 		if ev.Type == clientv3.EventTypeDelete {
@@ -173,6 +181,7 @@ func (c *cache) apply(rev int64, evs []*clientv3.Event) {
 			if affectsDecision(field) {
 				dirty[id] = true
 			}
+			assign = assign || field == "spec" || field == "state" || field == "generation" || strings.HasPrefix(field, "bootstrap/")
 		case strings.HasPrefix(key, c.k.leader()+"/"):
 		default:
 			pool = pool || strings.HasPrefix(key, c.k.nodes()) || strings.HasPrefix(key, c.k.conns()) || strings.HasPrefix(key, c.k.nodePolicies())
@@ -186,7 +195,7 @@ func (c *cache) apply(rev int64, evs []*clientv3.Event) {
 			ids = append(ids, id)
 		}
 	}
-	c.finish(rev)
+	c.finish(rev, assign)
 	notify := c.notify
 	c.mu.Unlock()
 	if notify != nil && (len(ids) > 0 || pool) {
@@ -217,10 +226,20 @@ func (c *cache) ids() []string {
 	return out
 }
 
-// finish moves the view to rev, rebuilds the node -> job index and wakes
-// whoever waits on the view.
-func (c *cache) finish(rev int64) {
+// finish moves the view to rev and wakes whoever waits for it; when assign,
+// an assignment may have changed.
+func (c *cache) finish(rev int64, assign bool) {
 	c.rev = rev
+	if assign {
+		c.reindex()
+	}
+	close(c.advanced)
+	c.advanced = make(chan struct{})
+}
+
+// reindex rebuilds the node -> running job index and wakes the Watch
+// streams.
+func (c *cache) reindex() {
 	holder := map[string]string{}
 	for id, j := range c.jobs {
 		if j.spec == nil || j.gen == nil || j.state.GetPhase() != pb.JobState_RUNNING {
@@ -233,8 +252,6 @@ func (c *cache) finish(rev int64) {
 	c.holder = holder
 	close(c.changed)
 	c.changed = make(chan struct{})
-	close(c.advanced)
-	c.advanced = make(chan struct{})
 }
 
 // jobKey splits a key under jobs/ into the job's id and the field; "" for
@@ -280,7 +297,7 @@ func (c *cache) put(kv *mvccpb.KeyValue) {
 		}
 		j := c.jobs[id]
 		if j == nil {
-			j = &jobEntry{boots: map[int64]*pb.Bootstrap{}, exits: map[int64]map[int32]exitKV{}, times: map[int64]map[string]*pb.TimesHistory{}}
+			j = &jobEntry{boots: map[int64]*pb.Bootstrap{}, exits: map[int64]map[int32]exitKV{}, times: map[int64]map[string]timesKV{}}
 			c.jobs[id] = j
 		}
 		c.putJob(j, field, kv, bad)
@@ -343,16 +360,16 @@ func (c *cache) putJob(j *jobEntry, field string, kv *mvccpb.KeyValue, bad func(
 		}
 		j.exits[g][e.Rank] = exitKV{rev: kv.ModRevision, e: e}
 	case strings.HasPrefix(field, "times/"):
-		g, node, ok := genAndName(field)
-		t := &pb.TimesHistory{}
+		g, coord, ok := genAndName(field)
+		t := &pb.TimesBatch{}
 		if err := decode(kv.Value, t); !ok || err != nil {
 			bad(err)
 			return
 		}
 		if j.times[g] == nil {
-			j.times[g] = map[string]*pb.TimesHistory{}
+			j.times[g] = map[string]timesKV{}
 		}
-		j.times[g][node] = t
+		j.times[g][coord] = timesKV{rev: kv.ModRevision, batch: t}
 	}
 }
 
@@ -470,8 +487,15 @@ func (e *jobEntry) job() *job {
 	}
 	g := e.gen.Number
 	j.boot = e.boots[g]
-	for node, t := range e.times[g] {
-		j.times[node] = t
+	// A node that moved between coordinators is in several batches: the
+	// one written last has its newest windows.
+	batches := make([]timesKV, 0, len(e.times[g]))
+	for _, b := range e.times[g] {
+		batches = append(batches, b)
+	}
+	slices.SortFunc(batches, func(a, b timesKV) int { return int(a.rev - b.rev) })
+	for _, b := range batches {
+		maps.Copy(j.times, b.batch.Nodes)
 	}
 	if e.stragglers != nil && e.stragglers.Generation == g {
 		j.stragglers = e.stragglers
@@ -534,4 +558,25 @@ func (c *cache) jobOf(id string) (*job, int64, bool) {
 		return nil, c.rev, false
 	}
 	return e.job(), c.rev, true
+}
+
+// running reports whether gen is the current generation of job, and the
+// job has not ended.
+func (c *cache) running(job string, gen int64) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e := c.jobs[job]
+	return e != nil && e.spec != nil && e.gen.GetNumber() == gen && !pb.Terminal(e.state)
+}
+
+// generation returns job's current generation and its key's revision, or
+// nil.
+func (c *cache) generation(job string) (*pb.Generation, int64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e := c.jobs[job]
+	if e == nil {
+		return nil, 0
+	}
+	return e.gen, e.genRev
 }

@@ -70,9 +70,13 @@ type Config struct {
 	// KeepJobs is how many ended jobs etcd keeps (for status); the leader
 	// deletes the oldest beyond it, so state does not grow forever.
 	KeepJobs int
-	// Tick is the leader's reconcile interval for time-based decisions
-	// (rendezvous timeouts, last call); changes in etcd act at once.
+	// Tick is how often the leader looks at a running job's compute times
+	// for stragglers; every other decision is taken at the event it
+	// depends on, or at its own deadline.
 	Tick time.Duration
+	// TimesFlush is how often a coordinator writes the compute times its
+	// agents reported since (one key per running job generation).
+	TimesFlush time.Duration
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -91,6 +95,7 @@ func DefaultConfig() *Config {
 		StragglerWindows: 3,
 		KeepJobs:         100,
 		Tick:             200 * time.Millisecond,
+		TimesFlush:       time.Second,
 		Etcd:             EtcdConfig{DialTimeout: 5 * time.Second},
 		GossipTuning:     gossip.DefaultTuning(),
 	}
@@ -109,8 +114,8 @@ func (c *Config) Validate() error {
 		return errorf(ErrInvalid, "keep jobs %d: want 0 or more", c.KeepJobs)
 	case c.StragglerFactor <= 1 || c.StragglerWindows < 1:
 		return errorf(ErrInvalid, "straggler factor %g and windows %d: want a factor above 1 and at least 1 window", c.StragglerFactor, c.StragglerWindows)
-	case c.FailureSettle < 0 || c.Tick < time.Millisecond:
-		return errorf(ErrInvalid, "failure settle %s and tick %s: want settle >= 0 and tick >= 1ms", c.FailureSettle, c.Tick)
+	case c.FailureSettle < 0 || c.Tick < time.Millisecond || c.TimesFlush < time.Millisecond:
+		return errorf(ErrInvalid, "failure settle %s, tick %s and times flush %s: want settle >= 0, tick and flush >= 1ms", c.FailureSettle, c.Tick, c.TimesFlush)
 	case !strings.HasSuffix(c.Prefix, "/") || !strings.HasPrefix(c.Prefix, "/"):
 		return errorf(ErrInvalid, "etcd prefix %q: want a path that starts and ends with '/'", c.Prefix)
 	case c.Etcd.DialTimeout <= 0:
@@ -254,7 +259,8 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	}
 	c.cache = newCache(e.Client, keys(cfg.Prefix), c.log.With("component", "cache"))
 	c.hooks = &hooks{}
-	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth(), cache: c.cache, hooks: c.hooks}
+	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth(), cache: c.cache, hooks: c.hooks,
+		times: newTimesBuffer(cfg.StragglerWindows)}
 	m := newMetrics(c.srv, c.leading.Load)
 	c.srv.keepalive = m.keepalive.Observe
 	c.registry = prometheus.NewRegistry()
@@ -307,6 +313,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return c.srv.health.monitor(gctx, c.etcd.Client, c.cfg.Prefix, time.Second, 2*time.Second, c.log.With("component", "health"))
 	})
 	g.Go(func() error { return c.cache.run(gctx) })
+	g.Go(func() error {
+		return c.srv.times.run(gctx, c.etcd.Client, keys(c.cfg.Prefix), c.cache, c.cfg.Name, c.cfg.TimesFlush, c.log.With("component", "times"))
+	})
 	g.Go(func() error { return c.campaign(gctx) })
 	g.Go(func() error { return c.advertise(gctx) })
 	g.Go(func() error { return c.revokeDead(gctx) })

@@ -36,7 +36,7 @@ func testCoordinator(t *testing.T, endpoints []string, edit func(*Config)) (c *C
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Listen, cfg.Etcd.Endpoints = "127.0.0.1:0", endpoints
-	cfg.LeaseTTL, cfg.ElectionTTL, cfg.FailureSettle, cfg.Tick = 2*time.Second, 2*time.Second, 200*time.Millisecond, 20*time.Millisecond
+	cfg.LeaseTTL, cfg.ElectionTTL, cfg.FailureSettle, cfg.Tick, cfg.TimesFlush = 2*time.Second, 2*time.Second, 200*time.Millisecond, 20*time.Millisecond, 50*time.Millisecond
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
 	if edit != nil {
 		edit(cfg)

@@ -47,6 +47,9 @@ type server struct {
 	// streams numbers Watch streams, to name each one's connection key.
 	streams atomic.Int64
 	hooks   *hooks
+	// times buffers the compute times reported here until they are
+	// written.
+	times *timesBuffer
 }
 
 // auth refuses calls without the join token when one is set. The token is
@@ -263,30 +266,12 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 		_, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 			Then(clientv3.OpPut(key, encode(k.Bootstrap))).Commit()
 	case *pb.ReportRequest_Step:
-		// Only the current generation's steps count; a replaced
-		// generation's ranks are told so, and stop.
-		var gr *clientv3.GetResponse
-		if gr, err = s.cli.Get(ctx, s.k.generation(id)); err == nil && len(gr.Kvs) == 1 {
-			g := &pb.Generation{}
-			if decode(gr.Kvs[0].Value, g) == nil && g.Number > gen {
-				return nil, status.Errorf(codes.FailedPrecondition, "job %s: generation %d was replaced by generation %d", id, gen, g.Number)
-			}
-			if g.Number == gen {
-				st := proto.Clone(k.Step).(*pb.Step)
-				st.Generation, st.Dp = g.Number, g.Dp
-				ops := []clientv3.Op{clientv3.OpPut(s.k.progress(id), encode(st))}
-				if st.Checkpointed {
-					ops = append(ops, clientv3.OpPut(s.k.commit(id), encode(st)))
-				}
-				_, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", gr.Kvs[0].ModRevision)).
-					Then(ops...).Commit()
-			}
-		}
+		return &pb.ReportResponse{}, s.reportStep(ctx, id, gen, k.Step)
 	case *pb.ReportRequest_Times:
 		if req.GetNode() == "" {
 			return nil, status.Error(codes.InvalidArgument, "times without a node")
 		}
-		err = s.appendTimes(ctx, s.k.times(id, gen, req.GetNode()), k.Times)
+		s.times.add(id, gen, req.GetNode(), k.Times)
 	case *pb.ReportRequest_Exit:
 		_, err = s.cli.Put(ctx, s.k.exit(id, gen, k.Exit.GetRank()), encode(k.Exit))
 		if k.Exit.GetCode() != 0 {
@@ -298,29 +283,45 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 	return &pb.ReportResponse{}, etcdErr(err)
 }
 
-// appendTimes adds a window to a node's history, keeping the last
-// StragglerWindows, in a transaction on the key's revision (one writer per
-// key, so a retry is rare).
-func (s *server) appendTimes(ctx context.Context, key string, w *pb.RankTimes) error {
+// reportStep records a step of generation gen: rank 0's progress and, when
+// checkpointed, the commit. Only the current generation's steps count; a
+// replaced generation's ranks are told so, and stop. The write is one
+// transaction on the generation's revision as the cache holds it; when
+// the cache is behind, the answer carries the generation etcd holds.
+func (s *server) reportStep(ctx context.Context, id string, gen int64, step *pb.Step) error {
+	g, rev := s.cache.generation(id)
 	for {
-		h := &pb.TimesHistory{}
-		var rev int64
-		resp, err := s.cli.Get(ctx, key)
-		if err != nil {
-			return err
+		if g != nil && g.Number > gen {
+			return status.Errorf(codes.FailedPrecondition, "job %s: generation %d was replaced by generation %d", id, gen, g.Number)
 		}
-		if len(resp.Kvs) == 1 {
-			decode(resp.Kvs[0].Value, h)
-			rev = resp.Kvs[0].ModRevision
+		if g == nil || g.Number < gen {
+			if rev != 0 || g != nil {
+				return nil // a generation etcd does not hold (yet): nothing to record
+			}
 		}
-		h.Windows = append(h.Windows, w)
-		if n := s.cfg.StragglerWindows; len(h.Windows) > n {
-			h.Windows = h.Windows[len(h.Windows)-n:]
+		if g == nil {
+			return nil
 		}
-		tx, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(clientv3.OpPut(key, encode(h))).Commit()
-		if err != nil || tx.Succeeded {
-			return err
+		st := proto.Clone(step).(*pb.Step)
+		st.Generation, st.Dp = g.Number, g.Dp
+		ops := []clientv3.Op{clientv3.OpPut(s.k.progress(id), encode(st))}
+		if st.Checkpointed {
+			ops = append(ops, clientv3.OpPut(s.k.commit(id), encode(st)))
 		}
+		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", rev)).
+			Then(ops...).Else(clientv3.OpGet(s.k.generation(id))).Commit()
+		if err != nil || resp.Succeeded {
+			return etcdErr(err)
+		}
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			return nil // the job is gone
+		}
+		g = &pb.Generation{}
+		if err := decode(kvs[0].Value, g); err != nil {
+			return status.Errorf(codes.Internal, "job %s: generation: %v", id, err)
+		}
+		rev = kvs[0].ModRevision
 	}
 }
 

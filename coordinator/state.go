@@ -21,7 +21,7 @@ import (
 //	jobs/<id>/progress                 Step: rank 0's last finished step
 //	jobs/<id>/commit                   Step: the last step in a committed checkpoint
 //	jobs/<id>/exits/<gen>/<rank>       RankExit
-//	jobs/<id>/times/<gen>/<node>       RankTimes: the node's ranks' last window
+//	jobs/<id>/times/<gen>/<coord>      TimesBatch: the compute times reported to one coordinator
 //	jobs/<id>/stragglers               Stragglers of the current generation
 //	jobs/<id>/policy                   jobPolicy: the leader's timers for the job (JSON)
 //	conns/<node>                       the node's open Watch stream, leased with the node
@@ -39,8 +39,8 @@ func (k keys) state(id string) string      { return k.job(id) + "state" }
 func (k keys) generation(id string) string { return k.job(id) + "generation" }
 func (k keys) progress(id string) string   { return k.job(id) + "progress" }
 func (k keys) commit(id string) string     { return k.job(id) + "commit" }
-func (k keys) times(id string, gen int64, node string) string {
-	return k.job(id) + "times/" + strconv.FormatInt(gen, 10) + "/" + node
+func (k keys) times(id string, gen int64, coordinator string) string {
+	return k.job(id) + "times/" + strconv.FormatInt(gen, 10) + "/" + coordinator
 }
 func (k keys) stragglers(id string) string    { return k.job(id) + "stragglers" }
 func (k keys) policy(id string) string        { return k.job(id) + "policy" }

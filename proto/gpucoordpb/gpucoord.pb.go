@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24, 0}
 }
 
 // Node is one machine in the pool.
@@ -1332,6 +1332,53 @@ func (x *TimesHistory) GetWindows() []*RankTimes {
 	return nil
 }
 
+// TimesBatch is the histories of the nodes that reported their compute
+// times for one generation of a job to one coordinator: each coordinator
+// writes one such key a second, however many nodes report to it.
+type TimesBatch struct {
+	state         protoimpl.MessageState   `protogen:"open.v1"`
+	Nodes         map[string]*TimesHistory `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimesBatch) Reset() {
+	*x = TimesBatch{}
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimesBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimesBatch) ProtoMessage() {}
+
+func (x *TimesBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimesBatch.ProtoReflect.Descriptor instead.
+func (*TimesBatch) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *TimesBatch) GetNodes() map[string]*TimesHistory {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 type RankTime struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Rank  int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
@@ -1345,7 +1392,7 @@ type RankTime struct {
 
 func (x *RankTime) Reset() {
 	*x = RankTime{}
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1404,7 @@ func (x *RankTime) String() string {
 func (*RankTime) ProtoMessage() {}
 
 func (x *RankTime) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1417,7 @@ func (x *RankTime) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTime.ProtoReflect.Descriptor instead.
 func (*RankTime) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RankTime) GetRank() int32 {
@@ -1409,7 +1456,7 @@ type Straggler struct {
 
 func (x *Straggler) Reset() {
 	*x = Straggler{}
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1421,7 +1468,7 @@ func (x *Straggler) String() string {
 func (*Straggler) ProtoMessage() {}
 
 func (x *Straggler) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1434,7 +1481,7 @@ func (x *Straggler) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Straggler.ProtoReflect.Descriptor instead.
 func (*Straggler) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Straggler) GetRank() int32 {
@@ -1475,7 +1522,7 @@ type Stragglers struct {
 
 func (x *Stragglers) Reset() {
 	*x = Stragglers{}
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1487,7 +1534,7 @@ func (x *Stragglers) String() string {
 func (*Stragglers) ProtoMessage() {}
 
 func (x *Stragglers) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1500,7 +1547,7 @@ func (x *Stragglers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stragglers.ProtoReflect.Descriptor instead.
 func (*Stragglers) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Stragglers) GetGeneration() int64 {
@@ -1535,7 +1582,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1594,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1607,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReportRequest) GetJob() string {
@@ -1663,7 +1710,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +1722,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +1735,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
 }
 
 type LeaveRequest struct {
@@ -1701,7 +1748,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +1760,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +1773,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -1751,7 +1798,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1810,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1823,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
 }
 
 type SubmitRequest struct {
@@ -1788,7 +1835,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1800,7 +1847,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1813,7 +1860,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -1831,7 +1878,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +1890,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +1903,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
 }
 
 // JobState is where a job stands.
@@ -1882,7 +1929,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +1941,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +1954,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -1979,7 +2026,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1991,7 +2038,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2004,7 +2051,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -2040,7 +2087,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2052,7 +2099,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2065,7 +2112,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -2106,7 +2153,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2118,7 +2165,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2131,7 +2178,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -2159,7 +2206,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2171,7 +2218,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2184,7 +2231,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CancelResponse) GetState() *JobState {
@@ -2202,7 +2249,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2261,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,7 +2274,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
 }
 
 type NodeStatus struct {
@@ -2241,7 +2288,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2253,7 +2300,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2266,7 +2313,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -2301,7 +2348,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2313,7 +2360,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2326,7 +2373,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -2394,7 +2441,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2406,7 +2453,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2419,7 +2466,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -2462,7 +2509,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2474,7 +2521,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2487,7 +2534,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -2627,7 +2674,14 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\tRankTimes\x12+\n" +
 	"\x05ranks\x18\x01 \x03(\v2\x15.gpucoord.v1.RankTimeR\x05ranks\"@\n" +
 	"\fTimesHistory\x120\n" +
-	"\awindows\x18\x01 \x03(\v2\x16.gpucoord.v1.RankTimesR\awindows\"]\n" +
+	"\awindows\x18\x01 \x03(\v2\x16.gpucoord.v1.RankTimesR\awindows\"\x9b\x01\n" +
+	"\n" +
+	"TimesBatch\x128\n" +
+	"\x05nodes\x18\x01 \x03(\v2\".gpucoord.v1.TimesBatch.NodesEntryR\x05nodes\x1aS\n" +
+	"\n" +
+	"NodesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.gpucoord.v1.TimesHistoryR\x05value:\x028\x01\"]\n" +
 	"\bRankTime\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12'\n" +
 	"\x0fcompute_seconds\x18\x02 \x01(\x01R\x0ecomputeSeconds\x12\x14\n" +
@@ -2749,7 +2803,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),      // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),             // 1: gpucoord.v1.Node
@@ -2766,77 +2820,81 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*RankExit)(nil),         // 12: gpucoord.v1.RankExit
 	(*RankTimes)(nil),        // 13: gpucoord.v1.RankTimes
 	(*TimesHistory)(nil),     // 14: gpucoord.v1.TimesHistory
-	(*RankTime)(nil),         // 15: gpucoord.v1.RankTime
-	(*Straggler)(nil),        // 16: gpucoord.v1.Straggler
-	(*Stragglers)(nil),       // 17: gpucoord.v1.Stragglers
-	(*ReportRequest)(nil),    // 18: gpucoord.v1.ReportRequest
-	(*ReportResponse)(nil),   // 19: gpucoord.v1.ReportResponse
-	(*LeaveRequest)(nil),     // 20: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),    // 21: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),    // 22: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),   // 23: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),         // 24: gpucoord.v1.JobState
-	(*FollowRequest)(nil),    // 25: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),         // 26: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),    // 27: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),   // 28: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),    // 29: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),       // 30: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),        // 31: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),     // 32: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),   // 33: gpucoord.v1.StatusResponse
-	nil,                      // 34: gpucoord.v1.JobSpec.EnvEntry
+	(*TimesBatch)(nil),       // 15: gpucoord.v1.TimesBatch
+	(*RankTime)(nil),         // 16: gpucoord.v1.RankTime
+	(*Straggler)(nil),        // 17: gpucoord.v1.Straggler
+	(*Stragglers)(nil),       // 18: gpucoord.v1.Stragglers
+	(*ReportRequest)(nil),    // 19: gpucoord.v1.ReportRequest
+	(*ReportResponse)(nil),   // 20: gpucoord.v1.ReportResponse
+	(*LeaveRequest)(nil),     // 21: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),    // 22: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),    // 23: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),   // 24: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),         // 25: gpucoord.v1.JobState
+	(*FollowRequest)(nil),    // 26: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),         // 27: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),    // 28: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),   // 29: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),    // 30: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),       // 31: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),        // 32: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),     // 33: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),   // 34: gpucoord.v1.StatusResponse
+	nil,                      // 35: gpucoord.v1.JobSpec.EnvEntry
+	nil,                      // 36: gpucoord.v1.TimesBatch.NodesEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	34, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	35, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
 	7,  // 3: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
 	6,  // 4: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
 	8,  // 5: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
-	15, // 6: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
+	16, // 6: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
 	13, // 7: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
-	16, // 8: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
-	10, // 9: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
-	11, // 10: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
-	12, // 11: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
-	13, // 12: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
-	6,  // 13: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 14: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	24, // 15: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	8,  // 16: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	11, // 17: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	24, // 18: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 19: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	6,  // 20: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	24, // 21: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	8,  // 22: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	11, // 23: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	32, // 24: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	16, // 25: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	30, // 26: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	31, // 27: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	2,  // 28: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 29: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	18, // 30: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	20, // 31: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	22, // 32: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	25, // 33: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	27, // 34: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	29, // 35: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	3,  // 36: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	9,  // 37: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	19, // 38: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	21, // 39: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	23, // 40: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	26, // 41: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	28, // 42: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	33, // 43: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	36, // [36:44] is the sub-list for method output_type
-	28, // [28:36] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	36, // 8: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
+	17, // 9: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
+	10, // 10: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
+	11, // 11: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
+	12, // 12: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
+	13, // 13: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
+	6,  // 14: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 15: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	25, // 16: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	8,  // 17: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	11, // 18: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	25, // 19: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 20: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	6,  // 21: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	25, // 22: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	8,  // 23: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	11, // 24: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	33, // 25: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	17, // 26: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	31, // 27: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	32, // 28: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	14, // 29: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
+	2,  // 30: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 31: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	19, // 32: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	21, // 33: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	23, // 34: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	26, // 35: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	28, // 36: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	30, // 37: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	3,  // 38: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	9,  // 39: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	20, // 40: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	22, // 41: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	24, // 42: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	27, // 43: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	29, // 44: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	34, // 45: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	38, // [38:46] is the sub-list for method output_type
+	30, // [30:38] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -2844,7 +2902,7 @@ func file_proto_gpucoord_proto_init() {
 	if File_proto_gpucoord_proto != nil {
 		return
 	}
-	file_proto_gpucoord_proto_msgTypes[17].OneofWrappers = []any{
+	file_proto_gpucoord_proto_msgTypes[18].OneofWrappers = []any{
 		(*ReportRequest_Bootstrap)(nil),
 		(*ReportRequest_Step)(nil),
 		(*ReportRequest_Exit)(nil),
@@ -2856,7 +2914,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
