@@ -60,17 +60,17 @@ type nodeEntry struct {
 
 // jobEntry is everything the prefix holds about one job, decoded.
 type jobEntry struct {
-	spec       *pb.JobSpec
-	created    int64 // the spec's create revision: submission order
-	state      *pb.JobState
-	stateRev   int64
-	gen        *pb.Generation
-	genRev     int64
-	policy     jobPolicy
-	boots      map[int64]*pb.Bootstrap
-	step       *pb.Step
-	commit     *pb.Step
-	exits      map[int64]map[int32]exitKV
+	spec     *pb.JobSpec
+	created  int64 // the spec's create revision: submission order
+	state    *pb.JobState
+	stateRev int64
+	gen      *pb.Generation
+	genRev   int64
+	policy   jobPolicy
+	boots    map[int64]*pb.Bootstrap
+	step     *pb.Step
+	commit   *pb.Step
+	exits    map[int64]map[int32]exitKV
 	// times holds, per generation, each coordinator's batch of its nodes'
 	// compute times, with the revision that wrote it.
 	times      map[int64]map[string]timesKV
