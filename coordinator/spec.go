@@ -59,6 +59,9 @@ func ValidateSpecWith(j *pb.JobSpec, name func(field string) string) error {
 	case j.GetCheckpointEvery() > 0 && j.GetCheckpointDir() == "":
 		return fmt.Errorf("%s needs %s: a directory every node mounts (checkpoints are not yet copied between nodes)",
 			name("checkpoint_every"), name("checkpoint_dir"))
+	case j.GetMaxRestarts() > 0 && len(j.GetCommand()) > 0 && j.GetCheckpointDir() == "":
+		return fmt.Errorf("%s for a program needs %s, a directory every node mounts: a restarted program whose ranks found their checkpoints each on its own node would resume them at different steps",
+			name("max_restarts"), name("checkpoint_dir"))
 	case j.GetWorkdir() != "" && !filepath.IsAbs(j.GetWorkdir()):
 		return fmt.Errorf("%s %q: want an absolute path", name("workdir"), j.GetWorkdir())
 	}

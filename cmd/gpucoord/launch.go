@@ -161,8 +161,6 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		// One machine: every agent reaches the launch host's temporary
 		// directory.
 		spec.CheckpointDir = filepath.Join(os.TempDir(), "gpucoord-checkpoints", id)
-	case spec.CheckpointDir == "" && f.maxRestarts > 0 && c.ArgsLenAtDash() >= 0:
-		return nil, errors.New("--max-restarts for a program needs --checkpoint-dir, a directory every node mounts: a restarted program whose ranks found their checkpoints each on its own node would resume them at different steps")
 	case spec.CheckpointDir != "":
 		if spec.CheckpointDir, err = filepath.Abs(spec.CheckpointDir); err != nil {
 			return nil, err
