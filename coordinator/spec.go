@@ -3,69 +3,99 @@ package coordinator
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/schedule"
 	"github.com/gpucoord/gpucoord/sharding"
 	"github.com/gpucoord/gpucoord/topology"
 )
 
-// ValidateSpec names the first field of a job that cannot work.
-func ValidateSpec(j *pb.JobSpec) error {
+// ValidateSpec names the first field of a job that cannot work, by its name
+// in proto/gpucoord.proto (checkpoint_every). It is the one authority on a
+// job spec: Submit refuses what it refuses, and launch calls it (through
+// ValidateSpecWith) on the spec it is about to submit, after filling in
+// what only launch knows (--standalone's checkpoint directory). The rules
+// of the parallel shape are topology.NewShape's, applied by Layout on the
+// spec's nodes.
+func ValidateSpec(j *pb.JobSpec) error { return ValidateSpecWith(j, nil) }
+
+// ValidateSpecWith is ValidateSpec naming each field f as name(f), f being
+// its name in proto/gpucoord.proto: launch names them by its flags
+// (--checkpoint-every). A nil name names them as ValidateSpec does.
+func ValidateSpecWith(j *pb.JobSpec, name func(field string) string) error {
+	if name == nil {
+		name = func(f string) string { return f }
+	}
+	nodes := j.GetNodes()
 	switch {
 	case j.GetId() == "" || strings.ContainsAny(j.GetId(), "/ \t\n"):
-		return fmt.Errorf("job id %q: want a non-empty id without '/' or spaces", j.GetId())
-	case j.GetNodes() < 1:
-		return fmt.Errorf("nodes %d: want at least 1", j.GetNodes())
-	case j.GetMaxNodes() != 0 && j.GetMaxNodes() < j.GetNodes():
-		return fmt.Errorf("max nodes %d is below nodes %d", j.GetMaxNodes(), j.GetNodes())
+		return fmt.Errorf("%s %q: want a non-empty id without '/' or spaces", name("id"), j.GetId())
+	case nodes < 1:
+		return fmt.Errorf("%s %d: want at least 1", name("nodes"), nodes)
+	case j.GetMaxNodes() != 0 && j.GetMaxNodes() < nodes:
+		return fmt.Errorf("%s %d is below %s %d", name("max_nodes"), j.GetMaxNodes(), name("nodes"), nodes)
 	case j.GetGpusPerNode() < 1:
-		return fmt.Errorf("gpus per node %d: want at least 1", j.GetGpusPerNode())
+		return fmt.Errorf("%s %d: want at least 1", name("gpus_per_node"), j.GetGpusPerNode())
 	case len(j.GetCommand()) == 0 && len(j.GetNativeJob()) == 0:
 		return errors.New("neither a command nor a native job")
 	case len(j.GetCommand()) > 0 && len(j.GetNativeJob()) > 0:
 		return errors.New("both a command and a native job")
+	case sharding.Stage(j.GetZero()).Validate() != nil:
+		return fmt.Errorf("%s %d: want a ZeRO stage of 0, 1, 2 or 3", name("zero"), j.GetZero())
 	case sharding.CheckKeep(int(j.GetKeepCheckpoints())) != nil:
-		return fmt.Errorf("keep checkpoints %d: %v", j.GetKeepCheckpoints(), sharding.CheckKeep(int(j.GetKeepCheckpoints())))
+		return fmt.Errorf("%s %d: %v", name("keep_checkpoints"), j.GetKeepCheckpoints(), sharding.CheckKeep(int(j.GetKeepCheckpoints())))
 	case j.GetCheckpointEvery() < 0 || j.GetMaxRestarts() < 0 || j.GetMinNodes() < 0:
-		return fmt.Errorf("checkpoint every %d, max restarts %d and min nodes %d must not be negative", j.GetCheckpointEvery(), j.GetMaxRestarts(), j.GetMinNodes())
+		return fmt.Errorf("%s %d, %s %d and %s %d must not be negative", name("checkpoint_every"), j.GetCheckpointEvery(),
+			name("max_restarts"), j.GetMaxRestarts(), name("min_nodes"), j.GetMinNodes())
+	case j.GetMinNodes() > nodes:
+		return fmt.Errorf("%s %d is above %s %d: a job cannot shrink to more nodes than it starts on (0 means no shrinking)",
+			name("min_nodes"), j.GetMinNodes(), name("nodes"), nodes)
+	case j.GetCheckpointDir() != "" && !filepath.IsAbs(j.GetCheckpointDir()):
+		return fmt.Errorf("%s %q: want an absolute path, the same on every node", name("checkpoint_dir"), j.GetCheckpointDir())
+	case j.GetCheckpointEvery() > 0 && j.GetCheckpointDir() == "":
+		return fmt.Errorf("%s needs %s: a directory every node mounts (checkpoints are not yet copied between nodes)",
+			name("checkpoint_every"), name("checkpoint_dir"))
+	case j.GetMaxRestarts() > 0 && len(j.GetCommand()) > 0 && j.GetCheckpointDir() == "":
+		return fmt.Errorf("%s for a program needs %s, a directory every node mounts: a restarted program whose ranks found their checkpoints each on its own node would resume them at different steps",
+			name("max_restarts"), name("checkpoint_dir"))
+	case j.GetWorkdir() != "" && !filepath.IsAbs(j.GetWorkdir()):
+		return fmt.Errorf("%s %q: want an absolute path", name("workdir"), j.GetWorkdir())
 	}
-	_, err := Layout(j, int(j.GetNodes()))
+	for _, k := range slices.Sorted(maps.Keys(j.GetEnv())) {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return fmt.Errorf("%s %q: want a variable name, without '=' or NUL", name("env"), k)
+		}
+	}
+	_, err := Layout(j, int(nodes))
 	return err
 }
 
-// Layout returns the rank layout of spec on n nodes: TP and PP as asked,
-// DP from the world size unless fixed. A TP group must stay inside a node.
+// Layout returns the rank layout of spec on n nodes, checked by
+// topology.NewShape: TP and PP as asked, DP from the world size unless
+// fixed, and the batch and schedule rules every generation must keep (the
+// global batch is kept: each replica runs global/(micro*dp) micro-batches).
+// A TP group must also stay inside a node.
 func Layout(spec *pb.JobSpec, n int) (topology.Layout, error) {
-	world := n * int(spec.GetGpusPerNode())
-	tp, pp := int(spec.GetTp()), int(spec.GetPp())
-	if tp < 1 || pp < 1 {
-		return topology.Layout{}, fmt.Errorf("tp %d and pp %d must be at least 1", tp, pp)
-	}
-	if world%(tp*pp) != 0 {
-		return topology.Layout{}, fmt.Errorf("world size %d (%d nodes x %d GPUs) is not divisible by tp*pp = %d", world, n, spec.GetGpusPerNode(), tp*pp)
-	}
-	dp := world / (tp * pp)
-	if spec.GetDp() != 0 && int(spec.GetDp()) != dp {
-		return topology.Layout{}, fmt.Errorf("dp %d: tp*pp*dp = %d must equal the world size %d", spec.GetDp(), tp*pp*int(spec.GetDp()), world)
-	}
-	// The global batch is kept in every generation: each replica runs
-	// global/(micro*dp) micro-batches, so dp must divide global/micro (and,
-	// interleaved, leave a multiple of pp micro-batches).
-	if g, m := int(spec.GetGlobalBatch()), int(spec.GetMicroBatch()); g > 0 && m > 0 {
-		if g%(m*dp) != 0 {
-			return topology.Layout{}, fmt.Errorf("dp %d on %d nodes does not divide the global batch %d into micro-batches of %d", dp, n, g, m)
+	g := int(spec.GetGpusPerNode())
+	count := func(n int, thing string) string { // "1 node", "2 nodes"
+		if n == 1 {
+			return fmt.Sprintf("%d %s", n, thing)
 		}
-		if spec.GetSchedule() == "interleaved" && (g/(m*dp))%pp != 0 {
-			return topology.Layout{}, fmt.Errorf("dp %d on %d nodes leaves %d micro-batches per replica, not a multiple of pp %d (interleaved)", dp, n, g/(m*dp), pp)
-		}
+		return fmt.Sprintf("%d %ss", n, thing)
 	}
-	l, err := topology.NewLayout(tp, pp, dp, spec.GetOrder())
+	sh, err := topology.NewShape(n*g, topology.ShapeSpec{TP: int(spec.GetTp()), PP: int(spec.GetPp()), DP: int(spec.GetDp()),
+		Order: spec.GetOrder(), GlobalBatch: int(spec.GetGlobalBatch()), MicroBatch: int(spec.GetMicroBatch()),
+		Schedule: schedule.Kind(spec.GetSchedule()), Virtual: int(spec.GetVpp()),
+		WorldName: fmt.Sprintf("world size %d (%s x %s)", n*g, count(n, "node"), count(g, "GPU"))})
 	if err != nil {
 		return topology.Layout{}, err
 	}
-	if err := l.CheckDomains(int(spec.GetGpusPerNode())); err != nil {
+	if err := sh.CheckDomains(g); err != nil {
 		return topology.Layout{}, err
 	}
-	return l, nil
+	return sh.Layout, nil
 }

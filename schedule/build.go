@@ -43,7 +43,7 @@ type Schedule struct {
 // when every send blocks until its receive is posted (see Validate and
 // docs/SCHEDULES.md). Build's output passes Validate; Build does not call it.
 func Build(kind Kind, stages, microbatches, virtual int) (*Schedule, error) {
-	if err := checkShape(kind, stages, microbatches, virtual); err != nil {
+	if err := CheckShape(kind, stages, microbatches, virtual); err != nil {
 		return nil, err
 	}
 	s := &Schedule{Kind: kind, Stages: stages, MicroBatches: microbatches, Virtual: virtual}
@@ -59,8 +59,11 @@ func Build(kind Kind, stages, microbatches, virtual int) (*Schedule, error) {
 	return s, nil
 }
 
-// checkShape applies Build's rules to (kind, p, m, v).
-func checkShape(kind Kind, p, m, v int) error {
+// CheckShape returns the error Build would return for kind on p stages, m
+// micro-batches and v model chunks per rank, without building the op lists;
+// nil when Build accepts the shape. topology.NewShape calls it, so a layout
+// the planner, the coordinator or the engine accepts is one Build runs.
+func CheckShape(kind Kind, p, m, v int) error {
 	switch kind {
 	case GPipe, OneFOneB, Interleaved, ZBH1:
 	default:

@@ -108,7 +108,7 @@ func Simulate(s *Schedule, c Costs) (Result, error) {
 	if s == nil {
 		return Result{}, fmt.Errorf("%w: nil schedule", ErrInvalid)
 	}
-	if err := checkShape(s.Kind, s.Stages, s.MicroBatches, s.Virtual); err != nil {
+	if err := CheckShape(s.Kind, s.Stages, s.MicroBatches, s.Virtual); err != nil {
 		return Result{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	spans, err := timeline(s, s.Ranks, c)

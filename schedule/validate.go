@@ -53,7 +53,7 @@ type validator struct {
 }
 
 func newValidator(s *Schedule) (*validator, error) {
-	if err := checkShape(s.Kind, s.Stages, s.MicroBatches, s.Virtual); err != nil {
+	if err := CheckShape(s.Kind, s.Stages, s.MicroBatches, s.Virtual); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if len(s.Ranks) != s.Stages {

@@ -50,7 +50,8 @@ type Config struct {
 	PP int `json:"pp"`
 	DP int `json:"dp"`
 	// VPP is the number of virtual pipeline stages (model chunks) per
-	// pipeline rank; above 1 it needs the interleaved schedule.
+	// pipeline rank; above 1 it needs the interleaved schedule. Zero means
+	// 2 with the interleaved schedule and 1 otherwise.
 	VPP int `json:"vpp"`
 	// Zero is the ZeRO stage, 0-3.
 	Zero int `json:"zero"`

@@ -17,7 +17,17 @@ func invalid(format string, args ...any) error {
 	return &invalidError{msg: fmt.Sprintf(format, args...)}
 }
 
-type invalidError struct{ msg string }
+// invalidErr returns err, which a package below this one returned, as an
+// error that also wraps ErrInvalid.
+func invalidErr(err error) error {
+	return &invalidError{msg: err.Error(), err: err}
+}
+
+type invalidError struct {
+	msg string
+	err error // what it wraps besides ErrInvalid; may be nil
+}
 
 func (e *invalidError) Error() string        { return e.msg }
 func (e *invalidError) Is(target error) bool { return target == ErrInvalid }
+func (e *invalidError) Unwrap() error        { return e.err }

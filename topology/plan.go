@@ -1,10 +1,6 @@
 package topology
 
-import (
-	"fmt"
-
-	"github.com/gpucoord/gpucoord/schedule"
-)
+import "fmt"
 
 // Plan is a validated parallel layout of a model on a cluster: the rank
 // order, every rank's coordinates and placement, and the process groups.
@@ -33,8 +29,10 @@ func axisIndex(a Axis) int {
 	panic("topology: no index for axis " + string(a))
 }
 
-// New validates a layout and returns its Plan. Every rejection wraps
-// ErrInvalid and names the value and the rule it breaks.
+// New validates a layout and returns its Plan. The rules of the parallel
+// shape are NewShape's; New adds the cluster's, the model's and the
+// estimate's. Every rejection wraps ErrInvalid and names the value and the
+// rule it breaks.
 func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 	if err := cl.Validate(); err != nil {
 		return nil, err
@@ -48,38 +46,28 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 	if _, err := ParseOrder(cfg.Order); err != nil {
 		return nil, err
 	}
+	if cfg.MicroBatch < 1 {
+		return nil, invalid("micro-batch %d: must be at least 1", cfg.MicroBatch)
+	}
 	world := cl.World()
-	if cfg.TP < 1 {
-		return nil, invalid("tp %d: must be at least 1", cfg.TP)
+	spec := ShapeSpec{TP: cfg.TP, PP: cfg.PP, DP: cfg.DP, Order: cfg.Order, GlobalBatch: cfg.GlobalBatch, MicroBatch: cfg.MicroBatch,
+		Schedule: cfg.Schedule, Virtual: cfg.VPP,
+		WorldName: fmt.Sprintf("world size %d (%s x %s)", world, plural(cl.Nodes, "node", "nodes"), plural(cl.GPUsPerNode, "GPU", "GPUs"))}
+	if spec.GlobalBatch == 0 {
+		// The default, 4*pp micro-batches per replica, needs dp.
+		sh, err := NewShape(world, spec)
+		if err != nil {
+			return nil, err
+		}
+		spec.GlobalBatch = cfg.MicroBatch * sh.DP * 4 * cfg.PP
 	}
-	if cfg.PP < 1 {
-		return nil, invalid("pp %d: must be at least 1", cfg.PP)
+	sh, err := NewShape(world, spec)
+	if err != nil {
+		return nil, err
 	}
-	if world%(cfg.TP*cfg.PP) != 0 {
-		return nil, invalid("world size %d (%s x %s) is not divisible by tp*pp = %d (tp %d x pp %d)",
-			world, plural(cl.Nodes, "node", "nodes"), plural(cl.GPUsPerNode, "GPU", "GPUs"), cfg.TP*cfg.PP, cfg.TP, cfg.PP)
-	}
-	if cfg.DP == 0 {
-		cfg.DP = world / (cfg.TP * cfg.PP)
-	}
-	if cfg.DP < 1 || cfg.TP*cfg.PP*cfg.DP != world {
-		return nil, invalid("dp %d: tp*pp*dp = %d must equal the world size %d (omit --dp to derive it)",
-			cfg.DP, cfg.TP*cfg.PP*cfg.DP, world)
-	}
+	cfg.DP, cfg.VPP, cfg.GlobalBatch, cfg.Schedule = sh.DP, sh.Virtual, sh.GlobalBatch, sh.Schedule
 	if d := cl.Domain(); cfg.TP > d {
 		return nil, invalid("tp %d is larger than the NVLink domain of %s: a tensor-parallel group must stay inside one NVLink domain", cfg.TP, plural(d, "GPU", "GPUs"))
-	}
-	if cfg.VPP == 0 {
-		cfg.VPP = 1
-	}
-	if cfg.VPP < 1 {
-		return nil, invalid("vpp %d: must be at least 1", cfg.VPP)
-	}
-	if cfg.VPP > 1 && cfg.Schedule != schedule.Interleaved {
-		return nil, invalid("vpp %d: virtual pipeline stages need --schedule interleaved (schedule is %s)", cfg.VPP, cfg.Schedule)
-	}
-	if cfg.Schedule == schedule.Interleaved && cfg.PP < 2 {
-		return nil, invalid("schedule interleaved needs pp of at least 2 (pp is %d)", cfg.PP)
 	}
 	if !m.Bare() {
 		if m.Heads%cfg.TP != 0 {
@@ -102,29 +90,7 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 	if cfg.Precision == PrecisionFP8 && cl.PeakFP8TFLOPS == 0 {
 		return nil, invalid("precision fp8 needs fp8 tensor cores: cluster %s has no peak_fp8_tflops", cl.Name)
 	}
-	if cfg.MicroBatch < 1 {
-		return nil, invalid("micro-batch %d: must be at least 1", cfg.MicroBatch)
-	}
-	if cfg.GlobalBatch == 0 {
-		cfg.GlobalBatch = cfg.MicroBatch * cfg.DP * 4 * cfg.PP
-	}
-	if cfg.GlobalBatch < 1 {
-		return nil, invalid("global batch %d: must be at least 1 sequence", cfg.GlobalBatch)
-	}
-	if cfg.GlobalBatch%(cfg.MicroBatch*cfg.DP) != 0 {
-		return nil, invalid("global batch %d is not divisible by micro-batch*dp = %d (micro-batch %d x dp %d)",
-			cfg.GlobalBatch, cfg.MicroBatch*cfg.DP, cfg.MicroBatch, cfg.DP)
-	}
-	mb := cfg.GlobalBatch / (cfg.MicroBatch * cfg.DP)
-	if cfg.Schedule == schedule.Interleaved && mb%cfg.PP != 0 {
-		return nil, invalid("interleaved schedule: %s per replica (global batch %d / (micro-batch %d x dp %d)) is not a multiple of pp %d",
-			plural(mb, "micro-batch", "micro-batches"), cfg.GlobalBatch, cfg.MicroBatch, cfg.DP, cfg.PP)
-	}
-	layout, err := NewLayout(cfg.TP, cfg.PP, cfg.DP, cfg.Order)
-	if err != nil {
-		return nil, err
-	}
-	p := &Plan{Cluster: cl, Model: m, Config: cfg, Layout: layout}
+	p := &Plan{Cluster: cl, Model: m, Config: cfg, Layout: sh.Layout}
 	if err := p.checkTPDomains(); err != nil {
 		return nil, err
 	}

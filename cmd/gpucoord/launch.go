@@ -27,7 +27,6 @@ import (
 	"github.com/gpucoord/gpucoord/coordinator"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/schedule"
-	"github.com/gpucoord/gpucoord/sharding"
 	"github.com/gpucoord/gpucoord/topology"
 	"github.com/gpucoord/gpucoord/worker"
 	"github.com/gpucoord/gpucoord/worker/engine"
@@ -154,22 +153,14 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		Order: f.order, RendezvousTimeoutMs: f.rendezvous.Milliseconds(), LastCallMs: f.lastCall.Milliseconds(),
 		MaxRestarts: int32(f.maxRestarts), Env: map[string]string{}, MinNodes: int32(f.minNodes), CheckpointEvery: int32(f.ckptEvery),
 		CheckpointDir: f.ckptDir, EvictStragglers: f.evictStragglers, KeepCheckpoints: int32(f.keepCkpts)}
-	if err := sharding.CheckKeep(f.keepCkpts); err != nil {
-		return nil, fmt.Errorf("--keep-checkpoints %d: %w", f.keepCkpts, err)
-	}
-	if f.minNodes < 0 || f.minNodes > f.nodes && f.hostfile == "" || f.ckptEvery < 0 || f.maxRestarts < 0 {
-		return nil, fmt.Errorf("--min-nodes %d (at most --nodes), --checkpoint-every %d and --max-restarts %d must not be negative", f.minNodes, f.ckptEvery, f.maxRestarts)
-	}
+	// What only launch knows fills the spec first; coordinator.ValidateSpec
+	// then checks every rule of a spec, as Submit will.
 	switch {
 	case spec.CheckpointDir == "" && f.standalone:
 		// One machine: every agent reaches the launch host's temporary
 		// directory.
 		spec.CheckpointDir = filepath.Join(os.TempDir(), "gpucoord-checkpoints", id)
-	case spec.CheckpointDir == "" && f.ckptEvery > 0:
-		return nil, errors.New("--checkpoint-every needs --checkpoint-dir: a directory every node mounts (checkpoints are not yet copied between nodes)")
-	case spec.CheckpointDir == "" && f.maxRestarts > 0 && c.ArgsLenAtDash() >= 0:
-		return nil, errors.New("--max-restarts for a program needs --checkpoint-dir, a directory every node mounts: a restarted program whose ranks found their checkpoints each on its own node would resume them at different steps")
-	case spec.CheckpointDir != "" && !filepath.IsAbs(spec.CheckpointDir):
+	case spec.CheckpointDir != "":
 		if spec.CheckpointDir, err = filepath.Abs(spec.CheckpointDir); err != nil {
 			return nil, err
 		}
@@ -197,12 +188,7 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		}
 		spec.Hosts, spec.Nodes, spec.GpusPerNode = hosts, int32(len(hosts)), int32(slots)
 	}
-	if spec.Nodes < 1 || spec.GpusPerNode < 1 {
-		return nil, fmt.Errorf("--nodes %d and --gpus-per-node %d must be at least 1 (or give --hostfile)", spec.Nodes, spec.GpusPerNode)
-	}
-	if f.maxNodes != 0 && f.maxNodes < int(spec.Nodes) {
-		return nil, fmt.Errorf("--max-nodes %d is below --nodes %d", f.maxNodes, spec.Nodes)
-	}
+	var job *engine.Job // a native job's, nil for a program
 	if dash := c.ArgsLenAtDash(); dash >= 0 {
 		if dash != 0 {
 			return nil, fmt.Errorf("give either a job file or -- CMD, not both (%q before --)", args[:dash])
@@ -227,30 +213,18 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 				return nil, err
 			}
 		}
-		if !filepath.IsAbs(spec.Workdir) {
-			return nil, fmt.Errorf("--workdir %q: want an absolute path", spec.Workdir)
-		}
 	} else {
 		if len(args) != 1 {
 			return nil, fmt.Errorf("give one job file, or -- CMD ARGS (got %d arguments)", len(args))
 		}
-		kind, err := schedule.ParseKind(f.schedule)
-		if err != nil {
-			return nil, err
-		}
-		job, err := engine.LoadJob(args[0], func(j *engine.Job) {
+		if job, err = engine.LoadJob(args[0], func(j *engine.Job) {
 			if c.Flags().Changed("steps") {
 				j.Steps = f.steps
 			}
 			if c.Flags().Changed("seed") {
 				j.Seed = f.seed
 			}
-		})
-		if err != nil {
-			return nil, err
-		}
-		if _, err := engine.NewConfig(job, engine.Shape{NP: int(spec.Nodes * spec.GpusPerNode), TP: f.tp, PP: f.pp, DP: f.dp,
-			Virtual: f.vpp, Zero: f.zero, Schedule: kind, Order: f.order}); err != nil {
+		}); err != nil {
 			return nil, err
 		}
 		if spec.NativeJob, err = yaml.Marshal(job); err != nil {
@@ -258,10 +232,27 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		}
 		spec.GlobalBatch, spec.MicroBatch = int32(job.Batch.Global), int32(job.Batch.Micro)
 	}
-	if err := coordinator.ValidateSpec(spec); err != nil {
+	if err := coordinator.ValidateSpecWith(spec, flagName); err != nil {
 		return nil, err
 	}
+	if job != nil {
+		// What the coordinator cannot check: the model's rules (tp divides
+		// model.hidden, pp*vpp divides model.blocks).
+		if _, err := engine.NewConfig(job, engine.Shape{NP: int(spec.Nodes * spec.GpusPerNode), TP: f.tp, PP: f.pp, DP: f.dp,
+			Virtual: f.vpp, Zero: f.zero, Schedule: schedule.Kind(f.schedule), Order: f.order}); err != nil {
+			return nil, err
+		}
+	}
 	return spec, nil
+}
+
+// flagName names a JobSpec field, in coordinator.ValidateSpecWith's
+// errors, by the launch flag that sets it.
+func flagName(field string) string {
+	if field == "id" {
+		return "--job-id"
+	}
+	return "--" + strings.ReplaceAll(field, "_", "-")
 }
 
 // readHostfile parses DeepSpeed's hostfile: "host slots=N" per line, '#'

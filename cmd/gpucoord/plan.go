@@ -87,7 +87,7 @@ Exit status: 0 the plan fits, 3 it does not fit (printed in full with the reason
 	fl.IntVar(&f.cfg.TP, "tp", 1, "tensor-parallel degree (inside an NVLink domain)")
 	fl.IntVar(&f.cfg.PP, "pp", 1, "pipeline-parallel degree")
 	fl.IntVar(&f.cfg.DP, "dp", 0, "data-parallel degree (default: world / (tp*pp))")
-	fl.IntVar(&f.cfg.VPP, "vpp", 1, "virtual pipeline stages per rank (needs --schedule interleaved)")
+	fl.IntVar(&f.cfg.VPP, "vpp", 0, "virtual pipeline stages per rank, above 1 only with --schedule interleaved (default 2 with interleaved, else 1)")
 	fl.IntVar(&f.cfg.Zero, "zero", 0, "ZeRO stage 0-3")
 	fl.IntVar(&f.cfg.MicroBatch, "micro-batch", 1, "micro-batch size in sequences")
 	fl.IntVar(&f.cfg.GlobalBatch, "global-batch", 0, "global batch in sequences (default: 4*pp micro-batches per replica; with --auto the world size)")

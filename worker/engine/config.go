@@ -6,6 +6,7 @@ import (
 
 	"github.com/gpucoord/gpucoord/schedule"
 	"github.com/gpucoord/gpucoord/sharding"
+	"github.com/gpucoord/gpucoord/topology"
 )
 
 // Config configures one run of the engine on a 3D layout. Start from
@@ -89,12 +90,10 @@ func (c *Config) Validate() error {
 	if err := c.Job.Validate(); err != nil {
 		return err
 	}
-	m, b := c.Job.Model, c.Job.Batch
+	m := c.Job.Model
 	switch {
-	case c.TP < 1 || c.PP < 1 || c.DP < 1:
-		return bad("tp %d, pp %d and dp %d must each be at least 1", c.TP, c.PP, c.DP)
-	case c.Virtual < 1:
-		return bad("virtual stages %d must be at least 1", c.Virtual)
+	case c.DP < 1 || c.Virtual < 1:
+		return bad("dp %d and virtual stages %d must be at least 1 (a Config holds them resolved; NewConfig derives them)", c.DP, c.Virtual)
 	case c.Stage().Validate() != nil:
 		return bad("ZeRO stage %d: want 0, 1, 2 or 3", c.Zero)
 	case c.CheckpointEvery < 0 || c.Resume < 0 || c.Resume > c.Job.Steps:
@@ -103,20 +102,32 @@ func (c *Config) Validate() error {
 		return bad("keep %d checkpoints: %v", c.KeepCheckpoints, sharding.CheckKeep(c.KeepCheckpoints))
 	case c.CheckpointDir == "" && (c.CheckpointEvery > 0 || c.Resume > 0):
 		return bad("checkpointing and resuming need a checkpoint directory")
+	}
+	if _, err := c.shape(); err != nil {
+		return err
+	}
+	switch {
 	case m.Hidden%c.TP != 0:
 		return bad("model.hidden %d is not divisible by tp %d", m.Hidden, c.TP)
 	case m.Blocks%(c.PP*c.Virtual) != 0:
 		return bad("model.blocks %d is not divisible by pp*virtual = %d*%d", m.Blocks, c.PP, c.Virtual)
-	case b.Global%(b.Micro*c.DP) != 0:
-		return bad("batch.global %d is not divisible by batch.micro*dp = %d*%d", b.Global, b.Micro, c.DP)
-	}
-	if _, err := c.Layout(); err != nil {
-		return err
 	}
 	if _, err := c.schedule(); err != nil {
 		return err
 	}
 	return nil
+}
+
+// shape checks c's parallel shape with topology.NewShape, where the rules
+// the planner, the coordinator and the engine share are stated.
+func (c *Config) shape() (topology.Shape, error) {
+	sh, err := topology.NewShape(c.World(), topology.ShapeSpec{TP: c.TP, PP: c.PP, DP: c.DP, Order: c.Order,
+		GlobalBatch: c.Job.Batch.Global, MicroBatch: c.Job.Batch.Micro, Schedule: c.Schedule, Virtual: c.Virtual,
+		WorldName: fmt.Sprintf("np %d", c.World())})
+	if err != nil {
+		return topology.Shape{}, fmt.Errorf("%w: %w", ErrInvalidJob, err)
+	}
+	return sh, nil
 }
 
 // schedule builds the op lists of the configured pipeline schedule.
@@ -155,41 +166,33 @@ type Shape struct {
 	Order string
 }
 
-// NewConfig resolves s for job (DP from NP, virtual stages from the
-// schedule) and validates the result. It is the one place a layout given on
-// a command line or in a launch request becomes an engine Config.
+// NewConfig resolves s for job with topology.NewShape (DP from NP, virtual
+// stages from the schedule) and validates the result. It is the one place a
+// layout given on a command line or in a launch request becomes an engine
+// Config.
 func NewConfig(job *Job, s Shape) (*Config, error) {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidJob, fmt.Sprintf(format, a...))
+	if job == nil {
+		return nil, fmt.Errorf("%w: no job", ErrInvalidJob)
 	}
-	if s.TP < 1 || s.PP < 1 || s.NP < 0 || s.DP < 0 || s.Virtual < 0 {
-		return nil, bad("tp %d and pp %d must be at least 1, and np %d, dp %d and vpp %d not negative", s.TP, s.PP, s.NP, s.DP, s.Virtual)
+	if err := job.Validate(); err != nil {
+		return nil, err
 	}
-	dp := s.DP
-	if dp == 0 {
-		dp = 1
-		if s.NP > 0 {
-			if s.NP%(s.TP*s.PP) != 0 {
-				return nil, bad("np %d is not divisible by tp*pp = %d*%d", s.NP, s.TP, s.PP)
-			}
-			dp = s.NP / (s.TP * s.PP)
-		}
+	world := s.NP
+	if world == 0 {
+		world = s.TP * s.PP * max(s.DP, 1)
 	}
-	if s.NP > 0 && s.NP != s.TP*s.PP*dp {
-		return nil, bad("np %d must equal tp*pp*dp = %d*%d*%d", s.NP, s.TP, s.PP, dp)
+	kind := s.Schedule
+	if kind == "" {
+		kind = schedule.OneFOneB
 	}
-	vpp := s.Virtual
-	if vpp == 0 {
-		vpp = 1
-		if s.Schedule == schedule.Interleaved {
-			vpp = 2
-		}
+	sh, err := topology.NewShape(world, topology.ShapeSpec{TP: s.TP, PP: s.PP, DP: s.DP, Order: s.Order,
+		GlobalBatch: job.Batch.Global, MicroBatch: job.Batch.Micro, Schedule: kind, Virtual: s.Virtual,
+		WorldName: fmt.Sprintf("np %d", world)})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidJob, err)
 	}
 	cfg := DefaultConfig(job)
-	cfg.TP, cfg.PP, cfg.DP, cfg.Virtual, cfg.Zero, cfg.Order = s.TP, s.PP, dp, vpp, s.Zero, s.Order
-	if s.Schedule != "" {
-		cfg.Schedule = s.Schedule
-	}
+	cfg.TP, cfg.PP, cfg.DP, cfg.Virtual, cfg.Schedule, cfg.Zero, cfg.Order = sh.TP, sh.PP, sh.DP, sh.Virtual, sh.Schedule, s.Zero, s.Order
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
