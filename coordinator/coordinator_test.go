@@ -164,8 +164,10 @@ func final(t *testing.T, c pb.CoordinatorClient, id string) *pb.JobState {
 	}
 }
 
+// spec is a program's job; its checkpoint directory (never read here) lets
+// it restart.
 func spec(id string, nodes, gpus int32) *pb.JobSpec {
-	return &pb.JobSpec{Id: id, Nodes: nodes, GpusPerNode: gpus, Tp: 2, Pp: 2, Command: []string{"true"}}
+	return &pb.JobSpec{Id: id, Nodes: nodes, GpusPerNode: gpus, Tp: 2, Pp: 2, Command: []string{"true"}, CheckpointDir: "/shared/ckpt"}
 }
 
 // TestJobLifecycle: two nodes register, a job of 2x4 ranks freezes into

@@ -199,7 +199,7 @@ func TestDecideRendezvous(t *testing.T) {
 			want: want{phase: pb.JobState_RUNNING, gen: "n0,n1", dp: 2, genNum: 1}},
 		{name: "no layout works: failed with the reason",
 			v:    pool(pending(1, func(s *pb.JobSpec) { s.GlobalBatch, s.MicroBatch = 3, 2 }), "n0"),
-			want: want{phase: pb.JobState_FAILED, reason: "does not divide the global batch"}},
+			want: want{phase: pb.JobState_FAILED, reason: "global batch 3 is not divisible by micro-batch*dp"}},
 		{name: "hostfile order and hosts only",
 			v:    pool(pending(2, func(s *pb.JobSpec) { s.Hosts = []string{"n2", "n0"} }), "n0", "n1", "n2"),
 			want: want{phase: pb.JobState_RUNNING, gen: "n2,n0"}},
