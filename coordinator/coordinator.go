@@ -261,7 +261,7 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	c.hooks = &hooks{}
 	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth(), cache: c.cache, hooks: c.hooks,
 		times: newTimesBuffer(cfg.StragglerWindows)}
-	m := newMetrics(c.srv, c.leading.Load)
+	m := newMetrics(c.srv, c.leading.Load, &e.requests)
 	c.srv.keepalive = m.keepalive.Observe
 	c.registry = prometheus.NewRegistry()
 	c.registry.MustRegister(m)

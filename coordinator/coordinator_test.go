@@ -478,7 +478,7 @@ func TestMetricsAndSecrets(t *testing.T) {
 	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
 	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
 	want := []string{"gpucoord_nodes 1", "gpucoord_nodes_busy 1", "gpucoord_leader 1", `gpucoord_job_generation{job="j"} 1`,
-		`gpucoord_jobs{phase="RUNNING"} 1`, "gpucoord_lease_keepalive_seconds_count"}
+		`gpucoord_jobs{phase="RUNNING"} 1`, "gpucoord_lease_renewal_interval_seconds_count", `gpucoord_etcd_requests_total{method="Txn"}`}
 	var body string
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -496,7 +496,7 @@ func TestMetricsAndSecrets(t *testing.T) {
 			}
 		}
 		// Renewals happen every third of the 2s TTL.
-		if missing == "" && !strings.Contains(body, "gpucoord_lease_keepalive_seconds_count 0") {
+		if missing == "" && !strings.Contains(body, "gpucoord_lease_renewal_interval_seconds_count 0") {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -40,6 +40,7 @@ type Etcd struct {
 	Client *clientv3.Client
 	// Endpoints are the client URLs in use (the embedded server's, if any).
 	Endpoints []string
+	requests  requestCounter
 	server    *embed.Etcd
 }
 
@@ -70,6 +71,7 @@ func OpenEtcd(ctx context.Context, c EtcdConfig) (*Etcd, error) {
 		Username:    c.Username,
 		Password:    c.Password,
 		Logger:      zap.NewNop(),
+		DialOptions: e.requests.dialOptions(),
 	}
 	if c.CAFile != "" || c.CertFile != "" || strings.HasPrefix(e.Endpoints[0], "https://") {
 		tc, err := tlsConfig(c)

@@ -32,19 +32,22 @@ type metrics struct {
 	restarts  *prometheus.Desc
 	members   *prometheus.Desc
 	straggler *prometheus.Desc
+	etcdReqs  *prometheus.Desc
+	requests  *requestCounter
 }
 
-func newMetrics(s *server, leader func() bool) *metrics {
+func newMetrics(s *server, leader func() bool, requests *requestCounter) *metrics {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("gpucoord_"+name, help, labels, nil)
 	}
 	return &metrics{
-		s: s, leader: leader,
+		s: s, leader: leader, requests: requests,
 		keepalive: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "gpucoord_lease_keepalive_seconds",
-			Help:    "Latency of renewing an agent's lease in etcd while its Watch stream is open (the heartbeat).",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+			Name:    "gpucoord_lease_renewal_interval_seconds",
+			Help:    "Time between two renewals of an agent's lease, as this coordinator received them while the agent's Watch stream was open: a third of the lease TTL when etcd answers at once, longer when it is slow.",
+			Buckets: prometheus.ExponentialBuckets(0.05, 1.5, 14),
 		}),
+		etcdReqs:  d("etcd_requests_total", "Requests this coordinator sent etcd, by method: a unary call, or a message on a stream (a watch created, a lease renewed).", "method"),
 		nodes:     d("nodes", "Nodes registered and alive in the pool."),
 		busy:      d("nodes_busy", "Nodes running a job's generation."),
 		isLeader:  d("leader", "1 when this coordinator is the elected leader."),
@@ -60,7 +63,7 @@ func newMetrics(s *server, leader func() bool) *metrics {
 
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.nodes, m.busy, m.isLeader, m.jobs, m.gen, m.step, m.stepSecs, m.restarts, m.members, m.straggler} {
+	for _, d := range []*prometheus.Desc{m.nodes, m.busy, m.isLeader, m.jobs, m.gen, m.step, m.stepSecs, m.restarts, m.members, m.straggler, m.etcdReqs} {
 		ch <- d
 	}
 	m.keepalive.Describe(ch)
@@ -69,6 +72,9 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.keepalive.Collect(ch)
+	m.requests.each(func(method string, n int64) {
+		ch <- prometheus.MustNewConstMetric(m.etcdReqs, prometheus.CounterValue, float64(n), method)
+	})
 	lead := 0.0
 	if m.leader() {
 		lead = 1
