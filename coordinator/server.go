@@ -202,12 +202,20 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 		return err
 	}
 	last, renewed := a, time.Now()
+	// The client renews every third of the TTL: two thirds without a
+	// renewal means this coordinator cannot reach etcd for it, and the
+	// agent should move to one that can before the lease runs out.
+	stalled := time.NewTimer(2 * s.cfg.LeaseTTL / 3)
+	defer stalled.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-s.stopping:
 			return status.Error(codes.Unavailable, "coordinator shutting down")
+		case <-stalled.C:
+			s.log.Warn("cannot renew a node's lease: ending its stream so that it moves to another coordinator", "node", node, "since", renewed.Format(time.RFC3339Nano))
+			return status.Errorf(codes.Unavailable, "this coordinator cannot renew lease %x: no renewal since %s", req.GetLeaseId(), renewed.Format(time.RFC3339Nano))
 		case r, ok := <-renewals:
 			if !ok {
 				if ctx.Err() != nil {
@@ -216,6 +224,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 				return status.Errorf(codes.NotFound, "node %q: lease %x expired: register again", node, req.GetLeaseId())
 			}
 			now := time.Now()
+			stalled.Reset(2 * s.cfg.LeaseTTL / 3)
 			if s.keepalive != nil {
 				s.keepalive(now.Sub(renewed).Seconds())
 			}

@@ -1,0 +1,320 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+)
+
+// TestControlPlaneLoad measures the control plane under simulated agents:
+// a real coordinator process (gpucoord coordinator, embedded etcd) and N
+// agents as goroutines of this test, each over its own gRPC connection
+// with its own Watch stream, as real agents. Per size it reports
+//   - rendezvous: from Submit of an N-node job until every agent holds
+//     generation 1 and rank 0's address;
+//   - loss: one agent killed (its stream cut) and its peers' rank failure
+//     reported at once, until every surviving agent holds generation 2
+//     and its rank 0's address;
+//   - steady state over a window of rank 0 reporting 10 steps a second
+//     (every 10th checkpointed) and every agent its compute times each
+//     second: the coordinator process's CPU (cores, from /proc), its
+//     resident memory, and its etcd requests and writes per step (from
+//     gpucoord_etcd_requests_total).
+//
+// It is a benchmark, not a test: it runs only with
+// GPUCOORD_BENCH_LOAD=256,1024,2048 (make bench-load);
+// docs/BENCHMARKS.md has the figures.
+func TestControlPlaneLoad(t *testing.T) {
+	sizes := os.Getenv("GPUCOORD_BENCH_LOAD")
+	if sizes == "" {
+		t.Skip("a benchmark: set GPUCOORD_BENCH_LOAD=256,1024,2048 (make bench-load)")
+	}
+	bin := buildBinary(t)
+	var rows []string
+	for _, s := range strings.Split(sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 2 {
+			t.Fatalf("GPUCOORD_BENCH_LOAD: %q: want node counts of at least 2", s)
+		}
+		t.Run(strconv.Itoa(n), func(t *testing.T) { rows = append(rows, loadRun(t, bin, n)) })
+	}
+	t.Logf("control plane under load:\n| nodes | rendezvous | loss to next generation | coordinator CPU (cores) | resident MB | etcd requests / step | etcd writes / step |\n|---|---|---|---|---|---|---|\n%s",
+		strings.Join(rows, "\n"))
+}
+
+// freeAddr returns a loopback address with a port nobody listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// simAgent is one simulated agent: it holds what its stream last said.
+type simAgent struct {
+	name   string
+	cc     interface{ Close() error }
+	cl     pb.CoordinatorClient
+	cancel context.CancelFunc
+}
+
+// holding counts the agents whose latest assignment is generation gen of
+// the job with rank 0's address, and tells when a target is reached.
+type holding struct {
+	mu      sync.Mutex
+	job     string
+	gen     int64
+	count   int
+	target  int
+	reached chan struct{}
+	at      map[string]int64 // agent -> generation it holds
+}
+
+func (h *holding) expect(job string, gen int64, target int) <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.job, h.gen, h.target, h.reached = job, gen, target, make(chan struct{})
+	h.count = 0
+	for _, g := range h.at {
+		if g == gen {
+			h.count++
+		}
+	}
+	if h.count >= target {
+		close(h.reached)
+	}
+	return h.reached
+}
+
+func (h *holding) saw(agent string, a *pb.Assignment) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g := int64(0)
+	if a.Job == h.job && a.Master != "" {
+		g = a.Generation.GetNumber()
+	}
+	if h.at[agent] == g {
+		return
+	}
+	if h.at[agent] == h.gen && h.gen != 0 {
+		h.count--
+	}
+	h.at[agent] = g
+	if g == h.gen && h.gen != 0 {
+		h.count++
+		if h.count == h.target {
+			close(h.reached)
+		}
+	}
+}
+
+// procStat reads a process's CPU time (user + system) and resident memory.
+func procStat(t *testing.T, pid int) (cpu time.Duration, rssMB float64) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	ut, _ := strconv.ParseInt(f[11], 10, 64) // utime, field 14 of stat
+	st, _ := strconv.ParseInt(f[12], 10, 64) // stime, field 15
+	cpu = time.Duration(ut+st) * time.Second / 100 // clock ticks of 10 ms (USER_HZ 100)
+	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(s)))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			rssMB = kb / 1024
+		}
+	}
+	return cpu, rssMB
+}
+
+var etcdRequestLine = regexp.MustCompile(`^gpucoord_etcd_requests_total\{method="(\w+)"\} (\S+)$`)
+
+// etcdRequests scrapes the coordinator's etcd request counters: all, and
+// the writes (Put, Txn, DeleteRange).
+func etcdRequests(t *testing.T, metrics string) (all, writes float64) {
+	t.Helper()
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, l := range strings.Split(string(b), "\n") {
+		if m := etcdRequestLine.FindStringSubmatch(l); m != nil {
+			v, _ := strconv.ParseFloat(m[2], 64)
+			all += v
+			if m[1] == "Put" || m[1] == "Txn" || m[1] == "DeleteRange" {
+				writes += v
+			}
+		}
+	}
+	return all, writes
+}
+
+func loadRun(t *testing.T, bin string, n int) string {
+	addr, metrics := freeAddr(t), freeAddr(t)
+	co := start(t, bin, "coordinator", "--listen", addr, "--metrics", metrics, "--data-dir", t.TempDir(), "--log-level", "warn")
+	co.waitLine(t, "coordinator listening", 30*time.Second)
+	pid := co.cmd.Process.Pid
+
+	h := &holding{at: map[string]int64{}}
+	agents := make([]*simAgent, n)
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	var streams sync.WaitGroup
+	defer streams.Wait()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(64)
+	for i := range n {
+		g.Go(func() error {
+			name := fmt.Sprintf("n%04d", i)
+			cc, err := pb.Dial(addr, "")
+			if err != nil {
+				return err
+			}
+			cl := pb.NewCoordinatorClient(cc)
+			resp, err := cl.Register(gctx, &pb.RegisterRequest{Node: &pb.Node{Name: name, Host: "127.0.0.1", Gpus: 8, Protocol: pb.ProtocolVersion, Instance: name}})
+			if err != nil {
+				cc.Close()
+				return fmt.Errorf("register %s: %w", name, err)
+			}
+			sctx, cancel := context.WithCancel(ctx)
+			stream, err := cl.Watch(sctx, &pb.WatchRequest{Node: name, LeaseId: resp.LeaseId})
+			if err != nil {
+				cancel()
+				cc.Close()
+				return err
+			}
+			agents[i] = &simAgent{name: name, cc: cc, cl: cl, cancel: cancel}
+			streams.Add(1)
+			go func() {
+				defer streams.Done()
+				defer cc.Close()
+				for {
+					a, err := stream.Recv()
+					if err != nil {
+						return
+					}
+					if a.Renewal {
+						continue
+					}
+					if ms := a.Generation.GetMembers(); len(ms) > 0 && ms[0].Node == name && a.Master == "" {
+						// This node runs rank 0: it reports its address.
+						go cl.Report(sctx, &pb.ReportRequest{Job: a.Job, Generation: a.Generation.Number, Node: name,
+							Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: "127.0.0.1:29500"}}})
+					}
+					h.saw(name, a)
+				}
+			}()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	cl := agents[0].cl
+
+	// Rendezvous.
+	job := "load"
+	reached := h.expect(job, 1, n)
+	begin := time.Now()
+	if _, err := cl.Submit(ctx, &pb.SubmitRequest{Spec: &pb.JobSpec{Id: job, Nodes: int32(n), GpusPerNode: 8, Tp: 8, Pp: 1,
+		Command: []string{"true"}, MinNodes: 1, MaxRestarts: 3, CheckpointDir: "/shared/ckpt"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, reached, "every agent holding generation 1")
+	rendezvous := time.Since(begin)
+
+	// Steady state: rank 0 reports 10 steps a second, every agent its
+	// compute times each second.
+	const steps = 100
+	cpu0, _ := procStat(t, pid)
+	req0, wr0 := etcdRequests(t, metrics)
+	wall0 := time.Now()
+	tctx, stopTimes := context.WithCancel(ctx)
+	var times sync.WaitGroup
+	for i, a := range agents {
+		times.Add(1)
+		go func() {
+			defer times.Done()
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for {
+				select {
+				case <-tctx.Done():
+					return
+				case <-tick.C:
+				}
+				a.cl.Report(tctx, &pb.ReportRequest{Job: job, Generation: 1, Node: a.name, Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{
+					Ranks: []*pb.RankTime{{Rank: int32(8 * i), ComputeSeconds: 0.09, Steps: 10}}}}})
+			}
+		}()
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	for s := 1; s <= steps; s++ {
+		<-tick.C
+		if _, err := cl.Report(ctx, &pb.ReportRequest{Job: job, Generation: 1, Node: agents[0].name,
+			Kind: &pb.ReportRequest_Step{Step: &pb.Step{Step: int64(s), Loss: 1, Seconds: 0.1, Checkpointed: s%10 == 0}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tick.Stop()
+	stopTimes()
+	times.Wait()
+	wall := time.Since(wall0)
+	cpu1, rss := procStat(t, pid)
+	req1, wr1 := etcdRequests(t, metrics)
+
+	// A node lost: the last agent is killed with its ranks, and a rank on
+	// rank 0's node reports the failure its peers saw.
+	reached = h.expect(job, 2, n-1)
+	begin = time.Now()
+	agents[n-1].cancel()
+	if _, err := cl.Report(ctx, &pb.ReportRequest{Job: job, Generation: 1, Node: agents[0].name,
+		Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: 1, Code: 1, FailedAtUnixMs: time.Now().UnixMilli()}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, reached, "every surviving agent holding generation 2")
+	loss := time.Since(begin)
+
+	stop()
+	co.cmd.Process.Signal(syscall.SIGTERM)
+	co.wait(t, 30*time.Second)
+	row := fmt.Sprintf("| %d | %s | %s | %.2f | %.0f | %.1f | %.1f |", n, rendezvous.Round(time.Millisecond), loss.Round(time.Millisecond),
+		(cpu1-cpu0).Seconds()/wall.Seconds(), rss, (req1-req0)/steps, (wr1-wr0)/steps)
+	t.Log(row)
+	return row
+}
+
+func waitFor(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("no %s within 2 minutes", what)
+	}
+}
