@@ -324,6 +324,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	}
 	c.log.Info("coordinator serving", "addr", c.Addr(), "etcd", strings.Join(c.etcd.Endpoints, ","), "gossip", c.pool.LocalNode().Address())
 	err := g.Wait()
+	c.srv.background.Wait() // before the etcd client closes
 	c.pool.Leave(time.Second)
 	c.pool.Shutdown()
 	if errors.Is(err, context.Canceled) {

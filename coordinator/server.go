@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -50,6 +51,8 @@ type server struct {
 	// times buffers the compute times reported here until they are
 	// written.
 	times *timesBuffer
+	// background holds the writes streams leave behind when they end.
+	background sync.WaitGroup
 }
 
 // auth refuses calls without the join token when one is set. The token is
@@ -179,14 +182,22 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 		return etcdErr(err)
 	}
 	defer func() {
-		// Only this stream's key: the agent may be on another stream
-		// already.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		resp, err := s.cli.Txn(rctx).If(clientv3.Compare(clientv3.Value(s.k.conn(node)), "=", id)).Then(clientv3.OpDelete(s.k.conn(node))).Commit()
-		if err == nil && resp.Succeeded && ctx.Err() != nil {
-			s.log.Info("node disconnected: it keeps its place until its lease ends", "node", node)
+		if ctx.Err() == nil {
+			return // this coordinator ended the stream: the agent's next one takes the key over
 		}
+		// The agent went away: the node is disconnected. Only this
+		// stream's key goes (the agent may be on another stream already),
+		// and not on this stream's time: the handler returns at once.
+		s.background.Add(1)
+		go func() {
+			defer s.background.Done()
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			defer cancel()
+			resp, err := s.cli.Txn(rctx).If(clientv3.Compare(clientv3.Value(s.k.conn(node)), "=", id)).Then(clientv3.OpDelete(s.k.conn(node))).Commit()
+			if err == nil && resp.Succeeded {
+				s.log.Info("node disconnected: it keeps its place until its lease ends", "node", node)
+			}
+		}()
 	}()
 	kctx, stopKeep := context.WithCancel(ctx)
 	defer stopKeep()
