@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
@@ -45,9 +46,16 @@ type cache struct {
 	// candidates are the election's keys: the one created first leads.
 	candidates map[string]candidate
 	holder     map[string]string // node -> the running job whose generation holds it
-	changed    chan struct{}     // closed when an assignment may have changed
-	advanced   chan struct{}     // closed when rev moves
-	notify     func(jobs []string, pool bool)
+	// assigned is each running job's assignment, and encoded its wire
+	// form, made once per change for every stream; empty is a node's
+	// without a job. assignRev is the revision of the last change.
+	assigned  map[string]*pb.Assignment
+	encoded   map[string]encoded
+	empty     encoded
+	assignRev int64
+	changed   chan struct{} // closed when an assignment may have changed
+	advanced  chan struct{} // closed when rev moves
+	notify    func(jobs []string, pool bool)
 }
 
 // nodeEntry is a registered node and its key's create revision (a node
@@ -231,6 +239,7 @@ func (c *cache) ids() []string {
 func (c *cache) finish(rev int64, assign bool) {
 	c.rev = rev
 	if assign {
+		c.assignRev = rev
 		c.reindex()
 	}
 	close(c.advanced)
@@ -240,16 +249,19 @@ func (c *cache) finish(rev int64, assign bool) {
 // reindex rebuilds the node -> running job index and wakes the Watch
 // streams.
 func (c *cache) reindex() {
-	holder := map[string]string{}
+	c.holder, c.assigned, c.encoded = map[string]string{}, map[string]*pb.Assignment{}, map[string]encoded{}
 	for id, j := range c.jobs {
 		if j.spec == nil || j.gen == nil || j.state.GetPhase() != pb.JobState_RUNNING {
 			continue
 		}
 		for _, m := range j.gen.Members {
-			holder[m.Node] = id
+			c.holder[m.Node] = id
 		}
+		boot := j.boots[j.gen.Number]
+		a := &pb.Assignment{Job: id, Spec: j.spec, Generation: j.gen, Master: boot.GetMaster(), Probe: boot.GetProbe(), Revision: c.assignRev}
+		c.assigned[id], c.encoded[id] = a, mustMarshal(a)
 	}
-	c.holder = holder
+	c.empty = mustMarshal(&pb.Assignment{Revision: c.assignRev})
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
@@ -429,18 +441,15 @@ func (c *cache) waitRev(ctx context.Context, rev int64) error {
 }
 
 // assignment returns what node should run now (the generation of the
-// running job that holds it, or an empty Assignment), the revision of the
-// view, and a channel closed when that may change.
-func (c *cache) assignment(node string) (*pb.Assignment, <-chan struct{}) {
+// running job that holds it, or an empty Assignment), its wire form, and a
+// channel closed when that may change. Both are shared: read only.
+func (c *cache) assignment(node string) (*pb.Assignment, encoded, <-chan struct{}) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	a := &pb.Assignment{Revision: c.rev}
 	if id := c.holder[node]; id != "" {
-		j := c.jobs[id]
-		boot := j.boots[j.gen.Number]
-		a.Job, a.Spec, a.Generation, a.Master, a.Probe = id, j.spec, j.gen, boot.GetMaster(), boot.GetProbe()
+		return c.assigned[id], c.encoded[id], c.changed
 	}
-	return a, c.changed
+	return &pb.Assignment{Revision: c.assignRev}, c.empty, c.changed
 }
 
 // view is one job and the pool as the cache holds them now, for decide:
@@ -579,4 +588,12 @@ func (c *cache) generation(job string) (*pb.Generation, int64) {
 		return nil, 0
 	}
 	return e.gen, e.genRev
+}
+
+func mustMarshal(m proto.Message) encoded {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		panic(err) // only for messages that cannot be marshalled: a bug
+	}
+	return b
 }

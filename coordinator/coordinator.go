@@ -265,7 +265,8 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	c.srv.keepalive = m.keepalive.Observe
 	c.registry = prometheus.NewRegistry()
 	c.registry.MustRegister(m)
-	c.grpc = grpc.NewServer(append(pb.ServerOptions(), grpc.UnaryInterceptor(c.srv.unary), grpc.StreamInterceptor(c.srv.stream))...)
+	c.grpc = grpc.NewServer(append(pb.ServerOptions(), grpc.UnaryInterceptor(c.srv.unary), grpc.StreamInterceptor(c.srv.stream),
+		grpc.ForceServerCodecV2(newPassCodec()))...)
 	pb.RegisterCoordinatorServer(c.grpc, c.srv)
 	return c, nil
 }

@@ -73,7 +73,7 @@ func TestLeaderKilledWhileApplying(t *testing.T) {
 				}
 				// The write comes once the new leader has made generation 2.
 				for {
-					a0, changed := a.cache.assignment("n0")
+					a0, _, changed := a.cache.assignment("n0")
 					if a0.Generation.GetNumber() == 2 {
 						return
 					}
@@ -139,7 +139,7 @@ func TestWatchMissesNothing(t *testing.T) {
 				return
 			}
 			for { // until the leader has frozen generation 1 on n0
-				a, changed := co.cache.assignment("n0")
+				a, _, changed := co.cache.assignment("n0")
 				if a.Job == "j" {
 					return
 				}

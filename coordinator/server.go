@@ -205,7 +205,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	if err != nil {
 		return etcdErr(err)
 	}
-	a, changed := s.cache.assignment(node)
+	a, _, changed := s.cache.assignment(node)
 	if s.hooks.watchRead != nil {
 		s.hooks.watchRead(node)
 	}
@@ -244,13 +244,13 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 				return err
 			}
 		case <-changed:
-			var a *pb.Assignment
-			a, changed = s.cache.assignment(node)
+			a, wire, next := s.cache.assignment(node)
+			changed = next
 			if sameAssignment(a, last) {
 				continue
 			}
 			last = a
-			if err := stream.Send(a); err != nil {
+			if err := stream.SendMsg(wire); err != nil {
 				return err
 			}
 		}

@@ -17,6 +17,10 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
@@ -57,6 +61,111 @@ func TestControlPlaneLoad(t *testing.T) {
 		strings.Join(rows, "\n"))
 }
 
+// slimAssignment is what a simulated agent reads of an Assignment: the
+// job, the generation's number and rank 0's address. A real agent decodes
+// the whole message (every member) on its own machine; 2,048 of them
+// decoding on this machine's cores would measure the benchmark, not the
+// coordinator (GPUCOORD_BENCH_LOAD_DECODE=full does, to show it).
+type slimAssignment struct {
+	job, master string
+	gen         int64
+	renewal     bool
+}
+
+// parse reads the fields of pb.Assignment (job 1, generation 3, master 4,
+// renewal 8) and the generation's number (2), skipping the rest.
+func (s *slimAssignment) parse(b []byte) error {
+	*s = slimAssignment{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			s.job, n = string(v), m
+		case num == 3 && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			n = m
+			for len(v) > 0 {
+				gnum, gtyp, k := protowire.ConsumeTag(v)
+				if k < 0 {
+					return protowire.ParseError(k)
+				}
+				v = v[k:]
+				if gnum == 2 && gtyp == protowire.VarintType {
+					x, k := protowire.ConsumeVarint(v)
+					s.gen, v = int64(x), v[max(k, 0):]
+					continue
+				}
+				if k = protowire.ConsumeFieldValue(gnum, gtyp, v); k < 0 {
+					return protowire.ParseError(k)
+				}
+				v = v[k:]
+			}
+		case num == 4 && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			s.master, n = string(v), m
+		case num == 8 && typ == protowire.VarintType:
+			x, m := protowire.ConsumeVarint(b)
+			s.renewal, n = x != 0, m
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// slimCodec decodes a *slimAssignment with parse, and everything else as
+// gRPC's protobuf codec does.
+type slimCodec struct{ encoding.CodecV2 }
+
+func (c slimCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if s, ok := v.(*slimAssignment); ok {
+		return s.parse(data.Materialize())
+	}
+	return c.CodecV2.Unmarshal(data, v)
+}
+
+// watchSlim opens a Watch stream whose messages are read as slim
+// assignments, or in full (then converted) when full.
+func watchSlim(ctx context.Context, cc *grpc.ClientConn, req *pb.WatchRequest, full bool) (func() (*slimAssignment, error), error) {
+	if full {
+		stream, err := pb.NewCoordinatorClient(cc).Watch(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		return func() (*slimAssignment, error) {
+			a, err := stream.Recv()
+			if err != nil {
+				return nil, err
+			}
+			return &slimAssignment{job: a.Job, master: a.Master, gen: a.Generation.GetNumber(), renewal: a.Renewal}, nil
+		}, nil
+	}
+	cs, err := cc.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, pb.Coordinator_Watch_FullMethodName,
+		grpc.ForceCodecV2(slimCodec{encoding.GetCodecV2("proto")}))
+	if err != nil {
+		return nil, err
+	}
+	if err := cs.SendMsg(req); err != nil {
+		return nil, err
+	}
+	if err := cs.CloseSend(); err != nil {
+		return nil, err
+	}
+	return func() (*slimAssignment, error) {
+		s := &slimAssignment{}
+		return s, cs.RecvMsg(s)
+	}, nil
+}
+
 // freeAddr returns a loopback address with a port nobody listens on now.
 func freeAddr(t *testing.T) string {
 	t.Helper()
@@ -71,7 +180,7 @@ func freeAddr(t *testing.T) string {
 // simAgent is one simulated agent: it holds what its stream last said.
 type simAgent struct {
 	name   string
-	cc     interface{ Close() error }
+	cc     *grpc.ClientConn
 	cl     pb.CoordinatorClient
 	cancel context.CancelFunc
 }
@@ -104,12 +213,12 @@ func (h *holding) expect(job string, gen int64, target int) <-chan struct{} {
 	return h.reached
 }
 
-func (h *holding) saw(agent string, a *pb.Assignment) {
+func (h *holding) saw(agent string, a *slimAssignment) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	g := int64(0)
-	if a.Job == h.job && a.Master != "" {
-		g = a.Generation.GetNumber()
+	if a.job == h.job && a.master != "" {
+		g = a.gen
 	}
 	if h.at[agent] == g {
 		return
@@ -134,8 +243,8 @@ func procStat(t *testing.T, pid int) (cpu time.Duration, rssMB float64) {
 		t.Fatal(err)
 	}
 	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	ut, _ := strconv.ParseInt(f[11], 10, 64) // utime, field 14 of stat
-	st, _ := strconv.ParseInt(f[12], 10, 64) // stime, field 15
+	ut, _ := strconv.ParseInt(f[11], 10, 64)       // utime, field 14 of stat
+	st, _ := strconv.ParseInt(f[12], 10, 64)       // stime, field 15
 	cpu = time.Duration(ut+st) * time.Second / 100 // clock ticks of 10 ms (USER_HZ 100)
 	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -183,6 +292,8 @@ func loadRun(t *testing.T, bin string, n int) string {
 
 	h := &holding{at: map[string]int64{}}
 	agents := make([]*simAgent, n)
+	full := os.Getenv("GPUCOORD_BENCH_LOAD_DECODE") == "full"
+	const rank0 = "n0000" // first by name: rank 0 in every generation here
 	ctx, stop := context.WithCancel(t.Context())
 	defer stop()
 	var streams sync.WaitGroup
@@ -203,7 +314,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 				return fmt.Errorf("register %s: %w", name, err)
 			}
 			sctx, cancel := context.WithCancel(ctx)
-			stream, err := cl.Watch(sctx, &pb.WatchRequest{Node: name, LeaseId: resp.LeaseId})
+			recv, err := watchSlim(sctx, cc, &pb.WatchRequest{Node: name, LeaseId: resp.LeaseId}, full)
 			if err != nil {
 				cancel()
 				cc.Close()
@@ -215,16 +326,16 @@ func loadRun(t *testing.T, bin string, n int) string {
 				defer streams.Done()
 				defer cc.Close()
 				for {
-					a, err := stream.Recv()
+					a, err := recv()
 					if err != nil {
 						return
 					}
-					if a.Renewal {
+					if a.renewal {
 						continue
 					}
-					if ms := a.Generation.GetMembers(); len(ms) > 0 && ms[0].Node == name && a.Master == "" {
+					if a.job != "" && a.master == "" && name == rank0 {
 						// This node runs rank 0: it reports its address.
-						go cl.Report(sctx, &pb.ReportRequest{Job: a.Job, Generation: a.Generation.Number, Node: name,
+						go cl.Report(sctx, &pb.ReportRequest{Job: a.job, Generation: a.gen, Node: name,
 							Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: "127.0.0.1:29500"}}})
 					}
 					h.saw(name, a)
