@@ -5,27 +5,31 @@
 // # State
 //
 // etcd is the only state (see keys for the layout under Config.Prefix). A
-// node's key is leased: it lives while the node's Watch stream keeps the
-// lease alive, and is revoked at once when the stream drops without Leave.
-// Writes that must agree are transactions on the revision they read.
+// node's key is leased: it lives while a coordinator keeps the lease alive
+// for the node's open Watch stream. A stream that drops leaves the node
+// disconnected (its conns/ key goes) until its lease ends; the node keeps
+// its place if its agent comes back in time.
 //
-// # Roles
+// # Cache, queue, decide, apply
 //
-// Every coordinator serves every call: Watch and Follow translate etcd
-// watches, Register, Report, Submit and Cancel write etcd. One coordinator
-// at a time is the leader (etcd's concurrency.Election); it alone runs the
-// state machine: rendezvous (enough free nodes, a last call for more, then
-// the generation is frozen with its members and layout), and the end of a
-// generation (every rank exited 0: succeeded; a rank failed or a member
-// node was lost: failed, naming them). A standby that is elected resumes
-// from etcd; the leader keeps only timers in memory.
+// Every coordinator keeps a cache of the prefix (cache.go): one list, then
+// one watch from the list's revision + 1, listed again on compaction.
+// Watch streams, Status and Follow read it. One coordinator at a time is
+// the leader (etcd's concurrency.Election); it keeps a work queue of jobs
+// (queue.go) that events and decision deadlines fill, and for each job
+// calls decide (decide.go), a pure function of the job and pool views and
+// the time that holds all policy: rendezvous, last call, timeouts, loss,
+// settle, pause, resume, spares, grow back, stragglers, strikes, restarts.
+// Each decision is written in one transaction fenced by the leader's
+// election key (leader.go), so it is all or nothing and a deposed leader's
+// write fails. The leader's timers and the nodes' strikes are in etcd too:
+// a new leader goes on where the old one stopped.
 //
 // # Generations
 //
 // A generation is one frozen membership of a job with its layout; every
 // membership change the leader acts on makes a new one, and agents drop
-// anything of an older generation. This package makes generation 1 and
-// ends a job on failure; recovery into generation g+1 builds on it.
+// anything of an older generation.
 //
 // # Usage
 //
@@ -34,6 +38,7 @@
 //
 // # Concurrency
 //
-// Run owns every goroutine it starts and returns after they end; the gRPC
-// handlers run concurrently and share nothing but the etcd client.
+// Run owns every goroutine it starts and returns after they end. The gRPC
+// handlers run concurrently; they share the etcd client, the cache (read
+// only) and the compute-time buffer.
 package coordinator

@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 
@@ -73,7 +72,7 @@ says how.`,
 				return usageError(fmt.Errorf("bench: --json and --jsonl exclude each other"))
 			}
 			if !cfg.InProc && cfg.Backend != "inmem" {
-				exe, err := os.Executable()
+				exe, err := rankExecutable()
 				if err != nil {
 					return err
 				}

@@ -231,7 +231,10 @@ No address flag is needed: the node advertises the address of the
 interface that routes to the coordinator (--iface or --advertise-addr to
 choose another, --bind where NAT or a container runtime makes the local
 address differ), and its ranks get GLOO_SOCKET_IFNAME and
-NCCL_SOCKET_IFNAME for that interface unless already set.`,
+NCCL_SOCKET_IFNAME for that interface unless already set.
+
+A native-engine rank runs this binary, or the one GPUCOORD_RANK_EXECUTABLE
+names (a build without the race detector under a race-enabled agent).`,
 		Example: `  gpucoord worker --coordinator coord-0:7070 --gpus 8 --token-file /etc/gpucoord/token
   gpucoord worker --coordinator coord-0:7070,coord-1:7070 --gpus 8 --iface ib0 --token-file /etc/gpucoord/token`,
 		Args: cobra.NoArgs,
@@ -243,7 +246,7 @@ NCCL_SOCKET_IFNAME for that interface unless already set.`,
 			if coords != "" {
 				cfg.Coordinators = strings.Split(coords, ",")
 			}
-			exe, err := os.Executable()
+			exe, err := rankExecutable()
 			if err != nil {
 				return err
 			}

@@ -31,6 +31,7 @@ const clusterToken = "cluster-in-a-box"
 type boxCluster struct {
 	*testcluster.Cluster
 	exe   string
+	ranks string // the ranks' binary as installed, when the tests run with the race detector
 	job   string // testdata/mlp48.yaml, where every host reads it
 	coord string // the coordinator's address on h1, by name, as other hosts dial it
 	local string // its address as h1 itself dials it (h1's own name resolves to loopback there)
@@ -43,8 +44,12 @@ func newBoxCluster(t *testing.T, cfg testcluster.Config) *boxCluster {
 	}
 	exe := buildBinary(t)
 	c := testcluster.New(t, cfg)
-	return &boxCluster{Cluster: c, exe: c.Install(exe), job: c.Install("testdata/mlp48.yaml"), coord: "h1:7070",
+	b := &boxCluster{Cluster: c, exe: c.Install(exe), job: c.Install("testdata/mlp48.yaml"), coord: "h1:7070",
 		local: net.JoinHostPort(c.Host(1).Addr, "7070")}
+	if ranksPath != "" {
+		b.ranks = c.Install(ranksPath)
+	}
+	return b
 }
 
 // run starts gpucoord args on h.
@@ -52,6 +57,9 @@ func (b *boxCluster) run(t *testing.T, h *testcluster.Host, args ...string) *pro
 	t.Helper()
 	cmd := h.Command(t.Context(), b.exe, args...)
 	cmd.Env = append(cmd.Env, "GPUCOORD_TOKEN="+clusterToken)
+	if b.ranks != "" { // the test's own is under its /tmp, which hosts do not see
+		cmd.Env = append(cmd.Env, rankExecutableEnv+"="+b.ranks)
+	}
 	return startCmd(t, cmd)
 }
 

@@ -437,7 +437,7 @@ func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, outpu
 		os.RemoveAll(tmp)
 		return nil, err
 	}
-	exe, err := os.Executable()
+	exe, err := rankExecutable()
 	if err != nil {
 		os.RemoveAll(tmp)
 		return nil, err

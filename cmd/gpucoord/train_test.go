@@ -29,10 +29,18 @@ seed: 7
 `
 
 // buildBinary compiles gpucoord once per test run, so that commands can
-// re-exec it as real child processes. The binary lives until the process
-// ends (TestMain removes its directory).
+// re-exec it as real child processes: the end-to-end tier, skipped with
+// -short. Under the race detector the binary is built with it too, so the
+// coordinator, agents and launch processes run checked; the native ranks
+// run a second build without it (GPUCOORD_RANK_EXECUTABLE), as the
+// detector slows their arithmetic tenfold and checks nothing of the
+// control plane there. The binaries live until the process ends (TestMain
+// removes their directory).
 func buildBinary(t *testing.T) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end: starts gpucoord processes (runs without -short)")
+	}
 	binOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "gpucoord-test-bin-")
 		if err != nil {
@@ -40,9 +48,22 @@ func buildBinary(t *testing.T) string {
 			return
 		}
 		binDir, binPath = dir, filepath.Join(dir, "gpucoord")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		build := func(out string, race bool) error {
+			args := []string{"build", "-o", out}
+			if race {
+				args = append(args, "-race")
+			}
+			if b, err := exec.Command("go", append(args, ".")...).CombinedOutput(); err != nil {
+				return fmt.Errorf("go build: %v\n%s", err, b)
+			}
+			return nil
+		}
+		if binErr = build(binPath, raceEnabled); binErr != nil || !raceEnabled {
+			return
+		}
+		ranksPath = filepath.Join(dir, "gpucoord-ranks")
+		if binErr = build(ranksPath, false); binErr == nil {
+			binErr = os.Setenv(rankExecutableEnv, ranksPath)
 		}
 	})
 	if binErr != nil {
@@ -54,6 +75,7 @@ func buildBinary(t *testing.T) string {
 var (
 	binOnce         sync.Once
 	binDir, binPath string
+	ranksPath       string // the ranks' binary without the race detector; "" when the tests run without it
 	binErr          error
 )
 
