@@ -2,6 +2,8 @@ package coordinator
 
 import (
 	"context"
+	"os"
+	"strconv"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,7 +19,10 @@ import (
 // The coordinator runs the embedded etcd. Between iterations the job is
 // cancelled and the agents freed, untimed.
 func BenchmarkRendezvous64(b *testing.B) {
-	const nodes = 64
+	nodes := 64 // NODES=n sets another count
+	if n, err := strconv.Atoi(os.Getenv("NODES")); err == nil {
+		nodes = n
+	}
 	e, err := OpenEtcd(b.Context(), EtcdConfig{DataDir: b.TempDir(), DialTimeout: 5 * time.Second})
 	if err != nil {
 		b.Fatal(err)
@@ -69,7 +74,7 @@ func BenchmarkRendezvous64(b *testing.B) {
 	wait := func(job string) {
 		for _, ch := range chans {
 			for a := range ch {
-				if a.Job == job {
+				if !a.Renewal && a.Job == job {
 					break
 				}
 			}
@@ -78,7 +83,7 @@ func BenchmarkRendezvous64(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		id := fmt.Sprintf("j%d", i)
-		if _, err := ctl.Submit(b.Context(), &pb.SubmitRequest{Spec: &pb.JobSpec{Id: id, Nodes: nodes, GpusPerNode: 8, Tp: 8, Pp: 1, Command: []string{"true"}}}); err != nil {
+		if _, err := ctl.Submit(b.Context(), &pb.SubmitRequest{Spec: &pb.JobSpec{Id: id, Nodes: int32(nodes), GpusPerNode: 8, Tp: 8, Pp: 1, Command: []string{"true"}}}); err != nil {
 			b.Fatal(err)
 		}
 		wait(id)
