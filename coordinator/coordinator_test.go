@@ -252,19 +252,28 @@ func TestNodeLossNamesNodeAndRanks(t *testing.T) {
 	}
 }
 
+// disconnectable starts a coordinator whose leases live 30 s (longer than
+// any wait of these tests), an agent n0, and registers n1 without watching:
+// the caller opens and drops n1's streams on its lease.
+func disconnectable(t *testing.T) (c pb.CoordinatorClient, a0 <-chan *pb.Assignment, lease int64) {
+	t.Helper()
+	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.LeaseTTL = 30 * time.Second })
+	c = client(t, co.Addr(), "")
+	a0, _ = agent(t, c, node("n0", 4))
+	resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: node("n1", 4)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, a0, resp.LeaseId
+}
+
 // TestDisconnectedAtFailureIsLost: an agent killed with its ranks drops its
 // stream, and its peers' ranks fail; the node, disconnected when the
 // failure is seen, is lost at once: the job does not wait for its lease
 // (30 s here, longer than final waits).
 func TestDisconnectedAtFailureIsLost(t *testing.T) {
-	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.LeaseTTL = 30 * time.Second })
-	c := client(t, co.Addr(), "")
-	a0, _ := agent(t, c, node("n0", 4))
-	resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: node("n1", 4)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, drop := watch(t, c, "n1", resp.LeaseId, 0)
+	c, a0, lease := disconnectable(t)
+	_, drop := watch(t, c, "n1", lease, 0)
 	c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 2, 4)})
 	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
 	drop()
@@ -281,19 +290,13 @@ func TestDisconnectedAtFailureIsLost(t *testing.T) {
 // the node disconnected, not lost: an agent that watches again on its
 // lease gets its generation back and the job ends in it.
 func TestReconnectKeepsPlace(t *testing.T) {
-	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.LeaseTTL = 30 * time.Second })
-	c := client(t, co.Addr(), "")
-	a0, _ := agent(t, c, node("n0", 4))
-	resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: node("n1", 4)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a1, drop := watch(t, c, "n1", resp.LeaseId, 0)
+	c, a0, lease := disconnectable(t)
+	a1, drop := watch(t, c, "n1", lease, 0)
 	c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 2, 4)})
 	first := next(t, a1, func(a *pb.Assignment) bool { return a.Job == "j" })
 	drop()
 	waitJob(t, c, "j", func(j *pb.JobStatus) bool { return len(j.Members) == 2 && j.Members[1].State == "disconnected" })
-	a1, _ = watch(t, c, "n1", resp.LeaseId, first.Revision)
+	a1, _ = watch(t, c, "n1", lease, first.Revision)
 	again := next(t, a1, func(*pb.Assignment) bool { return true })
 	if again.Job != "j" || again.Generation.GetNumber() != 1 || again.Revision < first.Revision {
 		t.Fatalf("after reconnecting: %v, want job j generation 1 at revision >= %d", again, first.Revision)
