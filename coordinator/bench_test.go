@@ -2,11 +2,11 @@ package coordinator
 
 import (
 	"context"
-	"os"
-	"strconv"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
