@@ -3,6 +3,7 @@ package tcp
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -21,17 +22,37 @@ import (
 const (
 	opSet      = 'S'
 	opGet      = 'G'
-	maxKey     = 4 << 10
-	maxValue   = 16 << 20
 	statusOK   = 0
 	statusFail = 1
+)
+
+// The store's bounds. Everything a rendezvous publishes is small (an
+// address, a 128-byte NCCL id, a process id), so a request beyond them is
+// refused before its bytes are read into memory, and the server's memory
+// stays bounded whatever a client sends.
+const (
+	// maxKey and maxValue bound one key and one value.
+	maxKey   = 1 << 10
+	maxValue = 64 << 10
+	// maxKeys bounds the keys a served store holds: a few per rank of a
+	// world of 16,384 ranks (2,048 nodes of 8) with room to spare.
+	maxKeys = 1 << 18
+	// maxBytes bounds the keys and values a served store holds in all.
+	maxBytes = 64 << 20
 )
 
 // ServeStore serves st to clients accepted on ln until ctx ends, then
 // closes ln and every client connection and returns once they are done.
 // st is usually a collectives.MemStore; a client's Get waits on the server,
 // in st.Get, until the key is set. st.Get must return when ctx ends.
+//
+// A key is written once: setting it again to the same value succeeds (a
+// retry), to another value is refused, so an address a rank published
+// cannot be replaced. A key or value over its bound, a key past maxKeys and
+// bytes past maxBytes are refused with a clear error (a request whose
+// length fields exceed the bounds ends its connection unread).
 func ServeStore(ctx context.Context, ln net.Listener, st collectives.Store) error {
+	st = &boundedStore{Store: st, sums: map[string][sha256.Size]byte{}}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	conns := map[net.Conn]bool{}
@@ -98,6 +119,39 @@ func serveStoreConn(ctx context.Context, c net.Conn, st collectives.Store) {
 			return
 		}
 	}
+}
+
+// boundedStore holds a served store to its bounds and makes its keys
+// write-once. It keeps each key's digest, not its value.
+type boundedStore struct {
+	collectives.Store
+	mu    sync.Mutex
+	sums  map[string][sha256.Size]byte
+	bytes int
+}
+
+func (b *boundedStore) Set(ctx context.Context, key string, value []byte) error {
+	sum := sha256.Sum256(value)
+	b.mu.Lock()
+	old, seen := b.sums[key]
+	switch {
+	case seen && old == sum:
+		b.mu.Unlock()
+		return nil
+	case seen:
+		b.mu.Unlock()
+		return fmt.Errorf("%w: store key %q is already set to another value (keys are written once)", collectives.ErrInvalid, key)
+	case len(b.sums) >= maxKeys:
+		b.mu.Unlock()
+		return fmt.Errorf("%w: store full: %d keys", collectives.ErrInvalid, maxKeys)
+	case b.bytes+len(key)+len(value) > maxBytes:
+		b.mu.Unlock()
+		return fmt.Errorf("%w: store full: %d of %d bytes held, %d more refused", collectives.ErrInvalid, b.bytes, maxBytes, len(key)+len(value))
+	}
+	b.sums[key] = sum
+	b.bytes += len(key) + len(value)
+	b.mu.Unlock()
+	return b.Store.Set(ctx, key, value)
 }
 
 func readRequest(r *bufio.Reader) (op byte, key string, val []byte, err error) {
