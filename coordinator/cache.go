@@ -258,7 +258,8 @@ func (c *cache) reindex() {
 			c.holder[m.Node] = id
 		}
 		boot := j.boots[j.gen.Number]
-		a := &pb.Assignment{Job: id, Spec: j.spec, Generation: j.gen, Master: boot.GetMaster(), Probe: boot.GetProbe(), Revision: c.assignRev}
+		a := &pb.Assignment{Job: id, Spec: j.spec, Generation: j.gen, Master: boot.GetMaster(), Probe: boot.GetProbe(),
+			StoreSecret: boot.GetStoreSecret(), Revision: c.assignRev}
 		c.assigned[id], c.encoded[id] = a, mustMarshal(a)
 	}
 	c.empty = mustMarshal(&pb.Assignment{Revision: c.assignRev})

@@ -505,7 +505,7 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 	if r.cur != nil {
 		if asg.Master != "" && r.cur.Master == "" {
 			r.cur.Master = asg.Master
-			r.masters <- &pb.Bootstrap{Master: asg.Master, Probe: asg.Probe}
+			r.masters <- &pb.Bootstrap{Master: asg.Master, Probe: asg.Probe, StoreSecret: asg.StoreSecret}
 		}
 		return
 	}
@@ -516,7 +516,7 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cancel, r.done, r.masters = cancel, make(chan struct{}), make(chan *pb.Bootstrap, 1)
 	if asg.Master != "" {
-		r.masters <- &pb.Bootstrap{Master: asg.Master, Probe: asg.Probe}
+		r.masters <- &pb.Bootstrap{Master: asg.Master, Probe: asg.Probe, StoreSecret: asg.StoreSecret}
 	}
 	r.mu.Lock()
 	r.procs, r.committed = map[int]*os.Process{}, engine.StepResult{}
@@ -652,14 +652,13 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 	shared := asg.Spec.GetCheckpointDir()
 	probing := shared != "" && len(asg.Generation.GetMembers()) > 1
 	if me.FirstRank == 0 && asg.Master == "" {
-		master, stopStore, err := a.bootstrap(ctx, native)
+		boot, stopStore, err := a.bootstrap(ctx, native)
 		if err != nil {
 			log.Error("bootstrap", "err", err)
 			a.reportExit(ctx, asg, &pb.RankExit{Rank: 0, Code: 1, Error: "bootstrap: " + err.Error()})
 			return
 		}
 		defer stopStore()
-		boot := &pb.Bootstrap{Master: master}
 		if probing {
 			if boot.Probe, err = writeProbe(shared, asg); err != nil {
 				a.reportExit(ctx, asg, &pb.RankExit{Rank: 0, Code: 1, Error: err.Error()})
@@ -678,7 +677,7 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 		return
 	case boot = <-masters:
 	}
-	asg.Master = boot.Master
+	asg.Master, asg.StoreSecret = boot.Master, boot.StoreSecret
 	if probing && me.FirstRank != 0 {
 		if err := readProbe(shared, boot.Probe, rankNode(asg, 0), a.cfg.Name); err != nil {
 			log.Error("checkpoint directory", "err", err)
@@ -737,7 +736,7 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 		return w
 	}
 	pcfg := localproc.Config{
-		Ranks: l.World(), Local: local, Store: asg.Master, Grace: a.cfg.Grace,
+		Ranks: l.World(), Local: local, Store: asg.Master, StoreSecret: asg.StoreSecret, Grace: a.cfg.Grace,
 		Stdout: tag, Stderr: tag, Started: hooks.started,
 		Command: func(ctx context.Context, rank int, _ string) (*exec.Cmd, error) {
 			env, err := RankEnv(asg, a.node(), rank, planPath, ckpt)
@@ -867,25 +866,30 @@ func (a *Agent) reportExit(ctx context.Context, asg *pb.Assignment, e *pb.RankEx
 }
 
 // bootstrap prepares rank 0's rendezvous address on this node: for a
-// native job a store served here until the run ends; for a user's program
-// a free port for its own store (torch's TCPStore on rank 0).
-func (a *Agent) bootstrap(ctx context.Context, native bool) (string, func(), error) {
+// native job a store served here until the run ends, with a secret of this
+// generation's that every request must be signed with; for a user's
+// program a free port for its own store (torch's TCPStore on rank 0).
+func (a *Agent) bootstrap(ctx context.Context, native bool) (*pb.Bootstrap, func(), error) {
 	ln, err := net.Listen("tcp", net.JoinHostPort(a.net.Bind, "0"))
 	if err != nil {
-		return "", nil, err
+		return nil, nil, err
 	}
-	addr := net.JoinHostPort(a.net.Host, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	boot := &pb.Bootstrap{Master: net.JoinHostPort(a.net.Host, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))}
 	if !native {
 		ln.Close()
-		return addr, func() {}, nil
+		return boot, func() {}, nil
+	}
+	if boot.StoreSecret, err = tcp.NewSecret(); err != nil {
+		ln.Close()
+		return nil, nil, err
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tcp.ServeStore(sctx, ln, collectives.NewMemStore())
+		tcp.ServeStore(sctx, ln, collectives.NewMemStore(), boot.StoreSecret)
 	}()
-	return addr, func() { cancel(); <-done }, nil
+	return boot, func() { cancel(); <-done }, nil
 }
 
 // writePlan stores the assignment as the GPUCOORD_PLAN file.
@@ -893,6 +897,9 @@ func writePlan(path string, asg *pb.Assignment) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
+	// The store's secret goes to native ranks in their environment only.
+	asg = proto.Clone(asg).(*pb.Assignment)
+	asg.StoreSecret = nil
 	b, err := protojson.MarshalOptions{Multiline: true}.Marshal(asg)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/gpucoord/gpucoord/internal/localproc"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/schedule"
 	"github.com/gpucoord/gpucoord/worker/engine"
@@ -106,7 +107,11 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 	enc := json.NewEncoder(stdout)
 	// Every rank reports its steps: rank 0's lines carry the loss to the
 	// coordinator, every rank's its compute time for straggler detection.
-	p := engine.Process{Rank: rank, Store: store, Log: stderr, Bind: os.Getenv(EnvBindHost), Advertise: os.Getenv(EnvHost)}
+	secret, err := localproc.StoreSecret()
+	if err != nil {
+		return err
+	}
+	p := engine.Process{Rank: rank, Store: store, StoreSecret: secret, Log: stderr, Bind: os.Getenv(EnvBindHost), Advertise: os.Getenv(EnvHost)}
 	return engine.RunProcess(ctx, cfg, p, func(s engine.StepResult) error {
 		return enc.Encode(s)
 	})

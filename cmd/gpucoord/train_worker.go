@@ -84,8 +84,12 @@ func newTrainWorkerCmd() *cobra.Command {
 			if err != nil {
 				return usageError(err)
 			}
+			secret, err := localproc.StoreSecret()
+			if err != nil {
+				return err
+			}
 			enc := json.NewEncoder(cmd.OutOrStdout())
-			p := engine.Process{Rank: rank, Store: store, SaveParams: f.saveParams, Log: cmd.ErrOrStderr()}
+			p := engine.Process{Rank: rank, Store: store, StoreSecret: secret, SaveParams: f.saveParams, Log: cmd.ErrOrStderr()}
 			if f.backend == "nccl" {
 				p.NCCL = nccl.DefaultConfig()
 				p.NCCL.Device, p.NCCL.Key = device, "train/nccl"

@@ -3,6 +3,7 @@ package collectivestest
 import (
 	"bufio"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -74,7 +75,11 @@ func helper(join Join) error {
 	ctx := context.Background()
 	rank, _ := strconv.Atoi(os.Getenv("HELPER_RANK"))
 	size, _ := strconv.Atoi(os.Getenv("HELPER_SIZE"))
-	st, err := tcp.DialStore(ctx, os.Getenv("HELPER_STORE"))
+	secret, err := hex.DecodeString(os.Getenv("HELPER_STORE_SECRET"))
+	if err != nil {
+		return err
+	}
+	st, err := tcp.DialStore(ctx, os.Getenv("HELPER_STORE"), secret)
 	if err != nil {
 		return err
 	}
@@ -111,7 +116,11 @@ func KilledPeerProcess(t *testing.T, kp KilledPeer) {
 	}
 	sctx, stop := context.WithCancel(ctx)
 	served := make(chan error, 1)
-	go func() { served <- tcp.ServeStore(sctx, ln, collectives.NewMemStore()) }()
+	secret, err := tcp.NewSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { served <- tcp.ServeStore(sctx, ln, collectives.NewMemStore(), secret) }()
 	t.Cleanup(func() {
 		stop()
 		if err := <-served; err != nil {
@@ -121,7 +130,7 @@ func KilledPeerProcess(t *testing.T, kp KilledPeer) {
 
 	n, dead := kp.Size, kp.Size-1
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), kp.HelperEnv+"=1", "HELPER_RANK="+strconv.Itoa(dead), "HELPER_SIZE="+strconv.Itoa(n), "HELPER_STORE="+ln.Addr().String())
+	cmd.Env = append(os.Environ(), kp.HelperEnv+"=1", "HELPER_RANK="+strconv.Itoa(dead), "HELPER_SIZE="+strconv.Itoa(n), "HELPER_STORE="+ln.Addr().String(), "HELPER_STORE_SECRET="+hex.EncodeToString(secret))
 	cmd.Env = append(cmd.Env, kp.Env...)
 	cmd.Stderr = t.Output()
 	out, err := cmd.StdoutPipe()
@@ -138,7 +147,7 @@ func KilledPeerProcess(t *testing.T, kp KilledPeer) {
 	ready := make(chan error, n-1)
 	for r := range n - 1 {
 		go func() {
-			st, err := tcp.DialStore(ctx, ln.Addr().String())
+			st, err := tcp.DialStore(ctx, ln.Addr().String(), secret)
 			if err != nil {
 				ready <- err
 				return

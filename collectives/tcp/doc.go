@@ -9,10 +9,12 @@
 // Ranks rendezvous by a list of addresses (Config.Addrs) or through a
 // collectives.Store: each rank listens, publishes its address under
 // Config.Prefix, and connects to the others. For local process groups,
-// one process serves a store with ServeStore and the others DialStore it;
-// the same store carries other bootstrap data (the NCCL unique id).
+// one process serves a store with ServeStore and the others DialStore it,
+// every request signed with the store's secret (NewSecret); the same store
+// carries other bootstrap data (the NCCL unique id). A served store is
+// bounded and its keys are written once.
 //
-//	st, _ := tcp.DialStore(ctx, storeAddr)
+//	st, _ := tcp.DialStore(ctx, storeAddr, secret)
 //	cfg := tcp.DefaultConfig()
 //	cfg.Rank, cfg.Size, cfg.Store, cfg.Prefix = rank, size, st, "job7/gen3/"
 //	t, _ := tcp.New(ctx, cfg)

@@ -3,6 +3,8 @@ package tcp
 import (
 	"bufio"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -16,9 +18,11 @@ import (
 )
 
 // The store protocol: a request is op (1 byte: 'S' set, 'G' get), key
-// length (uint32 LE), key, value length (uint32 LE), value (empty for get).
-// A reply is status (0 ok, 1 error), length, then the value or the error
-// text. A get waits on the server until the key is set.
+// length (uint32 LE), key, value length (uint32 LE), value (empty for get),
+// then HMAC-SHA256 of all of that under the store's secret (32 bytes). A
+// reply is status (0 ok, 1 error), length, then the value or the error
+// text. A get waits on the server until the key is set. A request whose
+// MAC is wrong is answered with an error and ends its connection.
 const (
 	opSet      = 'S'
 	opGet      = 'G'
@@ -39,9 +43,34 @@ const (
 	maxKeys = 1 << 18
 	// maxBytes bounds the keys and values a served store holds in all.
 	maxBytes = 64 << 20
+	// MinSecret is the shortest secret a store takes.
+	MinSecret = 16
 )
 
-// ServeStore serves st to clients accepted on ln until ctx ends, then
+// NewSecret returns a random store secret.
+func NewSecret() ([]byte, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return nil, fmt.Errorf("tcp: store secret: %w", err)
+	}
+	return b, nil
+}
+
+func checkSecret(secret []byte) error {
+	if len(secret) < MinSecret {
+		return fmt.Errorf("%w: a store secret of %d bytes: want at least %d", collectives.ErrInvalid, len(secret), MinSecret)
+	}
+	return nil
+}
+
+// requestMAC authenticates the request bytes b under secret.
+func requestMAC(secret, b []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write(b)
+	return m.Sum(nil)
+}
+
+// ServeStore serves st, to clients that know secret, on ln until ctx ends, then
 // closes ln and every client connection and returns once they are done.
 // st is usually a collectives.MemStore; a client's Get waits on the server,
 // in st.Get, until the key is set. st.Get must return when ctx ends.
@@ -51,7 +80,11 @@ const (
 // cannot be replaced. A key or value over its bound, a key past maxKeys and
 // bytes past maxBytes are refused with a clear error (a request whose
 // length fields exceed the bounds ends its connection unread).
-func ServeStore(ctx context.Context, ln net.Listener, st collectives.Store) error {
+func ServeStore(ctx context.Context, ln net.Listener, st collectives.Store, secret []byte) error {
+	if err := checkSecret(secret); err != nil {
+		ln.Close()
+		return err
+	}
 	st = &boundedStore{Store: st, sums: map[string][sha256.Size]byte{}}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -81,7 +114,7 @@ func ServeStore(ctx context.Context, ln net.Listener, st collectives.Store) erro
 		conns[c] = true
 		mu.Unlock()
 		wg.Go(func() {
-			serveStoreConn(ctx, c, st)
+			serveStoreConn(ctx, c, st, secret)
 			mu.Lock()
 			delete(conns, c)
 			mu.Unlock()
@@ -95,11 +128,20 @@ func ServeStore(ctx context.Context, ln net.Listener, st collectives.Store) erro
 	return fmt.Errorf("tcp: store: %w", err)
 }
 
-func serveStoreConn(ctx context.Context, c net.Conn, st collectives.Store) {
+func serveStoreConn(ctx context.Context, c net.Conn, st collectives.Store, secret []byte) {
 	br, bw := bufio.NewReader(c), bufio.NewWriter(c)
 	for {
 		op, key, val, err := readRequest(br)
 		if err != nil {
+			return
+		}
+		var mac [sha256.Size]byte
+		if _, err := io.ReadFull(br, mac[:]); err != nil {
+			return
+		}
+		if !hmac.Equal(mac[:], requestMAC(secret, encodeRequest(op, key, val))) {
+			writeReply(bw, statusFail, []byte("unauthenticated: the request's MAC does not match this store's secret"))
+			bw.Flush()
 			return
 		}
 		var reply []byte
@@ -180,6 +222,16 @@ func readBlob(r io.Reader, limit int) ([]byte, error) {
 	return b, err
 }
 
+// encodeRequest is a request's bytes before its MAC.
+func encodeRequest(op byte, key string, val []byte) []byte {
+	b := make([]byte, 0, 9+len(key)+len(val)+sha256.Size)
+	b = append(b, op)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(key)))
+	b = append(b, key...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(val)))
+	return append(b, val...)
+}
+
 // writeReply writes a status byte and a length-prefixed blob.
 func writeReply(w io.Writer, status byte, blob []byte) error {
 	b := binary.LittleEndian.AppendUint32([]byte{status}, uint32(len(blob)))
@@ -190,21 +242,25 @@ func writeReply(w io.Writer, status byte, blob []byte) error {
 // StoreClient is a collectives.Store served by ServeStore. It is safe for
 // concurrent use; requests are serialized on one connection.
 type StoreClient struct {
-	mu sync.Mutex
-	c  net.Conn
-	br *bufio.Reader
+	mu     sync.Mutex
+	c      net.Conn
+	br     *bufio.Reader
+	secret []byte
 }
 
 var _ collectives.Store = (*StoreClient)(nil)
 
-// DialStore connects to a store at addr, retrying until ctx ends while the
-// server is not up yet.
-func DialStore(ctx context.Context, addr string) (*StoreClient, error) {
+// DialStore connects to a store at addr served with secret, retrying until
+// ctx ends while the server is not up yet.
+func DialStore(ctx context.Context, addr string, secret []byte) (*StoreClient, error) {
+	if err := checkSecret(secret); err != nil {
+		return nil, err
+	}
 	c, err := dial(ctx, addr, nil)
 	if err != nil {
 		return nil, fmt.Errorf("tcp: store at %s: %w", addr, err)
 	}
-	return &StoreClient{c: c, br: bufio.NewReader(c)}, nil
+	return &StoreClient{c: c, br: bufio.NewReader(c), secret: secret}, nil
 }
 
 // Set implements collectives.Store.
@@ -226,11 +282,8 @@ func (s *StoreClient) do(ctx context.Context, op byte, key string, val []byte) (
 	defer s.mu.Unlock()
 	stop := context.AfterFunc(ctx, func() { s.c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	b := []byte{op}
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(key)))
-	b = append(b, key...)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(val)))
-	b = append(b, val...)
+	b := encodeRequest(op, key, val)
+	b = append(b, requestMAC(s.secret, b)...)
 	_, err := s.c.Write(b)
 	var status byte
 	if err == nil {

@@ -14,7 +14,11 @@ import (
 	"github.com/gpucoord/gpucoord/collectives/tcp"
 )
 
-// serveStore serves a MemStore on loopback until the test ends.
+// testSecret is the secret of the stores these tests serve.
+var testSecret = []byte("0123456789abcdef0123456789abcdef")
+
+// serveStore serves a MemStore on loopback, with testSecret, until the test
+// ends.
 func serveStore(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -23,7 +27,7 @@ func serveStore(t *testing.T) string {
 	}
 	ctx, stop := context.WithCancel(t.Context())
 	served := make(chan error, 1)
-	go func() { served <- tcp.ServeStore(ctx, ln, collectives.NewMemStore()) }()
+	go func() { served <- tcp.ServeStore(ctx, ln, collectives.NewMemStore(), testSecret) }()
 	t.Cleanup(func() {
 		stop()
 		if err := <-served; err != nil {
@@ -37,7 +41,7 @@ func serveStore(t *testing.T) string {
 // succeeds; set to another value (a stranger replacing a rank's address)
 // it is refused and keeps its first value.
 func TestStoreWriteOnce(t *testing.T) {
-	st, err := tcp.DialStore(t.Context(), serveStore(t))
+	st, err := tcp.DialStore(t.Context(), serveStore(t), testSecret)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +65,7 @@ func TestStoreWriteOnce(t *testing.T) {
 // fit, the 1,024th (67,113,984 > 67,108,864) is refused with the reason,
 // and a refused Set stores nothing.
 func TestStoreBounds(t *testing.T) {
-	st, err := tcp.DialStore(t.Context(), serveStore(t))
+	st, err := tcp.DialStore(t.Context(), serveStore(t), testSecret)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +114,7 @@ func TestStoreOversizedRequestsUnread(t *testing.T) {
 			hdr = append(hdr, 'k')
 			hdr = binary.LittleEndian.AppendUint32(hdr, 16<<20)
 			c.Write(hdr)
-			c.Write(payload) // fails once the server has closed: expected
+			c.Write(payload) // fails once the server has closed: expected (the MAC is never reached)
 			var b [1]byte
 			_, err = c.Read(b[:]) // the server closes without a reply
 			if err == nil {
@@ -140,7 +144,7 @@ func TestBoundedStoreKeyCount(t *testing.T) {
 	if testing.Short() {
 		t.Skip("sets 262,145 keys over loopback")
 	}
-	st, err := tcp.DialStore(t.Context(), serveStore(t))
+	st, err := tcp.DialStore(t.Context(), serveStore(t), testSecret)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,5 +157,51 @@ func TestBoundedStoreKeyCount(t *testing.T) {
 		if i == 1<<18 && (err == nil || !strings.Contains(err.Error(), "262144 keys")) {
 			t.Fatalf("key 262,145: %v, want store full", err)
 		}
+	}
+}
+
+// TestStoreRefusesStrangers: a client without the store's secret can
+// neither set nor read a key (the store answers the first request with
+// the reason and ends the connection), and a store is not served or
+// dialled without a secret.
+func TestStoreRefusesStrangers(t *testing.T) {
+	addr := serveStore(t)
+	owner, err := tcp.DialStore(t.Context(), addr, testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	if err := owner.Set(t.Context(), "addr/0", []byte("10.0.0.1:4000")); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []string{"set", "get"} {
+		stranger, err := tcp.DialStore(t.Context(), addr, []byte("not-the-secret-not-the-secret---"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if op == "set" {
+			err = stranger.Set(t.Context(), "addr/1", []byte("6.6.6.6:4000"))
+		} else {
+			_, err = stranger.Get(t.Context(), "addr/0")
+		}
+		stranger.Close()
+		if err == nil || !strings.Contains(err.Error(), "unauthenticated") {
+			t.Fatalf("a stranger's %s: %v, want unauthenticated", op, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := owner.Get(ctx, "addr/1"); err == nil {
+		t.Fatal("the stranger's key was stored")
+	}
+	if _, err := tcp.DialStore(t.Context(), addr, nil); err == nil {
+		t.Fatal("dialled without a secret")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tcp.ServeStore(t.Context(), ln, collectives.NewMemStore(), []byte("short")); err == nil {
+		t.Fatal("served with a 5-byte secret")
 	}
 }

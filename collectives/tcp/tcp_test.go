@@ -166,19 +166,19 @@ func TestStoreOverTCP(t *testing.T) {
 	ctx, stop := context.WithCancel(t.Context())
 	served := make(chan error, 1)
 	st := &announcingStore{MemStore: collectives.NewMemStore(), gets: make(chan string, 4)}
-	go func() { served <- tcp.ServeStore(ctx, ln, st) }()
+	go func() { served <- tcp.ServeStore(ctx, ln, st, testSecret) }()
 	defer func() {
 		stop()
 		if err := <-served; err != nil {
 			t.Error(err)
 		}
 	}()
-	a, err := tcp.DialStore(t.Context(), ln.Addr().String())
+	a, err := tcp.DialStore(t.Context(), ln.Addr().String(), testSecret)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	b, err := tcp.DialStore(t.Context(), ln.Addr().String())
+	b, err := tcp.DialStore(t.Context(), ln.Addr().String(), testSecret)
 	if err != nil {
 		t.Fatal(err)
 	}

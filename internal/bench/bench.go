@@ -413,7 +413,11 @@ func RunWorker(ctx context.Context, out io.Writer) error {
 	if err := json.Unmarshal([]byte(os.Getenv(WorkerEnv)), &spec); err != nil {
 		return fmt.Errorf("bench: worker settings in %s: %w", WorkerEnv, err)
 	}
-	st, err := tcp.DialStore(ctx, spec.Store)
+	secret, err := localproc.StoreSecret()
+	if err != nil {
+		return err
+	}
+	st, err := tcp.DialStore(ctx, spec.Store, secret)
 	if err != nil {
 		return err
 	}

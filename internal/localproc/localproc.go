@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +24,19 @@ import (
 	"github.com/gpucoord/gpucoord/collectives/tcp"
 )
 
+// EnvStoreSecret is the environment variable that hands a rank its
+// store's secret, hex-encoded.
+const EnvStoreSecret = "GPUCOORD_STORE_SECRET"
+
+// StoreSecret reads this process's store secret from its environment.
+func StoreSecret() ([]byte, error) {
+	b, err := hex.DecodeString(os.Getenv(EnvStoreSecret))
+	if err != nil || len(b) < tcp.MinSecret {
+		return nil, fmt.Errorf("%s: want the hex of at least %d bytes (a rank started by gpucoord has it)", EnvStoreSecret, tcp.MinSecret)
+	}
+	return b, nil
+}
+
 // DefaultGrace is how long a rank has to exit after SIGTERM before it and
 // its process group are killed.
 const DefaultGrace = 5 * time.Second
@@ -37,6 +51,10 @@ type Config struct {
 	// collectives/tcp store). Empty means Run serves one on 127.0.0.1 for
 	// the duration of the world.
 	Store string
+	// StoreSecret is the secret of the store at Store (tcp.ServeStore);
+	// Run makes one for a store it serves. Each rank gets it in its
+	// environment (EnvStoreSecret), never in its arguments.
+	StoreSecret []byte
 	// Command returns the command of one rank, given the address of the
 	// rendezvous store (tcp.DialStore). It must be built with
 	// exec.CommandContext(ctx, ...) on the context it is given, which ends
@@ -111,15 +129,19 @@ func Run[T any](ctx context.Context, cfg Config, emit func(T) error) error {
 			return fmt.Errorf("localproc: rank %d outside a world of %d", r, cfg.Ranks)
 		}
 	}
-	store := cfg.Store
+	store, secret := cfg.Store, cfg.StoreSecret
 	if store == "" {
+		var err error
+		if secret, err = tcp.NewSecret(); err != nil {
+			return err
+		}
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return err
 		}
 		storeCtx, stopStore := context.WithCancel(ctx)
 		storeDone := make(chan error, 1)
-		go func() { storeDone <- tcp.ServeStore(storeCtx, ln, collectives.NewMemStore()) }()
+		go func() { storeDone <- tcp.ServeStore(storeCtx, ln, collectives.NewMemStore(), secret) }()
 		defer func() { stopStore(); <-storeDone }()
 		store = ln.Addr().String()
 	}
@@ -138,7 +160,7 @@ func Run[T any](ctx context.Context, cfg Config, emit func(T) error) error {
 	for _, rank := range local {
 		cmd, err := cfg.Command(gctx, rank, store)
 		if err == nil {
-			err = prepare(cmd, grace, len(local))
+			err = prepare(cmd, grace, len(local), secret)
 		}
 		var out io.ReadCloser
 		if err == nil {
@@ -198,17 +220,18 @@ func Hostname() string {
 // prepare sets how a rank is started and stopped: its own process group,
 // SIGKILL when this process dies, SIGTERM to the group when its context
 // ends and SIGKILL after grace; and GOMAXPROCS.
-func prepare(cmd *exec.Cmd, grace time.Duration, local int) error {
+func prepare(cmd *exec.Cmd, grace time.Duration, local int, secret []byte) error {
 	if cmd == nil {
 		return errors.New("localproc: no command")
 	}
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, EnvStoreSecret+"="+hex.EncodeToString(secret))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
 	cmd.WaitDelay = grace
 	if os.Getenv("GOMAXPROCS") == "" {
-		if cmd.Env == nil {
-			cmd.Env = os.Environ()
-		}
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.NumCPU()/local)))
 	}
 	return nil

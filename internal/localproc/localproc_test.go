@@ -36,7 +36,12 @@ func worker(mode string) int {
 	ctx := context.Background()
 	rank, _ := strconv.Atoi(os.Getenv("LOCALPROC_TEST_RANK"))
 	size, _ := strconv.Atoi(os.Getenv("LOCALPROC_TEST_SIZE"))
-	st, err := tcp.DialStore(ctx, os.Getenv("LOCALPROC_TEST_STORE"))
+	secret, err := StoreSecret()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	st, err := tcp.DialStore(ctx, os.Getenv("LOCALPROC_TEST_STORE"), secret)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

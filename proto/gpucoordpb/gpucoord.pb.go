@@ -918,7 +918,9 @@ type Assignment struct {
 	Revision int64 `protobuf:"varint,7,opt,name=revision,proto3" json:"revision,omitempty"`
 	// renewal marks a message that only renews the lease (lease_ttl_ms): the
 	// assignment is the one sent last, and every other field is empty.
-	Renewal       bool `protobuf:"varint,8,opt,name=renewal,proto3" json:"renewal,omitempty"`
+	Renewal bool `protobuf:"varint,8,opt,name=renewal,proto3" json:"renewal,omitempty"`
+	// store_secret is the rendezvous store's secret (Bootstrap.store_secret).
+	StoreSecret   []byte `protobuf:"bytes,9,opt,name=store_secret,json=storeSecret,proto3" json:"store_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1009,12 +1011,23 @@ func (x *Assignment) GetRenewal() bool {
 	return false
 }
 
+func (x *Assignment) GetStoreSecret() []byte {
+	if x != nil {
+		return x.StoreSecret
+	}
+	return nil
+}
+
 // Bootstrap is rank 0's node's report that the generation can start: the
 // rendezvous address and the checkpoint directory's probe.
 type Bootstrap struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Master        string                 `protobuf:"bytes,1,opt,name=master,proto3" json:"master,omitempty"`
-	Probe         string                 `protobuf:"bytes,2,opt,name=probe,proto3" json:"probe,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Master string                 `protobuf:"bytes,1,opt,name=master,proto3" json:"master,omitempty"`
+	Probe  string                 `protobuf:"bytes,2,opt,name=probe,proto3" json:"probe,omitempty"`
+	// store_secret authenticates every request to a native job's rendezvous
+	// store at master (rank 0's node makes it for the generation); empty for
+	// a program's own store.
+	StoreSecret   []byte `protobuf:"bytes,3,opt,name=store_secret,json=storeSecret,proto3" json:"store_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1061,6 +1074,13 @@ func (x *Bootstrap) GetProbe() string {
 		return x.Probe
 	}
 	return ""
+}
+
+func (x *Bootstrap) GetStoreSecret() []byte {
+	if x != nil {
+		return x.StoreSecret
+	}
+	return nil
 }
 
 // Step is rank 0's report of one finished step.
@@ -2638,7 +2658,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x02dp\x18\x05 \x01(\x05R\x02dp\x12\x1f\n" +
 	"\vresume_step\x18\x06 \x01(\x03R\n" +
 	"resumeStep\x12\x16\n" +
-	"\x06reason\x18\a \x01(\tR\x06reason\"\x87\x02\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\"\xaa\x02\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -2651,10 +2671,12 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\flease_ttl_ms\x18\x06 \x01(\x03R\n" +
 	"leaseTtlMs\x12\x1a\n" +
 	"\brevision\x18\a \x01(\x03R\brevision\x12\x18\n" +
-	"\arenewal\x18\b \x01(\bR\arenewal\"9\n" +
+	"\arenewal\x18\b \x01(\bR\arenewal\x12!\n" +
+	"\fstore_secret\x18\t \x01(\fR\vstoreSecret\"\\\n" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
-	"\x05probe\x18\x02 \x01(\tR\x05probe\"\xc4\x01\n" +
+	"\x05probe\x18\x02 \x01(\tR\x05probe\x12!\n" +
+	"\fstore_secret\x18\x03 \x01(\fR\vstoreSecret\"\xc4\x01\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x12\n" +
 	"\x04loss\x18\x02 \x01(\x01R\x04loss\x12\x18\n" +

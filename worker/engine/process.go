@@ -17,8 +17,10 @@ import (
 type Process struct {
 	// Rank is the global rank.
 	Rank int
-	// Store is the address of the world's collectives/tcp store.
-	Store string
+	// Store is the address of the world's collectives/tcp store, and
+	// StoreSecret its secret.
+	Store       string
+	StoreSecret []byte
 	// Bind is the host the rank's TCP listener binds; empty is 127.0.0.1.
 	Bind string
 	// Advertise is the host peers dial this rank at; empty is Bind.
@@ -40,7 +42,7 @@ type Process struct {
 // through a double barrier, so that no rank closes its sockets while a peer
 // still finishes its last collective.
 func RunProcess(ctx context.Context, cfg *Config, p Process, report func(StepResult) error) error {
-	st, err := tcp.DialStore(ctx, p.Store)
+	st, err := tcp.DialStore(ctx, p.Store, p.StoreSecret)
 	if err != nil {
 		return err
 	}
