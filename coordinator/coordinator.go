@@ -248,7 +248,10 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	}
 	c.dead = make(chan string, 1024)
 	bind, advertise := gossipAddr(cfg.Gossip, cfg.Listen)
-	c.pool, err = gossip.New(coordinatorMember+c.cfg.Name, bind, advertise, cfg.GossipTuning, c, slogWriter{c.log.With("component", "gossip")})
+	sec, err := clusterGossip(ctx, e.Client, keys(cfg.Prefix))
+	if err == nil {
+		c.pool, err = gossip.New(coordinatorMember+c.cfg.Name, bind, advertise, cfg.GossipTuning, sec, c, slogWriter{c.log.With("component", "gossip")})
+	}
 	if err != nil {
 		ln.Close()
 		if mln != nil {
@@ -260,7 +263,7 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	c.cache = newCache(e.Client, keys(cfg.Prefix), c.log.With("component", "cache"))
 	c.hooks = &hooks{}
 	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth(), cache: c.cache, hooks: c.hooks,
-		times: newTimesBuffer(cfg.StragglerWindows)}
+		times: newTimesBuffer(cfg.StragglerWindows), gossip: sec}
 	m := newMetrics(c.srv, c.leading.Load, &e.requests)
 	c.srv.keepalive = m.keepalive.Observe
 	c.registry = prometheus.NewRegistry()

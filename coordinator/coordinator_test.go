@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
@@ -513,9 +514,16 @@ func TestMetricsAndSecrets(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
+	key := hex.EncodeToString(co.srv.gossip.Key)
+	if len(co.srv.gossip.Key) != 32 {
+		t.Fatalf("gossip key of %d bytes, want 32", len(co.srv.gossip.Key))
+	}
 	for what, text := range map[string]string{"metrics": body, "status": st.String(), "logs": logs.String()} {
 		if strings.Contains(text, "tok-9f2a") {
 			t.Errorf("the token shows in the %s", what)
+		}
+		if strings.Contains(text, key) || strings.Contains(text, string(co.srv.gossip.Key)) {
+			t.Errorf("the gossip key shows in the %s", what)
 		}
 	}
 }

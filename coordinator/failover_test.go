@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -245,5 +246,28 @@ func TestFence(t *testing.T) {
 	}
 	if r, _ := cli.Get(t.Context(), l.k.policy("y")); len(r.Kvs) != 0 {
 		t.Fatal("the deposed leader's write landed")
+	}
+}
+
+// TestGossipKeyShared: coordinators of one cluster (one etcd prefix) use
+// the pool key the first created, whichever starts first; a cluster under
+// another prefix has its own key and label, so the two pools do not mix.
+func TestGossipKeyShared(t *testing.T) {
+	eps := testEtcd(t)
+	a, _ := testCoordinator(t, eps, nil)
+	b, _ := testCoordinator(t, eps, nil)
+	other, _ := testCoordinator(t, eps, func(c *Config) { c.Prefix = "/other/" })
+	if !bytes.Equal(a.srv.gossip.Key, b.srv.gossip.Key) || a.srv.gossip.Label != b.srv.gossip.Label {
+		t.Fatal("two coordinators of one cluster have different gossip keys or labels")
+	}
+	if bytes.Equal(a.srv.gossip.Key, other.srv.gossip.Key) || a.srv.gossip.Label == other.srv.gossip.Label {
+		t.Fatalf("clusters /gpucoord/ and /other/ share a gossip key or label (%q, %q)", a.srv.gossip.Label, other.srv.gossip.Label)
+	}
+	resp, err := client(t, a.Addr(), "").Register(t.Context(), &pb.RegisterRequest{Node: node("n0", 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := resp.Gossip; !bytes.Equal(g.Key, a.srv.gossip.Key) || g.Label != a.srv.gossip.Label {
+		t.Fatalf("Register handed the agent key %x label %q, want the cluster's", g.Key, g.Label)
 	}
 }

@@ -2,6 +2,8 @@ package coordinator
 
 import (
 	"context"
+	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"strings"
 	"time"
@@ -135,7 +137,34 @@ func gossipSeeds(ctx context.Context, cli *clientv3.Client, k keys) ([]string, e
 func (s *server) gossipFor(ctx context.Context) *pb.Gossip {
 	seeds, _ := gossipSeeds(ctx, s.cli, s.k)
 	t := s.cfg.GossipTuning
-	return &pb.Gossip{Seeds: seeds, ProbeIntervalMs: t.ProbeInterval.Milliseconds(), ProbeTimeoutMs: t.ProbeTimeout.Milliseconds(), SuspicionMult: int32(t.SuspicionMult)}
+	return &pb.Gossip{Seeds: seeds, ProbeIntervalMs: t.ProbeInterval.Milliseconds(), ProbeTimeoutMs: t.ProbeTimeout.Milliseconds(), SuspicionMult: int32(t.SuspicionMult),
+		Key: s.gossip.Key, Label: s.gossip.Label}
+}
+
+// clusterGossip returns the pool's key and label: the key the first
+// coordinator of the cluster created in etcd (one it makes now if none
+// exists), and a label naming the cluster by its etcd prefix.
+func clusterGossip(ctx context.Context, cli *clientv3.Client, k keys) (gossip.Secure, error) {
+	fresh, err := gossip.NewKey()
+	if err != nil {
+		return gossip.Secure{}, err
+	}
+	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k.gossipKey()), "=", 0)).
+		Then(clientv3.OpPut(k.gossipKey(), hex.EncodeToString(fresh))).Else(clientv3.OpGet(k.gossipKey())).Commit()
+	if err != nil {
+		return gossip.Secure{}, fmt.Errorf("gossip key in etcd: %w", err)
+	}
+	sec := gossip.Secure{Key: fresh, Label: "gpucoord:" + string(k)}
+	if !resp.Succeeded {
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) != 1 {
+			return gossip.Secure{}, fmt.Errorf("gossip key in etcd: %s vanished", k.gossipKey())
+		}
+		if sec.Key, err = hex.DecodeString(string(kvs[0].Value)); err != nil {
+			return gossip.Secure{}, fmt.Errorf("gossip key in etcd at %s: %w", k.gossipKey(), err)
+		}
+	}
+	return sec, sec.Validate()
 }
 
 // slogWriter turns memberlist's log lines into debug records.

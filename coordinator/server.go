@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucoord/gpucoord/internal/gossip"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
@@ -53,6 +54,8 @@ type server struct {
 	times *timesBuffer
 	// background holds the writes streams leave behind when they end.
 	background sync.WaitGroup
+	// gossip is the pool's key and label, handed to agents at Register.
+	gossip gossip.Secure
 }
 
 // auth refuses calls without the join token when one is set. The token is

@@ -28,6 +28,7 @@ import (
 //	policy/nodes/<node>                nodePolicy: strikes and cooldown (JSON), kept across registrations
 //	leader                             the election (etcd concurrency package)
 //	coordinators/<name>                a coordinator's gossip address, leased
+//	gossip/key                         the gossip pool's key (hex), created once
 type keys string
 
 func (k keys) nodes() string               { return string(k) + "nodes/" }
@@ -49,6 +50,7 @@ func (k keys) conn(node string) string        { return k.conns() + node }
 func (k keys) nodePolicies() string           { return string(k) + "policy/nodes/" }
 func (k keys) nodePolicy(node string) string  { return k.nodePolicies() + node }
 func (k keys) leader() string                 { return string(k) + "leader" }
+func (k keys) gossipKey() string              { return string(k) + "gossip/key" }
 func (k keys) coordinators() string           { return string(k) + "coordinators/" }
 func (k keys) coordinator(name string) string { return k.coordinators() + name }
 func (k keys) bootstrap(id string, gen int64) string {

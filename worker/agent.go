@@ -390,7 +390,7 @@ func (a *Agent) joinPool(g *pb.Gossip) {
 		}
 		t := gossip.Tuning{ProbeInterval: time.Duration(g.ProbeIntervalMs) * time.Millisecond,
 			ProbeTimeout: time.Duration(g.ProbeTimeoutMs) * time.Millisecond, SuspicionMult: int(g.SuspicionMult)}
-		pool, err := gossip.New(gossip.MemberName(a.cfg.Name, a.instance), bind, a.net.Host, t, nil, nil)
+		pool, err := gossip.New(gossip.MemberName(a.cfg.Name, a.instance), bind, a.net.Host, t, gossip.Secure{Key: g.Key, Label: g.Label}, nil, nil)
 		if err != nil {
 			a.log.Warn("gossip pool", "err", err)
 			return

@@ -7,6 +7,7 @@
 package gossip
 
 import (
+	"crypto/rand"
 	"fmt"
 	"io"
 	"log"
@@ -86,6 +87,40 @@ func ParseMember(member string) (node, instance string) {
 	return member, ""
 }
 
+// Secure is what makes a pool the cluster's alone: a packet that is not
+// encrypted and authenticated with Key (AES-GCM, memberlist's keyring) or
+// carries another Label is dropped, so a stranger on the network can
+// neither join nor declare a member dead.
+type Secure struct {
+	// Key is 16, 24 or 32 bytes (AES-128, -192 or -256); nil leaves the
+	// pool open, for tests of the pool itself only.
+	Key []byte
+	// Label names the cluster; pools with other labels do not mix.
+	Label string
+}
+
+// NewKey returns a random 32-byte pool key.
+func NewKey() ([]byte, error) {
+	k := make([]byte, 32)
+	if _, err := rand.Read(k); err != nil {
+		return nil, fmt.Errorf("gossip key: %w", err)
+	}
+	return k, nil
+}
+
+// Validate names what is wrong with s.
+func (s Secure) Validate() error {
+	switch len(s.Key) {
+	case 0, 16, 24, 32:
+	default:
+		return fmt.Errorf("gossip key of %d bytes: want 16, 24 or 32", len(s.Key))
+	}
+	if len(s.Label) > 255 {
+		return fmt.Errorf("gossip label of %d bytes: want at most 255", len(s.Label))
+	}
+	return nil
+}
+
 // Events receives membership changes. Calls come from memberlist's
 // goroutines, one at a time.
 type Events interface {
@@ -97,10 +132,14 @@ type Events interface {
 // New starts a member named name listening on bind ("host:port"; port 0
 // picks a free one, the same for TCP and UDP) and telling the others to
 // reach it at advertise with the same port (empty: bind's host, which must
-// then not be unspecified). events may be nil. Logs go
-// to logw (nil discards them). Shutdown with Leave then Shutdown.
-func New(name, bind, advertise string, t Tuning, events Events, logw io.Writer) (*memberlist.Memberlist, error) {
+// then not be unspecified), keeping out whoever lacks sec's key. events
+// may be nil. Logs go to logw (nil discards them). Shutdown with Leave then
+// Shutdown.
+func New(name, bind, advertise string, t Tuning, sec Secure, events Events, logw io.Writer) (*memberlist.Memberlist, error) {
 	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	if err := sec.Validate(); err != nil {
 		return nil, err
 	}
 	host, portStr, err := net.SplitHostPort(bind)
@@ -127,9 +166,24 @@ func New(name, bind, advertise string, t Tuning, events Events, logw io.Writer) 
 		}
 		advertise = ips[0].String()
 	}
-	c.Name, c.BindAddr, c.BindPort, c.AdvertiseAddr, c.AdvertisePort = name, host, port, advertise, port
+	c.BindAddr, c.BindPort, c.AdvertiseAddr, c.AdvertisePort = host, port, advertise, port
+	configure(c, name, t, sec, events, logw)
+	m, err := memberlist.Create(c)
+	if err != nil {
+		return nil, fmt.Errorf("gossip on %s: %w", net.JoinHostPort(host, strconv.Itoa(port)), err)
+	}
+	return m, nil
+}
+
+// configure sets everything of c but its addresses: the member's name, its
+// timing, its key and label (every packet and stream in and out is
+// encrypted and labelled: one without them is dropped), events and logs.
+func configure(c *memberlist.Config, name string, t Tuning, sec Secure, events Events, logw io.Writer) {
+	c.Name = name
 	c.ProbeInterval, c.ProbeTimeout, c.SuspicionMult = t.ProbeInterval, t.ProbeTimeout, t.SuspicionMult
 	c.GossipInterval = t.ProbeInterval / 2
+	c.SecretKey, c.Label = sec.Key, sec.Label
+	c.GossipVerifyIncoming, c.GossipVerifyOutgoing = true, true
 	c.TCPTimeout = 10 * t.ProbeInterval
 	if logw == nil {
 		logw = io.Discard
@@ -138,11 +192,6 @@ func New(name, bind, advertise string, t Tuning, events Events, logw io.Writer) 
 	if events != nil {
 		c.Events = eventAdapter{events}
 	}
-	m, err := memberlist.Create(c)
-	if err != nil {
-		return nil, fmt.Errorf("gossip on %s: %w", net.JoinHostPort(host, strconv.Itoa(port)), err)
-	}
-	return m, nil
 }
 
 // freePort finds a port free for both TCP and UDP on host.

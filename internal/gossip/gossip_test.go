@@ -14,17 +14,17 @@ func (d deadCh) Dead(name string) { d <- name }
 // default tuning's budget, and name it.
 func TestCrashedMemberDeclaredDead(t *testing.T) {
 	dead := make(deadCh, 8)
-	a, err := New("a", "127.0.0.1:0", "", DefaultTuning(), dead, nil)
+	a, err := New("a", "127.0.0.1:0", "", DefaultTuning(), Secure{}, dead, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Shutdown()
-	b, err := New("b", "127.0.0.1:0", "", DefaultTuning(), nil, nil)
+	b, err := New("b", "127.0.0.1:0", "", DefaultTuning(), Secure{}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Shutdown()
-	c, err := New("c", "127.0.0.1:0", "", DefaultTuning(), nil, nil)
+	c, err := New("c", "127.0.0.1:0", "", DefaultTuning(), Secure{}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,5 +88,73 @@ func TestMemberName(t *testing.T) {
 	}
 	if n, i := ParseMember("w1"); n != "w1" || i != "" {
 		t.Errorf("ParseMember(w1) = %q, %q", n, i)
+	}
+}
+
+// TestStrangersKeptOut: two members sharing a key and a label form a pool
+// and a third with both joins it; a stranger without the key, with another
+// key, or with the key under another label cannot join (its packets are
+// dropped), and the pool never counts it.
+func TestStrangersKeptOut(t *testing.T) {
+	key, err := NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := NewKey()
+	sec := Secure{Key: key, Label: "gpucoord:/cluster-a/"}
+	a, err := New("a", "127.0.0.1:0", "", DefaultTuning(), sec, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Shutdown()
+	seed := []string{a.LocalNode().Address()}
+	for _, tc := range []struct {
+		name string
+		sec  Secure
+	}{
+		{"no key", Secure{Label: sec.Label}},
+		{"another key", Secure{Key: other, Label: sec.Label}},
+		{"another label", Secure{Key: key, Label: "gpucoord:/cluster-b/"}},
+		{"open", Secure{}},
+	} {
+		s, err := New("stranger", "127.0.0.1:0", "", DefaultTuning(), tc.sec, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := s.Join(seed); err == nil || n != 0 {
+			t.Errorf("%s: joined %d, %v; want refused", tc.name, n, err)
+		}
+		s.Shutdown()
+	}
+	b, err := New("b", "127.0.0.1:0", "", DefaultTuning(), sec, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown()
+	if _, err := b.Join(seed); err != nil {
+		t.Fatalf("a member with the key: %v", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); a.NumMembers() != 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d members after 10s, want a and b", a.NumMembers())
+		}
+	}
+	for _, m := range a.Members() {
+		if m.Name == "stranger" {
+			t.Fatal("the pool counts a stranger")
+		}
+	}
+}
+
+func TestSecureValidate(t *testing.T) {
+	for _, n := range []int{1, 15, 31, 33} {
+		if err := (Secure{Key: make([]byte, n)}).Validate(); err == nil {
+			t.Errorf("a %d-byte key passed", n)
+		}
+	}
+	for _, n := range []int{0, 16, 24, 32} {
+		if err := (Secure{Key: make([]byte, n)}).Validate(); err != nil {
+			t.Errorf("a %d-byte key: %v", n, err)
+		}
 	}
 }

@@ -314,8 +314,12 @@ type Gossip struct {
 	ProbeIntervalMs int64                  `protobuf:"varint,2,opt,name=probe_interval_ms,json=probeIntervalMs,proto3" json:"probe_interval_ms,omitempty"`
 	ProbeTimeoutMs  int64                  `protobuf:"varint,3,opt,name=probe_timeout_ms,json=probeTimeoutMs,proto3" json:"probe_timeout_ms,omitempty"`
 	SuspicionMult   int32                  `protobuf:"varint,4,opt,name=suspicion_mult,json=suspicionMult,proto3" json:"suspicion_mult,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// key encrypts and authenticates the pool's packets (AES-GCM) and label
+	// names the cluster: without them a packet is dropped.
+	Key           []byte `protobuf:"bytes,5,opt,name=key,proto3" json:"key,omitempty"`
+	Label         string `protobuf:"bytes,6,opt,name=label,proto3" json:"label,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Gossip) Reset() {
@@ -374,6 +378,20 @@ func (x *Gossip) GetSuspicionMult() int32 {
 		return x.SuspicionMult
 	}
 	return 0
+}
+
+func (x *Gossip) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *Gossip) GetLabel() string {
+	if x != nil {
+		return x.Label
+	}
+	return ""
 }
 
 type WatchRequest struct {
@@ -2598,12 +2616,14 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\blease_id\x18\x01 \x01(\x03R\aleaseId\x12\x1f\n" +
 	"\vttl_seconds\x18\x02 \x01(\x03R\n" +
 	"ttlSeconds\x12+\n" +
-	"\x06gossip\x18\x03 \x01(\v2\x13.gpucoord.v1.GossipR\x06gossip\"\x9b\x01\n" +
+	"\x06gossip\x18\x03 \x01(\v2\x13.gpucoord.v1.GossipR\x06gossip\"\xc3\x01\n" +
 	"\x06Gossip\x12\x14\n" +
 	"\x05seeds\x18\x01 \x03(\tR\x05seeds\x12*\n" +
 	"\x11probe_interval_ms\x18\x02 \x01(\x03R\x0fprobeIntervalMs\x12(\n" +
 	"\x10probe_timeout_ms\x18\x03 \x01(\x03R\x0eprobeTimeoutMs\x12%\n" +
-	"\x0esuspicion_mult\x18\x04 \x01(\x05R\rsuspicionMult\"b\n" +
+	"\x0esuspicion_mult\x18\x04 \x01(\x05R\rsuspicionMult\x12\x10\n" +
+	"\x03key\x18\x05 \x01(\fR\x03key\x12\x14\n" +
+	"\x05label\x18\x06 \x01(\tR\x05label\"b\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x03R\aleaseId\x12#\n" +
