@@ -53,13 +53,8 @@ bench: ## Run the Go benchmarks (figures go in docs/BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 .PHONY: fuzz
-fuzz: ## Run every fuzz test for 30s (spec parsers, factorisation, schedules, ZeRO partition, frame headers)
-	$(GO) test -run '^$$' -fuzz FuzzParseCluster -fuzztime 30s ./topology
-	$(GO) test -run '^$$' -fuzz FuzzParseModel -fuzztime 30s ./topology
-	$(GO) test -run '^$$' -fuzz FuzzFactorize -fuzztime 30s ./topology
-	$(GO) test -run '^$$' -fuzz FuzzBuild -fuzztime 30s ./schedule
-	$(GO) test -run '^$$' -fuzz FuzzPartition -fuzztime 30s ./sharding
-	$(GO) test -run '^$$' -fuzz FuzzHeaderParse -fuzztime 30s ./collectives
+fuzz: ## Run every fuzz target for FUZZTIME (default 30s) and keep what they find in testdata/fuzz (network inputs, parsers, schedules)
+	scripts/fuzz.sh
 
 .PHONY: proto
 proto: ## Regenerate proto/gpucoordpb from proto/gpucoord.proto (needs protoc, protoc-gen-go, protoc-gen-go-grpc)

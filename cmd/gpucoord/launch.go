@@ -263,9 +263,14 @@ func readHostfile(path string) ([]string, int, error) {
 		return nil, 0, fmt.Errorf("hostfile: %w", err)
 	}
 	defer fh.Close()
+	return parseHostfile(fh, path)
+}
+
+// parseHostfile parses the hostfile r, called path in errors.
+func parseHostfile(r io.Reader, path string) ([]string, int, error) {
 	var hosts []string
 	slots := 0
-	sc := bufio.NewScanner(fh)
+	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
 		line, _, _ := strings.Cut(sc.Text(), "#")
 		fields := strings.Fields(line)
@@ -278,6 +283,7 @@ func readHostfile(path string) ([]string, int, error) {
 		}
 		if len(fields) == 2 {
 			v, ok := strings.CutPrefix(fields[1], "slots=")
+			var err error
 			if s, err = strconv.Atoi(v); !ok || err != nil || s < 1 {
 				return nil, 0, fmt.Errorf("hostfile %s line %d: %q: want slots=N with N at least 1", path, n, fields[1])
 			}
