@@ -45,7 +45,7 @@ func New(cfg *Config) (*Client, error) {
 	}
 	c.log = c.log.With("component", "client")
 	for _, addr := range c.cfg.Coordinators {
-		cc, err := pb.Dial(addr, cfg.Token)
+		cc, err := pb.Dial(addr, cfg.Credentials)
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("coordinator %q: %w", addr, err)

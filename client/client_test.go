@@ -13,7 +13,6 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -41,7 +40,6 @@ type fake struct {
 
 	mu      sync.Mutex
 	calls   map[string]int
-	tokens  []string
 	submits []*pb.JobSpec
 	cancels []*pb.CancelRequest
 	froms   []int64 // each Follow's from_revision
@@ -54,8 +52,6 @@ func (f *fake) record(ctx context.Context, method string) {
 		f.calls = map[string]int{}
 	}
 	f.calls[method]++
-	md, _ := metadata.FromIncomingContext(ctx)
-	f.tokens = append(f.tokens, md.Get(pb.TokenHeader)...)
 }
 
 func (f *fake) count(method string) int {
@@ -113,11 +109,11 @@ func (f *fake) fromRevisions() []int64 {
 	return slices.Clone(f.froms)
 }
 
-// seen returns the specs, cancel requests and tokens f received.
-func (f *fake) seen() ([]*pb.JobSpec, []*pb.CancelRequest, []string) {
+// seen returns the specs and cancel requests f received.
+func (f *fake) seen() ([]*pb.JobSpec, []*pb.CancelRequest) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return slices.Clone(f.submits), slices.Clone(f.cancels), slices.Clone(f.tokens)
+	return slices.Clone(f.submits), slices.Clone(f.cancels)
 }
 
 // serve runs f as a gRPC server on 127.0.0.1 until the test ends. It
@@ -161,7 +157,7 @@ func newClient(t *testing.T, addrs []string, modify func(*client.Config)) (*clie
 	t.Helper()
 	var failovers []client.Failover
 	cfg := client.DefaultConfig()
-	cfg.Coordinators, cfg.Token = addrs, "tok"
+	cfg.Coordinators = addrs
 	cfg.RetryInterval = time.Millisecond
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
 	cfg.OnFailover = func(f client.Failover) { failovers = append(failovers, f) }
@@ -207,12 +203,9 @@ func TestSubmitFailover(t *testing.T) {
 			if err := c.Submit(t.Context(), spec); err != nil {
 				t.Fatalf("Submit: %v", err)
 			}
-			submits, _, tokens := b.seen()
+			submits, _ := b.seen()
 			if len(submits) != 1 || !proto.Equal(submits[0], spec) {
 				t.Errorf("second coordinator got %v, want the spec", submits)
-			}
-			if !slices.Equal(tokens, []string{"Bearer tok"}) {
-				t.Errorf("second coordinator got tokens %q", tokens)
 			}
 			if len(*failovers) != 1 || (*failovers)[0].Method != "Submit" || (*failovers)[0].Addr != addrA || !errors.Is((*failovers)[0].Err, client.ErrUnreachable) {
 				t.Errorf("failovers = %+v, want one Submit leaving %s with ErrUnreachable", *failovers, addrA)
@@ -498,9 +491,9 @@ func TestCancel(t *testing.T) {
 			if tc.want == nil && st != nil {
 				t.Errorf("Cancel = %v, want a nil state", st)
 			}
-			_, got, _ := tc.first.seen()
+			_, got := tc.first.seen()
 			if tc.second.count("Cancel") > 0 {
-				_, got, _ = tc.second.seen()
+				_, got = tc.second.seen()
 			}
 			if len(got) != 1 || got[0].Job != "j" || got[0].Reason != "launch interrupted" {
 				t.Errorf("coordinator got %v, want job j with the reason", got)

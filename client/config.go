@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"google.golang.org/grpc/credentials"
 )
 
 // Config configures a Client. Start from DefaultConfig, set Coordinators
@@ -15,9 +17,10 @@ type Config struct {
 	// coordinators. A call starts at the one that answered last and moves
 	// to the next when one fails.
 	Coordinators []string
-	// Token is the join token sent with every call; empty for a
-	// coordinator that has none.
-	Token string
+	// Credentials are what the client shows coordinators: mutual TLS with
+	// a client identity (see the join token commands), or nil for a
+	// coordinator on loopback that serves plaintext.
+	Credentials credentials.TransportCredentials
 	// RetryInterval is the pause before a call tries the next coordinator
 	// after a fault.
 	RetryInterval time.Duration

@@ -56,6 +56,11 @@ type cache struct {
 	changed   chan struct{} // closed when an assignment may have changed
 	advanced  chan struct{} // closed when rev moves
 	notify    func(jobs []string, pool bool)
+	// ring is the gossip pool's keys; ringChanged says onKeys has not been
+	// told of them yet. onKeys is set before run and never blocks.
+	ring        keyring
+	ringChanged bool
+	onKeys      func([][]byte)
 }
 
 // nodeEntry is a registered node and its key's create revision (a node
@@ -164,6 +169,7 @@ func (c *cache) reset(rev int64, kvs []*mvccpb.KeyValue) {
 		c.put(kv)
 	}
 	ids := c.ids()
+	c.tellKeys()
 	c.finish(rev, true)
 	notify := c.notify
 	c.mu.Unlock()
@@ -191,6 +197,8 @@ func (c *cache) apply(rev int64, evs []*clientv3.Event) {
 			}
 			assign = assign || field == "spec" || field == "state" || field == "generation" || strings.HasPrefix(field, "bootstrap/")
 		case strings.HasPrefix(key, c.k.leader()+"/"):
+		case key == c.k.gossipKey():
+			assign = true
 		default:
 			pool = pool || strings.HasPrefix(key, c.k.nodes()) || strings.HasPrefix(key, c.k.conns()) || strings.HasPrefix(key, c.k.nodePolicies())
 		}
@@ -203,12 +211,31 @@ func (c *cache) apply(rev int64, evs []*clientv3.Event) {
 			ids = append(ids, id)
 		}
 	}
+	c.tellKeys()
 	c.finish(rev, assign)
 	notify := c.notify
 	c.mu.Unlock()
 	if notify != nil && (len(ids) > 0 || pool) {
 		notify(ids, pool)
 	}
+}
+
+// tellKeys tells onKeys of the pool's keys when they changed, before any
+// Watch stream wakes to hand them to the agents: this coordinator's own
+// member has them first. The caller holds c.mu.
+func (c *cache) tellKeys() {
+	if c.ringChanged && c.onKeys != nil {
+		c.onKeys(c.ring.keys())
+	}
+	c.ringChanged = false
+}
+
+// gossipKeys returns the pool's keys as etcd holds them (nil before the
+// first read) and the view's revision.
+func (c *cache) gossipKeys() (keyring, int64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.ring, c.rev
 }
 
 // affectsDecision reports whether a change of a job's field can change
@@ -250,6 +277,7 @@ func (c *cache) finish(rev int64, assign bool) {
 // streams.
 func (c *cache) reindex() {
 	c.holder, c.assigned, c.encoded = map[string]string{}, map[string]*pb.Assignment{}, map[string]encoded{}
+	keys := c.ring.keys()
 	for id, j := range c.jobs {
 		if j.spec == nil || j.gen == nil || j.state.GetPhase() != pb.JobState_RUNNING {
 			continue
@@ -259,10 +287,10 @@ func (c *cache) reindex() {
 		}
 		boot := j.boots[j.gen.Number]
 		a := &pb.Assignment{Job: id, Spec: j.spec, Generation: j.gen, Master: boot.GetMaster(), Probe: boot.GetProbe(),
-			StoreSecret: boot.GetStoreSecret(), Revision: c.assignRev}
+			StoreSecret: boot.GetStoreSecret(), Revision: c.assignRev, GossipKeys: keys}
 		c.assigned[id], c.encoded[id] = a, mustMarshal(a)
 	}
-	c.empty = mustMarshal(&pb.Assignment{Revision: c.assignRev})
+	c.empty = mustMarshal(&pb.Assignment{Revision: c.assignRev, GossipKeys: keys})
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
@@ -288,6 +316,13 @@ func (c *cache) put(kv *mvccpb.KeyValue) {
 		}
 	}
 	switch {
+	case key == c.k.gossipKey():
+		r, err := parseKeyring(kv.Value)
+		if err != nil {
+			bad(err)
+			return
+		}
+		c.ring, c.ringChanged = r, true
 	case strings.HasPrefix(key, c.k.leader()+"/"):
 		c.candidates[key] = candidate{name: string(kv.Value), created: kv.CreateRevision}
 	case strings.HasPrefix(key, c.k.nodes()):
@@ -450,7 +485,7 @@ func (c *cache) assignment(node string) (*pb.Assignment, encoded, <-chan struct{
 	if id := c.holder[node]; id != "" {
 		return c.assigned[id], c.encoded[id], c.changed
 	}
-	return &pb.Assignment{Revision: c.assignRev}, c.empty, c.changed
+	return &pb.Assignment{Revision: c.assignRev, GossipKeys: c.ring.keys()}, c.empty, c.changed
 }
 
 // view is one job and the pool as the cache holds them now, for decide:

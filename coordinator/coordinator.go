@@ -10,13 +10,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/gpucoord/gpucoord/internal/gossip"
+	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
@@ -26,7 +27,8 @@ type Config struct {
 	// Name identifies this coordinator in the election and in status;
 	// empty means the listen address.
 	Name string
-	// Listen is the gRPC address. Any address but loopback needs Token.
+	// Listen is the gRPC address. Any address but loopback needs TokenFile
+	// or TLS.
 	Listen string
 	// Etcd says where the state lives: an external cluster or the
 	// embedded server.
@@ -45,9 +47,20 @@ type Config struct {
 	// GossipTuning sets how fast the pool declares a silent member dead;
 	// agents are told to use the same.
 	GossipTuning gossip.Tuning
-	// Token is the join token every call must carry; empty is allowed only
-	// on loopback. It is never logged.
-	Token string
+	// TokenFile is the bootstrap join token's file: written (0600) with a
+	// new token, good for every role, when absent; checked against the
+	// cluster when present. With it the coordinator serves mutual TLS from
+	// the cluster CA in etcd. A coordinator off loopback needs it or TLS.
+	TokenFile string
+	// TLS names an organisation's CA, and this coordinator's certificate
+	// and key under it, to serve mutual TLS with instead of the cluster CA
+	// in etcd; TLSCAKey, when set, is that CA's key, so that join tokens
+	// can buy certificates too.
+	TLS      pki.Files
+	TLSCAKey string
+	// TLSHosts are names and addresses the coordinator's certificate is
+	// valid for besides the machine's own (a load balancer's name).
+	TLSHosts []string
 	// LeaseTTL is the life of a node's lease after its last keep-alive:
 	// the backstop that finds a node that vanished without a word.
 	LeaseTTL time.Duration
@@ -137,11 +150,22 @@ func (c *Config) Validate() error {
 			return errorf(ErrInvalid, "gossip address %s is loopback but the coordinator listens on %s: agents on other hosts could not reach it (leave --gossip out to use the listen host)", c.Gossip, c.Listen)
 		}
 	}
-	if c.Token == "" && !IsLoopback(host) {
-		return errorf(ErrInvalid, "listen address %s is not loopback: a join token is required (--token, GPUCOORD_TOKEN or --token-file)", c.Listen)
+	if !c.TLS.Empty() && (c.TLS.CA == "" || c.TLS.Cert == "" || c.TLS.Key == "") {
+		return errorf(ErrInvalid, "--tls-ca, --tls-cert and --tls-key go together: name all three")
+	}
+	if c.TLSCAKey != "" && c.TLS.Empty() {
+		return errorf(ErrInvalid, "--tls-ca-key goes with --tls-ca, --tls-cert and --tls-key")
+	}
+	if !c.secure() && !IsLoopback(host) {
+		return errorf(ErrInvalid, "listen address %s is not loopback: give --token-file (a join token is written there, and the coordinator serves mutual TLS) or an organisation's --tls-ca, --tls-cert and --tls-key", c.Listen)
 	}
 	return nil
 }
+
+// secure reports whether the coordinator serves mutual TLS: with a token
+// file or an organisation's certificate. Without either it serves
+// plaintext, on loopback only.
+func (c *Config) secure() bool { return c.TokenFile != "" || !c.TLS.Empty() }
 
 // gossipAddr returns where the coordinator's gossip member binds and the
 // host it advertises: the Gossip address, or Listen's host with a free
@@ -193,7 +217,7 @@ type Coordinator struct {
 	metrics  net.Listener // nil without Config.Metrics
 	registry *prometheus.Registry
 	leading  atomic.Bool
-	pool     *memberlist.Memberlist
+	pool     *gossip.Pool
 	dead     chan string // members the pool declared dead, for revokeDead
 	hooks    *hooks
 }
@@ -248,9 +272,12 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	}
 	c.dead = make(chan string, 1024)
 	bind, advertise := gossipAddr(cfg.Gossip, cfg.Listen)
-	sec, err := clusterGossip(ctx, e.Client, keys(cfg.Prefix))
+	sec, cp, err := c.secrets(ctx)
 	if err == nil {
 		c.pool, err = gossip.New(coordinatorMember+c.cfg.Name, bind, advertise, cfg.GossipTuning, sec, c, slogWriter{c.log.With("component", "gossip")})
+		if err != nil {
+			err = errorf(ErrUnavailable, "%v", err)
+		}
 	}
 	if err != nil {
 		ln.Close()
@@ -258,20 +285,48 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 			mln.Close()
 		}
 		e.Close()
-		return nil, errorf(ErrUnavailable, "%v", err)
+		return nil, err
 	}
 	c.cache = newCache(e.Client, keys(cfg.Prefix), c.log.With("component", "cache"))
+	c.cache.onKeys = func(keys [][]byte) {
+		if err := c.pool.SetKeys(keys); err != nil {
+			c.log.Error("gossip keys", "err", err)
+		}
+	}
 	c.hooks = &hooks{}
 	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth(), cache: c.cache, hooks: c.hooks,
-		times: newTimesBuffer(cfg.StragglerWindows), gossip: sec}
+		times: newTimesBuffer(cfg.StragglerWindows), gossip: sec, secure: cp != nil}
+	opts := append(pb.ServerOptions(), grpc.UnaryInterceptor(c.srv.unary), grpc.StreamInterceptor(c.srv.stream), grpc.ForceServerCodecV2(newPassCodec()))
+	if cp != nil {
+		c.srv.ca = cp.ca
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cp.tls)))
+	}
 	m := newMetrics(c.srv, c.leading.Load, &e.requests)
 	c.srv.keepalive = m.keepalive.Observe
 	c.registry = prometheus.NewRegistry()
 	c.registry.MustRegister(m)
-	c.grpc = grpc.NewServer(append(pb.ServerOptions(), grpc.UnaryInterceptor(c.srv.unary), grpc.StreamInterceptor(c.srv.stream),
-		grpc.ForceServerCodecV2(newPassCodec()))...)
+	c.grpc = grpc.NewServer(opts...)
 	pb.RegisterCoordinatorServer(c.grpc, c.srv)
 	return c, nil
+}
+
+// secrets reads (or makes, for the first coordinator of a cluster) the
+// gossip pool's key and the cluster's PKI, and writes the bootstrap token
+// file when one is asked for.
+func (c *Coordinator) secrets(ctx context.Context) (gossip.Secure, *clusterPKI, error) {
+	k, now := keys(c.cfg.Prefix), time.Now()
+	sec, err := clusterGossip(ctx, c.etcd.Client, k)
+	if err != nil {
+		return sec, nil, errorf(ErrUnavailable, "%v", err)
+	}
+	cp, err := setupPKI(ctx, c.etcd.Client, k, c.cfg, now)
+	if err != nil || c.cfg.TokenFile == "" {
+		return sec, cp, err
+	}
+	if cp.ca == nil {
+		return sec, nil, errorf(ErrInvalid, "--token-file needs a CA that can issue certificates: the cluster CA, or --tls-ca-key with an organisation's")
+	}
+	return sec, cp, bootstrapToken(ctx, c.etcd.Client, k, c.cfg.TokenFile, cp.ca, now)
 }
 
 // Addr returns the address the gRPC service listens on.

@@ -8,20 +8,23 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/gpucoord/gpucoord/internal/gossip"
+	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // testEtcd starts an embedded etcd for one test and returns its endpoints.
-func testEtcd(t *testing.T) []string {
+func testEtcd(t testing.TB) []string {
 	t.Helper()
 	e, err := OpenEtcd(t.Context(), EtcdConfig{DataDir: t.TempDir(), DialTimeout: 5 * time.Second})
 	if err != nil {
@@ -33,7 +36,7 @@ func testEtcd(t *testing.T) []string {
 
 // testCoordinator runs a coordinator against endpoints with short timeouts
 // until the test ends (or stop is called). edit adjusts the config.
-func testCoordinator(t *testing.T, endpoints []string, edit func(*Config)) (c *Coordinator, stop func()) {
+func testCoordinator(t testing.TB, endpoints []string, edit func(*Config)) (c *Coordinator, stop func()) {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Listen, cfg.Etcd.Endpoints = "127.0.0.1:0", endpoints
@@ -64,9 +67,13 @@ func testCoordinator(t *testing.T, endpoints []string, edit func(*Config)) (c *C
 	return c, stop
 }
 
-func client(t *testing.T, addr, token string) pb.CoordinatorClient {
+// client is a plaintext client of the coordinator at addr.
+func client(t *testing.T, addr string) pb.CoordinatorClient { return tlsClient(t, addr, nil) }
+
+// tlsClient is a client of the coordinator at addr over creds.
+func tlsClient(t *testing.T, addr string, creds credentials.TransportCredentials) pb.CoordinatorClient {
 	t.Helper()
-	cc, err := pb.Dial(addr, token)
+	cc, err := pb.Dial(addr, creds)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +184,7 @@ func spec(id string, nodes, gpus int32) *pb.JobSpec {
 // report exit 0.
 func TestJobLifecycle(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, co.Addr(), "")
+	c := client(t, co.Addr())
 	a0, _ := agent(t, c, node("n0", 4))
 	a1, _ := agent(t, c, node("n1", 4))
 	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j1", 2, 4)}); err != nil {
@@ -218,7 +225,7 @@ func TestJobLifecycle(t *testing.T) {
 // code, rank and node.
 func TestRankFailureNamesRank(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, co.Addr(), "")
+	c := client(t, co.Addr())
 	a0, _ := agent(t, c, node("n0", 2))
 	agent(t, c, node("n1", 2))
 	s := spec("j", 2, 2)
@@ -238,7 +245,7 @@ func TestRankFailureNamesRank(t *testing.T) {
 // rank failures come first.
 func TestNodeLossNamesNodeAndRanks(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, co.Addr(), "")
+	c := client(t, co.Addr())
 	a0, _ := agent(t, c, node("n0", 4))
 	_, kill1 := agent(t, c, node("n1", 4))
 	c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 2, 4)})
@@ -259,7 +266,7 @@ func TestNodeLossNamesNodeAndRanks(t *testing.T) {
 func disconnectable(t *testing.T) (c pb.CoordinatorClient, a0 <-chan *pb.Assignment, lease int64) {
 	t.Helper()
 	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.LeaseTTL = 30 * time.Second })
-	c = client(t, co.Addr(), "")
+	c = client(t, co.Addr())
 	a0, _ = agent(t, c, node("n0", 4))
 	resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: node("n1", 4)})
 	if err != nil {
@@ -316,7 +323,7 @@ func TestReconnectKeepsPlace(t *testing.T) {
 // reason naming the count, until the rendezvous timeout fails it.
 func TestRendezvousWaitsThenTimesOut(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, co.Addr(), "")
+	c := client(t, co.Addr())
 	agent(t, c, node("n0", 4))
 	s := spec("j", 2, 4)
 	s.RendezvousTimeoutMs = 500
@@ -331,7 +338,7 @@ func TestRendezvousWaitsThenTimesOut(t *testing.T) {
 // the last call and takes the nodes that came, up to max.
 func TestLastCallTakesMoreNodes(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, co.Addr(), "")
+	c := client(t, co.Addr())
 	a0, _ := agent(t, c, node("n0", 2))
 	s := spec("j", 1, 2)
 	s.Tp, s.Pp, s.MaxNodes, s.LastCallMs = 1, 1, 3, 1000
@@ -343,17 +350,10 @@ func TestLastCallTakesMoreNodes(t *testing.T) {
 	}
 }
 
-// TestRefusals: the errors a stranger or a misconfigured agent gets.
+// TestRefusals: the errors a misconfigured agent or client gets.
 func TestRefusals(t *testing.T) {
-	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.Token = "s3cret" })
-	addr := co.Addr()
-	if _, err := client(t, addr, "").Status(t.Context(), &pb.StatusRequest{}); status.Code(err) != codes.Unauthenticated {
-		t.Errorf("no token: err = %v, want Unauthenticated", err)
-	}
-	if _, err := client(t, addr, "wrong").Register(t.Context(), &pb.RegisterRequest{Node: node("n0", 1)}); status.Code(err) != codes.Unauthenticated {
-		t.Errorf("wrong token: err = %v, want Unauthenticated", err)
-	}
-	c := client(t, addr, "s3cret")
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr())
 	old := node("n0", 1)
 	old.Protocol = pb.ProtocolVersion + 1
 	if _, err := c.Register(t.Context(), &pb.RegisterRequest{Node: old}); status.Code(err) != codes.FailedPrecondition {
@@ -380,7 +380,9 @@ func TestConfigValidate(t *testing.T) {
 		edit func(*Config)
 		want string
 	}{
-		{func(c *Config) { c.Listen = "0.0.0.0:7070" }, "a join token is required"},
+		{func(c *Config) { c.Listen = "0.0.0.0:7070" }, "give --token-file"},
+		{func(c *Config) { c.TLS.Cert = "c.pem" }, "go together"},
+		{func(c *Config) { c.TLSCAKey = "k.pem" }, "--tls-ca-key goes with"},
 		{func(c *Config) { c.LeaseTTL = 1500 * time.Millisecond }, "lease TTL"},
 		{func(c *Config) { c.Prefix = "gpucoord" }, "etcd prefix"},
 		{func(c *Config) { c.Listen = "nowhere" }, "listen address"},
@@ -393,9 +395,9 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 	c := DefaultConfig()
-	c.Listen, c.Token = "0.0.0.0:7070", "t"
+	c.Listen, c.TokenFile = "0.0.0.0:7070", "token"
 	if err := c.Validate(); err != nil {
-		t.Errorf("with a token: %v", err)
+		t.Errorf("with a token file: %v", err)
 	}
 }
 
@@ -428,10 +430,10 @@ func TestBadEnvironment(t *testing.T) {
 func TestStandbyTakesOver(t *testing.T) {
 	eps := testEtcd(t)
 	coA, stopA := testCoordinator(t, eps, func(c *Config) { c.Name = "A" })
-	ca := client(t, coA.Addr(), "")
+	ca := client(t, coA.Addr())
 	waitLeader(t, ca, "A")
 	coB, _ := testCoordinator(t, eps, func(c *Config) { c.Name = "B" })
-	cb := client(t, coB.Addr(), "")
+	cb := client(t, coB.Addr())
 	a0, _ := agent(t, cb, node("n0", 2))
 	c := spec("j", 1, 2)
 	c.Tp = 1
@@ -467,16 +469,18 @@ func waitLeader(t *testing.T, c pb.CoordinatorClient, want string) {
 func TestMetricsAndSecrets(t *testing.T) {
 	var logs strings.Builder
 	var mu sync.Mutex
+	tokenFile := filepath.Join(t.TempDir(), "token")
 	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) {
-		c.Token, c.Metrics = "tok-9f2a", "127.0.0.1:0"
+		c.TokenFile, c.Metrics = tokenFile, "127.0.0.1:0"
 		c.Logger = slog.New(slog.NewTextHandler(writerFunc(func(b []byte) (int, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			return logs.Write(b)
 		}), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
-	c := client(t, co.Addr(), "tok-9f2a")
-	a0, _ := agent(t, c, node("n0", 2))
+	tok := readToken(t, tokenFile)
+	c := tlsClient(t, co.Addr(), joined(t, co.Addr(), tok, pki.RoleClient, "me"))
+	a0, _ := agent(t, tlsClient(t, co.Addr(), joined(t, co.Addr(), tok, pki.RoleNode, "n0")), node("n0", 2))
 	s := spec("j", 1, 2)
 	s.Tp = 1
 	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
@@ -514,15 +518,15 @@ func TestMetricsAndSecrets(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	key := hex.EncodeToString(co.srv.gossip.Key)
-	if len(co.srv.gossip.Key) != 32 {
-		t.Fatalf("gossip key of %d bytes, want 32", len(co.srv.gossip.Key))
+	if len(co.srv.gossip.Keys) != 1 || len(co.srv.gossip.Keys[0]) != 32 {
+		t.Fatalf("gossip keys %d, want one of 32 bytes", len(co.srv.gossip.Keys))
 	}
+	key := hex.EncodeToString(co.srv.gossip.Keys[0])
 	for what, text := range map[string]string{"metrics": body, "status": st.String(), "logs": logs.String()} {
-		if strings.Contains(text, "tok-9f2a") {
-			t.Errorf("the token shows in the %s", what)
+		if strings.Contains(text, tok.Secret) {
+			t.Errorf("the token's secret shows in the %s", what)
 		}
-		if strings.Contains(text, key) || strings.Contains(text, string(co.srv.gossip.Key)) {
+		if strings.Contains(text, key) || strings.Contains(text, string(co.srv.gossip.Keys[0])) {
 			t.Errorf("the gossip key shows in the %s", what)
 		}
 	}
@@ -555,7 +559,7 @@ func report(t *testing.T, c pb.CoordinatorClient, job string, gen int64, kind an
 // dp back to 2); with no restarts left, the next loss fails the job.
 func TestRecoveryGenerations(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.StableFor = 300 * time.Millisecond })
-	c := client(t, co.Addr(), "")
+	c := client(t, co.Addr())
 	a0, _ := agent(t, c, node("n0", 4))
 	_, kill1 := agent(t, c, node("n1", 4))
 	s := spec("j", 2, 4)
@@ -603,7 +607,7 @@ func TestRecoveryGenerations(t *testing.T) {
 // ends in failure after the rendezvous timeout.
 func TestPauseBelowMinNodes(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.StableFor = 100 * time.Millisecond })
-	c := client(t, co.Addr(), "")
+	c := client(t, co.Addr())
 	a0, _ := agent(t, c, node("n0", 4))
 	_, kill1 := agent(t, c, node("n1", 4))
 	s := spec("j", 2, 4)
@@ -644,7 +648,7 @@ func TestPauseBelowMinNodes(t *testing.T) {
 // new generation runs on 2 nodes (dp 2).
 func TestShrinkKeepsGlobalBatch(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, co.Addr(), "")
+	c := client(t, co.Addr())
 	a0, _ := agent(t, c, node("n0", 2))
 	agent(t, c, node("n1", 2))
 	agent(t, c, node("n2", 2))
@@ -668,7 +672,7 @@ func TestShrinkKeepsGlobalBatch(t *testing.T) {
 // goes on without it. Two slow windows out of three are not enough.
 func TestStragglers(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.Metrics = "127.0.0.1:0" })
-	c := client(t, co.Addr(), "")
+	c := client(t, co.Addr())
 	a0, _ := agent(t, c, node("n0", 2))
 	agent(t, c, node("n1", 2))
 	s := spec("j", 2, 2)
@@ -766,7 +770,7 @@ func waitJob(t *testing.T, c pb.CoordinatorClient, id string, ok func(*pb.JobSta
 func TestFollowCompacted(t *testing.T) {
 	eps := testEtcd(t)
 	co, _ := testCoordinator(t, eps, nil)
-	c := client(t, co.Addr(), "")
+	c := client(t, co.Addr())
 	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 9, 4)}); err != nil {
 		t.Fatal(err)
 	}
@@ -795,7 +799,7 @@ func TestFollowCompacted(t *testing.T) {
 // etcd; running ones stay.
 func TestEndedJobsForgotten(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.KeepJobs = 1 })
-	c := client(t, co.Addr(), "")
+	c := client(t, co.Addr())
 	for _, id := range []string{"a", "b"} {
 		s := spec(id, 9, 4)
 		s.RendezvousTimeoutMs = 1
@@ -823,7 +827,7 @@ func TestEndedJobsForgotten(t *testing.T) {
 // matching death has removed n2, n1's stale one has been handled too.
 func TestGossipDeathOfEarlierRun(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, co.Addr(), "")
+	c := client(t, co.Addr())
 	n1, n2 := node("n1", 1), node("n2", 1)
 	n1.Instance, n2.Instance = "new", "b"
 	agent(t, c, n1)

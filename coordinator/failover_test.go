@@ -3,7 +3,11 @@ package coordinator
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
+	"fmt"
+	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +15,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/gpucoord/gpucoord/internal/gossip"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
@@ -58,10 +63,10 @@ func TestLeaderKilledWhileApplying(t *testing.T) {
 		t.Run(when, func(t *testing.T) {
 			eps := testEtcd(t)
 			a, _ := testCoordinator(t, eps, nil)
-			ca := client(t, a.Addr(), "")
+			ca := client(t, a.Addr())
 			waitLeader(t, ca, a.cfg.Name)
 			b, _ := testCoordinator(t, eps, nil)
-			cb := client(t, b.Addr(), "")
+			cb := client(t, b.Addr())
 			var deposed atomic.Bool
 			hook := func(job string, d *decision) {
 				if job != "j" || d.gen.GetNumber() != 2 || !deposed.CompareAndSwap(false, true) {
@@ -131,7 +136,7 @@ func TestLeaderKilledWhileApplying(t *testing.T) {
 // the node's assignment, before it waits for the next, reaches the agent.
 func TestWatchMissesNothing(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, co.Addr(), "")
+	c := client(t, co.Addr())
 	var once sync.Once
 	co.hooks.watchRead = func(string) {
 		once.Do(func() {
@@ -168,14 +173,16 @@ func TestWatchMissesNothing(t *testing.T) {
 func TestCancelRacesNewGeneration(t *testing.T) {
 	t.Run("cancel first", func(t *testing.T) {
 		co, _ := testCoordinator(t, testEtcd(t), nil)
-		c := client(t, co.Addr(), "")
+		c := client(t, co.Addr())
 		var refused atomic.Bool
+		cancelled := make(chan error, 1)
 		co.hooks.beforeApply = func(job string, d *decision) {
 			if d.gen.GetNumber() == 2 && refused.CompareAndSwap(false, true) {
-				resp, err := c.Cancel(t.Context(), &pb.CancelRequest{Job: job, Reason: "stop"})
-				if err != nil || resp.State.GetPhase() != pb.JobState_CANCELLED {
-					t.Errorf("cancel: %v, %v", resp, err)
+				resp, err := c.Cancel(context.WithoutCancel(t.Context()), &pb.CancelRequest{Job: job, Reason: "stop"})
+				if err == nil && resp.State.GetPhase() != pb.JobState_CANCELLED {
+					err = fmt.Errorf("state %v", resp.State)
 				}
+				cancelled <- err
 			}
 		}
 		a0, _ := agent(t, c, node("n0", 4))
@@ -185,6 +192,10 @@ func TestCancelRacesNewGeneration(t *testing.T) {
 		c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
 		next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
 		kill1()
+		// The cancel's answer can come after the watch sees its write.
+		if err := <-cancelled; err != nil {
+			t.Fatalf("cancel: %v", err)
+		}
 		if st := final(t, c, "j"); st.Phase != pb.JobState_CANCELLED || st.Reason != "stop" {
 			t.Fatalf("state = %v, want cancelled", st)
 		}
@@ -195,7 +206,7 @@ func TestCancelRacesNewGeneration(t *testing.T) {
 	})
 	t.Run("generation first", func(t *testing.T) {
 		co, _ := testCoordinator(t, testEtcd(t), nil)
-		c := client(t, co.Addr(), "")
+		c := client(t, co.Addr())
 		a0, _ := agent(t, c, node("n0", 4))
 		_, kill1 := agent(t, c, node("n1", 4))
 		s := spec("j", 2, 4)
@@ -229,7 +240,7 @@ func TestCancelRacesNewGeneration(t *testing.T) {
 func TestFence(t *testing.T) {
 	a, _ := testCoordinator(t, testEtcd(t), nil)
 	cli := a.etcd.Client
-	waitLeader(t, client(t, a.Addr(), ""), a.cfg.Name)
+	waitLeader(t, client(t, a.Addr()), a.cfg.Name)
 	resp, err := cli.Get(t.Context(), keys(a.cfg.Prefix).leader()+"/", clientv3.WithPrefix())
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("election keys: %v, %v", resp, err)
@@ -257,17 +268,116 @@ func TestGossipKeyShared(t *testing.T) {
 	a, _ := testCoordinator(t, eps, nil)
 	b, _ := testCoordinator(t, eps, nil)
 	other, _ := testCoordinator(t, eps, func(c *Config) { c.Prefix = "/other/" })
-	if !bytes.Equal(a.srv.gossip.Key, b.srv.gossip.Key) || a.srv.gossip.Label != b.srv.gossip.Label {
+	if !bytes.Equal(a.srv.gossip.Keys[0], b.srv.gossip.Keys[0]) || a.srv.gossip.Label != b.srv.gossip.Label {
 		t.Fatal("two coordinators of one cluster have different gossip keys or labels")
 	}
-	if bytes.Equal(a.srv.gossip.Key, other.srv.gossip.Key) || a.srv.gossip.Label == other.srv.gossip.Label {
+	if bytes.Equal(a.srv.gossip.Keys[0], other.srv.gossip.Keys[0]) || a.srv.gossip.Label == other.srv.gossip.Label {
 		t.Fatalf("clusters /gpucoord/ and /other/ share a gossip key or label (%q, %q)", a.srv.gossip.Label, other.srv.gossip.Label)
 	}
-	resp, err := client(t, a.Addr(), "").Register(t.Context(), &pb.RegisterRequest{Node: node("n0", 1)})
+	resp, err := client(t, a.Addr()).Register(t.Context(), &pb.RegisterRequest{Node: node("n0", 1)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g := resp.Gossip; !bytes.Equal(g.Key, a.srv.gossip.Key) || g.Label != a.srv.gossip.Label {
-		t.Fatalf("Register handed the agent key %x label %q, want the cluster's", g.Key, g.Label)
+	if g := resp.Gossip; len(g.Keys) != 1 || !bytes.Equal(g.Keys[0], a.srv.gossip.Keys[0]) || g.Label != a.srv.gossip.Label {
+		t.Fatalf("Register handed the agent %d keys, label %q: want the cluster's", len(g.Keys), g.Label)
+	}
+}
+
+// TestKeyringSteps: the steps of a rotation of the pool's keys, and the
+// orders they refuse.
+func TestKeyringSteps(t *testing.T) {
+	k := bytes.Repeat([]byte{1}, 32)
+	r, err := parseKeyring([]byte(hex.EncodeToString(k))) // as the first coordinator writes it
+	if err != nil || len(r) != 1 {
+		t.Fatalf("parse a single key: %v, %v", r, err)
+	}
+	if _, err := r.step("use"); err == nil || !strings.Contains(err.Error(), "install one first") {
+		t.Errorf("use with nothing installed: %v", err)
+	}
+	installed, err := r.step("install")
+	if err != nil || len(installed) != 2 || !bytes.Equal(installed[0].key, k) || installed[1].retired {
+		t.Fatalf("install: %v, %v", installed, err)
+	}
+	if _, err := installed.step("install"); err == nil || !strings.Contains(err.Error(), "rotation is under way") {
+		t.Errorf("a second install: %v", err)
+	}
+	used, err := installed.step("use")
+	if err != nil || len(used) != 2 || !bytes.Equal(used[0].key, installed[1].key) || !used[1].retired || !bytes.Equal(used[1].key, k) {
+		t.Fatalf("use: %v, %v", used, err)
+	}
+	if _, err := used.step("use"); err == nil {
+		t.Error("use twice: the retired key came back into use")
+	}
+	again, err := parseKeyring([]byte(used.String()))
+	if err != nil || again.String() != used.String() {
+		t.Fatalf("%q does not read back: %v", used.String(), err)
+	}
+	removed, err := again.step("remove")
+	if err != nil || len(removed) != 1 || !bytes.Equal(removed[0].key, used[0].key) {
+		t.Fatalf("remove: %v, %v", removed, err)
+	}
+	for _, bad := range []string{"", "-" + hex.EncodeToString(k), "zz", hex.EncodeToString(k[:5])} {
+		if _, err := parseKeyring([]byte(bad)); err == nil {
+			t.Errorf("parseKeyring(%q) took it", bad)
+		}
+	}
+}
+
+// TestGossipKeyRotation: the pool's keys change without a restart. An
+// agent's member that takes the keys from its assignments (as the agent
+// does) reaches the coordinator's after every step; a member that kept the
+// old key still does after "install", and no longer after "use".
+func TestGossipKeyRotation(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr())
+	resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: node("n0", 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	assignments, _ := watch(t, c, "n0", resp.LeaseId, 0)
+	g := resp.Gossip
+	member := func(name string) *gossip.Pool {
+		p, err := gossip.New(name, "127.0.0.1:0", "", co.cfg.GossipTuning, gossip.Secure{Keys: g.Keys, Label: g.Label}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Shutdown() })
+		if _, err := p.Join(g.Seeds); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	fresh, stale := member("n0#1"), member("stale#1")
+	coordAddr, err := net.ResolveUDPAddr("udp", co.pool.LocalNode().Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reaches := func(p *gossip.Pool) bool {
+		_, err := p.Ping(co.pool.LocalNode().Name, coordAddr)
+		return err == nil
+	}
+	for _, step := range []struct {
+		action     string
+		staleReach bool
+	}{{"install", true}, {"use", false}, {"remove", false}} {
+		out, err := c.GossipKeys(t.Context(), &pb.GossipKeysRequest{Action: step.action})
+		if err != nil {
+			t.Fatalf("%s: %v", step.action, err)
+		}
+		a := next(t, assignments, func(a *pb.Assignment) bool {
+			return len(a.GossipKeys) == len(out.Fingerprints) && gossip.Fingerprint(a.GossipKeys[0]) == out.Fingerprints[0]
+		})
+		if err := fresh.SetKeys(a.GossipKeys); err != nil {
+			t.Fatal(err)
+		}
+		if !reaches(fresh) {
+			t.Errorf("after %s, a member with the assignment's keys cannot reach the coordinator", step.action)
+		}
+		if got := reaches(stale); got != step.staleReach {
+			t.Errorf("after %s, a member with the old key only reaches the coordinator: %v, want %v", step.action, got, step.staleReach)
+		}
+	}
+	if out, err := c.GossipKeys(t.Context(), &pb.GossipKeysRequest{Action: "list"}); err != nil || len(out.Fingerprints) != 1 {
+		t.Errorf("list after remove: %v, %v", out, err)
 	}
 }

@@ -3,14 +3,18 @@ package coordinator
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/gpucoord/gpucoord/internal/gossip"
+	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
@@ -133,17 +137,119 @@ func gossipSeeds(ctx context.Context, cli *clientv3.Client, k keys) ([]string, e
 	return seeds, nil
 }
 
-// gossipFor is what Register tells an agent about the pool.
+// gossipFor is what Register tells an agent about the pool: its keys as
+// the cache holds them now.
 func (s *server) gossipFor(ctx context.Context) *pb.Gossip {
 	seeds, _ := gossipSeeds(ctx, s.cli, s.k)
 	t := s.cfg.GossipTuning
+	ring, _ := s.cache.gossipKeys()
+	keys := ring.keys()
+	if len(keys) == 0 {
+		keys = s.gossip.Keys // the cache has not read them yet
+	}
 	return &pb.Gossip{Seeds: seeds, ProbeIntervalMs: t.ProbeInterval.Milliseconds(), ProbeTimeoutMs: t.ProbeTimeout.Milliseconds(), SuspicionMult: int32(t.SuspicionMult),
-		Key: s.gossip.Key, Label: s.gossip.Label}
+		Keys: keys, Label: s.gossip.Label}
 }
 
-// clusterGossip returns the pool's key and label: the key the first
-// coordinator of the cluster created in etcd (one it makes now if none
-// exists), and a label naming the cluster by its etcd prefix.
+// keyring is the pool's keys as kept in etcd at gossip/key: hex, comma
+// separated, the one in use first. A key after it is either installed
+// (members accept it; "use" makes it the one in use) or retired (marked
+// "-": the one in use before, accepted until "remove").
+type keyring []ringKey
+
+type ringKey struct {
+	key     []byte
+	retired bool
+}
+
+func parseKeyring(b []byte) (keyring, error) {
+	var r keyring
+	for f := range strings.SplitSeq(strings.TrimSpace(string(b)), ",") {
+		h, retired := strings.CutPrefix(f, "-")
+		k, err := hex.DecodeString(h)
+		if err != nil {
+			return nil, fmt.Errorf("gossip key: %v", err)
+		}
+		r = append(r, ringKey{key: k, retired: retired})
+	}
+	if len(r) == 0 || r[0].retired {
+		return nil, errors.New("gossip keys: none in use")
+	}
+	return r, (gossip.Secure{Keys: r.keys()}).Validate()
+}
+
+func (r keyring) String() string {
+	var b strings.Builder
+	for i, k := range r {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		if k.retired {
+			b.WriteByte('-')
+		}
+		b.WriteString(hex.EncodeToString(k.key))
+	}
+	return b.String()
+}
+
+// keys are the keys, the one in use first.
+func (r keyring) keys() [][]byte {
+	out := make([][]byte, len(r))
+	for i, k := range r {
+		out[i] = k.key
+	}
+	return out
+}
+
+func (r keyring) fingerprints() []string {
+	var out []string
+	for _, k := range r {
+		f := gossip.Fingerprint(k.key)
+		if k.retired {
+			f += " (retired)"
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// step is the keyring after action, a step of a rotation: "install" a new
+// key (refused while an earlier rotation is unfinished), "use" the
+// installed key (the one in use is retired), "remove" every key but the
+// one in use.
+func (r keyring) step(action string) (keyring, error) {
+	switch action {
+	case "install":
+		if len(r) > 1 {
+			return nil, errors.New("a rotation is under way: finish it (use, then remove) before installing another key")
+		}
+		k, err := gossip.NewKey()
+		if err != nil {
+			return nil, err
+		}
+		return keyring{r[0], {key: k}}, nil
+	case "use":
+		for i, k := range r[1:] {
+			if !k.retired {
+				next := keyring{k, {key: r[0].key, retired: true}}
+				for j, o := range r[1:] {
+					if j != i && o.retired {
+						next = append(next, o)
+					}
+				}
+				return next, nil
+			}
+		}
+		return nil, errors.New("no installed key to use: install one first")
+	case "remove":
+		return r[:1], nil
+	}
+	return nil, fmt.Errorf("gossip key action %q: want install, use, remove or list", action)
+}
+
+// clusterGossip returns the pool's keys and label: the keys in etcd (a new
+// key, made now, for the first coordinator of the cluster), and a label
+// naming the cluster by its etcd prefix.
 func clusterGossip(ctx context.Context, cli *clientv3.Client, k keys) (gossip.Secure, error) {
 	fresh, err := gossip.NewKey()
 	if err != nil {
@@ -154,17 +260,55 @@ func clusterGossip(ctx context.Context, cli *clientv3.Client, k keys) (gossip.Se
 	if err != nil {
 		return gossip.Secure{}, fmt.Errorf("gossip key in etcd: %w", err)
 	}
-	sec := gossip.Secure{Key: fresh, Label: "gpucoord:" + string(k)}
+	sec := gossip.Secure{Keys: [][]byte{fresh}, Label: "gpucoord:" + string(k)}
 	if !resp.Succeeded {
 		kvs := resp.Responses[0].GetResponseRange().GetKvs()
 		if len(kvs) != 1 {
 			return gossip.Secure{}, fmt.Errorf("gossip key in etcd: %s vanished", k.gossipKey())
 		}
-		if sec.Key, err = hex.DecodeString(string(kvs[0].Value)); err != nil {
-			return gossip.Secure{}, fmt.Errorf("gossip key in etcd at %s: %w", k.gossipKey(), err)
+		r, err := parseKeyring(kvs[0].Value)
+		if err != nil {
+			return gossip.Secure{}, fmt.Errorf("gossip keys in etcd at %s: %w", k.gossipKey(), err)
 		}
+		sec.Keys = r.keys()
 	}
 	return sec, sec.Validate()
+}
+
+// GossipKeys implements pb.CoordinatorServer: one step of a rotation, in
+// one transaction on the keys as read. Every coordinator and agent takes
+// the new keys from its next assignment; an operator lets them all have
+// it (a few seconds) before the next step.
+func (s *server) GossipKeys(ctx context.Context, req *pb.GossipKeysRequest) (*pb.GossipKeysResponse, error) {
+	resp, err := s.cli.Get(ctx, s.k.gossipKey())
+	if err != nil {
+		return nil, etcdErr(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, status.Error(codes.FailedPrecondition, "no gossip keys in etcd yet")
+	}
+	r, err := parseKeyring(resp.Kvs[0].Value)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	if req.GetAction() == "list" {
+		return &pb.GossipKeysResponse{Fingerprints: r.fingerprints()}, nil
+	}
+	next, err := r.step(req.GetAction())
+	if err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "%v", err)
+	}
+	txn, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.gossipKey()), "=", resp.Kvs[0].ModRevision)).
+		Then(clientv3.OpPut(s.k.gossipKey(), next.String())).Commit()
+	if err != nil {
+		return nil, etcdErr(err)
+	}
+	if !txn.Succeeded {
+		return nil, status.Error(codes.Aborted, "the gossip keys changed meanwhile: try again")
+	}
+	id, _ := ctx.Value(identityKey{}).(pki.Identity)
+	s.log.Info("gossip keys changed", "action", req.GetAction(), "keys", strings.Join(next.fingerprints(), ","), "by", id.String())
+	return &pb.GossipKeysResponse{Fingerprints: next.fingerprints()}, nil
 }
 
 // slogWriter turns memberlist's log lines into debug records.

@@ -1,8 +1,8 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,12 +17,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucoord/gpucoord/internal/gossip"
+	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
@@ -56,25 +56,16 @@ type server struct {
 	background sync.WaitGroup
 	// gossip is the pool's key and label, handed to agents at Register.
 	gossip gossip.Secure
+	// secure says the coordinator serves mutual TLS: every call but Join
+	// has a verified identity, and a node's calls are held to its own node.
+	secure bool
+	// ca signs what Join issues; nil when this coordinator cannot.
+	ca *pki.CA
 }
 
-// auth refuses calls without the join token when one is set. The token is
-// compared in constant time and never logged.
-func (s *server) auth(ctx context.Context) error {
-	if s.cfg.Token == "" {
-		return nil
-	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	for _, v := range md.Get(pb.TokenHeader) {
-		if tok, ok := strings.CutPrefix(v, "Bearer "); ok && subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.Token)) == 1 {
-			return nil
-		}
-	}
-	return status.Error(codes.Unauthenticated, "join token missing or wrong: give the coordinator's token with --token, GPUCOORD_TOKEN or --token-file")
-}
-
-func (s *server) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if err := s.auth(ctx); err != nil {
+func (s *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	ctx, err := s.authorize(ctx, info.FullMethod)
+	if err != nil {
 		return nil, err
 	}
 	if s.health.isDown() {
@@ -83,12 +74,21 @@ func (s *server) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h 
 	return h(ctx, req)
 }
 
-func (s *server) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	if err := s.auth(ss.Context()); err != nil {
+func (s *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	ctx, err := s.authorize(ss.Context(), info.FullMethod)
+	if err != nil {
 		return err
 	}
-	return s.health.guardStream(srv, ss, h)
+	return s.health.guardStream(srv, identityStream{ss, ctx}, h)
 }
+
+// identityStream is a stream whose context carries the caller's identity.
+type identityStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s identityStream) Context() context.Context { return s.ctx }
 
 // etcdErr turns an etcd failure into a gRPC status.
 func etcdErr(err error) error {
@@ -120,12 +120,17 @@ func peerHost(ctx context.Context) string {
 // Register implements pb.CoordinatorServer.
 func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.RegisterResponse, error) {
 	n := req.GetNode()
-	switch {
-	case n.GetProtocol() != pb.ProtocolVersion:
+	if n.GetProtocol() != pb.ProtocolVersion {
 		return nil, status.Errorf(codes.FailedPrecondition, "agent %q speaks protocol %d (version %s); this coordinator speaks %d: run the same gpucoord version on every node",
 			n.GetName(), n.GetProtocol(), n.GetVersion(), pb.ProtocolVersion)
-	case n.GetName() == "" || strings.ContainsAny(n.GetName(), "/ \t\n") || strings.HasPrefix(n.GetName(), coordinatorMember):
-		return nil, status.Errorf(codes.InvalidArgument, "node name %q: want a non-empty name without '/' or spaces, not starting with %q", n.GetName(), coordinatorMember)
+	}
+	if err := validNodeName(n.GetName()); err != nil {
+		return nil, err
+	}
+	if err := s.asNode(ctx, n.GetName()); err != nil {
+		return nil, err
+	}
+	switch {
 	case n.GetGpus() < 1:
 		return nil, status.Errorf(codes.InvalidArgument, "node %q: %d GPUs: want at least 1", n.GetName(), n.GetGpus())
 	case n.GetHost() == "":
@@ -159,6 +164,32 @@ func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 	return &pb.RegisterResponse{LeaseId: int64(lease.ID), TtlSeconds: ttl, Gossip: s.gossipFor(ctx)}, nil
 }
 
+// validNodeName refuses a name no node may have.
+func validNodeName(name string) error {
+	if name == "" || len(name) > 253 || strings.ContainsAny(name, "/ \t\r\n,=+<>#;\"\\") || strings.HasPrefix(name, coordinatorMember) {
+		return status.Errorf(codes.InvalidArgument, "node name %q: want 1 to 253 characters without '/', spaces or any of ,=+<>#;\"\\, not starting with %q", name, coordinatorMember)
+	}
+	return nil
+}
+
+// ownLease refuses a lease that is not node's: its key's lease in etcd.
+func (s *server) ownLease(ctx context.Context, node string, lease clientv3.LeaseID) error {
+	if !s.secure {
+		return nil
+	}
+	resp, err := s.cli.Get(ctx, s.k.node(node))
+	if err != nil {
+		return etcdErr(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return status.Errorf(codes.NotFound, "node %q is not registered: register again", node)
+	}
+	if clientv3.LeaseID(resp.Kvs[0].Lease) != lease {
+		return status.Errorf(codes.PermissionDenied, "lease %x is not node %q's", int64(lease), node)
+	}
+	return nil
+}
+
 // Watch implements pb.CoordinatorServer. The node's lease is kept alive
 // while the stream is open, and every renewal is sent to the agent (a
 // renewal message with the lease's TTL) so that the agent knows how long
@@ -170,6 +201,12 @@ func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[pb.Assignment]) error {
 	ctx := stream.Context()
 	node, lease := req.GetNode(), clientv3.LeaseID(req.GetLeaseId())
+	if err := s.asNode(ctx, node); err != nil {
+		return err
+	}
+	if err := s.ownLease(ctx, node, lease); err != nil {
+		return err
+	}
 	first, err := s.cli.KeepAliveOnce(ctx, lease)
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return status.Errorf(codes.NotFound, "node %q: lease %x is gone: register again", node, req.GetLeaseId())
@@ -263,7 +300,8 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 // sameAssignment reports whether a and b run the same thing (revisions
 // aside). Spec and generation are the cache's: shared while unchanged.
 func sameAssignment(a, b *pb.Assignment) bool {
-	return a.Job == b.Job && a.Master == b.Master && a.Probe == b.Probe && (a.Generation == b.Generation || proto.Equal(a.Generation, b.Generation))
+	return a.Job == b.Job && a.Master == b.Master && a.Probe == b.Probe && (a.Generation == b.Generation || proto.Equal(a.Generation, b.Generation)) &&
+		slices.EqualFunc(a.GossipKeys, b.GossipKeys, bytes.Equal)
 }
 
 // withTTL is a with the lease renewal of ttlMs, or a itself for none.
@@ -281,6 +319,12 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 	id, gen := req.GetJob(), req.GetGeneration()
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "report without a job")
+	}
+	if err := s.asNode(ctx, req.GetNode()); err != nil {
+		return nil, err
+	}
+	if err := s.ownRanks(ctx, req); err != nil {
+		return nil, err
 	}
 	var err error
 	switch k := req.Kind.(type) {
@@ -304,6 +348,62 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 		return nil, status.Error(codes.InvalidArgument, "empty report")
 	}
 	return &pb.ReportResponse{}, etcdErr(err)
+}
+
+// ownRanks refuses a report about ranks the reporting node does not run:
+// the node must be a member of the job's generation gen, and run the rank
+// an exit names; a bootstrap comes from rank 0's node alone. (Steps come
+// from any member: a preempted node commits the step its ranks saved.)
+func (s *server) ownRanks(ctx context.Context, req *pb.ReportRequest) error {
+	if !s.secure {
+		return nil
+	}
+	g, _ := s.cache.generation(req.GetJob())
+	if g == nil || g.Number != req.GetGeneration() {
+		var err error
+		if g, err = s.readGeneration(ctx, req.GetJob()); err != nil {
+			return err
+		}
+	}
+	if g == nil || g.Number != req.GetGeneration() {
+		return status.Errorf(codes.FailedPrecondition, "job %s: generation %d is not the current one", req.GetJob(), req.GetGeneration())
+	}
+	var m *pb.Member
+	for _, x := range g.Members {
+		if x.Node == req.GetNode() {
+			m = x
+		}
+	}
+	if m == nil {
+		return status.Errorf(codes.PermissionDenied, "node %q is not a member of job %s generation %d", req.GetNode(), req.GetJob(), g.Number)
+	}
+	switch k := req.Kind.(type) {
+	case *pb.ReportRequest_Bootstrap:
+		if m.FirstRank != 0 {
+			return status.Errorf(codes.PermissionDenied, "node %q does not run rank 0 of job %s: only rank 0's node reports the bootstrap", req.GetNode(), req.GetJob())
+		}
+	case *pb.ReportRequest_Exit:
+		if r := k.Exit.GetRank(); r < m.FirstRank || r >= m.FirstRank+m.Ranks {
+			return status.Errorf(codes.PermissionDenied, "node %q runs ranks %d-%d of job %s, not rank %d", req.GetNode(), m.FirstRank, m.FirstRank+m.Ranks-1, req.GetJob(), r)
+		}
+	}
+	return nil
+}
+
+// readGeneration reads a job's current generation from etcd (nil for none).
+func (s *server) readGeneration(ctx context.Context, job string) (*pb.Generation, error) {
+	resp, err := s.cli.Get(ctx, s.k.generation(job))
+	if err != nil {
+		return nil, etcdErr(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, nil
+	}
+	g := &pb.Generation{}
+	if err := decode(resp.Kvs[0].Value, g); err != nil {
+		return nil, status.Errorf(codes.Internal, "job %s: generation: %v", job, err)
+	}
+	return g, nil
 }
 
 // reportStep records a step of generation gen: rank 0's progress and, when
@@ -350,6 +450,15 @@ func (s *server) reportStep(ctx context.Context, id string, gen int64, step *pb.
 
 // Leave implements pb.CoordinatorServer.
 func (s *server) Leave(ctx context.Context, req *pb.LeaveRequest) (*pb.LeaveResponse, error) {
+	if err := s.asNode(ctx, req.GetNode()); err != nil {
+		return nil, err
+	}
+	if err := s.ownLease(ctx, req.GetNode(), clientv3.LeaseID(req.GetLeaseId())); err != nil {
+		if status.Code(err) == codes.NotFound {
+			return &pb.LeaveResponse{}, nil // gone already
+		}
+		return nil, err
+	}
 	_, err := s.cli.Revoke(ctx, clientv3.LeaseID(req.GetLeaseId()))
 	if err == nil {
 		s.log.Info("node left", "node", req.GetNode())
@@ -530,7 +639,19 @@ func (s *server) Cancel(ctx context.Context, req *pb.CancelRequest) (*pb.CancelR
 
 // Status implements pb.CoordinatorServer, from the cache.
 func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusResponse, error) {
-	if err := s.cache.waitRev(ctx, 1); err != nil {
+	// Status shows every key written before the call (a node that has just
+	// registered, a job just submitted): the cache first catches up to the
+	// newest write under the prefix. (Not etcd's revision: writes outside
+	// the prefix never reach the cache's watch.)
+	newest, err := s.cli.Get(ctx, string(s.k), append(clientv3.WithLastRev(), clientv3.WithPrefix())...)
+	if err != nil {
+		return nil, etcdErr(err)
+	}
+	rev := int64(1)
+	if len(newest.Kvs) == 1 {
+		rev = newest.Kvs[0].ModRevision
+	}
+	if err := s.cache.waitRev(ctx, rev); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
 	nodes, connected, leader, _ := s.cache.pool()

@@ -51,6 +51,9 @@ func (k keys) nodePolicies() string           { return string(k) + "policy/nodes
 func (k keys) nodePolicy(node string) string  { return k.nodePolicies() + node }
 func (k keys) leader() string                 { return string(k) + "leader" }
 func (k keys) gossipKey() string              { return string(k) + "gossip/key" }
+func (k keys) ca() string                     { return string(k) + "pki/ca" }
+func (k keys) tokens() string                 { return string(k) + "tokens/" }
+func (k keys) token(id string) string         { return k.tokens() + id }
 func (k keys) coordinators() string           { return string(k) + "coordinators/" }
 func (k keys) coordinator(name string) string { return k.coordinators() + name }
 func (k keys) bootstrap(id string, gen int64) string {

@@ -2,12 +2,14 @@
 # Installs the Debian packages the tests use, when they are missing:
 # etcd-server (the external etcd of the control-plane tests) and
 # python3-torch (the torchrun DDP client under gpucoord launch) and
-# iptables (the cluster-in-a-box tests cut hosts off with it).
+# iptables (the cluster-in-a-box tests cut hosts off with it) and openssl
+# (s_client shows what a coordinator's port speaks).
 set -euo pipefail
 need=()
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
 /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || need+=(python3-torch)
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptables)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" = 0 ] || sudo=sudo

@@ -17,12 +17,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -30,7 +31,9 @@ import (
 	"github.com/gpucoord/gpucoord/collectives"
 	"github.com/gpucoord/gpucoord/collectives/tcp"
 	"github.com/gpucoord/gpucoord/internal/gossip"
+	"github.com/gpucoord/gpucoord/internal/join"
 	"github.com/gpucoord/gpucoord/internal/localproc"
+	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/worker/engine"
 )
@@ -40,8 +43,16 @@ type Config struct {
 	// Coordinators are the addresses of the cluster's coordinators; the
 	// agent uses the first that answers and moves on when it fails.
 	Coordinators []string
-	// Token is the join token; empty only for a coordinator on loopback.
+	// Token is a join token: with it the agent obtains its node's
+	// certificate once (kept under CredentialsDir) and speaks mutual TLS.
+	// Empty, with no TLS files, only for a coordinator on loopback.
 	Token string
+	// TLS names the node's credentials from an organisation's PKI (a
+	// certificate for role node and this node's name), instead of a token.
+	TLS pki.Files
+	// CredentialsDir keeps what a token bought; empty means
+	// join.DefaultDir().
+	CredentialsDir string
 	// Name is the node's unique name in the pool.
 	Name string
 	// Host is the address other nodes reach this one at; empty means the
@@ -139,9 +150,10 @@ type Agent struct {
 	// revision is the newest view of etcd an assignment came from: a stream
 	// opened on another coordinator starts no earlier.
 	revision int64
-	deadline time.Time              // when the lease runs out unless renewed: the ranks' right to run
-	renewed  chan struct{}          // poked at every renewal, for the fence
-	pool     *memberlist.Memberlist // nil until the first registration
+	deadline time.Time     // when the lease runs out unless renewed: the ranks' right to run
+	renewed  chan struct{} // poked at every renewal, for the fence
+	pool     *gossip.Pool  // nil until the first registration
+	poolKeys [][]byte      // the pool's keys in use
 }
 
 // New returns an agent; Run starts it.
@@ -181,9 +193,13 @@ func New(cfg *Config) (*Agent, error) {
 // coordinator may have given them to another node. It returns an
 // ErrRefused error when the coordinator will not take this node.
 func (a *Agent) Run(ctx context.Context) error {
+	creds, err := a.credentials(ctx)
+	if err != nil || ctx.Err() != nil {
+		return err
+	}
 	conns := make([]*grpc.ClientConn, len(a.cfg.Coordinators))
 	for i, addr := range a.cfg.Coordinators {
-		cc, err := pb.Dial(addr, a.cfg.Token)
+		cc, err := pb.Dial(addr, creds)
 		if err != nil {
 			return fmt.Errorf("worker: coordinator %s: %w", addr, err)
 		}
@@ -202,7 +218,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	fenced := make(chan struct{})
 	go func() { defer close(fenced); a.fence(sctx, run) }()
 	defer func() { stopSessions(); <-fenced }()
-	var err error
 	select {
 	case <-ctx.Done():
 		run.preempt(a.cfg.Grace)
@@ -217,6 +232,34 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.pool.Shutdown()
 	}
 	return err
+}
+
+// credentials obtains what the agent shows coordinators (join.Credentials
+// as this node), trying again every Retry while no coordinator answers; a
+// refusal ends it with ErrRefused.
+func (a *Agent) credentials(ctx context.Context) (credentials.TransportCredentials, error) {
+	cfg := join.Config{Coordinators: a.cfg.Coordinators, Token: a.cfg.Token, Files: a.cfg.TLS, Dir: a.cfg.CredentialsDir,
+		Identity: pki.Identity{Role: pki.RoleNode, Name: a.cfg.Name}}
+	for {
+		creds, err := join.Credentials(ctx, cfg)
+		switch {
+		case err == nil:
+			if creds != nil {
+				a.log.Info("mutual TLS as this node", "identity", cfg.Identity.String())
+			}
+			return creds, nil
+		case ctx.Err() != nil:
+			return nil, nil
+		case errors.Is(err, join.ErrRefused):
+			return nil, fmt.Errorf("%w: %v", ErrRefused, err)
+		}
+		a.log.Warn("joining the cluster", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(a.cfg.Retry):
+		}
+	}
 }
 
 // sessions moves between the coordinators until ctx ends or one refuses
@@ -350,6 +393,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		a.revision = max(a.revision, asg.Revision)
 		a.mu.Unlock()
 		if !asg.Renewal {
+			a.setPoolKeys(asg.GossipKeys)
 			run.apply(ctx, asg)
 		}
 	}
@@ -390,16 +434,34 @@ func (a *Agent) joinPool(g *pb.Gossip) {
 		}
 		t := gossip.Tuning{ProbeInterval: time.Duration(g.ProbeIntervalMs) * time.Millisecond,
 			ProbeTimeout: time.Duration(g.ProbeTimeoutMs) * time.Millisecond, SuspicionMult: int(g.SuspicionMult)}
-		pool, err := gossip.New(gossip.MemberName(a.cfg.Name, a.instance), bind, a.net.Host, t, gossip.Secure{Key: g.Key, Label: g.Label}, nil, nil)
+		pool, err := gossip.New(gossip.MemberName(a.cfg.Name, a.instance), bind, a.net.Host, t, gossip.Secure{Keys: g.Keys, Label: g.Label}, nil, nil)
 		if err != nil {
 			a.log.Warn("gossip pool", "err", err)
 			return
 		}
-		a.pool = pool
+		a.pool, a.poolKeys = pool, g.Keys
 	}
 	if _, err := a.pool.Join(g.Seeds); err != nil {
 		a.log.Warn("gossip join", "seeds", g.Seeds, "err", err)
 	}
+}
+
+// setPoolKeys makes keys the pool member's keys when they changed (a
+// rotation step the coordinators announce with every assignment).
+func (a *Agent) setPoolKeys(keys [][]byte) {
+	if a.pool == nil || len(keys) == 0 || slices.EqualFunc(keys, a.poolKeys, bytes.Equal) {
+		return
+	}
+	if err := a.pool.SetKeys(keys); err != nil {
+		a.log.Error("gossip keys", "err", err)
+		return
+	}
+	a.poolKeys = keys
+	fps := make([]string, len(keys))
+	for i, k := range keys {
+		fps[i] = gossip.Fingerprint(k)
+	}
+	a.log.Info("gossip keys changed", "keys", strings.Join(fps, ","))
 }
 
 // leave revokes the lease, so that the pool forgets this node at once.
@@ -897,9 +959,10 @@ func writePlan(path string, asg *pb.Assignment) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	// The store's secret goes to native ranks in their environment only.
+	// The store's secret goes to native ranks in their environment only;
+	// the pool's keys go to no rank.
 	asg = proto.Clone(asg).(*pb.Assignment)
-	asg.StoreSecret = nil
+	asg.StoreSecret, asg.GossipKeys = nil, nil
 	b, err := protojson.MarshalOptions{Multiline: true}.Marshal(asg)
 	if err != nil {
 		return err

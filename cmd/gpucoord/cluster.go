@@ -1,20 +1,25 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"os/user"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/gpucoord/gpucoord/coordinator"
 	"github.com/gpucoord/gpucoord/internal/gossip"
+	"github.com/gpucoord/gpucoord/internal/join"
+	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/worker"
 )
@@ -85,46 +90,87 @@ func (f *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format %q: want text or json", f.format)
 }
 
-// tokenFlags give the join token: --token, --token-file or GPUCOORD_TOKEN.
-type tokenFlags struct{ token, file string }
-
-func (f *tokenFlags) register(c *cobra.Command) {
-	c.Flags().StringVar(&f.token, "token", "", "join token (prefer GPUCOORD_TOKEN or --token-file: a flag shows in ps)")
-	c.Flags().StringVar(&f.file, "token-file", "", "file holding the join token")
+// authFlags say how a command proves itself to coordinators: a join token
+// (--token-file, GPUCOORD_TOKEN or --token), with which it obtains a
+// certificate once and keeps it in --credentials-dir, or an organisation's
+// certificate (--tls-ca, --tls-cert, --tls-key). With none of them it
+// speaks plaintext, which only a coordinator on loopback accepts.
+type authFlags struct {
+	token, file, dir string
+	tls              pki.Files
 }
 
-func (f *tokenFlags) resolve() (string, error) {
+func (f *authFlags) register(c *cobra.Command) {
+	fl := c.Flags()
+	fl.StringVar(&f.file, "token-file", "", "file holding a join token (as `gpucoord token create` prints, or the coordinator's --token-file)")
+	fl.StringVar(&f.token, "token", "", "join token (prefer GPUCOORD_TOKEN or --token-file: a flag shows in ps)")
+	fl.StringVar(&f.tls.CA, "tls-ca", "", "CA certificate of an organisation's PKI, instead of a token")
+	fl.StringVar(&f.tls.Cert, "tls-cert", "", "this identity's certificate under --tls-ca (subject: CN=name, OU=role)")
+	fl.StringVar(&f.tls.Key, "tls-key", "", "the key of --tls-cert")
+	fl.StringVar(&f.dir, "credentials-dir", join.DefaultDir(), "where the certificate a token buys is kept (0600 files)")
+}
+
+// config resolves the flags into a join configuration for id.
+func (f *authFlags) config(addrs []string, id pki.Identity) (join.Config, error) {
+	tok := ""
 	switch {
 	case f.token != "" && f.file != "":
-		return "", errors.New("--token and --token-file exclude each other")
+		return join.Config{}, errors.New("--token and --token-file exclude each other")
 	case f.token != "":
-		return f.token, nil
+		tok = f.token
 	case f.file != "":
 		b, err := os.ReadFile(f.file)
 		if err != nil {
-			return "", fmt.Errorf("--token-file: %w", err)
+			return join.Config{}, fmt.Errorf("--token-file: %w", err)
 		}
-		tok := strings.TrimSpace(string(b))
-		if tok == "" {
-			return "", fmt.Errorf("--token-file %s is empty", f.file)
+		if tok = strings.TrimSpace(string(b)); tok == "" {
+			return join.Config{}, fmt.Errorf("--token-file %s is empty", f.file)
 		}
-		return tok, nil
+	default:
+		tok = os.Getenv("GPUCOORD_TOKEN")
 	}
-	return os.Getenv("GPUCOORD_TOKEN"), nil
+	if tok != "" && !f.tls.Empty() {
+		return join.Config{}, errors.New("a join token and --tls-cert exclude each other: give one")
+	}
+	if tok != "" {
+		if _, err := pki.ParseToken(tok); err != nil {
+			return join.Config{}, err
+		}
+	}
+	return join.Config{Coordinators: addrs, Token: tok, Files: f.tls, Dir: f.dir, Identity: id}, nil
 }
 
-// resolveDaemon reads the token and logging flags of the long-running
-// commands (coordinator, worker); a bad one is a usage error.
-func resolveDaemon(c *cobra.Command, tok *tokenFlags, logs *logFlags) (string, *slog.Logger, error) {
-	token, err := tok.resolve()
+// clientCredentials are a client command's credentials as the user on this
+// machine, in role (client, or admin for the token commands).
+func (f *authFlags) clientCredentials(ctx context.Context, addrs []string, role string) (credentials.TransportCredentials, error) {
+	cfg, err := f.config(addrs, pki.Identity{Role: role, Name: userAtHost()})
 	if err != nil {
-		return "", nil, usageError(err)
+		return nil, usageError(err)
 	}
+	return join.Credentials(ctx, cfg)
+}
+
+// userAtHost names a client identity: user@host.
+func userAtHost() string {
+	name := "user"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "localhost"
+	}
+	return name + "@" + host
+}
+
+// resolveLogs reads the logging flags of the long-running commands
+// (coordinator, worker); a bad one is a usage error.
+func resolveLogs(c *cobra.Command, logs *logFlags) (*slog.Logger, error) {
 	log, err := logs.logger(c.ErrOrStderr())
 	if err != nil {
-		return "", nil, usageError(err)
+		return nil, usageError(err)
 	}
-	return token, log, nil
+	return log, nil
 }
 
 // defaultDataDir is where the embedded etcd keeps its data by default.
@@ -139,7 +185,6 @@ func defaultDataDir() string {
 func newCoordinatorCmd() *cobra.Command {
 	cfg := coordinator.DefaultConfig()
 	var etcd, profile string
-	var tok tokenFlags
 	var logs logFlags
 	cmd := &cobra.Command{
 		Use:   "coordinator [flags]",
@@ -150,14 +195,21 @@ its data in --data-dir (the default, for one machine or a trial), or an
 external etcd v3 cluster with --etcd. Several coordinators may share one
 etcd: one leads (etcd election) and the others stand by and take over.
 
-Outside loopback a join token is required (--token-file, GPUCOORD_TOKEN or
---token); agents and launch must present the same token.`,
+Off loopback every call is mutual TLS. With --token-file the coordinators
+keep a cluster CA in etcd (the first one makes it) and the file holds a join
+token, written there (0600) when the file does not exist: give the same file
+to the agents (worker --token-file) and to launch, which obtain their own
+certificates with it once. gpucoord token create, list and revoke manage
+more tokens. An organisation's own PKI takes the CA's place with --tls-ca,
+--tls-cert and --tls-key (and --tls-ca-key to let tokens buy certificates).
+On loopback without either, the service is plaintext.`,
 		Example: `  gpucoord coordinator
-  gpucoord coordinator --listen 0.0.0.0:7070 --etcd http://etcd-0:2379,http://etcd-1:2379 --token-file /etc/gpucoord/token`,
+  gpucoord coordinator --listen 0.0.0.0:7070 --token-file /etc/gpucoord/token
+  gpucoord coordinator --listen 0.0.0.0:7070 --etcd http://etcd-0:2379,http://etcd-1:2379 --token-file /shared/gpucoord/token`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var err error
-			if cfg.Token, cfg.Logger, err = resolveDaemon(c, &tok, &logs); err != nil {
+			if cfg.Logger, err = resolveLogs(c, &logs); err != nil {
 				return err
 			}
 			if etcd != "" {
@@ -202,7 +254,12 @@ Outside loopback a join token is required (--token-file, GPUCOORD_TOKEN or
 	fl.DurationVar(&cfg.GossipTuning.ProbeInterval, "probe-interval", cfg.GossipTuning.ProbeInterval, "gossip: how often each member probes another")
 	fl.DurationVar(&cfg.GossipTuning.ProbeTimeout, "probe-timeout", cfg.GossipTuning.ProbeTimeout, "gossip: how long a probe waits for its answer")
 	fl.IntVar(&cfg.GossipTuning.SuspicionMult, "suspicion-mult", cfg.GossipTuning.SuspicionMult, "gossip: probe intervals a suspect has to refute before it is declared dead")
-	tok.register(cmd)
+	fl.StringVar(&cfg.TokenFile, "token-file", "", "serve mutual TLS from the cluster CA in etcd; this file holds a join token for agents and launch (written, 0600, when absent)")
+	fl.StringVar(&cfg.TLS.CA, "tls-ca", "", "an organisation's CA certificate: serve mutual TLS under it instead of the cluster CA")
+	fl.StringVar(&cfg.TLS.Cert, "tls-cert", "", "this coordinator's certificate under --tls-ca")
+	fl.StringVar(&cfg.TLS.Key, "tls-key", "", "the key of --tls-cert")
+	fl.StringVar(&cfg.TLSCAKey, "tls-ca-key", "", "the key of --tls-ca, so that join tokens can buy certificates under it")
+	fl.StringSliceVar(&cfg.TLSHosts, "tls-san", nil, "more names or addresses for the coordinator's certificate (a load balancer's), comma-separated")
 	logs.register(cmd)
 	if p := os.Getenv("ETCD_PASSWORD"); p != "" {
 		cfg.Etcd.Password = p
@@ -213,7 +270,7 @@ Outside loopback a join token is required (--token-file, GPUCOORD_TOKEN or
 func newWorkerCmd() *cobra.Command {
 	cfg := worker.DefaultConfig()
 	var coords string
-	var tok tokenFlags
+	var auth authFlags
 	var logs logFlags
 	cmd := &cobra.Command{
 		Use:   "worker --coordinator ADDR[,ADDR...] [flags]",
@@ -226,6 +283,11 @@ here, each line tagged [node rRANK tpT ppP dpD]. Ranks are stopped with
 SIGTERM, then SIGKILL after --grace, when the job ends, when the agent is
 told to stop (SIGINT/SIGTERM) or when no coordinator has renewed the node's
 lease for its TTL; they die with the agent even when it is killed.
+
+Off loopback the agent speaks mutual TLS as its node: with a join token
+(--token-file) it obtains the node's certificate once and keeps it in
+--credentials-dir; an organisation's certificate for the node (OU=node,
+CN=the node's name) can be given with --tls-ca, --tls-cert and --tls-key.
 
 No address flag is needed: the node advertises the address of the
 interface that routes to the coordinator (--iface or --advertise-addr to
@@ -240,12 +302,17 @@ names (a build without the race detector under a race-enabled agent).`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var err error
-			if cfg.Token, cfg.Logger, err = resolveDaemon(c, &tok, &logs); err != nil {
+			if cfg.Logger, err = resolveLogs(c, &logs); err != nil {
 				return err
 			}
 			if coords != "" {
 				cfg.Coordinators = strings.Split(coords, ",")
 			}
+			jc, err := auth.config(cfg.Coordinators, pki.Identity{Role: pki.RoleNode, Name: cfg.Name})
+			if err != nil {
+				return usageError(err)
+			}
+			cfg.Token, cfg.TLS, cfg.CredentialsDir = jc.Token, jc.Files, jc.Dir
 			exe, err := rankExecutable()
 			if err != nil {
 				return err
@@ -273,7 +340,7 @@ names (a build without the race detector under a race-enabled agent).`,
 	fl.BoolVar(&cfg.Devices, "cuda", false, "set CUDA_VISIBLE_DEVICES to each rank's local index")
 	fl.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "where plan files and checkpoints go")
 	fl.DurationVar(&cfg.Grace, "grace", cfg.Grace, "time between SIGTERM and SIGKILL when ranks stop")
-	tok.register(cmd)
+	auth.register(cmd)
 	logs.register(cmd)
 	return cmd
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,10 +24,6 @@ import (
 // installed where every host sees them: the test's own directory may be
 // under /tmp, which each host replaces with its own.
 
-// clusterToken is the join token of the test clusters; a coordinator off
-// loopback needs one.
-const clusterToken = "cluster-in-a-box"
-
 // boxCluster is a testcluster with gpucoord installed on it.
 type boxCluster struct {
 	*testcluster.Cluster
@@ -35,6 +32,10 @@ type boxCluster struct {
 	job   string // testdata/mlp48.yaml, where every host reads it
 	coord string // the coordinator's address on h1, by name, as other hosts dial it
 	local string // its address as h1 itself dials it (h1's own name resolves to loopback there)
+	// tokenFile is the join token the first coordinator wrote, installed
+	// where every host reads it (as an operator copies it to the nodes);
+	// "" until a coordinator has started.
+	tokenFile string
 }
 
 func newBoxCluster(t *testing.T, cfg testcluster.Config) *boxCluster {
@@ -55,8 +56,10 @@ func newBoxCluster(t *testing.T, cfg testcluster.Config) *boxCluster {
 // run starts gpucoord args on h.
 func (b *boxCluster) run(t *testing.T, h *testcluster.Host, args ...string) *proc {
 	t.Helper()
+	if b.tokenFile != "" && len(args) > 0 && args[0] != "coordinator" && !slices.Contains(args, "--token-file") {
+		args = append([]string{args[0], "--token-file", b.tokenFile}, args[1:]...)
+	}
 	cmd := h.Command(t.Context(), b.exe, args...)
-	cmd.Env = append(cmd.Env, "GPUCOORD_TOKEN="+clusterToken)
 	if b.ranks != "" { // the test's own is under its /tmp, which hosts do not see
 		cmd.Env = append(cmd.Env, rankExecutableEnv+"="+b.ranks)
 	}
@@ -64,12 +67,21 @@ func (b *boxCluster) run(t *testing.T, h *testcluster.Host, args ...string) *pro
 }
 
 // coordinator starts the coordinator on h (its embedded etcd in h's /tmp)
-// listening on addr, and waits until it serves.
+// listening on addr, with mutual TLS, and waits until it serves. The first
+// one writes the join token in h's /tmp, which the test then installs
+// where every host reads it; later ones are given that file.
 func (b *boxCluster) coordinator(t *testing.T, h *testcluster.Host, addr string, args ...string) *proc {
 	t.Helper()
-	p := b.run(t, h, append([]string{"coordinator", "--listen", addr, "--data-dir", "/tmp/etcd",
+	tokenFile := b.tokenFile
+	if tokenFile == "" {
+		tokenFile = "/tmp/token"
+	}
+	p := b.run(t, h, append([]string{"coordinator", "--listen", addr, "--data-dir", "/tmp/etcd", "--token-file", tokenFile,
 		"--lease-ttl", "2s", "--election-ttl", "2s", "--stable-for", "500ms"}, args...)...)
 	p.waitLine(t, "coordinator listening on ", 30*time.Second)
+	if b.tokenFile == "" {
+		b.tokenFile = b.Install(h.Path("/tmp/token"))
+	}
 	return p
 }
 

@@ -21,10 +21,12 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/credentials"
 	"gopkg.in/yaml.v3"
 
 	"github.com/gpucoord/gpucoord/client"
 	"github.com/gpucoord/gpucoord/coordinator"
+	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/schedule"
 	"github.com/gpucoord/gpucoord/topology"
@@ -37,7 +39,7 @@ func init() { subcommands = append(subcommands, newLaunchCmd) }
 type launchFlags struct {
 	standalone                     bool
 	coordinator                    string
-	tok                            tokenFlags
+	auth                           authFlags
 	nodes, maxNodes, gpus          int
 	tp, pp, dp, vpp, zero          int
 	schedule, order                string
@@ -132,7 +134,7 @@ with that rank named.`,
 	fl.StringVar(&f.ckptDir, "checkpoint-dir", "", "where checkpoints go: a directory every node mounts, checked at every generation (default with --standalone: a directory under the temporary directory, removed when launch ends; else none: a native job keeps no checkpoints and a program's GPUCOORD_CHECKPOINT_DIR is a directory of its node's own)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE added to every rank's environment (repeatable)")
 	fl.StringVar(&f.workdir, "workdir", "", "directory the ranks start in; must exist on every node (default: this directory)")
-	f.tok.register(cmd)
+	f.auth.register(cmd)
 	return cmd
 }
 
@@ -379,10 +381,6 @@ func plural(n int) string {
 // coordinators given) and follows it to its end.
 func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 	ctx := c.Context()
-	token, err := f.tok.resolve()
-	if err != nil {
-		return usageError(err)
-	}
 	// The agents of a standalone cluster write rank output from their own
 	// goroutines to the same writers as the progress lines.
 	stdout, stderr := &lockedWriter{w: c.OutOrStdout()}, &lockedWriter{w: c.ErrOrStderr()}
@@ -397,12 +395,19 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 			return err
 		}
 		defer cl.stop()
-		addrs, token = []string{cl.addr}, ""
+		addrs = []string{cl.addr}
+	}
+	var creds credentials.TransportCredentials
+	if !f.standalone {
+		var err error
+		if creds, err = f.auth.clientCredentials(ctx, addrs, pki.RoleClient); err != nil {
+			return err
+		}
 	}
 	if f.ckptDir == "" && spec.CheckpointDir != "" {
 		defer os.RemoveAll(spec.CheckpointDir) // the default place is ours
 	}
-	fl := &follower{addrs: addrs, token: token, spec: spec, out: stdout, progress: progress, json: f.json}
+	fl := &follower{addrs: addrs, creds: creds, spec: spec, out: stdout, progress: progress, json: f.json}
 	return fl.run(ctx)
 }
 
@@ -479,7 +484,7 @@ func (s *standalone) stop() {
 // it ends.
 type follower struct {
 	addrs         []string
-	token         string
+	creds         credentials.TransportCredentials
 	spec          *pb.JobSpec
 	out, progress io.Writer
 	json          bool
@@ -504,7 +509,7 @@ func (f *follower) run(ctx context.Context) error {
 		}
 	}
 	cfg := client.DefaultConfig()
-	cfg.Coordinators, cfg.Token, cfg.OnFailover = f.addrs, f.token, f.failover
+	cfg.Coordinators, cfg.Credentials, cfg.OnFailover = f.addrs, f.creds, f.failover
 	cfg.Logger = slog.New(slog.DiscardHandler) // the moves are printed by failover
 	cl, err := client.New(cfg)
 	if err != nil {
@@ -518,7 +523,7 @@ func (f *follower) run(ctx context.Context) error {
 		case errors.Is(err, client.ErrInvalid), errors.Is(err, client.ErrExists):
 			return usageError(errors.New(coordinatorSaid(err)))
 		case errors.Is(err, client.ErrUnreachable):
-			return fmt.Errorf("no coordinator answered at %s: %s", strings.Join(f.addrs, ","), coordinatorSaid(err))
+			return fmt.Errorf("no coordinator answered at %s: %s%s", strings.Join(f.addrs, ","), coordinatorSaid(err), plaintextHint(f.creds))
 		}
 		return errors.New(coordinatorSaid(err))
 	}
@@ -602,6 +607,15 @@ func (f *follower) cancel(cl *client.Client) error {
 		return f.finish(st)
 	}
 	return &exitError{code: exitInterrupted, err: fmt.Errorf("job %s cancelled: launch interrupted", f.spec.Id)}
+}
+
+// plaintextHint says, after a failure without credentials, that the
+// coordinator may want them.
+func plaintextHint(creds credentials.TransportCredentials) string {
+	if creds != nil {
+		return ""
+	}
+	return " (without a join token launch speaks plaintext; a coordinator that serves TLS: give a join token with --token-file or GPUCOORD_TOKEN)"
 }
 
 // coordinatorSaid is the message of the coordinator's answer in err, or

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/gpucoord/gpucoord/coordinator"
+	"github.com/gpucoord/gpucoord/internal/pki"
 	"github.com/gpucoord/gpucoord/worker"
 	"github.com/gpucoord/gpucoord/worker/engine"
 )
@@ -467,10 +468,11 @@ func TestLaunchBadInput(t *testing.T) {
 
 // TestLaunchAgainstCoordinator: a job nobody can run times out in
 // rendezvous with the reason; its id cannot be used again; a coordinator
-// with a token refuses a launch without it.
+// serving TLS refuses a launch without a token, or with a wrong one.
 func TestLaunchAgainstCoordinator(t *testing.T) {
 	cfg := coordinator.DefaultConfig()
-	cfg.Listen, cfg.Etcd.DataDir, cfg.Token = "127.0.0.1:0", t.TempDir(), "tok"
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	cfg.Listen, cfg.Etcd.DataDir, cfg.TokenFile = "127.0.0.1:0", t.TempDir(), tokenFile
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
 	c, err := coordinator.New(t.Context(), cfg)
 	if err != nil {
@@ -482,11 +484,25 @@ func TestLaunchAgainstCoordinator(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	args := []string{"launch", "--coordinator", c.Addr(), "--nodes", "1", "--gpus-per-node", "1", "--job-id", "lonely", "--rendezvous-timeout", "300ms", "--", "true"}
 	t.Setenv("GPUCOORD_TOKEN", "")
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
 	var out, errOut bytes.Buffer
-	if err := run(t.Context(), args, &out, &errOut); err == nil || !strings.Contains(err.Error(), "join token missing or wrong") {
+	if err := run(t.Context(), args, &out, &errOut); err == nil || !strings.Contains(err.Error(), "serves TLS: give a join token") {
 		t.Errorf("without the token: err = %v", err)
 	}
-	t.Setenv("GPUCOORD_TOKEN", "tok")
+	b, err := os.ReadFile(tokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong, err := pki.ParseToken(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong.Secret = strings.Repeat("0", 32)
+	t.Setenv("GPUCOORD_TOKEN", wrong.String())
+	if err := run(t.Context(), args, &out, &errOut); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Errorf("with a wrong token: err = %v", err)
+	}
+	t.Setenv("GPUCOORD_TOKEN", string(b))
 	err = run(t.Context(), args, &out, &errOut)
 	var ee *exitError
 	if !errors.As(err, &ee) || ee.code != exitFailure || !strings.Contains(err.Error(), "rendezvous timed out after 300ms: waiting for nodes: 0 of 1 free") {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/gpucoord/gpucoord/client"
+	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
@@ -21,21 +22,22 @@ func init() { subcommands = append(subcommands, newStatusCmd) }
 func newStatusCmd() *cobra.Command {
 	var coord string
 	var asJSON bool
-	var tok tokenFlags
+	var auth authFlags
 	cmd := &cobra.Command{
 		Use:   "status --coordinator ADDR [--json]",
 		Short: "Show the pool, the jobs, their generations and the leader",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			token, err := tok.resolve()
-			if err != nil {
-				return usageError(err)
-			}
 			if coord == "" {
 				return usageError(errors.New("status needs --coordinator ADDR"))
 			}
+			addrs := strings.Split(coord, ",")
+			creds, err := auth.clientCredentials(c.Context(), addrs, pki.RoleClient)
+			if err != nil {
+				return err
+			}
 			cfg := client.DefaultConfig()
-			cfg.Coordinators, cfg.Token, cfg.Logger = strings.Split(coord, ","), token, slog.New(slog.DiscardHandler)
+			cfg.Coordinators, cfg.Credentials, cfg.Logger = addrs, creds, slog.New(slog.DiscardHandler)
 			cl, err := client.New(cfg)
 			if err != nil {
 				return usageError(err)
@@ -45,14 +47,14 @@ func newStatusCmd() *cobra.Command {
 			defer cancel()
 			resp, err := cl.Status(ctx)
 			if err != nil {
-				return fmt.Errorf("coordinator %s: %s", coord, coordinatorSaid(err))
+				return fmt.Errorf("coordinator %s: %s%s", coord, coordinatorSaid(err), plaintextHint(creds))
 			}
 			return printStatus(c.OutOrStdout(), resp, asJSON)
 		},
 	}
 	cmd.Flags().StringVar(&coord, "coordinator", "", "coordinator addresses, comma-separated (the first that answers)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
-	tok.register(cmd)
+	auth.register(cmd)
 	return cmd
 }
 

@@ -80,6 +80,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(strangerEnv) != "" {
+		os.Exit(strangerMain())
+	}
 	code := m.Run()
 	for _, dir := range []string{binDir, fakeNCCLDir} {
 		if dir != "" {

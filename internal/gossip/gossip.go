@@ -7,11 +7,16 @@
 package gossip
 
 import (
+	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -88,13 +93,14 @@ func ParseMember(member string) (node, instance string) {
 }
 
 // Secure is what makes a pool the cluster's alone: a packet that is not
-// encrypted and authenticated with Key (AES-GCM, memberlist's keyring) or
-// carries another Label is dropped, so a stranger on the network can
-// neither join nor declare a member dead.
+// encrypted and authenticated with one of Keys (AES-GCM, memberlist's
+// keyring) or carries another Label is dropped, so a stranger on the
+// network can neither join nor declare a member dead.
 type Secure struct {
-	// Key is 16, 24 or 32 bytes (AES-128, -192 or -256); nil leaves the
-	// pool open, for tests of the pool itself only.
-	Key []byte
+	// Keys are 16, 24 or 32 bytes each (AES-128, -192 or -256): a member
+	// sends with the first and accepts any. None leaves the pool open, for
+	// tests of the pool itself only.
+	Keys [][]byte
 	// Label names the cluster; pools with other labels do not mix.
 	Label string
 }
@@ -110,15 +116,60 @@ func NewKey() ([]byte, error) {
 
 // Validate names what is wrong with s.
 func (s Secure) Validate() error {
-	switch len(s.Key) {
-	case 0, 16, 24, 32:
-	default:
-		return fmt.Errorf("gossip key of %d bytes: want 16, 24 or 32", len(s.Key))
+	for _, k := range s.Keys {
+		switch len(k) {
+		case 16, 24, 32:
+		default:
+			return fmt.Errorf("gossip key of %d bytes: want 16, 24 or 32", len(k))
+		}
 	}
 	if len(s.Label) > 255 {
 		return fmt.Errorf("gossip label of %d bytes: want at most 255", len(s.Label))
 	}
 	return nil
+}
+
+// Pool is a member of the pool.
+type Pool struct {
+	*memberlist.Memberlist
+	keyring *memberlist.Keyring // nil for an open pool
+}
+
+// SetKeys makes keys the member's keys, without a restart: it sends with
+// the first from now on and accepts only these. A pool's keys change in
+// steps that every member takes before the next (install a new key beside
+// the one in use, use it, remove the old), so that no two members ever
+// lack a key in common.
+func (p *Pool) SetKeys(keys [][]byte) error {
+	if p.keyring == nil || len(keys) == 0 {
+		return errors.New("gossip: an open pool has no keys to change")
+	}
+	if err := (Secure{Keys: keys}).Validate(); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := p.keyring.AddKey(k); err != nil {
+			return err
+		}
+	}
+	if err := p.keyring.UseKey(keys[0]); err != nil {
+		return err
+	}
+	for _, k := range p.keyring.GetKeys() {
+		if !slices.ContainsFunc(keys, func(w []byte) bool { return bytes.Equal(w, k) }) {
+			if err := p.keyring.RemoveKey(k); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Fingerprint names a key without showing it: the first 8 bytes of its
+// SHA-256, in hex.
+func Fingerprint(key []byte) string {
+	sum := sha256.Sum256(key)
+	return hex.EncodeToString(sum[:8])
 }
 
 // Events receives membership changes. Calls come from memberlist's
@@ -135,7 +186,7 @@ type Events interface {
 // then not be unspecified), keeping out whoever lacks sec's key. events
 // may be nil. Logs go to logw (nil discards them). Shutdown with Leave then
 // Shutdown.
-func New(name, bind, advertise string, t Tuning, sec Secure, events Events, logw io.Writer) (*memberlist.Memberlist, error) {
+func New(name, bind, advertise string, t Tuning, sec Secure, events Events, logw io.Writer) (*Pool, error) {
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
@@ -167,22 +218,31 @@ func New(name, bind, advertise string, t Tuning, sec Secure, events Events, logw
 		advertise = ips[0].String()
 	}
 	c.BindAddr, c.BindPort, c.AdvertiseAddr, c.AdvertisePort = host, port, advertise, port
-	configure(c, name, t, sec, events, logw)
+	if err := configure(c, name, t, sec, events, logw); err != nil {
+		return nil, err
+	}
 	m, err := memberlist.Create(c)
 	if err != nil {
 		return nil, fmt.Errorf("gossip on %s: %w", net.JoinHostPort(host, strconv.Itoa(port)), err)
 	}
-	return m, nil
+	return &Pool{Memberlist: m, keyring: c.Keyring}, nil
 }
 
 // configure sets everything of c but its addresses: the member's name, its
-// timing, its key and label (every packet and stream in and out is
+// timing, its keys and label (every packet and stream in and out is
 // encrypted and labelled: one without them is dropped), events and logs.
-func configure(c *memberlist.Config, name string, t Tuning, sec Secure, events Events, logw io.Writer) {
+func configure(c *memberlist.Config, name string, t Tuning, sec Secure, events Events, logw io.Writer) error {
 	c.Name = name
 	c.ProbeInterval, c.ProbeTimeout, c.SuspicionMult = t.ProbeInterval, t.ProbeTimeout, t.SuspicionMult
 	c.GossipInterval = t.ProbeInterval / 2
-	c.SecretKey, c.Label = sec.Key, sec.Label
+	c.Label = sec.Label
+	if len(sec.Keys) > 0 {
+		kr, err := memberlist.NewKeyring(sec.Keys, sec.Keys[0])
+		if err != nil {
+			return fmt.Errorf("gossip keys: %w", err)
+		}
+		c.Keyring = kr
+	}
 	c.GossipVerifyIncoming, c.GossipVerifyOutgoing = true, true
 	c.TCPTimeout = 10 * t.ProbeInterval
 	if logw == nil {
@@ -192,6 +252,7 @@ func configure(c *memberlist.Config, name string, t Tuning, sec Secure, events E
 	if events != nil {
 		c.Events = eventAdapter{events}
 	}
+	return nil
 }
 
 // freePort finds a port free for both TCP and UDP on host.

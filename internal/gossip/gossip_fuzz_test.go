@@ -53,13 +53,15 @@ func newPool(tb testing.TB) *pool {
 	for i := range key {
 		key[i] = byte(i)
 	}
-	sec := Secure{Key: key, Label: "gpucoord:/fuzz/"}
+	sec := Secure{Keys: [][]byte{key}, Label: "gpucoord:/fuzz/"}
 	p := &pool{stranger: ts, dead: make(deadCh, 64)}
 	ip, port, _ := ts.FinalAdvertiseAddr("", 0)
 	p.logs = &lineSignal{from: (&memberlist.Node{Addr: ip, Port: uint16(port)}).Address(), seen: make(chan string, 64)}
 	member := func(name string, tr *memberlist.MockTransport, events Events, logw io.Writer) *memberlist.Memberlist {
 		c := memberlist.DefaultLANConfig()
-		configure(c, name, DefaultTuning(), sec, events, logw)
+		if err := configure(c, name, DefaultTuning(), sec, events, logw); err != nil {
+			tb.Fatal(err)
+		}
 		c.Transport = tr
 		m, err := memberlist.Create(c)
 		if err != nil {
@@ -82,7 +84,7 @@ func newPool(tb testing.TB) *pool {
 // the member closing it) and change nothing: both members stay alive.
 func FuzzPacketWithoutKey(f *testing.F) {
 	f.Add([]byte{})
-	f.Add([]byte{6, 0, 0, 0, 0})          // a "dead" message type, unencrypted
+	f.Add([]byte{6, 0, 0, 0, 0})         // a "dead" message type, unencrypted
 	f.Add([]byte{244, 3, 'a', 'b', 'c'}) // a label header
 	f.Add([]byte{1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})
 	f.Add(append([]byte{244, 15}, "gpucoord:/fuzz/\x01 a forged payload with the right label"...))

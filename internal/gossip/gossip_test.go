@@ -101,7 +101,7 @@ func TestStrangersKeptOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	other, _ := NewKey()
-	sec := Secure{Key: key, Label: "gpucoord:/cluster-a/"}
+	sec := Secure{Keys: [][]byte{key}, Label: "gpucoord:/cluster-a/"}
 	a, err := New("a", "127.0.0.1:0", "", DefaultTuning(), sec, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -113,8 +113,8 @@ func TestStrangersKeptOut(t *testing.T) {
 		sec  Secure
 	}{
 		{"no key", Secure{Label: sec.Label}},
-		{"another key", Secure{Key: other, Label: sec.Label}},
-		{"another label", Secure{Key: key, Label: "gpucoord:/cluster-b/"}},
+		{"another key", Secure{Keys: [][]byte{other}, Label: sec.Label}},
+		{"another label", Secure{Keys: [][]byte{key}, Label: "gpucoord:/cluster-b/"}},
 		{"open", Secure{}},
 	} {
 		s, err := New("stranger", "127.0.0.1:0", "", DefaultTuning(), tc.sec, nil, nil)
@@ -148,12 +148,12 @@ func TestStrangersKeptOut(t *testing.T) {
 
 func TestSecureValidate(t *testing.T) {
 	for _, n := range []int{1, 15, 31, 33} {
-		if err := (Secure{Key: make([]byte, n)}).Validate(); err == nil {
+		if err := (Secure{Keys: [][]byte{make([]byte, n)}}).Validate(); err == nil {
 			t.Errorf("a %d-byte key passed", n)
 		}
 	}
 	for _, n := range []int{0, 16, 24, 32} {
-		if err := (Secure{Key: make([]byte, n)}).Validate(); err != nil {
+		if err := (Secure{Keys: [][]byte{make([]byte, n)}}).Validate(); err != nil {
 			t.Errorf("a %d-byte key: %v", n, err)
 		}
 	}

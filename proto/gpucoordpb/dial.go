@@ -1,28 +1,27 @@
 package gpucoordpb
 
 import (
-	"context"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 )
 
-// Dial returns a client connection to a coordinator that sends token (if
-// any) with every call. It connects lazily; the first call reports an
-// unreachable address. Mutual TLS will replace the plaintext transport.
-func Dial(addr, token string) (*grpc.ClientConn, error) {
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+// Dial returns a client connection to a coordinator over creds (nil:
+// plaintext, for a coordinator on loopback). It connects lazily; the first
+// call reports an unreachable address.
+func Dial(addr string, creds credentials.TransportCredentials) (*grpc.ClientConn, error) {
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	return grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout, PermitWithoutStream: true}),
 		// A large job's assignment (about 36 bytes a member: 72 KB at
 		// 2,048 nodes) fits the first window: without this, every agent's
 		// first one waits a window update round trip behind gRPC's 64 KB.
-		grpc.WithInitialWindowSize(WindowSize), grpc.WithInitialConnWindowSize(WindowSize)}
-	if token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer(token)))
-	}
-	return grpc.NewClient(addr, opts...)
+		grpc.WithInitialWindowSize(WindowSize), grpc.WithInitialConnWindowSize(WindowSize))
 }
 
 // KeepaliveTime and KeepaliveTimeout are both ends' gRPC keepalives: a
@@ -48,12 +47,3 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2, PermitWithoutStream: true}),
 	}
 }
-
-// bearer sends the join token as TokenHeader metadata.
-type bearer string
-
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{TokenHeader: "Bearer " + string(b)}, nil
-}
-
-func (bearer) RequireTransportSecurity() bool { return false }

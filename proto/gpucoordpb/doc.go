@@ -11,8 +11,4 @@ package gpucoordpb
 
 // ProtocolVersion is the version of this protocol. A coordinator refuses an
 // agent that speaks another.
-const ProtocolVersion = 3
-
-// TokenHeader is the metadata key of the join token; its value is
-// "Bearer <token>".
-const TokenHeader = "authorization"
+const ProtocolVersion = 4

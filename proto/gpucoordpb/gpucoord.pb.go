@@ -314,10 +314,11 @@ type Gossip struct {
 	ProbeIntervalMs int64                  `protobuf:"varint,2,opt,name=probe_interval_ms,json=probeIntervalMs,proto3" json:"probe_interval_ms,omitempty"`
 	ProbeTimeoutMs  int64                  `protobuf:"varint,3,opt,name=probe_timeout_ms,json=probeTimeoutMs,proto3" json:"probe_timeout_ms,omitempty"`
 	SuspicionMult   int32                  `protobuf:"varint,4,opt,name=suspicion_mult,json=suspicionMult,proto3" json:"suspicion_mult,omitempty"`
-	// key encrypts and authenticates the pool's packets (AES-GCM) and label
-	// names the cluster: without them a packet is dropped.
-	Key           []byte `protobuf:"bytes,5,opt,name=key,proto3" json:"key,omitempty"`
-	Label         string `protobuf:"bytes,6,opt,name=label,proto3" json:"label,omitempty"`
+	// keys encrypt and authenticate the pool's packets (AES-GCM), the first
+	// for what a member sends, any of them for what it receives; label names
+	// the cluster. A packet without them is dropped.
+	Keys          [][]byte `protobuf:"bytes,7,rep,name=keys,proto3" json:"keys,omitempty"`
+	Label         string   `protobuf:"bytes,6,opt,name=label,proto3" json:"label,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -380,9 +381,9 @@ func (x *Gossip) GetSuspicionMult() int32 {
 	return 0
 }
 
-func (x *Gossip) GetKey() []byte {
+func (x *Gossip) GetKeys() [][]byte {
 	if x != nil {
-		return x.Key
+		return x.Keys
 	}
 	return nil
 }
@@ -938,7 +939,10 @@ type Assignment struct {
 	// assignment is the one sent last, and every other field is empty.
 	Renewal bool `protobuf:"varint,8,opt,name=renewal,proto3" json:"renewal,omitempty"`
 	// store_secret is the rendezvous store's secret (Bootstrap.store_secret).
-	StoreSecret   []byte `protobuf:"bytes,9,opt,name=store_secret,json=storeSecret,proto3" json:"store_secret,omitempty"`
+	StoreSecret []byte `protobuf:"bytes,9,opt,name=store_secret,json=storeSecret,proto3" json:"store_secret,omitempty"`
+	// gossip_keys are the pool's keys now (Gossip.keys): a rotation reaches
+	// every agent with its next assignment.
+	GossipKeys    [][]byte `protobuf:"bytes,10,rep,name=gossip_keys,json=gossipKeys,proto3" json:"gossip_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1032,6 +1036,13 @@ func (x *Assignment) GetRenewal() bool {
 func (x *Assignment) GetStoreSecret() []byte {
 	if x != nil {
 		return x.StoreSecret
+	}
+	return nil
+}
+
+func (x *Assignment) GetGossipKeys() [][]byte {
+	if x != nil {
+		return x.GossipKeys
 	}
 	return nil
 }
@@ -2596,6 +2607,578 @@ func (x *StatusResponse) GetJobs() []*JobStatus {
 	return nil
 }
 
+type JoinRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// token is the join token (gct1.<id>.<secret>.<CA hash>).
+	Token string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	// role is the identity's role: node, client or admin.
+	Role string `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	// name is the identity's name: a node's name for a node.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// csr is a PKCS #10 certificate request (DER) for the key the caller
+	// keeps; the certificate is issued for that key.
+	Csr           []byte `protobuf:"bytes,4,opt,name=csr,proto3" json:"csr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *JoinRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
+}
+
+type JoinResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// certificate is the issued certificate and ca the cluster CA's (PEM).
+	Certificate   []byte `protobuf:"bytes,1,opt,name=certificate,proto3" json:"certificate,omitempty"`
+	Ca            []byte `protobuf:"bytes,2,opt,name=ca,proto3" json:"ca,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinResponse) Reset() {
+	*x = JoinResponse{}
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinResponse) ProtoMessage() {}
+
+func (x *JoinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
+func (*JoinResponse) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *JoinResponse) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+func (x *JoinResponse) GetCa() []byte {
+	if x != nil {
+		return x.Ca
+	}
+	return nil
+}
+
+type CreateTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ttl_seconds is the token's life; 0 for a token that does not expire.
+	TtlSeconds int64 `protobuf:"varint,1,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// roles are the roles the token may join as.
+	Roles         []string `protobuf:"bytes,2,rep,name=roles,proto3" json:"roles,omitempty"`
+	Description   string   `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTokenRequest) Reset() {
+	*x = CreateTokenRequest{}
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTokenRequest) ProtoMessage() {}
+
+func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
+func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *CreateTokenRequest) GetTtlSeconds() int64 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+func (x *CreateTokenRequest) GetRoles() []string {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+func (x *CreateTokenRequest) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+type CreateTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// token is the whole token, secret included: shown once.
+	Token         string     `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Info          *TokenInfo `protobuf:"bytes,2,opt,name=info,proto3" json:"info,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTokenResponse) Reset() {
+	*x = CreateTokenResponse{}
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTokenResponse) ProtoMessage() {}
+
+func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
+func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *CreateTokenResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *CreateTokenResponse) GetInfo() *TokenInfo {
+	if x != nil {
+		return x.Info
+	}
+	return nil
+}
+
+// TokenInfo describes a token without its secret.
+type TokenInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Roles         []string               `protobuf:"bytes,2,rep,name=roles,proto3" json:"roles,omitempty"`
+	CreatedUnixMs int64                  `protobuf:"varint,3,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	// expires_unix_ms is 0 for a token that does not expire.
+	ExpiresUnixMs int64  `protobuf:"varint,4,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
+	Description   string `protobuf:"bytes,5,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenInfo) Reset() {
+	*x = TokenInfo{}
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenInfo) ProtoMessage() {}
+
+func (x *TokenInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
+func (*TokenInfo) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *TokenInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetRoles() []string {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+func (x *TokenInfo) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *TokenInfo) GetExpiresUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresUnixMs
+	}
+	return 0
+}
+
+func (x *TokenInfo) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+type ListTokensRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensRequest) Reset() {
+	*x = ListTokensRequest{}
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensRequest) ProtoMessage() {}
+
+func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
+func (*ListTokensRequest) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
+}
+
+type ListTokensResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        []*TokenInfo           `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensResponse) Reset() {
+	*x = ListTokensResponse{}
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensResponse) ProtoMessage() {}
+
+func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
+func (*ListTokensResponse) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ListTokensResponse) GetTokens() []*TokenInfo {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+type RevokeTokenRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeTokenRequest) Reset() {
+	*x = RevokeTokenRequest{}
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeTokenRequest) ProtoMessage() {}
+
+func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
+func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *RevokeTokenRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type RevokeTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeTokenResponse) Reset() {
+	*x = RevokeTokenResponse{}
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeTokenResponse) ProtoMessage() {}
+
+func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
+func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
+}
+
+type GossipKeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// action is "install" (a new key that members accept but do not send
+	// with yet), "use" (send with the newest key; the old one is still
+	// accepted), "remove" (accept only the key in use), or "list".
+	Action        string `protobuf:"bytes,1,opt,name=action,proto3" json:"action,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GossipKeysRequest) Reset() {
+	*x = GossipKeysRequest{}
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GossipKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GossipKeysRequest) ProtoMessage() {}
+
+func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GossipKeysRequest.ProtoReflect.Descriptor instead.
+func (*GossipKeysRequest) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *GossipKeysRequest) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+type GossipKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// fingerprints name the keys (the first 8 bytes of their SHA-256, in
+	// hex), the one in use first; never the keys.
+	Fingerprints  []string `protobuf:"bytes,1,rep,name=fingerprints,proto3" json:"fingerprints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GossipKeysResponse) Reset() {
+	*x = GossipKeysResponse{}
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GossipKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GossipKeysResponse) ProtoMessage() {}
+
+func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GossipKeysResponse.ProtoReflect.Descriptor instead.
+func (*GossipKeysResponse) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *GossipKeysResponse) GetFingerprints() []string {
+	if x != nil {
+		return x.Fingerprints
+	}
+	return nil
+}
+
 var File_proto_gpucoord_proto protoreflect.FileDescriptor
 
 const file_proto_gpucoord_proto_rawDesc = "" +
@@ -2616,14 +3199,14 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\blease_id\x18\x01 \x01(\x03R\aleaseId\x12\x1f\n" +
 	"\vttl_seconds\x18\x02 \x01(\x03R\n" +
 	"ttlSeconds\x12+\n" +
-	"\x06gossip\x18\x03 \x01(\v2\x13.gpucoord.v1.GossipR\x06gossip\"\xc3\x01\n" +
+	"\x06gossip\x18\x03 \x01(\v2\x13.gpucoord.v1.GossipR\x06gossip\"\xcb\x01\n" +
 	"\x06Gossip\x12\x14\n" +
 	"\x05seeds\x18\x01 \x03(\tR\x05seeds\x12*\n" +
 	"\x11probe_interval_ms\x18\x02 \x01(\x03R\x0fprobeIntervalMs\x12(\n" +
 	"\x10probe_timeout_ms\x18\x03 \x01(\x03R\x0eprobeTimeoutMs\x12%\n" +
-	"\x0esuspicion_mult\x18\x04 \x01(\x05R\rsuspicionMult\x12\x10\n" +
-	"\x03key\x18\x05 \x01(\fR\x03key\x12\x14\n" +
-	"\x05label\x18\x06 \x01(\tR\x05label\"b\n" +
+	"\x0esuspicion_mult\x18\x04 \x01(\x05R\rsuspicionMult\x12\x12\n" +
+	"\x04keys\x18\a \x03(\fR\x04keys\x12\x14\n" +
+	"\x05label\x18\x06 \x01(\tR\x05labelJ\x04\b\x05\x10\x06\"b\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x03R\aleaseId\x12#\n" +
@@ -2678,7 +3261,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x02dp\x18\x05 \x01(\x05R\x02dp\x12\x1f\n" +
 	"\vresume_step\x18\x06 \x01(\x03R\n" +
 	"resumeStep\x12\x16\n" +
-	"\x06reason\x18\a \x01(\tR\x06reason\"\xaa\x02\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\"\xcb\x02\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -2692,7 +3275,10 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"leaseTtlMs\x12\x1a\n" +
 	"\brevision\x18\a \x01(\x03R\brevision\x12\x18\n" +
 	"\arenewal\x18\b \x01(\bR\arenewal\x12!\n" +
-	"\fstore_secret\x18\t \x01(\fR\vstoreSecret\"\\\n" +
+	"\fstore_secret\x18\t \x01(\fR\vstoreSecret\x12\x1f\n" +
+	"\vgossip_keys\x18\n" +
+	" \x03(\fR\n" +
+	"gossipKeys\"\\\n" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x02 \x01(\tR\x05probe\x12!\n" +
@@ -2821,8 +3407,47 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x0eStatusResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\tR\x06leader\x12-\n" +
 	"\x05nodes\x18\x02 \x03(\v2\x17.gpucoord.v1.NodeStatusR\x05nodes\x12*\n" +
-	"\x04jobs\x18\x03 \x03(\v2\x16.gpucoord.v1.JobStatusR\x04jobs2\xa0\x04\n" +
-	"\vCoordinator\x12G\n" +
+	"\x04jobs\x18\x03 \x03(\v2\x16.gpucoord.v1.JobStatusR\x04jobs\"]\n" +
+	"\vJoinRequest\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x10\n" +
+	"\x03csr\x18\x04 \x01(\fR\x03csr\"@\n" +
+	"\fJoinResponse\x12 \n" +
+	"\vcertificate\x18\x01 \x01(\fR\vcertificate\x12\x0e\n" +
+	"\x02ca\x18\x02 \x01(\fR\x02ca\"m\n" +
+	"\x12CreateTokenRequest\x12\x1f\n" +
+	"\vttl_seconds\x18\x01 \x01(\x03R\n" +
+	"ttlSeconds\x12\x14\n" +
+	"\x05roles\x18\x02 \x03(\tR\x05roles\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\"W\n" +
+	"\x13CreateTokenResponse\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12*\n" +
+	"\x04info\x18\x02 \x01(\v2\x16.gpucoord.v1.TokenInfoR\x04info\"\xa3\x01\n" +
+	"\tTokenInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05roles\x18\x02 \x03(\tR\x05roles\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x03 \x01(\x03R\rcreatedUnixMs\x12&\n" +
+	"\x0fexpires_unix_ms\x18\x04 \x01(\x03R\rexpiresUnixMs\x12 \n" +
+	"\vdescription\x18\x05 \x01(\tR\vdescription\"\x13\n" +
+	"\x11ListTokensRequest\"D\n" +
+	"\x12ListTokensResponse\x12.\n" +
+	"\x06tokens\x18\x01 \x03(\v2\x16.gpucoord.v1.TokenInfoR\x06tokens\"$\n" +
+	"\x12RevokeTokenRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x15\n" +
+	"\x13RevokeTokenResponse\"+\n" +
+	"\x11GossipKeysRequest\x12\x16\n" +
+	"\x06action\x18\x01 \x01(\tR\x06action\"8\n" +
+	"\x12GossipKeysResponse\x12\"\n" +
+	"\ffingerprints\x18\x01 \x03(\tR\ffingerprints2\x9f\a\n" +
+	"\vCoordinator\x12;\n" +
+	"\x04Join\x12\x18.gpucoord.v1.JoinRequest\x1a\x19.gpucoord.v1.JoinResponse\x12P\n" +
+	"\vCreateToken\x12\x1f.gpucoord.v1.CreateTokenRequest\x1a .gpucoord.v1.CreateTokenResponse\x12M\n" +
+	"\n" +
+	"ListTokens\x12\x1e.gpucoord.v1.ListTokensRequest\x1a\x1f.gpucoord.v1.ListTokensResponse\x12P\n" +
+	"\vRevokeToken\x12\x1f.gpucoord.v1.RevokeTokenRequest\x1a .gpucoord.v1.RevokeTokenResponse\x12M\n" +
+	"\n" +
+	"GossipKeys\x12\x1e.gpucoord.v1.GossipKeysRequest\x1a\x1f.gpucoord.v1.GossipKeysResponse\x12G\n" +
 	"\bRegister\x12\x1c.gpucoord.v1.RegisterRequest\x1a\x1d.gpucoord.v1.RegisterResponse\x12=\n" +
 	"\x05Watch\x12\x19.gpucoord.v1.WatchRequest\x1a\x17.gpucoord.v1.Assignment0\x01\x12A\n" +
 	"\x06Report\x12\x1a.gpucoord.v1.ReportRequest\x1a\x1b.gpucoord.v1.ReportResponse\x12>\n" +
@@ -2845,56 +3470,67 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_proto_gpucoord_proto_goTypes = []any{
-	(JobState_Phase)(0),      // 0: gpucoord.v1.JobState.Phase
-	(*Node)(nil),             // 1: gpucoord.v1.Node
-	(*RegisterRequest)(nil),  // 2: gpucoord.v1.RegisterRequest
-	(*RegisterResponse)(nil), // 3: gpucoord.v1.RegisterResponse
-	(*Gossip)(nil),           // 4: gpucoord.v1.Gossip
-	(*WatchRequest)(nil),     // 5: gpucoord.v1.WatchRequest
-	(*JobSpec)(nil),          // 6: gpucoord.v1.JobSpec
-	(*Member)(nil),           // 7: gpucoord.v1.Member
-	(*Generation)(nil),       // 8: gpucoord.v1.Generation
-	(*Assignment)(nil),       // 9: gpucoord.v1.Assignment
-	(*Bootstrap)(nil),        // 10: gpucoord.v1.Bootstrap
-	(*Step)(nil),             // 11: gpucoord.v1.Step
-	(*RankExit)(nil),         // 12: gpucoord.v1.RankExit
-	(*RankTimes)(nil),        // 13: gpucoord.v1.RankTimes
-	(*TimesHistory)(nil),     // 14: gpucoord.v1.TimesHistory
-	(*TimesBatch)(nil),       // 15: gpucoord.v1.TimesBatch
-	(*RankTime)(nil),         // 16: gpucoord.v1.RankTime
-	(*Straggler)(nil),        // 17: gpucoord.v1.Straggler
-	(*Stragglers)(nil),       // 18: gpucoord.v1.Stragglers
-	(*ReportRequest)(nil),    // 19: gpucoord.v1.ReportRequest
-	(*ReportResponse)(nil),   // 20: gpucoord.v1.ReportResponse
-	(*LeaveRequest)(nil),     // 21: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),    // 22: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),    // 23: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),   // 24: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),         // 25: gpucoord.v1.JobState
-	(*FollowRequest)(nil),    // 26: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),         // 27: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),    // 28: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),   // 29: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),    // 30: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),       // 31: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),        // 32: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),     // 33: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),   // 34: gpucoord.v1.StatusResponse
-	nil,                      // 35: gpucoord.v1.JobSpec.EnvEntry
-	nil,                      // 36: gpucoord.v1.TimesBatch.NodesEntry
+	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
+	(*Node)(nil),                // 1: gpucoord.v1.Node
+	(*RegisterRequest)(nil),     // 2: gpucoord.v1.RegisterRequest
+	(*RegisterResponse)(nil),    // 3: gpucoord.v1.RegisterResponse
+	(*Gossip)(nil),              // 4: gpucoord.v1.Gossip
+	(*WatchRequest)(nil),        // 5: gpucoord.v1.WatchRequest
+	(*JobSpec)(nil),             // 6: gpucoord.v1.JobSpec
+	(*Member)(nil),              // 7: gpucoord.v1.Member
+	(*Generation)(nil),          // 8: gpucoord.v1.Generation
+	(*Assignment)(nil),          // 9: gpucoord.v1.Assignment
+	(*Bootstrap)(nil),           // 10: gpucoord.v1.Bootstrap
+	(*Step)(nil),                // 11: gpucoord.v1.Step
+	(*RankExit)(nil),            // 12: gpucoord.v1.RankExit
+	(*RankTimes)(nil),           // 13: gpucoord.v1.RankTimes
+	(*TimesHistory)(nil),        // 14: gpucoord.v1.TimesHistory
+	(*TimesBatch)(nil),          // 15: gpucoord.v1.TimesBatch
+	(*RankTime)(nil),            // 16: gpucoord.v1.RankTime
+	(*Straggler)(nil),           // 17: gpucoord.v1.Straggler
+	(*Stragglers)(nil),          // 18: gpucoord.v1.Stragglers
+	(*ReportRequest)(nil),       // 19: gpucoord.v1.ReportRequest
+	(*ReportResponse)(nil),      // 20: gpucoord.v1.ReportResponse
+	(*LeaveRequest)(nil),        // 21: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),       // 22: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),       // 23: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),      // 24: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),            // 25: gpucoord.v1.JobState
+	(*FollowRequest)(nil),       // 26: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),            // 27: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),       // 28: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),      // 29: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),       // 30: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),          // 31: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),           // 32: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),        // 33: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),      // 34: gpucoord.v1.StatusResponse
+	(*JoinRequest)(nil),         // 35: gpucoord.v1.JoinRequest
+	(*JoinResponse)(nil),        // 36: gpucoord.v1.JoinResponse
+	(*CreateTokenRequest)(nil),  // 37: gpucoord.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil), // 38: gpucoord.v1.CreateTokenResponse
+	(*TokenInfo)(nil),           // 39: gpucoord.v1.TokenInfo
+	(*ListTokensRequest)(nil),   // 40: gpucoord.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),  // 41: gpucoord.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),  // 42: gpucoord.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil), // 43: gpucoord.v1.RevokeTokenResponse
+	(*GossipKeysRequest)(nil),   // 44: gpucoord.v1.GossipKeysRequest
+	(*GossipKeysResponse)(nil),  // 45: gpucoord.v1.GossipKeysResponse
+	nil,                         // 46: gpucoord.v1.JobSpec.EnvEntry
+	nil,                         // 47: gpucoord.v1.TimesBatch.NodesEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	35, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	46, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
 	7,  // 3: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
 	6,  // 4: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
 	8,  // 5: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
 	16, // 6: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
 	13, // 7: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
-	36, // 8: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
+	47, // 8: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
 	17, // 9: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
 	10, // 10: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
 	11, // 11: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
@@ -2915,28 +3551,40 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	17, // 26: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
 	31, // 27: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
 	32, // 28: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	14, // 29: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
-	2,  // 30: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 31: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	19, // 32: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	21, // 33: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	23, // 34: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	26, // 35: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	28, // 36: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	30, // 37: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	3,  // 38: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	9,  // 39: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	20, // 40: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	22, // 41: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	24, // 42: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	27, // 43: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	29, // 44: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	34, // 45: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	38, // [38:46] is the sub-list for method output_type
-	30, // [30:38] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	39, // 29: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	39, // 30: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	14, // 31: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
+	35, // 32: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	37, // 33: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	40, // 34: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	42, // 35: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	44, // 36: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 37: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 38: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	19, // 39: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	21, // 40: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	23, // 41: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	26, // 42: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	28, // 43: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	30, // 44: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	36, // 45: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	38, // 46: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	41, // 47: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	43, // 48: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	45, // 49: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 50: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	9,  // 51: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	20, // 52: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	22, // 53: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	24, // 54: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	27, // 55: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	29, // 56: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	34, // 57: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	45, // [45:58] is the sub-list for method output_type
+	32, // [32:45] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -2956,7 +3604,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   36,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,14 +23,19 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Coordinator_Register_FullMethodName = "/gpucoord.v1.Coordinator/Register"
-	Coordinator_Watch_FullMethodName    = "/gpucoord.v1.Coordinator/Watch"
-	Coordinator_Report_FullMethodName   = "/gpucoord.v1.Coordinator/Report"
-	Coordinator_Leave_FullMethodName    = "/gpucoord.v1.Coordinator/Leave"
-	Coordinator_Submit_FullMethodName   = "/gpucoord.v1.Coordinator/Submit"
-	Coordinator_Follow_FullMethodName   = "/gpucoord.v1.Coordinator/Follow"
-	Coordinator_Cancel_FullMethodName   = "/gpucoord.v1.Coordinator/Cancel"
-	Coordinator_Status_FullMethodName   = "/gpucoord.v1.Coordinator/Status"
+	Coordinator_Join_FullMethodName        = "/gpucoord.v1.Coordinator/Join"
+	Coordinator_CreateToken_FullMethodName = "/gpucoord.v1.Coordinator/CreateToken"
+	Coordinator_ListTokens_FullMethodName  = "/gpucoord.v1.Coordinator/ListTokens"
+	Coordinator_RevokeToken_FullMethodName = "/gpucoord.v1.Coordinator/RevokeToken"
+	Coordinator_GossipKeys_FullMethodName  = "/gpucoord.v1.Coordinator/GossipKeys"
+	Coordinator_Register_FullMethodName    = "/gpucoord.v1.Coordinator/Register"
+	Coordinator_Watch_FullMethodName       = "/gpucoord.v1.Coordinator/Watch"
+	Coordinator_Report_FullMethodName      = "/gpucoord.v1.Coordinator/Report"
+	Coordinator_Leave_FullMethodName       = "/gpucoord.v1.Coordinator/Leave"
+	Coordinator_Submit_FullMethodName      = "/gpucoord.v1.Coordinator/Submit"
+	Coordinator_Follow_FullMethodName      = "/gpucoord.v1.Coordinator/Follow"
+	Coordinator_Cancel_FullMethodName      = "/gpucoord.v1.Coordinator/Cancel"
+	Coordinator_Status_FullMethodName      = "/gpucoord.v1.Coordinator/Status"
 )
 
 // CoordinatorClient is the client API for Coordinator service.
@@ -40,27 +45,49 @@ const (
 // Coordinator is served by every coordinator of a cluster, leader or
 // standby: its job state lives in etcd, so any of them answers. Only the
 // leader runs rendezvous and acts on failures. Outside loopback every call
-// carries the join token as "authorization: Bearer <token>" metadata.
+// is mutual TLS: the caller's certificate names its identity (a node, a
+// client or an admin), and each call needs the identity its comment says.
+// Join alone needs no certificate: it takes a join token.
 type CoordinatorClient interface {
+	// Join issues a certificate for the key of a certificate request to the
+	// holder of a join token that allows the role asked for (any caller).
+	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
+	// CreateToken makes a join token (admin).
+	CreateToken(ctx context.Context, in *CreateTokenRequest, opts ...grpc.CallOption) (*CreateTokenResponse, error)
+	// ListTokens lists the join tokens, without their secrets (admin).
+	ListTokens(ctx context.Context, in *ListTokensRequest, opts ...grpc.CallOption) (*ListTokensResponse, error)
+	// RevokeToken deletes a join token: no one joins with it again (admin).
+	RevokeToken(ctx context.Context, in *RevokeTokenRequest, opts ...grpc.CallOption) (*RevokeTokenResponse, error)
+	// GossipKeys takes one step of a rotation of the pool's keys (admin):
+	// install a new key beside the one in use, use it, remove the old one.
+	GossipKeys(ctx context.Context, in *GossipKeysRequest, opts ...grpc.CallOption) (*GossipKeysResponse, error)
 	// Register adds a node to the pool and grants its lease; a node of the
 	// same name that is still alive makes it fail with AlreadyExists, an
 	// agent of another protocol version with FailedPrecondition.
+	// (node: itself only)
 	Register(ctx context.Context, in *RegisterRequest, opts ...grpc.CallOption) (*RegisterResponse, error)
 	// Watch streams the node's assignment: the whole of what it should run,
 	// sent again whenever that changes. The lease lives while the stream is
 	// open; a stream that ends without Leave is taken as the node's loss.
+	// (node: itself only)
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Assignment], error)
 	// Report records what a node's ranks did: rank 0's address, steps, exits.
+	// (node: itself and its own ranks only)
 	Report(ctx context.Context, in *ReportRequest, opts ...grpc.CallOption) (*ReportResponse, error)
 	// Leave takes a node out of the pool at once (its lease is revoked).
+	// (node: itself only)
 	Leave(ctx context.Context, in *LeaveRequest, opts ...grpc.CallOption) (*LeaveResponse, error)
 	// Submit creates a job; an id already used fails with AlreadyExists.
+	// (client, admin)
 	Submit(ctx context.Context, in *SubmitRequest, opts ...grpc.CallOption) (*SubmitResponse, error)
 	// Follow streams a job's events until it ends.
+	// (client, admin)
 	Follow(ctx context.Context, in *FollowRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[JobEvent], error)
 	// Cancel stops a job.
+	// (client, admin)
 	Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*CancelResponse, error)
 	// Status describes the pool, the jobs and the leader.
+	// (client, admin)
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 }
 
@@ -70,6 +97,56 @@ type coordinatorClient struct {
 
 func NewCoordinatorClient(cc grpc.ClientConnInterface) CoordinatorClient {
 	return &coordinatorClient{cc}
+}
+
+func (c *coordinatorClient) Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinResponse)
+	err := c.cc.Invoke(ctx, Coordinator_Join_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorClient) CreateToken(ctx context.Context, in *CreateTokenRequest, opts ...grpc.CallOption) (*CreateTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateTokenResponse)
+	err := c.cc.Invoke(ctx, Coordinator_CreateToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorClient) ListTokens(ctx context.Context, in *ListTokensRequest, opts ...grpc.CallOption) (*ListTokensResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListTokensResponse)
+	err := c.cc.Invoke(ctx, Coordinator_ListTokens_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorClient) RevokeToken(ctx context.Context, in *RevokeTokenRequest, opts ...grpc.CallOption) (*RevokeTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RevokeTokenResponse)
+	err := c.cc.Invoke(ctx, Coordinator_RevokeToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorClient) GossipKeys(ctx context.Context, in *GossipKeysRequest, opts ...grpc.CallOption) (*GossipKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GossipKeysResponse)
+	err := c.cc.Invoke(ctx, Coordinator_GossipKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func (c *coordinatorClient) Register(ctx context.Context, in *RegisterRequest, opts ...grpc.CallOption) (*RegisterResponse, error) {
@@ -177,27 +254,49 @@ func (c *coordinatorClient) Status(ctx context.Context, in *StatusRequest, opts 
 // Coordinator is served by every coordinator of a cluster, leader or
 // standby: its job state lives in etcd, so any of them answers. Only the
 // leader runs rendezvous and acts on failures. Outside loopback every call
-// carries the join token as "authorization: Bearer <token>" metadata.
+// is mutual TLS: the caller's certificate names its identity (a node, a
+// client or an admin), and each call needs the identity its comment says.
+// Join alone needs no certificate: it takes a join token.
 type CoordinatorServer interface {
+	// Join issues a certificate for the key of a certificate request to the
+	// holder of a join token that allows the role asked for (any caller).
+	Join(context.Context, *JoinRequest) (*JoinResponse, error)
+	// CreateToken makes a join token (admin).
+	CreateToken(context.Context, *CreateTokenRequest) (*CreateTokenResponse, error)
+	// ListTokens lists the join tokens, without their secrets (admin).
+	ListTokens(context.Context, *ListTokensRequest) (*ListTokensResponse, error)
+	// RevokeToken deletes a join token: no one joins with it again (admin).
+	RevokeToken(context.Context, *RevokeTokenRequest) (*RevokeTokenResponse, error)
+	// GossipKeys takes one step of a rotation of the pool's keys (admin):
+	// install a new key beside the one in use, use it, remove the old one.
+	GossipKeys(context.Context, *GossipKeysRequest) (*GossipKeysResponse, error)
 	// Register adds a node to the pool and grants its lease; a node of the
 	// same name that is still alive makes it fail with AlreadyExists, an
 	// agent of another protocol version with FailedPrecondition.
+	// (node: itself only)
 	Register(context.Context, *RegisterRequest) (*RegisterResponse, error)
 	// Watch streams the node's assignment: the whole of what it should run,
 	// sent again whenever that changes. The lease lives while the stream is
 	// open; a stream that ends without Leave is taken as the node's loss.
+	// (node: itself only)
 	Watch(*WatchRequest, grpc.ServerStreamingServer[Assignment]) error
 	// Report records what a node's ranks did: rank 0's address, steps, exits.
+	// (node: itself and its own ranks only)
 	Report(context.Context, *ReportRequest) (*ReportResponse, error)
 	// Leave takes a node out of the pool at once (its lease is revoked).
+	// (node: itself only)
 	Leave(context.Context, *LeaveRequest) (*LeaveResponse, error)
 	// Submit creates a job; an id already used fails with AlreadyExists.
+	// (client, admin)
 	Submit(context.Context, *SubmitRequest) (*SubmitResponse, error)
 	// Follow streams a job's events until it ends.
+	// (client, admin)
 	Follow(*FollowRequest, grpc.ServerStreamingServer[JobEvent]) error
 	// Cancel stops a job.
+	// (client, admin)
 	Cancel(context.Context, *CancelRequest) (*CancelResponse, error)
 	// Status describes the pool, the jobs and the leader.
+	// (client, admin)
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	mustEmbedUnimplementedCoordinatorServer()
 }
@@ -209,6 +308,21 @@ type CoordinatorServer interface {
 // pointer dereference when methods are called.
 type UnimplementedCoordinatorServer struct{}
 
+func (UnimplementedCoordinatorServer) Join(context.Context, *JoinRequest) (*JoinResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Join not implemented")
+}
+func (UnimplementedCoordinatorServer) CreateToken(context.Context, *CreateTokenRequest) (*CreateTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateToken not implemented")
+}
+func (UnimplementedCoordinatorServer) ListTokens(context.Context, *ListTokensRequest) (*ListTokensResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListTokens not implemented")
+}
+func (UnimplementedCoordinatorServer) RevokeToken(context.Context, *RevokeTokenRequest) (*RevokeTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RevokeToken not implemented")
+}
+func (UnimplementedCoordinatorServer) GossipKeys(context.Context, *GossipKeysRequest) (*GossipKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GossipKeys not implemented")
+}
 func (UnimplementedCoordinatorServer) Register(context.Context, *RegisterRequest) (*RegisterResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Register not implemented")
 }
@@ -252,6 +366,96 @@ func RegisterCoordinatorServer(s grpc.ServiceRegistrar, srv CoordinatorServer) {
 		t.testEmbeddedByValue()
 	}
 	s.RegisterService(&Coordinator_ServiceDesc, srv)
+}
+
+func _Coordinator_Join_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).Join(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_Join_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).Join(ctx, req.(*JoinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Coordinator_CreateToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).CreateToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_CreateToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).CreateToken(ctx, req.(*CreateTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Coordinator_ListTokens_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListTokensRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).ListTokens(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_ListTokens_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).ListTokens(ctx, req.(*ListTokensRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Coordinator_RevokeToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RevokeTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).RevokeToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_RevokeToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).RevokeToken(ctx, req.(*RevokeTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Coordinator_GossipKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GossipKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).GossipKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_GossipKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).GossipKeys(ctx, req.(*GossipKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
 }
 
 func _Coordinator_Register_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
@@ -391,6 +595,26 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "gpucoord.v1.Coordinator",
 	HandlerType: (*CoordinatorServer)(nil),
 	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Join",
+			Handler:    _Coordinator_Join_Handler,
+		},
+		{
+			MethodName: "CreateToken",
+			Handler:    _Coordinator_CreateToken_Handler,
+		},
+		{
+			MethodName: "ListTokens",
+			Handler:    _Coordinator_ListTokens_Handler,
+		},
+		{
+			MethodName: "RevokeToken",
+			Handler:    _Coordinator_RevokeToken_Handler,
+		},
+		{
+			MethodName: "GossipKeys",
+			Handler:    _Coordinator_GossipKeys_Handler,
+		},
 		{
 			MethodName: "Register",
 			Handler:    _Coordinator_Register_Handler,

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/gpucoord/gpucoord/internal/gossip"
+	"github.com/gpucoord/gpucoord/internal/pki"
+	"github.com/gpucoord/gpucoord/internal/testcluster"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+)
+
+// statusOf reads the cluster's status as h1 sees it, with the join token.
+func (b *boxCluster) statusOf(t *testing.T) *pb.StatusResponse {
+	t.Helper()
+	p := b.run(t, b.Host(1), "status", "--coordinator", b.local, "--json")
+	if code := p.wait(t, time.Minute); code != 0 {
+		t.Fatalf("status exited %d:\n%s", code, p.output())
+	}
+	var st pb.StatusResponse
+	if err := protojson.Unmarshal([]byte(p.output()), &st); err != nil {
+		t.Fatalf("status: %v\n%s", err, p.output())
+	}
+	return &st
+}
+
+// rss is the resident memory of process pid, in bytes.
+func rss(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`VmRSS:\s+(\d+) kB`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("no VmRSS in /proc/%d/status", pid)
+	}
+	kb, _ := strconv.ParseInt(string(m[1]), 10, 64)
+	return kb << 10
+}
+
+// TestClusterStrangers: a job on two hosts with TLS and an encrypted pool,
+// and a third host without credentials that does what anyone on the
+// network could: joins the gossip pool and forges "dead" messages naming
+// every member, reads and writes the rendezvous store, sends it 8 values
+// of 16 MiB, calls the coordinator without a certificate and with a
+// made-up token, and sends garbage to every port. Then one of the job's
+// own nodes, with its certificate, reports for the other node's rank,
+// registers and leaves as it, and submits and cancels jobs. Each is
+// refused; the job ends with no second generation and the losses of a
+// single process; the store's agent grows by less than 64 MiB. The
+// coordinator's port shows its certificate to openssl s_client, the
+// pool's key rotates under the running job, and a token revoked on the
+// coordinator buys a new agent nothing.
+func TestClusterStrangers(t *testing.T) {
+	const steps = 300
+	b := newBoxCluster(t, testcluster.Config{Hosts: 5})
+	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	co := b.coordinator(t, b.Host(1), b.local)
+	workers := map[string]*proc{"h2": b.worker(t, b.Host(2), 2), "h3": b.worker(t, b.Host(3), 2)}
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2",
+		"--job-id", "guarded", "--steps", strconv.Itoa(steps), "--json", b.job)
+	p.waitLine(t, `{"step":5,`, 2*time.Minute)
+
+	// What a stranger can learn by looking: the store's and the pool's
+	// addresses, the members' names.
+	master := regexp.MustCompile(`master=(\S+)`).FindStringSubmatch(workers["h3"].waitLine(t, "starting ranks", time.Minute))
+	if master == nil || master[1] == "" {
+		t.Fatalf("no master address in h3's output:\n%s", workers["h3"].output())
+	}
+	gossipAddr := regexp.MustCompile(`gossip=(\S+)`).FindStringSubmatch(co.waitLine(t, "coordinator serving", time.Minute))
+	st := b.statusOf(t)
+	var members []string
+	for _, n := range st.Nodes {
+		members = append(members, gossip.MemberName(n.Node.Name, n.Node.Instance))
+	}
+	if len(st.Jobs) != 1 || len(st.Jobs[0].Members) != 2 {
+		t.Fatalf("status: %v", st)
+	}
+	job := st.Jobs[0]
+	ranks := map[string]int32{}
+	for _, m := range job.Members {
+		ranks[m.Node] = m.FirstRank
+	}
+	storeHost := b.Host(2)
+	if ranks["h3"] == 0 {
+		storeHost = b.Host(3)
+	}
+	agentPid := workers[storeHost.Name].cmd.Process.Pid
+	before := rss(t, agentPid)
+
+	self := b.Install(os.Args[0])
+	stranger := func(h *testcluster.Host, plan strangerPlan) {
+		t.Helper()
+		js, _ := json.Marshal(plan)
+		cmd := h.Command(t.Context(), self)
+		cmd.Env = append(cmd.Env, strangerEnv+"="+string(js))
+		out, err := cmd.CombinedOutput()
+		t.Logf("stranger on %s:\n%s", h.Name, out)
+		if err != nil || !strings.Contains(string(out), "stranger: all refused") {
+			t.Fatalf("stranger on %s: %v", h.Name, err)
+		}
+	}
+	stranger(b.Host(4), strangerPlan{Coordinator: b.coord, Gossip: []string{gossipAddr[1]}, Members: members,
+		Label: "gpucoord:/gpucoord/", Store: master[1], Job: job.Spec.Id})
+	if grown := rss(t, agentPid) - before; grown > 64<<20 {
+		t.Errorf("the store's agent grew by %d MiB under 8 values of 16 MiB", grown>>20)
+	}
+	tokBytes, err := os.ReadFile(b.tokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := pki.ParseToken(string(tokBytes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := filepath.Join("/tmp/home/.local/state/gpucoord/credentials", tok.CAHash[:16], "node-h2")
+	stranger(b.Host(2), strangerPlan{Coordinator: b.coord, Creds: creds, Job: job.Spec.Id, Generation: job.Generation.Number,
+		Self: "h2", OtherNode: "h3", OtherRank: ranks["h3"]})
+
+	// The pool's key rotates while the job runs: each step reaches both
+	// agents before the next, and no node is lost.
+	for _, action := range []string{"install", "use", "remove"} {
+		r := b.run(t, b.Host(1), "gossip-key", action, "--coordinator", b.local, "--token-file", b.tokenFile)
+		if code := r.wait(t, time.Minute); code != 0 {
+			t.Fatalf("gossip-key %s exited %d:\n%s", action, code, r.output())
+		}
+		_, list, ok := strings.Cut(strings.TrimSpace(r.output()), "(in use first): ")
+		if !ok {
+			t.Fatalf("gossip-key %s printed %q", action, r.output())
+		}
+		want := "keys=" + strings.ReplaceAll(strings.ReplaceAll(list, " (retired)", ""), ", ", ",")
+		for _, w := range workers {
+			w.waitLine(t, want, time.Minute)
+		}
+	}
+
+	// The coordinator's port speaks TLS and shows its certificate.
+	ossl := b.Host(4).Command(t.Context(), "openssl", "s_client", "-connect", b.coord, "-servername", "h1", "-showcerts")
+	ossl.Stdin = strings.NewReader("")
+	out, err := ossl.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "BEGIN CERTIFICATE") || !strings.Contains(string(out), "OU = coordinator") {
+		t.Errorf("openssl s_client: %v\n%s", err, out)
+	}
+
+	// A token made and then revoked buys a new agent nothing; a live one
+	// lets it join.
+	made := b.run(t, b.Host(1), "token", "create", "--coordinator", b.local, "--token-file", b.tokenFile, "--roles", "node", "--ttl", "1h")
+	if code := made.wait(t, time.Minute); code != 0 {
+		t.Fatalf("token create exited %d:\n%s", code, made.output())
+	}
+	newTok, err := pki.ParseToken(strings.Fields(made.output())[0])
+	if err != nil {
+		t.Fatalf("token create printed %q: %v", made.output(), err)
+	}
+	revoked := filepath.Join(t.TempDir(), "revoked")
+	if err := os.WriteFile(revoked, []byte(newTok.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	revokedFile := b.Install(revoked)
+	if r := b.run(t, b.Host(1), "token", "revoke", newTok.ID, "--coordinator", b.local, "--token-file", b.tokenFile); r.wait(t, time.Minute) != 0 {
+		t.Fatalf("token revoke:\n%s", r.output())
+	}
+	list := b.run(t, b.Host(1), "token", "list", "--coordinator", b.local, "--token-file", b.tokenFile)
+	if list.wait(t, time.Minute) != 0 || strings.Contains(list.output(), newTok.ID) || strings.Contains(list.output(), tok.Secret) {
+		t.Errorf("token list after the revocation:\n%s", list.output())
+	}
+	w := b.run(t, b.Host(5), "worker", "--coordinator", b.coord, "--name", "h5", "--gpus", "2", "--token-file", revokedFile)
+	if code := w.wait(t, time.Minute); code == 0 || !strings.Contains(w.output(), "revoked, expired") {
+		t.Errorf("a worker with a revoked token exited %d:\n%s", code, w.output())
+	}
+
+	if code := p.wait(t, 5*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	if strings.Contains(p.output(), "generation 2") {
+		t.Errorf("a stranger made a new generation:\n%s", p.output())
+	}
+	sameLosses(t, losses(t, p.output()), want)
+}
