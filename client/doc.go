@@ -7,7 +7,10 @@
 //
 //	cfg := client.DefaultConfig()
 //	cfg.Coordinators = []string{"10.0.0.1:7070", "10.0.0.2:7070"}
-//	cfg.Token = token
+//	cfg.Credentials, err = client.Credentials(ctx, cfg.Coordinators, token, "")
+//	if err != nil {
+//		return err // a wrong, expired or revoked token; no coordinator answered
+//	}
 //	c, err := client.New(cfg)
 //	if err != nil {
 //		return err

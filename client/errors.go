@@ -23,8 +23,10 @@ var (
 	ErrExists = errors.New("client: job already exists")
 	// ErrNotFound reports a job no coordinator knows.
 	ErrNotFound = errors.New("client: no such job")
-	// ErrUnauthenticated reports a join token that is missing or wrong.
-	ErrUnauthenticated = errors.New("client: join token missing or wrong")
+	// ErrUnauthenticated reports a call without a client certificate the
+	// coordinator accepts (see Credentials), or one whose identity may not
+	// make it.
+	ErrUnauthenticated = errors.New("client: not authenticated")
 	// ErrCompacted reports that a coordinator no longer holds the history
 	// from the revision a Follow stream asked for. Follow handles it itself
 	// (it follows again from the job as it is now), so it is only seen in
@@ -87,7 +89,7 @@ func unaryFault(c codes.Code) bool {
 }
 
 // refusal reports whether a Follow stream that ended with code was
-// refused for a reason every coordinator shares (a wrong token, an unknown
+// refused for a reason every coordinator shares (no credentials, an unknown
 // job). A stream that breaks in any other way is this coordinator's
 // fault: it stopped, lost etcd, or the connection broke.
 func refusal(c codes.Code) bool {

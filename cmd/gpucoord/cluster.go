@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/user"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
@@ -143,24 +142,11 @@ func (f *authFlags) config(addrs []string, id pki.Identity) (join.Config, error)
 // clientCredentials are a client command's credentials as the user on this
 // machine, in role (client, or admin for the token commands).
 func (f *authFlags) clientCredentials(ctx context.Context, addrs []string, role string) (credentials.TransportCredentials, error) {
-	cfg, err := f.config(addrs, pki.Identity{Role: role, Name: userAtHost()})
+	cfg, err := f.config(addrs, pki.Identity{Role: role, Name: join.UserAtHost()})
 	if err != nil {
 		return nil, usageError(err)
 	}
 	return join.Credentials(ctx, cfg)
-}
-
-// userAtHost names a client identity: user@host.
-func userAtHost() string {
-	name := "user"
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		name = u.Username
-	}
-	host, _ := os.Hostname()
-	if host == "" {
-		host = "localhost"
-	}
-	return name + "@" + host
 }
 
 // resolveLogs reads the logging flags of the long-running commands

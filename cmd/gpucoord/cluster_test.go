@@ -90,7 +90,7 @@ func (b *boxCluster) coordinator(t *testing.T, h *testcluster.Host, addr string,
 func (b *boxCluster) worker(t *testing.T, h *testcluster.Host, gpus int, args ...string) *proc {
 	t.Helper()
 	p := b.run(t, h, append([]string{"worker", "--coordinator", b.coord, "--name", h.Name, "--gpus", strconv.Itoa(gpus), "--grace", "1s"}, args...)...)
-	p.waitLine(t, "registered", 30*time.Second)
+	p.waitLine(t, "msg=registered ", 30*time.Second)
 	return p
 }
 
@@ -329,7 +329,7 @@ func TestClusterPartition(t *testing.T) {
 	}
 	time.Sleep(cut - time.Since(cutAt)) // the partition's length is the scenario, not a synchronisation
 	h3.Heal()
-	workers[1].waitLine(t, "registered", time.Minute)
+	workers[1].waitLine(t, "msg=registered ", time.Minute)
 	if code := p.wait(t, 5*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}

@@ -252,7 +252,7 @@ func workerProc(t *testing.T, exe, coords, name string, gpus int) (*proc, string
 	t.Helper()
 	dir := t.TempDir()
 	p := start(t, exe, "worker", "--coordinator", coords, "--name", name, "--gpus", strconv.Itoa(gpus), "--work-dir", dir, "--grace", "1s")
-	p.waitLine(t, "registered", 30*time.Second)
+	p.waitLine(t, "msg=registered ", 30*time.Second)
 	return p, dir
 }
 

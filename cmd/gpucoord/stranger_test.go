@@ -110,7 +110,7 @@ func strangerChecks(ctx context.Context, p strangerPlan, check func(string, erro
 		if err == nil && n > 0 {
 			joinErr = fmt.Errorf("joined %d members; the pool lists %d", n, m.NumMembers())
 		}
-		check(fmt.Sprintf("gossip join (key %d bytes, label %q)", len(sec.Keys), sec.Label), joinErr)
+		check(fmt.Sprintf("gossip join (%d keys of its own, label %q)", len(sec.Keys), sec.Label), joinErr)
 		m.Shutdown()
 	}
 	var sent int

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
 	"sync"
 	"time"
@@ -42,6 +43,19 @@ type Config struct {
 	Identity pki.Identity
 	// Timeout bounds each Join call; 0 means 10s.
 	Timeout time.Duration
+}
+
+// UserAtHost names a user's client identity: user@host.
+func UserAtHost() string {
+	name := "user"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "localhost"
+	}
+	return name + "@" + host
 }
 
 // DefaultDir is where credentials are kept unless told otherwise:
