@@ -440,6 +440,7 @@ func (a *Agent) joinPool(g *pb.Gossip) {
 			return
 		}
 		a.pool, a.poolKeys = pool, g.Keys
+		a.log.Info("gossip member", "addr", pool.LocalNode().Address())
 	}
 	if _, err := a.pool.Join(g.Seeds); err != nil {
 		a.log.Warn("gossip join", "seeds", g.Seeds, "err", err)

@@ -76,7 +76,14 @@ func TestClusterStrangers(t *testing.T) {
 	if master == nil || master[1] == "" {
 		t.Fatalf("no master address in h3's output:\n%s", workers["h3"].output())
 	}
-	gossipAddr := regexp.MustCompile(`gossip=(\S+)`).FindStringSubmatch(co.waitLine(t, "coordinator serving", time.Minute))
+	gossipAddrs := []string{regexp.MustCompile(`gossip=(\S+)`).FindStringSubmatch(co.waitLine(t, "coordinator serving", time.Minute))[1]}
+	for _, w := range workers {
+		m := regexp.MustCompile(`msg="gossip member" .*addr=(\S+)`).FindStringSubmatch(w.output())
+		if m == nil {
+			t.Fatalf("no gossip address in an agent's output:\n%s", w.output())
+		}
+		gossipAddrs = append(gossipAddrs, m[1])
+	}
 	st := b.statusOf(t)
 	var members []string
 	for _, n := range st.Nodes {
@@ -109,7 +116,7 @@ func TestClusterStrangers(t *testing.T) {
 			t.Fatalf("stranger on %s: %v", h.Name, err)
 		}
 	}
-	stranger(b.Host(4), strangerPlan{Coordinator: b.coord, Gossip: []string{gossipAddr[1]}, Members: members,
+	stranger(b.Host(4), strangerPlan{Coordinator: b.coord, Gossip: gossipAddrs, Members: members,
 		Label: "gpucoord:/gpucoord/", Store: master[1], Job: job.Spec.Id})
 	after := rss(t, agentPid)
 	t.Logf("the store's agent (%s): %.1f MiB resident before the stranger, %.1f MiB after", storeHost.Name, float64(before)/(1<<20), float64(after)/(1<<20))
