@@ -90,19 +90,19 @@ func (f *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 }
 
 // authFlags say how a command proves itself to coordinators: a join token
-// (--token-file, GPUCOORD_TOKEN or --token), with which it obtains a
+// (--token-file or GPUCOORD_TOKEN: never an argument, which ps shows), with
+// which it obtains a
 // certificate once and keeps it in --credentials-dir, or an organisation's
 // certificate (--tls-ca, --tls-cert, --tls-key). With none of them it
 // speaks plaintext, which only a coordinator on loopback accepts.
 type authFlags struct {
-	token, file, dir string
-	tls              pki.Files
+	file, dir string
+	tls       pki.Files
 }
 
 func (f *authFlags) register(c *cobra.Command) {
 	fl := c.Flags()
-	fl.StringVar(&f.file, "token-file", "", "file holding a join token (as `gpucoord token create` prints, or the coordinator's --token-file)")
-	fl.StringVar(&f.token, "token", "", "join token (prefer GPUCOORD_TOKEN or --token-file: a flag shows in ps)")
+	fl.StringVar(&f.file, "token-file", "", "file holding a join token (as gpucoord token create prints it, or the coordinator's --token-file); or set GPUCOORD_TOKEN")
 	fl.StringVar(&f.tls.CA, "tls-ca", "", "CA certificate of an organisation's PKI, instead of a token")
 	fl.StringVar(&f.tls.Cert, "tls-cert", "", "this identity's certificate under --tls-ca (subject: CN=name, OU=role)")
 	fl.StringVar(&f.tls.Key, "tls-key", "", "the key of --tls-cert")
@@ -113,10 +113,6 @@ func (f *authFlags) register(c *cobra.Command) {
 func (f *authFlags) config(addrs []string, id pki.Identity) (join.Config, error) {
 	tok := ""
 	switch {
-	case f.token != "" && f.file != "":
-		return join.Config{}, errors.New("--token and --token-file exclude each other")
-	case f.token != "":
-		tok = f.token
 	case f.file != "":
 		b, err := os.ReadFile(f.file)
 		if err != nil {
