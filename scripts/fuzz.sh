@@ -17,6 +17,7 @@ module=$(go list -m)
 
 mapfile -t targets < <(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | sed 's/:func /:/' | sort)
 ran=0
+failed=()
 for t in "${targets[@]}"; do
 	file=${t%%:*} name=${t##*:}
 	pkg=./$(dirname "${file#./}")
@@ -24,7 +25,9 @@ for t in "${targets[@]}"; do
 		continue
 	fi
 	echo "== $name ($pkg, $fuzztime)"
-	go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" -parallel "$parallel" "$pkg"
+	if ! go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" -parallel "$parallel" "$pkg"; then
+		failed+=("$name") # its failing input is in $pkg/testdata/fuzz/$name: go test replays it
+	fi
 	src=$cache/$module/${pkg#./}/$name
 	if [[ -d $src ]]; then
 		mkdir -p "$pkg/testdata/fuzz/$name"
@@ -37,3 +40,7 @@ if [[ $ran -eq 0 ]]; then
 	exit 2
 fi
 echo "ran $ran fuzz targets for $fuzztime each"
+if [[ ${#failed[@]} -gt 0 ]]; then
+	echo "failed: ${failed[*]}" >&2
+	exit 1
+fi

@@ -6,22 +6,44 @@ import (
 	"context"
 	"crypto/sha256"
 	"io"
+	"fmt"
 	"net"
+	"sync"
 	"testing"
-
-	"github.com/gpucoord/gpucoord/collectives"
 )
 
 // fuzzSecret is the secret of the signed target's store; the stranger
 // target's store has a secret the input cannot know.
 var fuzzSecret = []byte("fuzz-secret-0123456789abcdef")
 
+// mapStore is a store whose Get of a key not set fails at once instead of
+// waiting for it: a fuzzed Get must not wait for a Set that never comes.
+type mapStore struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func (s *mapStore) Set(_ context.Context, key string, value []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[key] = value
+	return nil
+}
+
+func (s *mapStore) Get(_ context.Context, key string) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.m[key]
+	if !ok {
+		return nil, fmt.Errorf("key %q not set", key)
+	}
+	return v, nil
+}
+
 // serveBytes serves one connection of a bounded store with secret, sends
-// it in, and returns the store once the server is done with the input
-// (when a request waits on a key that is never set, ending the context
-// after the input is sent ends the wait).
+// it in, and returns the store once the server is done with the input.
 func serveBytes(t *testing.T, in, secret []byte) *boundedStore {
-	st := &boundedStore{Store: collectives.NewMemStore(), sums: map[string][sha256.Size]byte{}}
+	st := &boundedStore{Store: &mapStore{m: map[string][]byte{}}, sums: map[string][sha256.Size]byte{}}
 	client, srv := net.Pipe()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
