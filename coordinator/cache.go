@@ -367,7 +367,14 @@ func (c *cache) putJob(j *jobEntry, field string, kv *mvccpb.KeyValue, bad func(
 		j.state, j.stateRev = s, kv.ModRevision
 	case field == "generation":
 		g := &pb.Generation{}
-		bad(decode(kv.Value, g))
+		if err := decode(kv.Value, g); err != nil {
+			bad(err)
+			return
+		}
+		if err := checkGeneration(g); err != nil {
+			bad(err)
+			return
+		}
 		j.gen, j.genRev = g, kv.ModRevision
 	case field == "policy":
 		var p jobPolicy

@@ -381,3 +381,29 @@ func TestGossipKeyRotation(t *testing.T) {
 		t.Errorf("list after remove: %v, %v", out, err)
 	}
 }
+
+// TestCheckGeneration: the generations the cache takes from etcd.
+func TestCheckGeneration(t *testing.T) {
+	m := func(first, ranks int32) *pb.Member { return &pb.Member{Node: "n", FirstRank: first, Ranks: ranks} }
+	tests := []struct {
+		world   int32
+		members []*pb.Member
+		ok      bool
+	}{
+		{4, []*pb.Member{m(0, 2), m(2, 2)}, true},
+		{1, []*pb.Member{m(0, 1)}, true},
+		{4, []*pb.Member{m(0, 2)}, false},                   // ranks 2-3 held by no one
+		{4, []*pb.Member{m(0, 2), m(3, 1)}, false},          // a gap
+		{4, []*pb.Member{m(0, 2), m(1, 3)}, false},          // an overlap
+		{4, []*pb.Member{m(-5, 2147483647)}, false},         // the fuzzer's: 2^31 lost ranks to list
+		{2147483647, []*pb.Member{m(0, 2147483647)}, false}, // over maxWorld
+		{0, nil, false},
+		{2, []*pb.Member{m(0, 0), m(0, 2)}, false},
+	}
+	for i, tc := range tests {
+		err := checkGeneration(&pb.Generation{World: tc.world, Members: tc.members})
+		if (err == nil) != tc.ok {
+			t.Errorf("case %d: err = %v, want ok %v", i, err, tc.ok)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"encoding/json"
+	"fmt"
 	"strconv"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -64,6 +65,31 @@ func (k keys) exits(id string, gen int64) string {
 }
 func (k keys) exit(id string, gen int64, rank int32) string {
 	return k.exits(id, gen) + strconv.Itoa(int(rank))
+}
+
+// maxWorld bounds a generation's ranks: 2,048 nodes of 8 GPUs with room to
+// spare.
+const maxWorld = 1 << 20
+
+// checkGeneration refuses a generation the leader cannot have written: its
+// members must hold ranks 0 .. world-1 in order, each at least one. The
+// cache leaves out one that does not hold (a value written by hand, or by
+// another version): every decision may then trust a generation's ranks.
+func checkGeneration(g *pb.Generation) error {
+	if g.World < 1 || g.World > maxWorld {
+		return fmt.Errorf("generation %d: world %d: want 1 to %d", g.Number, g.World, maxWorld)
+	}
+	next := int32(0)
+	for _, m := range g.Members {
+		if m.FirstRank != next || m.Ranks < 1 || m.Ranks > g.World-next {
+			return fmt.Errorf("generation %d: member %q holds ranks from %d, %d of them: want from %d, 1 to %d", g.Number, m.Node, m.FirstRank, m.Ranks, next, g.World-next)
+		}
+		next += m.Ranks
+	}
+	if next != g.World {
+		return fmt.Errorf("generation %d: members hold %d ranks of a world of %d", g.Number, next, g.World)
+	}
+	return nil
 }
 
 // encode and decode are the one encoding of values: protojson, readable
