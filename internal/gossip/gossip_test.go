@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"bytes"
 	"testing"
 	"time"
 )
@@ -147,14 +148,50 @@ func TestStrangersKeptOut(t *testing.T) {
 }
 
 func TestSecureValidate(t *testing.T) {
-	for _, n := range []int{1, 15, 31, 33} {
+	for _, n := range []int{0, 1, 15, 31, 33} {
 		if err := (Secure{Keys: [][]byte{make([]byte, n)}}).Validate(); err == nil {
 			t.Errorf("a %d-byte key passed", n)
 		}
 	}
-	for _, n := range []int{0, 16, 24, 32} {
+	for _, n := range []int{16, 24, 32} {
 		if err := (Secure{Keys: [][]byte{make([]byte, n)}}).Validate(); err != nil {
 			t.Errorf("a %d-byte key: %v", n, err)
 		}
+	}
+	if err := (Secure{}).Validate(); err != nil {
+		t.Errorf("no keys (an open pool): %v", err)
+	}
+	if err := (Secure{Keys: [][]byte{make([]byte, 32), make([]byte, 7)}}).Validate(); err == nil {
+		t.Error("a bad second key passed")
+	}
+}
+
+// TestSetKeys: a member's keys change in place; the first is the one it
+// sends with; an open pool has none to change.
+func TestSetKeys(t *testing.T) {
+	a, b := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
+	p, err := New("k", "127.0.0.1:0", "", DefaultTuning(), Secure{Keys: [][]byte{a}, Label: "l"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Shutdown()
+	for _, keys := range [][][]byte{{a, b}, {b, a}, {b}} {
+		if err := p.SetKeys(keys); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(p.keyring.GetPrimaryKey(), keys[0]) || len(p.keyring.GetKeys()) != len(keys) {
+			t.Errorf("after SetKeys(%d keys): primary %x, %d keys", len(keys), p.keyring.GetPrimaryKey()[:1], len(p.keyring.GetKeys()))
+		}
+	}
+	if err := p.SetKeys([][]byte{make([]byte, 5)}); err == nil {
+		t.Error("SetKeys took a 5-byte key")
+	}
+	open, err := New("o", "127.0.0.1:0", "", DefaultTuning(), Secure{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Shutdown()
+	if err := open.SetKeys([][]byte{a}); err == nil {
+		t.Error("an open pool took keys")
 	}
 }
