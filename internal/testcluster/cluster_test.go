@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -211,6 +212,18 @@ func TestKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { other.Process.Kill(); other.Wait() })
+	// A command starts in this machine's namespace and enters the host's
+	// as it execs: Kill finds it only once it is there.
+	for _, p := range []struct {
+		h   *testcluster.Host
+		pid int
+	}{{c.Host(1), cmd.Process.Pid}, {c.Host(2), other.Process.Pid}} {
+		for deadline := time.Now().Add(10 * time.Second); !slices.Contains(p.h.Pids(), p.pid); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("sleep (pid %d) not in %s's namespace after 10s", p.pid, p.h.Name)
+			}
+		}
+	}
 	c.Host(1).Kill()
 	var ee *exec.ExitError
 	if err := cmd.Wait(); !errors.As(err, &ee) || ee.ProcessState.String() != "signal: killed" {
