@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -222,7 +221,10 @@ func bootstrapToken(ctx context.Context, cli *clientv3.Client, k keys, path stri
 		if err := putToken(ctx, cli, k, tok, tok.Record(pki.Roles, now, 0, "bootstrap token (--token-file)"), 0); err != nil {
 			return err
 		}
-		switch err := createSecret(path, []byte(tok.String()+"\n")); {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return errorf(ErrInvalid, "token file %s: %v", path, err)
+		}
+		switch err := pki.CreateSecret(path, []byte(tok.String()+"\n")); {
 		case err == nil:
 			return nil
 		case !errors.Is(err, os.ErrExist):
@@ -253,20 +255,6 @@ func bootstrapToken(ctx context.Context, cli *clientv3.Client, k keys, path stri
 		return errorf(ErrInvalid, "token file %s: token %s was revoked or expired: remove the file and a new one is written", path, tok.ID)
 	}
 	return nil
-}
-
-// createSecret writes b to path, 0600, only if path does not exist; a
-// reader sees the whole file or none.
-func createSecret(path string, b []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
-	if err := pki.WriteSecret(tmp, b); err != nil {
-		return err
-	}
-	defer os.Remove(tmp)
-	return os.Link(tmp, path)
 }
 
 // putToken keeps r under tok's id, with a lease of ttl when it expires so
@@ -350,13 +338,8 @@ func (s *server) CreateToken(ctx context.Context, req *pb.CreateTokenRequest) (*
 		return nil, status.Errorf(codes.InvalidArgument, "token ttl %ds: want 0 (no expiry) or more", req.GetTtlSeconds())
 	}
 	roles := req.GetRoles()
-	if len(roles) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "a token needs at least one role")
-	}
-	for _, r := range roles {
-		if !slices.Contains(pki.Roles, r) {
-			return nil, status.Errorf(codes.InvalidArgument, "role %q: want one of %v", r, pki.Roles)
-		}
+	if err := pki.CheckRoles(roles); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "%v", err)
 	}
 	tok, err := pki.NewToken(pki.Hash(s.ca.Cert))
 	if err != nil {

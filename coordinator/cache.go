@@ -231,11 +231,11 @@ func (c *cache) tellKeys() {
 }
 
 // gossipKeys returns the pool's keys as etcd holds them (nil before the
-// first read) and the view's revision.
-func (c *cache) gossipKeys() (keyring, int64) {
+// first read).
+func (c *cache) gossipKeys() keyring {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return c.ring, c.rev
+	return c.ring
 }
 
 // affectsDecision reports whether a change of a job's field can change
@@ -366,12 +366,8 @@ func (c *cache) putJob(j *jobEntry, field string, kv *mvccpb.KeyValue, bad func(
 		bad(decode(kv.Value, s))
 		j.state, j.stateRev = s, kv.ModRevision
 	case field == "generation":
-		g := &pb.Generation{}
-		if err := decode(kv.Value, g); err != nil {
-			bad(err)
-			return
-		}
-		if err := checkGeneration(g); err != nil {
+		g, err := decodeGeneration(kv.Value)
+		if err != nil {
 			bad(err)
 			return
 		}

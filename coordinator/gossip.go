@@ -142,8 +142,7 @@ func gossipSeeds(ctx context.Context, cli *clientv3.Client, k keys) ([]string, e
 func (s *server) gossipFor(ctx context.Context) *pb.Gossip {
 	seeds, _ := gossipSeeds(ctx, s.cli, s.k)
 	t := s.cfg.GossipTuning
-	ring, _ := s.cache.gossipKeys()
-	keys := ring.keys()
+	keys := s.cache.gossipKeys().keys()
 	if len(keys) == 0 {
 		keys = s.gossip.Keys // the cache has not read them yet
 	}
@@ -228,19 +227,11 @@ func (r keyring) step(action string) (keyring, error) {
 			return nil, err
 		}
 		return keyring{r[0], {key: k}}, nil
-	case "use":
-		for i, k := range r[1:] {
-			if !k.retired {
-				next := keyring{k, {key: r[0].key, retired: true}}
-				for j, o := range r[1:] {
-					if j != i && o.retired {
-						next = append(next, o)
-					}
-				}
-				return next, nil
-			}
+	case "use": // install leaves at most one key beside the one in use
+		if len(r) != 2 || r[1].retired {
+			return nil, errors.New("no installed key to use: install one first")
 		}
-		return nil, errors.New("no installed key to use: install one first")
+		return keyring{r[1], {key: r[0].key, retired: true}}, nil
 	case "remove":
 		return r[:1], nil
 	}

@@ -399,8 +399,8 @@ func (s *server) readGeneration(ctx context.Context, job string) (*pb.Generation
 	if len(resp.Kvs) == 0 {
 		return nil, nil
 	}
-	g := &pb.Generation{}
-	if err := decode(resp.Kvs[0].Value, g); err != nil {
+	g, err := decodeGeneration(resp.Kvs[0].Value)
+	if err != nil {
 		return nil, status.Errorf(codes.Internal, "job %s: generation: %v", job, err)
 	}
 	return g, nil
@@ -440,8 +440,7 @@ func (s *server) reportStep(ctx context.Context, id string, gen int64, step *pb.
 		if len(kvs) == 0 {
 			return nil // the job is gone
 		}
-		g = &pb.Generation{}
-		if err := decode(kvs[0].Value, g); err != nil {
+		if g, err = decodeGeneration(kvs[0].Value); err != nil {
 			return status.Errorf(codes.Internal, "job %s: generation: %v", id, err)
 		}
 		rev = kvs[0].ModRevision

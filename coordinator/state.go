@@ -71,6 +71,16 @@ func (k keys) exit(id string, gen int64, rank int32) string {
 // spare.
 const maxWorld = 1 << 20
 
+// decodeGeneration reads a generation from etcd and refuses one the leader
+// cannot have written (checkGeneration).
+func decodeGeneration(b []byte) (*pb.Generation, error) {
+	g := &pb.Generation{}
+	if err := decode(b, g); err != nil {
+		return nil, err
+	}
+	return g, checkGeneration(g)
+}
+
 // checkGeneration refuses a generation the leader cannot have written: its
 // members must hold ranks 0 .. world-1 in order, each at least one. The
 // cache leaves out one that does not hold (a value written by hand, or by

@@ -615,7 +615,7 @@ func plaintextHint(creds credentials.TransportCredentials) string {
 	if creds != nil {
 		return ""
 	}
-	return " (without a join token launch speaks plaintext; a coordinator that serves TLS: give a join token with --token-file or GPUCOORD_TOKEN)"
+	return " (without a join token this command speaks plaintext; a coordinator that serves TLS: give a join token with --token-file or GPUCOORD_TOKEN)"
 }
 
 // coordinatorSaid is the message of the coordinator's answer in err, or

@@ -74,6 +74,19 @@ func (c Credentials) Save(dir string) error {
 // WriteSecret writes b to path with mode 0600 through a temporary file
 // renamed into place, so that a reader never sees part of it.
 func WriteSecret(path string, b []byte) error {
+	return placeSecret(path, b, os.Rename)
+}
+
+// CreateSecret is WriteSecret for a path that must not exist yet: when it
+// does, it fails with an error that matches os.ErrExist and leaves the
+// file alone (several writers, one wins).
+func CreateSecret(path string, b []byte) error {
+	return placeSecret(path, b, os.Link)
+}
+
+// placeSecret writes b, 0600, to a temporary file beside path and puts it
+// there with place.
+func placeSecret(path string, b []byte, place func(tmp, path string) error) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return err
@@ -94,7 +107,7 @@ func WriteSecret(path string, b []byte) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), path)
+	return place(tmp.Name(), path)
 }
 
 func (c Credentials) check() error {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -110,13 +111,22 @@ func (r TokenRecord) Allows(t Token, role string, now time.Time) error {
 func ParseRoles(s string) ([]string, error) {
 	var roles []string
 	for r := range strings.SplitSeq(s, ",") {
-		r = strings.TrimSpace(r)
-		if !slices.Contains(Roles, r) {
-			return nil, fmt.Errorf("role %q: want a comma-separated list of %s", r, strings.Join(Roles, ", "))
-		}
-		if !slices.Contains(roles, r) {
+		if r = strings.TrimSpace(r); !slices.Contains(roles, r) {
 			roles = append(roles, r)
 		}
 	}
-	return roles, nil
+	return roles, CheckRoles(roles)
+}
+
+// CheckRoles refuses an empty list and a role that is none of Roles.
+func CheckRoles(roles []string) error {
+	if len(roles) == 0 {
+		return errors.New("no role: want at least one of " + strings.Join(Roles, ", "))
+	}
+	for _, r := range roles {
+		if !slices.Contains(Roles, r) {
+			return fmt.Errorf("role %q: want one of %s", r, strings.Join(Roles, ", "))
+		}
+	}
+	return nil
 }
