@@ -77,22 +77,32 @@ func DefaultDir() string {
 // are kept or they expired); nil (plaintext) when there is neither token
 // nor files.
 func Credentials(ctx context.Context, cfg Config) (credentials.TransportCredentials, error) {
+	c, ok, err := Load(ctx, cfg)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return tlsOf(c)
+}
+
+// Load returns the certificate, key and CA Credentials would use; false
+// when there is neither token nor files.
+func Load(ctx context.Context, cfg Config) (pki.Credentials, bool, error) {
 	if !cfg.Files.Empty() {
 		c, err := cfg.Files.Load()
 		if err != nil {
-			return nil, fmt.Errorf("tls: %w", err)
+			return pki.Credentials{}, false, fmt.Errorf("tls: %w", err)
 		}
-		return tlsOf(c)
+		return c, true, nil
 	}
 	if cfg.Token == "" {
-		return nil, nil
+		return pki.Credentials{}, false, nil
 	}
 	tok, err := pki.ParseToken(cfg.Token)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrRefused, err)
+		return pki.Credentials{}, false, fmt.Errorf("%w: %v", ErrRefused, err)
 	}
 	if err := cfg.Identity.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrRefused, err)
+		return pki.Credentials{}, false, fmt.Errorf("%w: %v", ErrRefused, err)
 	}
 	dir := cfg.Dir
 	if dir == "" {
@@ -102,18 +112,18 @@ func Credentials(ctx context.Context, cfg Config) (credentials.TransportCredenti
 	if c, err := pki.LoadDir(dir); err == nil && c.Valid(time.Now()) {
 		if id, err := c.Identity(); err == nil && id == cfg.Identity {
 			if h, err := c.CAHash(); err == nil && h == tok.CAHash {
-				return tlsOf(c)
+				return c, true, nil
 			}
 		}
 	}
 	c, err := Join(ctx, cfg.Coordinators, tok, cfg.Identity, cfg.Timeout)
 	if err != nil {
-		return nil, err
+		return pki.Credentials{}, false, err
 	}
 	if err := c.Save(dir); err != nil {
-		return nil, fmt.Errorf("keeping the credentials in %s: %w", dir, err)
+		return pki.Credentials{}, false, fmt.Errorf("keeping the credentials in %s: %w", dir, err)
 	}
-	return tlsOf(c)
+	return c, true, nil
 }
 
 func tlsOf(c pki.Credentials) (credentials.TransportCredentials, error) {

@@ -235,3 +235,58 @@ func verifyByHash(cs tls.ConnectionState, caHash string) ([]byte, error) {
 	}
 	return nil, fmt.Errorf("the coordinator's CA is not the one the join token names (sha256 %s...): wrong coordinator, or a token of another cluster", caHash[:12])
 }
+
+// PeerTLS is the mutual TLS between nodes (an agent serving the
+// checkpoints it holds, and its peers fetching them): each side presents
+// its node certificate and accepts only a node certificate of c's CA. The
+// peer's identity is in the connection state, for the handler to check
+// what that node may do.
+func PeerTLS(c Credentials) (server, client *tls.Config, err error) {
+	pair, err := c.leaf()
+	if err != nil {
+		return nil, nil, err
+	}
+	roots, err := pool(c.CA)
+	if err != nil {
+		return nil, nil, err
+	}
+	verify := func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("the peer presented no certificate")
+		}
+		inter := x509.NewCertPool()
+		for _, ca := range cs.PeerCertificates[1:] {
+			inter.AddCert(ca)
+		}
+		leaf := cs.PeerCertificates[0]
+		// Node certificates are issued for client authentication: both
+		// sides of a peer connection present one.
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			return fmt.Errorf("the peer's certificate: %w", err)
+		}
+		id, err := IdentityOf(leaf)
+		if err != nil {
+			return err
+		}
+		if id.Role != RoleNode {
+			return fmt.Errorf("the peer is %s, not a node", id)
+		}
+		return nil
+	}
+	server = &tls.Config{Certificates: []tls.Certificate{pair}, ClientAuth: tls.RequireAnyClientCert,
+		MinVersion: tls.VersionTLS13, VerifyConnection: verify}
+	// The chain is verified by verify, against the cluster's CA, and by
+	// identity rather than by the address dialled.
+	client = &tls.Config{Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true,
+		MinVersion: tls.VersionTLS13, VerifyConnection: verify}
+	return server, client, nil
+}
+
+// PeerIdentity is the identity of the peer of a connection PeerTLS
+// verified.
+func PeerIdentity(cs *tls.ConnectionState) (Identity, error) {
+	if cs == nil || len(cs.PeerCertificates) == 0 {
+		return Identity{}, errors.New("no peer certificate")
+	}
+	return IdentityOf(cs.PeerCertificates[0])
+}

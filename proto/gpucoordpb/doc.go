@@ -11,4 +11,4 @@ package gpucoordpb
 
 // ProtocolVersion is the version of this protocol. A coordinator refuses an
 // agent that speaks another.
-const ProtocolVersion = 4
+const ProtocolVersion = 5

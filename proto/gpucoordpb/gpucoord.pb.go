@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27, 0}
 }
 
 // Node is one machine in the pool.
@@ -108,8 +108,11 @@ type Node struct {
 	// takes in a node only once it has been registered for the coordinator's
 	// stable-for, and this survives a change of leader.
 	RegisteredUnixMs int64 `protobuf:"varint,8,opt,name=registered_unix_ms,json=registeredUnixMs,proto3" json:"registered_unix_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// checkpoint_addr is where the node's agent serves the checkpoints it
+	// holds to its peers (host:port); empty when it serves none.
+	CheckpointAddr string `protobuf:"bytes,9,opt,name=checkpoint_addr,json=checkpointAddr,proto3" json:"checkpoint_addr,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -196,6 +199,13 @@ func (x *Node) GetRegisteredUnixMs() int64 {
 		return x.RegisteredUnixMs
 	}
 	return 0
+}
+
+func (x *Node) GetCheckpointAddr() string {
+	if x != nil {
+		return x.CheckpointAddr
+	}
+	return ""
 }
 
 type RegisterRequest struct {
@@ -499,11 +509,15 @@ type JobSpec struct {
 	// min_nodes is the fewest nodes the job may shrink to after a loss; 0
 	// means nodes (no shrinking).
 	MinNodes int32 `protobuf:"varint,20,opt,name=min_nodes,json=minNodes,proto3" json:"min_nodes,omitempty"`
-	// checkpoint_dir is where a native job's sharded checkpoints go (every
-	// node must reach it); a command gets it as GPUCOORD_CHECKPOINT_DIR.
+	// checkpoint_dir, when set, is a shared directory every node reaches
+	// where ranks write their checkpoints (GPUCOORD_CHECKPOINT_DIR); empty
+	// means the agents hold them: each node keeps its ranks' files in a
+	// node-local directory and replicates them to checkpoint_replicas - 1
+	// peers.
 	CheckpointDir string `protobuf:"bytes,21,opt,name=checkpoint_dir,json=checkpointDir,proto3" json:"checkpoint_dir,omitempty"`
-	// checkpoint_every commits a native job's checkpoint every this many
-	// steps (and after the last); 0 only after the last.
+	// checkpoint_every makes a native job checkpoint every this many steps
+	// (and after the last); 0 means every step when the agents hold the
+	// checkpoints, and only after the last with a checkpoint_dir.
 	CheckpointEvery int32 `protobuf:"varint,22,opt,name=checkpoint_every,json=checkpointEvery,proto3" json:"checkpoint_every,omitempty"`
 	// global_batch and micro_batch are a native job's batch sizes: every
 	// generation keeps the global batch, so its DP degree must divide
@@ -516,8 +530,20 @@ type JobSpec struct {
 	// keep_checkpoints is how many committed checkpoint steps a native job
 	// keeps; older ones are removed after each commit. 0 keeps every one.
 	KeepCheckpoints int32 `protobuf:"varint,26,opt,name=keep_checkpoints,json=keepCheckpoints,proto3" json:"keep_checkpoints,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// checkpoint_replicas is how many nodes hold every node's files of a
+	// committed step, the node itself included (0: 2).
+	CheckpointReplicas int32 `protobuf:"varint,27,opt,name=checkpoint_replicas,json=checkpointReplicas,proto3" json:"checkpoint_replicas,omitempty"`
+	// checkpoint_backup is an optional second tier: a directory every node
+	// reaches where each node copies its files of every backup_every-th
+	// committed step, for the loss of every replica of a shard.
+	CheckpointBackup string `protobuf:"bytes,28,opt,name=checkpoint_backup,json=checkpointBackup,proto3" json:"checkpoint_backup,omitempty"`
+	BackupEvery      int32  `protobuf:"varint,29,opt,name=backup_every,json=backupEvery,proto3" json:"backup_every,omitempty"`
+	// hang_timeout_ms is how long a rank may go without progress (a step,
+	// checkpoint or heartbeat line on GPUCOORD_PROGRESS) before it is hung;
+	// 0 derives it from recent step times (10 x the median, at least 30 s).
+	HangTimeoutMs int64 `protobuf:"varint,30,opt,name=hang_timeout_ms,json=hangTimeoutMs,proto3" json:"hang_timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -732,6 +758,34 @@ func (x *JobSpec) GetKeepCheckpoints() int32 {
 	return 0
 }
 
+func (x *JobSpec) GetCheckpointReplicas() int32 {
+	if x != nil {
+		return x.CheckpointReplicas
+	}
+	return 0
+}
+
+func (x *JobSpec) GetCheckpointBackup() string {
+	if x != nil {
+		return x.CheckpointBackup
+	}
+	return ""
+}
+
+func (x *JobSpec) GetBackupEvery() int32 {
+	if x != nil {
+		return x.BackupEvery
+	}
+	return 0
+}
+
+func (x *JobSpec) GetHangTimeoutMs() int64 {
+	if x != nil {
+		return x.HangTimeoutMs
+	}
+	return 0
+}
+
 // Member is a node of a generation and the global ranks it runs.
 type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -744,9 +798,11 @@ type Member struct {
 	// instance is the run of the node's agent the generation was given to
 	// (Node.instance): a node that restarted and registered again is not
 	// this member, and the member is lost.
-	Instance      string `protobuf:"bytes,5,opt,name=instance,proto3" json:"instance,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Instance string `protobuf:"bytes,5,opt,name=instance,proto3" json:"instance,omitempty"`
+	// checkpoint_addr is the node's Node.checkpoint_addr.
+	CheckpointAddr string `protobuf:"bytes,6,opt,name=checkpoint_addr,json=checkpointAddr,proto3" json:"checkpoint_addr,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Member) Reset() {
@@ -814,6 +870,13 @@ func (x *Member) GetInstance() string {
 	return ""
 }
 
+func (x *Member) GetCheckpointAddr() string {
+	if x != nil {
+		return x.CheckpointAddr
+	}
+	return ""
+}
+
 // Generation is one frozen membership of a job with its layout.
 type Generation struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -828,7 +891,13 @@ type Generation struct {
 	ResumeStep int64 `protobuf:"varint,6,opt,name=resume_step,json=resumeStep,proto3" json:"resume_step,omitempty"`
 	// reason says why this generation was made, for generations after the
 	// first.
-	Reason        string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	// checkpoint says where the files of resume_step are, when the agents
+	// hold the checkpoints: every node that wrote some and who holds them.
+	Checkpoint []*Copies `protobuf:"bytes,8,rep,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	// from_backup says resume_step comes from the job's checkpoint_backup,
+	// as no replica of some node's files is alive.
+	FromBackup    bool `protobuf:"varint,9,opt,name=from_backup,json=fromBackup,proto3" json:"from_backup,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -912,6 +981,74 @@ func (x *Generation) GetReason() string {
 	return ""
 }
 
+func (x *Generation) GetCheckpoint() []*Copies {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+func (x *Generation) GetFromBackup() bool {
+	if x != nil {
+		return x.FromBackup
+	}
+	return false
+}
+
+// Copies says which nodes hold the files one node's ranks wrote for a
+// step: the writer itself first, then its replicas.
+type Copies struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Holders       []string               `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Copies) Reset() {
+	*x = Copies{}
+	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Copies) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Copies) ProtoMessage() {}
+
+func (x *Copies) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Copies.ProtoReflect.Descriptor instead.
+func (*Copies) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Copies) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Copies) GetHolders() []string {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
 // Assignment is everything a node should run now. An empty job means run
 // nothing; ranks of any other job or generation are stopped.
 type Assignment struct {
@@ -949,7 +1086,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	mi := &file_proto_gpucoord_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -961,7 +1098,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	mi := &file_proto_gpucoord_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -974,7 +1111,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{8}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Assignment) GetJob() string {
@@ -1063,7 +1200,7 @@ type Bootstrap struct {
 
 func (x *Bootstrap) Reset() {
 	*x = Bootstrap{}
-	mi := &file_proto_gpucoord_proto_msgTypes[9]
+	mi := &file_proto_gpucoord_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1212,7 @@ func (x *Bootstrap) String() string {
 func (*Bootstrap) ProtoMessage() {}
 
 func (x *Bootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[9]
+	mi := &file_proto_gpucoord_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1225,7 @@ func (x *Bootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bootstrap.ProtoReflect.Descriptor instead.
 func (*Bootstrap) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{9}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Bootstrap) GetMaster() string {
@@ -1123,15 +1260,20 @@ type Step struct {
 	Checkpointed bool `protobuf:"varint,5,opt,name=checkpointed,proto3" json:"checkpointed,omitempty"`
 	// generation and dp say which generation, at which data-parallel
 	// degree, trained the step.
-	Generation    int64 `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
-	Dp            int32 `protobuf:"varint,7,opt,name=dp,proto3" json:"dp,omitempty"`
+	Generation int64 `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
+	Dp         int32 `protobuf:"varint,7,opt,name=dp,proto3" json:"dp,omitempty"`
+	// copies, on a commit, says who holds each node's files of the step
+	// (empty with a shared checkpoint_dir).
+	Copies []*Copies `protobuf:"bytes,8,rep,name=copies,proto3" json:"copies,omitempty"`
+	// backup, on a commit, says the step is also in checkpoint_backup.
+	Backup        bool `protobuf:"varint,9,opt,name=backup,proto3" json:"backup,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_proto_gpucoord_proto_msgTypes[10]
+	mi := &file_proto_gpucoord_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1285,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[10]
+	mi := &file_proto_gpucoord_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1298,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{10}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Step) GetStep() int64 {
@@ -1208,6 +1350,138 @@ func (x *Step) GetDp() int32 {
 	return 0
 }
 
+func (x *Step) GetCopies() []*Copies {
+	if x != nil {
+		return x.Copies
+	}
+	return nil
+}
+
+func (x *Step) GetBackup() bool {
+	if x != nil {
+		return x.Backup
+	}
+	return false
+}
+
+// Stored reports a node's checkpoints that no commit covers yet, oldest
+// first: for each step, that the node's ranks have all written their files
+// of it and that holders hold them (this node and its replicas; none with
+// a shared checkpoint_dir), and also checkpoint_backup when backup is set.
+// A step is committed once every member of the generation has stored it.
+type Stored struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Steps         []*StoredStep          `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Stored) Reset() {
+	*x = Stored{}
+	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Stored) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Stored) ProtoMessage() {}
+
+func (x *Stored) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Stored.ProtoReflect.Descriptor instead.
+func (*Stored) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Stored) GetSteps() []*StoredStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+type StoredStep struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Step    int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	Holders []string               `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
+	Backup  bool                   `protobuf:"varint,3,opt,name=backup,proto3" json:"backup,omitempty"`
+	// generation is the reporting node's; the coordinator fills it in.
+	Generation    int64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoredStep) Reset() {
+	*x = StoredStep{}
+	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoredStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoredStep) ProtoMessage() {}
+
+func (x *StoredStep) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoredStep.ProtoReflect.Descriptor instead.
+func (*StoredStep) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *StoredStep) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *StoredStep) GetHolders() []string {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+func (x *StoredStep) GetBackup() bool {
+	if x != nil {
+		return x.Backup
+	}
+	return false
+}
+
+func (x *StoredStep) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 // RankExit is how a rank ended.
 type RankExit struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1226,7 +1500,7 @@ type RankExit struct {
 
 func (x *RankExit) Reset() {
 	*x = RankExit{}
-	mi := &file_proto_gpucoord_proto_msgTypes[11]
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1238,7 +1512,7 @@ func (x *RankExit) String() string {
 func (*RankExit) ProtoMessage() {}
 
 func (x *RankExit) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[11]
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1251,7 +1525,7 @@ func (x *RankExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankExit.ProtoReflect.Descriptor instead.
 func (*RankExit) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{11}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RankExit) GetRank() int32 {
@@ -1300,7 +1574,7 @@ type RankTimes struct {
 
 func (x *RankTimes) Reset() {
 	*x = RankTimes{}
-	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1586,7 @@ func (x *RankTimes) String() string {
 func (*RankTimes) ProtoMessage() {}
 
 func (x *RankTimes) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1599,7 @@ func (x *RankTimes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTimes.ProtoReflect.Descriptor instead.
 func (*RankTimes) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{12}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RankTimes) GetRanks() []*RankTime {
@@ -1346,7 +1620,7 @@ type TimesHistory struct {
 
 func (x *TimesHistory) Reset() {
 	*x = TimesHistory{}
-	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1358,7 +1632,7 @@ func (x *TimesHistory) String() string {
 func (*TimesHistory) ProtoMessage() {}
 
 func (x *TimesHistory) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1371,7 +1645,7 @@ func (x *TimesHistory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimesHistory.ProtoReflect.Descriptor instead.
 func (*TimesHistory) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{13}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TimesHistory) GetWindows() []*RankTimes {
@@ -1393,7 +1667,7 @@ type TimesBatch struct {
 
 func (x *TimesBatch) Reset() {
 	*x = TimesBatch{}
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +1679,7 @@ func (x *TimesBatch) String() string {
 func (*TimesBatch) ProtoMessage() {}
 
 func (x *TimesBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +1692,7 @@ func (x *TimesBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimesBatch.ProtoReflect.Descriptor instead.
 func (*TimesBatch) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TimesBatch) GetNodes() map[string]*TimesHistory {
@@ -1441,7 +1715,7 @@ type RankTime struct {
 
 func (x *RankTime) Reset() {
 	*x = RankTime{}
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1727,7 @@ func (x *RankTime) String() string {
 func (*RankTime) ProtoMessage() {}
 
 func (x *RankTime) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1740,7 @@ func (x *RankTime) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTime.ProtoReflect.Descriptor instead.
 func (*RankTime) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RankTime) GetRank() int32 {
@@ -1505,7 +1779,7 @@ type Straggler struct {
 
 func (x *Straggler) Reset() {
 	*x = Straggler{}
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1791,7 @@ func (x *Straggler) String() string {
 func (*Straggler) ProtoMessage() {}
 
 func (x *Straggler) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1804,7 @@ func (x *Straggler) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Straggler.ProtoReflect.Descriptor instead.
 func (*Straggler) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Straggler) GetRank() int32 {
@@ -1571,7 +1845,7 @@ type Stragglers struct {
 
 func (x *Stragglers) Reset() {
 	*x = Stragglers{}
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1857,7 @@ func (x *Stragglers) String() string {
 func (*Stragglers) ProtoMessage() {}
 
 func (x *Stragglers) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1870,7 @@ func (x *Stragglers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stragglers.ProtoReflect.Descriptor instead.
 func (*Stragglers) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Stragglers) GetGeneration() int64 {
@@ -1624,6 +1898,7 @@ type ReportRequest struct {
 	//	*ReportRequest_Step
 	//	*ReportRequest_Exit
 	//	*ReportRequest_Times
+	//	*ReportRequest_Stored
 	Kind          isReportRequest_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1631,7 +1906,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1643,7 +1918,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1656,7 +1931,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReportRequest) GetJob() string {
@@ -1723,6 +1998,15 @@ func (x *ReportRequest) GetTimes() *RankTimes {
 	return nil
 }
 
+func (x *ReportRequest) GetStored() *Stored {
+	if x != nil {
+		if x, ok := x.Kind.(*ReportRequest_Stored); ok {
+			return x.Stored
+		}
+	}
+	return nil
+}
+
 type isReportRequest_Kind interface {
 	isReportRequest_Kind()
 }
@@ -1743,6 +2027,10 @@ type ReportRequest_Times struct {
 	Times *RankTimes `protobuf:"bytes,7,opt,name=times,proto3,oneof"`
 }
 
+type ReportRequest_Stored struct {
+	Stored *Stored `protobuf:"bytes,8,opt,name=stored,proto3,oneof"`
+}
+
 func (*ReportRequest_Bootstrap) isReportRequest_Kind() {}
 
 func (*ReportRequest_Step) isReportRequest_Kind() {}
@@ -1751,15 +2039,20 @@ func (*ReportRequest_Exit) isReportRequest_Kind() {}
 
 func (*ReportRequest_Times) isReportRequest_Kind() {}
 
+func (*ReportRequest_Stored) isReportRequest_Kind() {}
+
 type ReportResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// committed is the job's last committed step as the coordinator knows
+	// it: an agent keeps the checkpoints it needs by it.
+	Committed     int64 `protobuf:"varint,1,opt,name=committed,proto3" json:"committed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +2064,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +2077,14 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReportResponse) GetCommitted() int64 {
+	if x != nil {
+		return x.Committed
+	}
+	return 0
 }
 
 type LeaveRequest struct {
@@ -1797,7 +2097,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +2109,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +2122,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -1847,7 +2147,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1859,7 +2159,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1872,7 +2172,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
 }
 
 type SubmitRequest struct {
@@ -1884,7 +2184,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1896,7 +2196,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1909,7 +2209,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -1927,7 +2227,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1939,7 +2239,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1952,7 +2252,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
 }
 
 // JobState is where a job stands.
@@ -1978,7 +2278,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1990,7 +2290,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2003,7 +2303,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -2075,7 +2375,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2087,7 +2387,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2100,7 +2400,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -2136,7 +2436,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2148,7 +2448,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +2461,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -2202,7 +2502,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2514,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,7 +2527,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -2255,7 +2555,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2267,7 +2567,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2280,7 +2580,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CancelResponse) GetState() *JobState {
@@ -2298,7 +2598,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2310,7 +2610,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2323,7 +2623,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 type NodeStatus struct {
@@ -2337,7 +2637,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2349,7 +2649,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2362,7 +2662,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -2397,7 +2697,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2409,7 +2709,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2422,7 +2722,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -2490,7 +2790,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2802,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2815,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -2558,7 +2858,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2570,7 +2870,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2583,7 +2883,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -2624,7 +2924,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2636,7 +2936,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2649,7 +2949,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -2691,7 +2991,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2703,7 +3003,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2716,7 +3016,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -2746,7 +3046,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2758,7 +3058,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2771,7 +3071,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -2806,7 +3106,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2818,7 +3118,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2831,7 +3131,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -2863,7 +3163,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2875,7 +3175,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2888,7 +3188,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -2934,7 +3234,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2946,7 +3246,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2959,7 +3259,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
 }
 
 type ListTokensResponse struct {
@@ -2971,7 +3271,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2983,7 +3283,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2996,7 +3296,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3015,7 +3315,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3027,7 +3327,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3040,7 +3340,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -3058,7 +3358,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3070,7 +3370,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3083,7 +3383,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
 }
 
 type GossipKeysRequest struct {
@@ -3098,7 +3398,7 @@ type GossipKeysRequest struct {
 
 func (x *GossipKeysRequest) Reset() {
 	*x = GossipKeysRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3110,7 +3410,7 @@ func (x *GossipKeysRequest) String() string {
 func (*GossipKeysRequest) ProtoMessage() {}
 
 func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3123,7 +3423,7 @@ func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeysRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GossipKeysRequest) GetAction() string {
@@ -3144,7 +3444,7 @@ type GossipKeysResponse struct {
 
 func (x *GossipKeysResponse) Reset() {
 	*x = GossipKeysResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3156,7 +3456,7 @@ func (x *GossipKeysResponse) String() string {
 func (*GossipKeysResponse) ProtoMessage() {}
 
 func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3169,7 +3469,7 @@ func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeysResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GossipKeysResponse) GetFingerprints() []string {
@@ -3183,7 +3483,7 @@ var File_proto_gpucoord_proto protoreflect.FileDescriptor
 
 const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
-	"\x14proto/gpucoord.proto\x12\vgpucoord.v1\"\xe7\x01\n" +
+	"\x14proto/gpucoord.proto\x12\vgpucoord.v1\"\x90\x02\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x12\n" +
@@ -3192,7 +3492,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\bprotocol\x18\x05 \x01(\x05R\bprotocol\x12\x18\n" +
 	"\aversion\x18\x06 \x01(\tR\aversion\x12\x1a\n" +
 	"\binstance\x18\a \x01(\tR\binstance\x12,\n" +
-	"\x12registered_unix_ms\x18\b \x01(\x03R\x10registeredUnixMs\"8\n" +
+	"\x12registered_unix_ms\x18\b \x01(\x03R\x10registeredUnixMs\x12'\n" +
+	"\x0fcheckpoint_addr\x18\t \x01(\tR\x0echeckpointAddr\"8\n" +
 	"\x0fRegisterRequest\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.gpucoord.v1.NodeR\x04node\"{\n" +
 	"\x10RegisterResponse\x12\x19\n" +
@@ -3210,7 +3511,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x03R\aleaseId\x12#\n" +
-	"\rfrom_revision\x18\x03 \x01(\x03R\ffromRevision\"\xcc\x06\n" +
+	"\rfrom_revision\x18\x03 \x01(\x03R\ffromRevision\"\xf5\a\n" +
 	"\aJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\x12\x1b\n" +
@@ -3241,17 +3542,22 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\vmicro_batch\x18\x18 \x01(\x05R\n" +
 	"microBatch\x12)\n" +
 	"\x10evict_stragglers\x18\x19 \x01(\bR\x0fevictStragglers\x12)\n" +
-	"\x10keep_checkpoints\x18\x1a \x01(\x05R\x0fkeepCheckpoints\x1a6\n" +
+	"\x10keep_checkpoints\x18\x1a \x01(\x05R\x0fkeepCheckpoints\x12/\n" +
+	"\x13checkpoint_replicas\x18\x1b \x01(\x05R\x12checkpointReplicas\x12+\n" +
+	"\x11checkpoint_backup\x18\x1c \x01(\tR\x10checkpointBackup\x12!\n" +
+	"\fbackup_every\x18\x1d \x01(\x05R\vbackupEvery\x12&\n" +
+	"\x0fhang_timeout_ms\x18\x1e \x01(\x03R\rhangTimeoutMs\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaa\x01\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x1d\n" +
 	"\n" +
 	"first_rank\x18\x03 \x01(\x05R\tfirstRank\x12\x14\n" +
 	"\x05ranks\x18\x04 \x01(\x05R\x05ranks\x12\x1a\n" +
-	"\binstance\x18\x05 \x01(\tR\binstance\"\xc4\x01\n" +
+	"\binstance\x18\x05 \x01(\tR\binstance\x12'\n" +
+	"\x0fcheckpoint_addr\x18\x06 \x01(\tR\x0echeckpointAddr\"\x9a\x02\n" +
 	"\n" +
 	"Generation\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
@@ -3261,7 +3567,15 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x02dp\x18\x05 \x01(\x05R\x02dp\x12\x1f\n" +
 	"\vresume_step\x18\x06 \x01(\x03R\n" +
 	"resumeStep\x12\x16\n" +
-	"\x06reason\x18\a \x01(\tR\x06reason\"\xcb\x02\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x123\n" +
+	"\n" +
+	"checkpoint\x18\b \x03(\v2\x13.gpucoord.v1.CopiesR\n" +
+	"checkpoint\x12\x1f\n" +
+	"\vfrom_backup\x18\t \x01(\bR\n" +
+	"fromBackup\"6\n" +
+	"\x06Copies\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\aholders\x18\x02 \x03(\tR\aholders\"\xcb\x02\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -3282,7 +3596,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x02 \x01(\tR\x05probe\x12!\n" +
-	"\fstore_secret\x18\x03 \x01(\fR\vstoreSecret\"\xc4\x01\n" +
+	"\fstore_secret\x18\x03 \x01(\fR\vstoreSecret\"\x89\x02\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x12\n" +
 	"\x04loss\x18\x02 \x01(\x01R\x04loss\x12\x18\n" +
@@ -3292,7 +3606,19 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x06 \x01(\x03R\n" +
 	"generation\x12\x0e\n" +
-	"\x02dp\x18\a \x01(\x05R\x02dp\"\x8b\x01\n" +
+	"\x02dp\x18\a \x01(\x05R\x02dp\x12+\n" +
+	"\x06copies\x18\b \x03(\v2\x13.gpucoord.v1.CopiesR\x06copies\x12\x16\n" +
+	"\x06backup\x18\t \x01(\bR\x06backup\"7\n" +
+	"\x06Stored\x12-\n" +
+	"\x05steps\x18\x01 \x03(\v2\x17.gpucoord.v1.StoredStepR\x05steps\"r\n" +
+	"\n" +
+	"StoredStep\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x18\n" +
+	"\aholders\x18\x02 \x03(\tR\aholders\x12\x16\n" +
+	"\x06backup\x18\x03 \x01(\bR\x06backup\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x03R\n" +
+	"generation\"\x8b\x01\n" +
 	"\bRankExit\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
@@ -3325,7 +3651,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +
 	"generation\x12,\n" +
-	"\x05ranks\x18\x02 \x03(\v2\x16.gpucoord.v1.StragglerR\x05ranks\"\x9b\x02\n" +
+	"\x05ranks\x18\x02 \x03(\v2\x16.gpucoord.v1.StragglerR\x05ranks\"\xca\x02\n" +
 	"\rReportRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -3335,9 +3661,11 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\tbootstrap\x18\x04 \x01(\v2\x16.gpucoord.v1.BootstrapH\x00R\tbootstrap\x12'\n" +
 	"\x04step\x18\x05 \x01(\v2\x11.gpucoord.v1.StepH\x00R\x04step\x12+\n" +
 	"\x04exit\x18\x06 \x01(\v2\x15.gpucoord.v1.RankExitH\x00R\x04exit\x12.\n" +
-	"\x05times\x18\a \x01(\v2\x16.gpucoord.v1.RankTimesH\x00R\x05timesB\x06\n" +
-	"\x04kind\"\x10\n" +
-	"\x0eReportResponse\"=\n" +
+	"\x05times\x18\a \x01(\v2\x16.gpucoord.v1.RankTimesH\x00R\x05times\x12-\n" +
+	"\x06stored\x18\b \x01(\v2\x13.gpucoord.v1.StoredH\x00R\x06storedB\x06\n" +
+	"\x04kind\".\n" +
+	"\x0eReportResponse\x12\x1c\n" +
+	"\tcommitted\x18\x01 \x01(\x03R\tcommitted\"=\n" +
 	"\fLeaveRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\x0f\n" +
@@ -3470,7 +3798,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),                // 1: gpucoord.v1.Node
@@ -3481,110 +3809,117 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*JobSpec)(nil),             // 6: gpucoord.v1.JobSpec
 	(*Member)(nil),              // 7: gpucoord.v1.Member
 	(*Generation)(nil),          // 8: gpucoord.v1.Generation
-	(*Assignment)(nil),          // 9: gpucoord.v1.Assignment
-	(*Bootstrap)(nil),           // 10: gpucoord.v1.Bootstrap
-	(*Step)(nil),                // 11: gpucoord.v1.Step
-	(*RankExit)(nil),            // 12: gpucoord.v1.RankExit
-	(*RankTimes)(nil),           // 13: gpucoord.v1.RankTimes
-	(*TimesHistory)(nil),        // 14: gpucoord.v1.TimesHistory
-	(*TimesBatch)(nil),          // 15: gpucoord.v1.TimesBatch
-	(*RankTime)(nil),            // 16: gpucoord.v1.RankTime
-	(*Straggler)(nil),           // 17: gpucoord.v1.Straggler
-	(*Stragglers)(nil),          // 18: gpucoord.v1.Stragglers
-	(*ReportRequest)(nil),       // 19: gpucoord.v1.ReportRequest
-	(*ReportResponse)(nil),      // 20: gpucoord.v1.ReportResponse
-	(*LeaveRequest)(nil),        // 21: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),       // 22: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),       // 23: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),      // 24: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),            // 25: gpucoord.v1.JobState
-	(*FollowRequest)(nil),       // 26: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),            // 27: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),       // 28: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),      // 29: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),       // 30: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),          // 31: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),           // 32: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),        // 33: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),      // 34: gpucoord.v1.StatusResponse
-	(*JoinRequest)(nil),         // 35: gpucoord.v1.JoinRequest
-	(*JoinResponse)(nil),        // 36: gpucoord.v1.JoinResponse
-	(*CreateTokenRequest)(nil),  // 37: gpucoord.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil), // 38: gpucoord.v1.CreateTokenResponse
-	(*TokenInfo)(nil),           // 39: gpucoord.v1.TokenInfo
-	(*ListTokensRequest)(nil),   // 40: gpucoord.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),  // 41: gpucoord.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),  // 42: gpucoord.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil), // 43: gpucoord.v1.RevokeTokenResponse
-	(*GossipKeysRequest)(nil),   // 44: gpucoord.v1.GossipKeysRequest
-	(*GossipKeysResponse)(nil),  // 45: gpucoord.v1.GossipKeysResponse
-	nil,                         // 46: gpucoord.v1.JobSpec.EnvEntry
-	nil,                         // 47: gpucoord.v1.TimesBatch.NodesEntry
+	(*Copies)(nil),              // 9: gpucoord.v1.Copies
+	(*Assignment)(nil),          // 10: gpucoord.v1.Assignment
+	(*Bootstrap)(nil),           // 11: gpucoord.v1.Bootstrap
+	(*Step)(nil),                // 12: gpucoord.v1.Step
+	(*Stored)(nil),              // 13: gpucoord.v1.Stored
+	(*StoredStep)(nil),          // 14: gpucoord.v1.StoredStep
+	(*RankExit)(nil),            // 15: gpucoord.v1.RankExit
+	(*RankTimes)(nil),           // 16: gpucoord.v1.RankTimes
+	(*TimesHistory)(nil),        // 17: gpucoord.v1.TimesHistory
+	(*TimesBatch)(nil),          // 18: gpucoord.v1.TimesBatch
+	(*RankTime)(nil),            // 19: gpucoord.v1.RankTime
+	(*Straggler)(nil),           // 20: gpucoord.v1.Straggler
+	(*Stragglers)(nil),          // 21: gpucoord.v1.Stragglers
+	(*ReportRequest)(nil),       // 22: gpucoord.v1.ReportRequest
+	(*ReportResponse)(nil),      // 23: gpucoord.v1.ReportResponse
+	(*LeaveRequest)(nil),        // 24: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),       // 25: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),       // 26: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),      // 27: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),            // 28: gpucoord.v1.JobState
+	(*FollowRequest)(nil),       // 29: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),            // 30: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),       // 31: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),      // 32: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),       // 33: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),          // 34: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),           // 35: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),        // 36: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),      // 37: gpucoord.v1.StatusResponse
+	(*JoinRequest)(nil),         // 38: gpucoord.v1.JoinRequest
+	(*JoinResponse)(nil),        // 39: gpucoord.v1.JoinResponse
+	(*CreateTokenRequest)(nil),  // 40: gpucoord.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil), // 41: gpucoord.v1.CreateTokenResponse
+	(*TokenInfo)(nil),           // 42: gpucoord.v1.TokenInfo
+	(*ListTokensRequest)(nil),   // 43: gpucoord.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),  // 44: gpucoord.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),  // 45: gpucoord.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil), // 46: gpucoord.v1.RevokeTokenResponse
+	(*GossipKeysRequest)(nil),   // 47: gpucoord.v1.GossipKeysRequest
+	(*GossipKeysResponse)(nil),  // 48: gpucoord.v1.GossipKeysResponse
+	nil,                         // 49: gpucoord.v1.JobSpec.EnvEntry
+	nil,                         // 50: gpucoord.v1.TimesBatch.NodesEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	46, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	49, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
 	7,  // 3: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
-	6,  // 4: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
-	8,  // 5: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
-	16, // 6: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
-	13, // 7: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
-	47, // 8: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
-	17, // 9: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
-	10, // 10: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
-	11, // 11: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
-	12, // 12: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
-	13, // 13: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
-	6,  // 14: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 15: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	25, // 16: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	8,  // 17: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	11, // 18: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	25, // 19: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 20: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	6,  // 21: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	25, // 22: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	8,  // 23: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	11, // 24: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	33, // 25: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	17, // 26: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	31, // 27: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	32, // 28: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	39, // 29: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	39, // 30: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	14, // 31: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
-	35, // 32: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	37, // 33: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	40, // 34: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	42, // 35: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	44, // 36: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 37: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 38: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	19, // 39: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	21, // 40: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	23, // 41: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	26, // 42: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	28, // 43: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	30, // 44: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	36, // 45: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	38, // 46: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	41, // 47: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	43, // 48: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	45, // 49: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 50: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	9,  // 51: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	20, // 52: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	22, // 53: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	24, // 54: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	27, // 55: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	29, // 56: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	34, // 57: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	45, // [45:58] is the sub-list for method output_type
-	32, // [32:45] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	9,  // 4: gpucoord.v1.Generation.checkpoint:type_name -> gpucoord.v1.Copies
+	6,  // 5: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
+	8,  // 6: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
+	9,  // 7: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
+	14, // 8: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
+	19, // 9: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
+	16, // 10: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
+	50, // 11: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
+	20, // 12: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
+	11, // 13: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
+	12, // 14: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
+	15, // 15: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
+	16, // 16: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
+	13, // 17: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
+	6,  // 18: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 19: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	28, // 20: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	8,  // 21: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	12, // 22: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	28, // 23: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 24: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	6,  // 25: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	28, // 26: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	8,  // 27: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	12, // 28: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	36, // 29: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	20, // 30: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	34, // 31: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	35, // 32: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	42, // 33: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	42, // 34: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	17, // 35: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
+	38, // 36: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	40, // 37: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	43, // 38: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	45, // 39: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	47, // 40: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 41: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 42: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	22, // 43: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	24, // 44: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	26, // 45: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	29, // 46: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	31, // 47: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	33, // 48: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	39, // 49: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	41, // 50: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	44, // 51: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	46, // 52: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	48, // 53: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 54: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	10, // 55: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	23, // 56: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	25, // 57: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	27, // 58: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	30, // 59: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	32, // 60: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	37, // 61: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	49, // [49:62] is the sub-list for method output_type
+	36, // [36:49] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -3592,11 +3927,12 @@ func file_proto_gpucoord_proto_init() {
 	if File_proto_gpucoord_proto != nil {
 		return
 	}
-	file_proto_gpucoord_proto_msgTypes[18].OneofWrappers = []any{
+	file_proto_gpucoord_proto_msgTypes[21].OneofWrappers = []any{
 		(*ReportRequest_Bootstrap)(nil),
 		(*ReportRequest_Step)(nil),
 		(*ReportRequest_Exit)(nil),
 		(*ReportRequest_Times)(nil),
+		(*ReportRequest_Stored)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3604,7 +3940,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   47,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

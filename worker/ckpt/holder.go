@@ -1,0 +1,653 @@
+// Package ckpt keeps a node's checkpoints when the agents hold them rather
+// than a shared file system: the files this node's ranks wrote, and the
+// replicas of its peers' files, in a node-local directory (memory-backed
+// where it fits), served to peers over mutual TLS and fetched from them.
+//
+// Under a Holder's root, a job's files are:
+//
+//	<job>/own/<step>/...           what this node's ranks wrote for step (their
+//	                               GPUCOORD_CHECKPOINT_DIR is <job>/own), and,
+//	                               after a restore, what they gathered
+//	<job>/peers/<node>/<step>/...  a replica of node's files of step
+//
+// A step's files move as one tar stream whose last entry lists every
+// file's SHA-256; a receiver places nothing it has not checked.
+//
+// # Concurrency
+//
+// A Holder's methods are safe for concurrent use; a job's steps are
+// replaced by rename, so a reader sees a step whole or not at all.
+package ckpt
+
+import (
+	"archive/tar"
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gpucoord/gpucoord/internal/pki"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+)
+
+// sumsEntry is the last entry of a step's tar stream: "<sha256>  <name>"
+// lines, one per file.
+const sumsEntry = ".sha256"
+
+// Holder is one node's store of checkpoints.
+type Holder struct {
+	root   string
+	node   string
+	log    *slog.Logger
+	client *http.Client
+	scheme string
+	server *tls.Config
+
+	mu   sync.Mutex
+	gens map[string]int64 // a job's newest generation here: older ones' replicas are refused
+}
+
+// New returns the holder of node's checkpoints under root. server and
+// client are PeerTLS's configurations; both nil means plaintext, which
+// Serve allows only on loopback.
+func New(root, node string, server, client *tls.Config, log *slog.Logger) *Holder {
+	if log == nil {
+		log = slog.Default()
+	}
+	tr := &http.Transport{TLSClientConfig: client, MaxIdleConnsPerHost: 4, IdleConnTimeout: time.Minute,
+		DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext}
+	scheme := "https"
+	if client == nil {
+		scheme = "http"
+	}
+	return &Holder{root: root, node: node, log: log.With("component", "checkpoints"), server: server,
+		client: &http.Client{Transport: tr}, scheme: scheme, gens: map[string]int64{}}
+}
+
+// Root is the holder's directory.
+func (h *Holder) Root() string { return h.root }
+
+// Own is the directory job's ranks on this node write their checkpoints
+// under (GPUCOORD_CHECKPOINT_DIR): step N's files go in Own(job)/N.
+func (h *Holder) Own(job string) string { return filepath.Join(h.root, job, "own") }
+
+func (h *Holder) peers(job string) string { return filepath.Join(h.root, job, "peers") }
+
+// stepDir is where src's files of step are on this node.
+func (h *Holder) stepDir(job, src string, step int64) string {
+	if src == h.node {
+		return filepath.Join(h.Own(job), strconv.FormatInt(step, 10))
+	}
+	return filepath.Join(h.peers(job), src, strconv.FormatInt(step, 10))
+}
+
+// Begin prepares job's directories for generation gen resuming after
+// step resume: steps after resume were never committed (or belong to a
+// generation that failed) and are removed, here and in the replicas this
+// node holds, so that a step's files are only ever the new generation's.
+// Replicas of an older generation are refused from now on.
+func (h *Holder) Begin(job string, gen, resume int64) error {
+	h.mu.Lock()
+	h.gens[job] = max(h.gens[job], gen)
+	h.mu.Unlock()
+	if err := os.MkdirAll(h.Own(job), 0o755); err != nil {
+		return fmt.Errorf("checkpoint directory: %w", err)
+	}
+	for _, dir := range h.stepRoots(job) {
+		for _, s := range steps(dir) {
+			if s > resume {
+				if err := os.RemoveAll(filepath.Join(dir, strconv.FormatInt(s, 10))); err != nil {
+					return fmt.Errorf("checkpoint directory: %w", err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// stepRoots are the directories of job whose entries are step directories:
+// own, and each peer's.
+func (h *Holder) stepRoots(job string) []string {
+	dirs := []string{h.Own(job)}
+	entries, _ := os.ReadDir(h.peers(job))
+	for _, e := range entries {
+		if e.IsDir() {
+			dirs = append(dirs, filepath.Join(h.peers(job), e.Name()))
+		}
+	}
+	return dirs
+}
+
+// steps lists the step directories in dir, ascending.
+func steps(dir string) []int64 {
+	entries, _ := os.ReadDir(dir)
+	var out []int64
+	for _, e := range entries {
+		if n, err := strconv.ParseInt(e.Name(), 10, 64); err == nil && n >= 0 && e.IsDir() && strconv.FormatInt(n, 10) == e.Name() {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Prune keeps, in every step root of job, the steps after committed and
+// the newest keep steps at or before it; keep below 1 counts as 1.
+func (h *Holder) Prune(job string, keep int, committed int64) {
+	keep = max(keep, 1)
+	for _, dir := range h.stepRoots(job) {
+		var old []int64
+		for _, s := range steps(dir) {
+			if s <= committed {
+				old = append(old, s)
+			}
+		}
+		for _, s := range old[:max(0, len(old)-keep)] {
+			if err := os.RemoveAll(filepath.Join(dir, strconv.FormatInt(s, 10))); err != nil {
+				h.log.Warn("removing an old checkpoint", "job", job, "step", s, "err", err)
+			}
+		}
+	}
+}
+
+// Remove deletes everything of job.
+func (h *Holder) Remove(job string) error {
+	h.mu.Lock()
+	delete(h.gens, job)
+	h.mu.Unlock()
+	return os.RemoveAll(filepath.Join(h.root, job))
+}
+
+// Has reports whether src's files of step are on this node.
+func (h *Holder) Has(job, src string, step int64) bool {
+	fi, err := os.Stat(h.stepDir(job, src, step))
+	return err == nil && fi.IsDir()
+}
+
+// ---- moving steps ----
+
+// Send streams src's files of step to a peer at addr, which keeps them as
+// its replica; gen is the sender's generation.
+func (h *Holder) Send(ctx context.Context, addr, job string, gen, step int64) (int64, error) {
+	dir := h.stepDir(job, h.node, step)
+	pr, pw := io.Pipe()
+	var n countWriter
+	go func() { pw.CloseWithError(writeTar(ctx, io.MultiWriter(pw, &n), dir)) }()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, h.url(addr, job, h.node, step, gen), pr)
+	if err != nil {
+		pr.Close()
+		return 0, err
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("replicating step %d to %s: %w", step, addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return 0, fmt.Errorf("replicating step %d to %s: %s: %s", step, addr, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return int64(n), nil
+}
+
+// Fetch copies src's files of step from the peer at addr into this node's
+// own directory of step (Own(job)/step), next to what is there.
+func (h *Holder) Fetch(ctx context.Context, addr, job, src string, step int64) (int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.url(addr, job, src, step, 0), nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return 0, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(msg)))
+	}
+	var n countWriter
+	dst := h.stepDir(job, h.node, step)
+	if err := readTar(io.TeeReader(resp.Body, &n), dst); err != nil {
+		return 0, err
+	}
+	return int64(n), nil
+}
+
+// CopyLocal copies src's files of step, held on this node as a replica
+// (or src is this node), into Own(job)/step.
+func (h *Holder) CopyLocal(job, src string, step int64) error {
+	return copyTree(h.stepDir(job, src, step), h.stepDir(job, h.node, step))
+}
+
+// ToBackup copies this node's own files of step into dir/<step> (the
+// job's shared second tier).
+func (h *Holder) ToBackup(job string, step int64, dir string) error {
+	return copyTree(h.stepDir(job, h.node, step), filepath.Join(dir, strconv.FormatInt(step, 10)))
+}
+
+// FromBackup copies the whole of step from the second tier dir into
+// Own(job)/step.
+func (h *Holder) FromBackup(job string, step int64, dir string) error {
+	src := filepath.Join(dir, strconv.FormatInt(step, 10))
+	if fi, err := os.Stat(src); err != nil || !fi.IsDir() {
+		return fmt.Errorf("step %d is not in the backup directory %s", step, dir)
+	}
+	return copyTree(src, h.stepDir(job, h.node, step))
+}
+
+// PruneBackup keeps the newest keep steps (at least 1) at or before
+// committed in the second tier dir.
+func PruneBackup(dir string, keep int, committed int64) {
+	var old []int64
+	for _, s := range steps(dir) {
+		if s <= committed {
+			old = append(old, s)
+		}
+	}
+	for _, s := range old[:max(0, len(old)-max(keep, 1))] {
+		os.RemoveAll(filepath.Join(dir, strconv.FormatInt(s, 10)))
+	}
+}
+
+func (h *Holder) url(addr, job, src string, step, gen int64) string {
+	u := url.URL{Scheme: h.scheme, Host: addr, Path: "/v1/jobs/" + job + "/nodes/" + src + "/steps/" + strconv.FormatInt(step, 10)}
+	if gen > 0 {
+		u.RawQuery = "generation=" + strconv.FormatInt(gen, 10)
+	}
+	return u.String()
+}
+
+// ---- serving ----
+
+// Serve answers peers on ln until ctx ends: GET a step of a node's files
+// that this node holds, PUT a replica of the caller's own files. Plaintext
+// is served only on a loopback listener.
+func (h *Holder) Serve(ctx context.Context, ln net.Listener) error {
+	if h.server == nil {
+		if ap, ok := ln.Addr().(*net.TCPAddr); !ok || !ap.IP.IsLoopback() {
+			ln.Close()
+			return fmt.Errorf("ckpt: plaintext on %s: peers off loopback need mutual TLS (a join token or TLS files)", ln.Addr())
+		}
+	} else {
+		ln = tls.NewListener(ln, h.server)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/jobs/{job}/nodes/{node}/steps/{step}", h.get)
+	mux.HandleFunc("PUT /v1/jobs/{job}/nodes/{node}/steps/{step}", h.put)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute,
+		ErrorLog: slog.NewLogLogger(h.log.Handler(), slog.LevelDebug)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-ctx.Done()
+		srv.Close()
+	}()
+	err := srv.Serve(ln)
+	<-done
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// target reads and checks a request's job, node and step.
+func (h *Holder) target(w http.ResponseWriter, r *http.Request) (job, node string, step int64, ok bool) {
+	job, node = r.PathValue("job"), r.PathValue("node")
+	step, err := strconv.ParseInt(r.PathValue("step"), 10, 64)
+	switch {
+	case !safeName(job) || !safeName(node):
+		http.Error(w, "bad job or node name", http.StatusBadRequest)
+	case err != nil || step < 0:
+		http.Error(w, "bad step", http.StatusBadRequest)
+	default:
+		return job, node, step, true
+	}
+	return "", "", 0, false
+}
+
+func (h *Holder) get(w http.ResponseWriter, r *http.Request) {
+	job, src, step, ok := h.target(w, r)
+	if !ok {
+		return
+	}
+	dir := h.stepDir(job, src, step)
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		http.Error(w, fmt.Sprintf("node %s holds no files of node %s for step %d of job %s", h.node, src, step, job), http.StatusNotFound)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-tar")
+	w.WriteHeader(http.StatusOK)
+	if err := writeTar(r.Context(), w, dir); err != nil {
+		// The stream ends without its checksums: the reader fails.
+		h.log.Warn("serving a checkpoint", "job", job, "node", src, "step", step, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+}
+
+func (h *Holder) put(w http.ResponseWriter, r *http.Request) {
+	job, src, step, ok := h.target(w, r)
+	if !ok {
+		return
+	}
+	if h.server != nil {
+		id, err := pki.PeerIdentity(r.TLS)
+		if err != nil || id.Name != src {
+			http.Error(w, fmt.Sprintf("a node sends only its own files (%s is not %s)", id.Name, src), http.StatusForbidden)
+			return
+		}
+	}
+	if src == h.node {
+		http.Error(w, "a node does not replicate to itself", http.StatusBadRequest)
+		return
+	}
+	gen, _ := strconv.ParseInt(r.URL.Query().Get("generation"), 10, 64)
+	h.mu.Lock()
+	newest := h.gens[job]
+	h.mu.Unlock()
+	if gen < newest {
+		http.Error(w, fmt.Sprintf("generation %d of job %s is over here (generation %d runs)", gen, job, newest), http.StatusConflict)
+		return
+	}
+	dst := h.stepDir(job, src, step)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dst), ".in-")
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	defer os.RemoveAll(tmp)
+	if err := readTar(r.Body, tmp); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	old := tmp + ".old"
+	os.Rename(dst, old) // absent the first time
+	if err := os.Rename(tmp, dst); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	os.RemoveAll(old)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// safeName is a job or node name usable as one path element.
+func safeName(s string) bool {
+	return s != "" && len(s) <= 253 && s != "." && s != ".." && !strings.ContainsAny(s, "/\\\x00") && !strings.HasPrefix(s, ".")
+}
+
+// ---- the tar stream ----
+
+// writeTar writes the files under dir (not those whose name starts with a
+// dot), then the checksums entry.
+func writeTar(ctx context.Context, w io.Writer, dir string) error {
+	bw := bufio.NewWriterSize(w, 1<<20)
+	tw := tar.NewWriter(bw)
+	var sums strings.Builder
+	buf := make([]byte, 1<<20)
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if path == dir {
+			return nil
+		}
+		if strings.HasPrefix(d.Name(), ".") {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() {
+			return nil // directories come with their files
+		}
+		rel, _ := filepath.Rel(dir, path)
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: filepath.ToSlash(rel), Mode: 0o644, Size: fi.Size(), ModTime: fi.ModTime(), Typeflag: tar.TypeReg}); err != nil {
+			return err
+		}
+		hash := sha256.New()
+		n, err := io.CopyBuffer(io.MultiWriter(tw, hash), io.LimitReader(f, fi.Size()), buf)
+		if err != nil {
+			return err
+		}
+		if n != fi.Size() {
+			return fmt.Errorf("%s shrank while it was sent", rel)
+		}
+		fmt.Fprintf(&sums, "%x  %s\n", hash.Sum(nil), filepath.ToSlash(rel))
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s := sums.String()
+	if err := tw.WriteHeader(&tar.Header{Name: sumsEntry, Mode: 0o644, Size: int64(len(s)), Typeflag: tar.TypeReg}); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(tw, s); err != nil {
+		return err
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// readTar places the files of a stream writeTar wrote under dst, each
+// written to a temporary file and renamed once the stream's checksums
+// have confirmed it: a stream cut short, or a file that does not match,
+// places nothing.
+func readTar(r io.Reader, dst string) error {
+	tr := tar.NewReader(bufio.NewReaderSize(r, 1<<20))
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	var files []staged
+	defer func() {
+		for _, f := range files {
+			os.Remove(f.tmp)
+		}
+	}()
+	seen := map[string]bool{}
+	buf := make([]byte, 1<<20)
+	for {
+		hdr, err := tr.Next()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errors.New("the stream ended before its checksums")
+			}
+			return fmt.Errorf("checkpoint stream: %w", err)
+		}
+		if hdr.Name == sumsEntry {
+			b, err := io.ReadAll(io.LimitReader(tr, 16<<20))
+			if err != nil {
+				return fmt.Errorf("checkpoint stream: %w", err)
+			}
+			if err := checkSums(string(b), files); err != nil {
+				return err
+			}
+			for _, f := range files {
+				if err := os.Rename(f.tmp, f.final); err != nil {
+					return err
+				}
+			}
+			files = nil
+			return nil
+		}
+		name := filepath.FromSlash(hdr.Name)
+		if hdr.Typeflag != tar.TypeReg || !filepath.IsLocal(name) || strings.HasPrefix(filepath.Base(name), ".") || seen[name] {
+			return fmt.Errorf("checkpoint stream: refusing entry %q", hdr.Name)
+		}
+		seen[name] = true
+		final := filepath.Join(dst, name)
+		if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
+			return err
+		}
+		tmp := filepath.Join(filepath.Dir(final), ".tmp-"+randHex()+"-"+filepath.Base(final))
+		f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return err
+		}
+		files = append(files, staged{tmp: tmp, final: final})
+		hash := sha256.New()
+		_, err = io.CopyBuffer(io.MultiWriter(f, hash), tr, buf)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("checkpoint stream: %s: %w", hdr.Name, err)
+		}
+		files[len(files)-1].sum = hex.EncodeToString(hash.Sum(nil)) + "  " + filepath.ToSlash(name)
+	}
+}
+
+// staged is a received file waiting for the stream's checksums.
+type staged struct{ tmp, final, sum string }
+
+// checkSums compares the stream's checksum lines with the files read.
+func checkSums(listed string, files []staged) error {
+	want := strings.Split(strings.TrimSuffix(listed, "\n"), "\n")
+	if listed == "" {
+		want = nil
+	}
+	got := make([]string, len(files))
+	for i, f := range files {
+		got[i] = f.sum
+	}
+	sort.Strings(want)
+	sort.Strings(got)
+	if !slices.Equal(want, got) {
+		return fmt.Errorf("checkpoint stream: the files do not match their checksums (%d listed, %d read)", len(want), len(got))
+	}
+	return nil
+}
+
+// copyTree copies the files under src (not dot files) into dst, each
+// through a temporary file and a rename.
+func copyTree(src, dst string) error {
+	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if path != src && strings.HasPrefix(d.Name(), ".") {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		rel, _ := filepath.Rel(src, path)
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o755)
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		return copyFile(path, target)
+	})
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	tmp := filepath.Join(filepath.Dir(dst), ".tmp-"+randHex()+"-"+filepath.Base(dst))
+	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, dst)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}
+
+func randHex() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+type countWriter int64
+
+func (c *countWriter) Write(p []byte) (int, error) { *c += countWriter(len(p)); return len(p), nil }
+
+// ---- policy ----
+
+// Replicas chooses the peers that hold a replica of self's files: the
+// next copies-1 members after self in the generation's order (a ring, as
+// Gemini places its replicas), preferring members whose failure domain
+// differs from self's and from those already chosen. domain returns a
+// member's failure domain ("" counts as its own).
+func Replicas(members []*pb.Member, self string, copies int, domain func(*pb.Member) string) []string {
+	i := slices.IndexFunc(members, func(m *pb.Member) bool { return m.Node == self })
+	if i < 0 || copies < 2 {
+		return nil
+	}
+	var ring []*pb.Member
+	for k := 1; k < len(members); k++ {
+		ring = append(ring, members[(i+k)%len(members)])
+	}
+	dom := func(m *pb.Member) string {
+		if d := domain(m); d != "" {
+			return d
+		}
+		return "node:" + m.Node
+	}
+	used := map[string]bool{dom(members[i]): true}
+	var out []string
+	taken := map[string]bool{}
+	for _, m := range ring {
+		if len(out) < copies-1 && !used[dom(m)] {
+			out, taken[m.Node] = append(out, m.Node), true
+			used[dom(m)] = true
+		}
+	}
+	for _, m := range ring {
+		if len(out) < copies-1 && !taken[m.Node] {
+			out, taken[m.Node] = append(out, m.Node), true
+		}
+	}
+	return out
+}

@@ -1,0 +1,160 @@
+package progress
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		line string
+		want Event
+		err  bool
+	}{
+		{line: "step 5", want: Event{Kind: Step, Step: 5}},
+		{line: "step 12 loss=2.5 seconds=0.25\r", want: Event{Kind: Step, Step: 12, Values: map[string]string{"loss": "2.5", "seconds": "0.25"}}},
+		{line: "  checkpoint   7 ", want: Event{Kind: Checkpoint, Step: 7}},
+		{line: "heartbeat", want: Event{Kind: Heartbeat}},
+		{line: "", err: true},
+		{line: "step", err: true},
+		{line: "step -1", err: true},
+		{line: "step x", err: true},
+		{line: "step 3 loss", err: true},
+		{line: "step 3 =1", err: true},
+		{line: "checkpoint 3 loss=1", err: true},
+		{line: "heartbeat 3", err: true},
+		{line: "epoch 3", err: true},
+		{line: "STEP 3", err: true},
+	}
+	for _, tc := range tests {
+		got, err := Parse(tc.line)
+		if tc.err {
+			if !errors.Is(err, ErrSyntax) {
+				t.Errorf("Parse(%q) = %+v, %v; want ErrSyntax", tc.line, got, err)
+			}
+			continue
+		}
+		if err != nil || got.Kind != tc.want.Kind || got.Step != tc.want.Step || fmt.Sprint(got.Values) != fmt.Sprint(tc.want.Values) {
+			t.Errorf("Parse(%q) = %+v, %v; want %+v", tc.line, got, err, tc.want)
+		}
+	}
+	e, _ := Parse("step 1 loss=0.1 bad=nan big=1e999 name=x")
+	if f, ok := e.Float("loss"); !ok || f != 0.1 {
+		t.Errorf("loss = %v %v", f, ok)
+	}
+	for _, k := range []string{"bad", "big", "name", "absent"} {
+		if _, ok := e.Float(k); ok {
+			t.Errorf("Float(%q) is a number", k)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{"step 1 loss=2", "checkpoint 9", "heartbeat", "step 1 a=b=c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, line string) {
+		e, err := Parse(line)
+		if err != nil {
+			return
+		}
+		if e.Step < 0 || (e.Kind != Step && len(e.Values) > 0) {
+			t.Fatalf("Parse(%q) = %+v", line, e)
+		}
+	})
+}
+
+// TestListener sends lines as a rank would (through Writer, and raw, with a
+// line too long and a bad one between) and checks what the handler got.
+func TestListener(t *testing.T) {
+	type got struct {
+		rank int
+		e    Event
+	}
+	var mu sync.Mutex
+	var events []got
+	seen := make(chan struct{}, 16)
+	l, err := Listen(t.TempDir(), []int{3, 4}, nil, func(rank int, e Event, _ time.Time) {
+		mu.Lock()
+		events = append(events, got{rank, e})
+		mu.Unlock()
+		seen <- struct{}{}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvPath, l.Path(3))
+	w, err := Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Step(1, KV{"loss", 0.1}, KV{"seconds", 1.0 / 3}); err != nil {
+		t.Fatal(err)
+	}
+	w.Checkpoint(1)
+	raw, err := net.Dial("unix", l.Path(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(raw, "%s\nnonsense\nheartbeat\nstep 2", strings.Repeat("x", 2*MaxLine))
+	raw.Close()
+	for range 4 {
+		select {
+		case <-seen:
+		case <-time.After(time.Minute):
+			t.Fatal("events did not arrive")
+		}
+	}
+	w.Close()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(l.dir); !os.IsNotExist(err) {
+		t.Errorf("socket directory left: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var s []string
+	for _, g := range events {
+		loss, _ := g.e.Float("loss")
+		secs, _ := g.e.Float("seconds")
+		s = append(s, fmt.Sprintf("%d %s %d %v %v", g.rank, g.e.Kind, g.e.Step, loss, secs == 1.0/3))
+	}
+	// Rank 3's lines arrive in order, rank 4's in order; the two interleave.
+	var r3, r4 []string
+	for _, x := range s {
+		if x[0] == '3' {
+			r3 = append(r3, x)
+		} else {
+			r4 = append(r4, x)
+		}
+	}
+	if want := []string{"3 step 1 0.1 true", "3 checkpoint 1 0 false"}; fmt.Sprint(r3) != fmt.Sprint(want) {
+		t.Errorf("rank 3: %q, want %q", r3, want)
+	}
+	if want := []string{"4 heartbeat 0 0 false", "4 step 2 0 false"}; fmt.Sprint(r4) != fmt.Sprint(want) {
+		t.Errorf("rank 4: %q, want %q", r4, want)
+	}
+}
+
+// TestWriterWithoutAgent: a program run outside gpucoord writes nothing
+// and fails nothing.
+func TestWriterWithoutAgent(t *testing.T) {
+	t.Setenv(EnvPath, "")
+	w, err := Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Step(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
