@@ -83,6 +83,7 @@ type jobEntry struct {
 	boots    map[int64]*pb.Bootstrap
 	step     *pb.Step
 	commit   *pb.Step
+	backup   *pb.Step
 	exits    map[int64]map[int32]exitKV
 	// times holds, per generation, each coordinator's batch of its nodes'
 	// compute times, with the revision that wrote it.
@@ -244,7 +245,7 @@ func (c *cache) gossipKeys() keyring {
 // grow-back waits for a commit, which arrives with its progress.
 func affectsDecision(field string) bool {
 	switch {
-	case field == "spec", field == "state", field == "generation", field == "commit", strings.HasPrefix(field, "exits/"):
+	case field == "spec", field == "state", field == "generation", field == "commit", field == "backup", strings.HasPrefix(field, "exits/"):
 		return true
 	}
 	return false
@@ -384,6 +385,10 @@ func (c *cache) putJob(j *jobEntry, field string, kv *mvccpb.KeyValue, bad func(
 		s := &pb.Step{}
 		bad(decode(kv.Value, s))
 		j.commit = s
+	case field == "backup":
+		s := &pb.Step{}
+		bad(decode(kv.Value, s))
+		j.backup = s
 	case field == "stragglers":
 		s := &pb.Stragglers{}
 		bad(decode(kv.Value, s))
@@ -526,7 +531,7 @@ func (c *cache) view(id string) (*view, bool) {
 // bootstrap, exits (in the order they were written) and times.
 func (e *jobEntry) job() *job {
 	j := &job{spec: e.spec, state: e.state, stateRev: e.stateRev, gen: e.gen, genRev: e.genRev, policy: e.policy,
-		step: e.step, commit: e.commit, created: e.created, exits: map[int32]*pb.RankExit{}, times: map[string]*pb.TimesHistory{}}
+		step: e.step, commit: e.commit, backup: e.backup, created: e.created, exits: map[int32]*pb.RankExit{}, times: map[string]*pb.TimesHistory{}}
 	if j.state == nil {
 		j.state = &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1}
 	}
@@ -635,4 +640,14 @@ func mustMarshal(m proto.Message) encoded {
 		panic(err) // only for messages that cannot be marshalled: a bug
 	}
 	return b
+}
+
+// committed is a job's last committed step as the cache holds it.
+func (c *cache) committed(job string) int64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if e := c.jobs[job]; e != nil && e.commit != nil {
+		return e.commit.Step
+	}
+	return 0
 }

@@ -551,6 +551,22 @@ func report(t *testing.T, c pb.CoordinatorClient, job string, gen int64, kind an
 	}
 }
 
+// stored reports that each node stored step of generation gen (a shared
+// directory: no holders), and checks that the last report commits it.
+func stored(t *testing.T, c pb.CoordinatorClient, job string, gen, step int64, nodes ...string) {
+	t.Helper()
+	for i, n := range nodes {
+		resp, err := c.Report(t.Context(), &pb.ReportRequest{Job: job, Generation: gen, Node: n,
+			Kind: &pb.ReportRequest_Stored{Stored: &pb.Stored{Steps: []*pb.StoredStep{{Step: step}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == len(nodes)-1 && len(nodes) > 1 && resp.Committed != step {
+			t.Errorf("step %d stored by %v: committed %d", step, nodes, resp.Committed)
+		}
+	}
+}
+
 // TestRecoveryGenerations walks the elastic state machine: a node lost
 // with restarts left makes generation 2 on the live node, resuming after
 // the last committed step (not the last reported one); a rank failure
@@ -566,9 +582,12 @@ func TestRecoveryGenerations(t *testing.T) {
 	s.MinNodes, s.MaxRestarts = 1, 3
 	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
 	next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 1 })
-	report(t, c, "j", 1, &pb.Step{Step: 1, Checkpointed: true})
-	report(t, c, "j", 1, &pb.Step{Step: 2, Checkpointed: true})
-	report(t, c, "j", 1, &pb.Step{Step: 3}) // not committed
+	report(t, c, "j", 1, &pb.Step{Step: 1})
+	stored(t, c, "j", 1, 1, "n0", "n1")
+	report(t, c, "j", 1, &pb.Step{Step: 2})
+	stored(t, c, "j", 1, 2, "n1", "n0")
+	report(t, c, "j", 1, &pb.Step{Step: 3})
+	stored(t, c, "j", 1, 3, "n0") // not committed: n1 has not stored it
 	kill1()
 	g := next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
 	if len(g.Members) != 1 || g.Members[0].Node != "n0" || g.World != 4 || g.Dp != 1 || g.ResumeStep != 2 || g.Reason != "node lost: n1 (ranks 4-7)" {
@@ -577,7 +596,8 @@ func TestRecoveryGenerations(t *testing.T) {
 	// A rank of generation 1 reporting late changes nothing; one of
 	// generation 2 failing makes generation 3.
 	report(t, c, "j", 1, &pb.RankExit{Rank: 0, Code: 1})
-	report(t, c, "j", 2, &pb.Step{Step: 3, Checkpointed: true})
+	report(t, c, "j", 2, &pb.Step{Step: 3})
+	stored(t, c, "j", 2, 3, "n0")
 	report(t, c, "j", 2, &pb.RankExit{Rank: 2, Code: 9})
 	g = next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 3 }).Generation
 	if len(g.Members) != 1 || g.ResumeStep != 3 || !strings.Contains(g.Reason, "rank 2 on n0 exited with code 9") {
@@ -585,7 +605,8 @@ func TestRecoveryGenerations(t *testing.T) {
 	}
 	registered := time.Now()
 	agent(t, c, node("n2", 4))
-	report(t, c, "j", 3, &pb.Step{Step: 4, Checkpointed: true})
+	report(t, c, "j", 3, &pb.Step{Step: 4})
+	stored(t, c, "j", 3, 4, "n0")
 	g = next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 4 }).Generation
 	if d := time.Since(registered); d < 300*time.Millisecond {
 		t.Errorf("n2 admitted %s after it registered, before StableFor", d)

@@ -493,13 +493,29 @@ func minNodes(spec *pb.JobSpec) int {
 	return int(spec.Nodes)
 }
 
-// resumeStep is the step a new generation of j starts from: its last
-// committed checkpoint, or the beginning.
-func resumeStep(j *job) int64 {
+// restorePoint is where a new generation of j starts from: its last
+// committed step, with who holds each node's files of it when the agents
+// hold the checkpoints; the job's backup tier when no live, connected node
+// holds some node's files of the commit; the beginning before any commit.
+// lost, when not empty, says why the job cannot go on: the commit is gone
+// with every node that held part of it, and no backup has an older step.
+func restorePoint(v *view) (resume int64, copies []*pb.Copies, fromBackup bool, lost string) {
+	j := v.job
 	if j.commit == nil {
-		return 0
+		return 0, nil, false, ""
 	}
-	return j.commit.Step
+	for _, c := range j.commit.Copies {
+		alive := slices.ContainsFunc(c.Holders, func(h string) bool { return v.nodes[h] != nil && v.connected[h] })
+		if alive {
+			continue
+		}
+		if j.backup != nil {
+			return j.backup.Step, nil, true, ""
+		}
+		return 0, nil, false, fmt.Sprintf("the checkpoint of step %d is lost: no live node holds node %s's files of it (held by %s), and the job has no backup tier (--checkpoint-backup)",
+			j.commit.Step, c.Node, strings.Join(c.Holders, ", "))
+	}
+	return j.commit.Step, j.commit.Copies, false, ""
 }
 
 // recoverWithout makes the next generation of a job whose generation
@@ -570,7 +586,10 @@ func admit(v *view, now time.Time, p policy) decision {
 			nodes, added = append(nodes, n), append(added, n.Name)
 		}
 	}
-	if len(added) == 0 || j.commit == nil || j.step == nil || j.commit.Step != j.step.Step || j.gen.Number != j.commit.Generation {
+	// A commit comes after the step's progress (its replicas are made
+	// first): a commit of this generation at most one step behind the
+	// progress loses at most that step.
+	if len(added) == 0 || j.commit == nil || j.step == nil || j.step.Step-j.commit.Step > 1 || j.gen.Number != j.commit.Generation {
 		return d // nobody to take, or not at a committed step boundary: the next commit looks again
 	}
 	n := usableNodes(spec, len(nodes), len(j.gen.Members)+1)
@@ -588,8 +607,18 @@ func nextGeneration(v *view, nodes []*pb.Node, why string, now time.Time) decisi
 	if err != nil { // usableNodes chose nodes the layout works on: a bug
 		panic(fmt.Sprintf("next generation of %s on %d nodes: %v", j.spec.Id, len(nodes), err))
 	}
-	resume := resumeStep(j)
+	resume, copies, fromBackup, lost := restorePoint(v)
+	if lost != "" {
+		d := decision{policy: &jobPolicy{}, state: &pb.JobState{Phase: pb.JobState_FAILED, FailedRank: -1, ExitCode: 1,
+			Reason: fmt.Sprintf("generation %d: %s; %s", j.gen.Number, why, lost)}}
+		d.log(true, "job failed", "job", j.spec.Id, "generation", j.gen.Number, "reason", lost)
+		return d
+	}
+	if fromBackup {
+		why += fmt.Sprintf("; the replicas of step %d are gone, so from the backup tier's step %d", j.commit.Step, resume)
+	}
 	gen := buildGeneration(j.spec, j.gen.Number+1, nodes, layout.DP, resume, why)
+	gen.Checkpoint, gen.FromBackup = copies, fromBackup
 	d := decision{gen: gen, policy: &jobPolicy{},
 		state: &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1, Reason: fmt.Sprintf("generation %d: %s; resuming after step %d", gen.Number, why, resume)}}
 	d.log(true, "new generation", "job", j.spec.Id, "generation", gen.Number, "nodes", len(nodes), "dp", gen.Dp, "resume", resume, "why", why)
@@ -660,7 +689,8 @@ func firstFailure(j *job) *pb.RankExit {
 func buildGeneration(spec *pb.JobSpec, number int64, nodes []*pb.Node, dp int, resume int64, why string) *pb.Generation {
 	g := &pb.Generation{Job: spec.Id, Number: number, World: int32(len(nodes)) * spec.GpusPerNode, Dp: int32(dp), ResumeStep: resume, Reason: why}
 	for i, n := range nodes {
-		g.Members = append(g.Members, &pb.Member{Node: n.Name, Host: n.Host, FirstRank: int32(i) * spec.GpusPerNode, Ranks: spec.GpusPerNode, Instance: n.Instance})
+		g.Members = append(g.Members, &pb.Member{Node: n.Name, Host: n.Host, FirstRank: int32(i) * spec.GpusPerNode, Ranks: spec.GpusPerNode,
+			Instance: n.Instance, CheckpointAddr: n.CheckpointAddr})
 	}
 	return g
 }

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -341,10 +342,17 @@ func TestDecideGrowPauseResume(t *testing.T) {
 		{name: "grow back at a committed step with a stable node",
 			v:    pool(atBoundary(shrunk(nil)), "n0", "n1"),
 			want: want{phase: pb.JobState_RUNNING, reason: "nodes joined: n1; resuming after step 10", gen: "n0,n1", genNum: 3, dp: 2, resume: 10}},
-		{name: "not at a committed step: wait for the next commit",
+		{name: "a commit one step behind the progress loses at most that step",
 			v: func() *view {
 				j := atBoundary(shrunk(nil))
 				j.step = &pb.Step{Step: 11}
+				return pool(j, "n0", "n1")
+			}(),
+			want: want{phase: pb.JobState_RUNNING, reason: "nodes joined: n1; resuming after step 10", gen: "n0,n1", genNum: 3, dp: 2, resume: 10}},
+		{name: "not at a committed step: wait for the next commit",
+			v: func() *view {
+				j := atBoundary(shrunk(nil))
+				j.step = &pb.Step{Step: 12}
 				return pool(j, "n0", "n1")
 			}(),
 			want: want{after: testPolicy.Recheck, noWrites: true}},
@@ -453,5 +461,78 @@ func TestForget(t *testing.T) {
 		if got := strings.Join(forget(jobs, tc.keep), ","); got != tc.want {
 			t.Errorf("forget keep %d = %q, want %q", tc.keep, got, tc.want)
 		}
+	}
+}
+
+func TestCommitOf(t *testing.T) {
+	g := &pb.Generation{Number: 3, Dp: 2, Members: []*pb.Member{{Node: "a"}, {Node: "b"}}}
+	st := func(gen int64, steps ...int64) *pb.Stored {
+		s := &pb.Stored{}
+		for _, n := range steps {
+			s.Steps = append(s.Steps, &pb.StoredStep{Step: n, Generation: gen, Holders: []string{"x", "y"}, Backup: n%10 == 0})
+		}
+		return s
+	}
+	tests := []struct {
+		name    string
+		records map[string]*pb.Stored
+		prev    *pb.Step
+		want    string
+	}{
+		{"nobody stored", nil, nil, "none"},
+		{"one member missing", map[string]*pb.Stored{"a": st(3, 5)}, nil, "none"},
+		{"the newest common step", map[string]*pb.Stored{"a": st(3, 5, 6, 7), "b": st(3, 4, 5, 6)}, nil, "6 backup=false copies=2"},
+		{"a backup step", map[string]*pb.Stored{"a": st(3, 10, 11), "b": st(3, 10)}, nil, "10 backup=true copies=2"},
+		{"an older generation's records do not count", map[string]*pb.Stored{"a": st(2, 8), "b": st(3, 8)}, nil, "none"},
+		{"not after the commit", map[string]*pb.Stored{"a": st(3, 6), "b": st(3, 6)}, &pb.Step{Step: 6, Generation: 3}, "none"},
+		{"after a resume from an older backup", map[string]*pb.Stored{"a": st(3, 6), "b": st(3, 6)}, &pb.Step{Step: 9, Generation: 2}, "6 backup=false copies=2"},
+		{"a non-member's record is ignored", map[string]*pb.Stored{"a": st(3, 6), "b": st(3, 6), "c": st(3, 7)}, nil, "6 backup=false copies=2"},
+	}
+	for _, tc := range tests {
+		c := commitOf(g, tc.records, tc.prev)
+		got := "none"
+		if c != nil {
+			got = fmt.Sprintf("%d backup=%v copies=%d", c.Step, c.Backup, len(c.Copies))
+			if c.Generation != 3 || c.Dp != 2 || !c.Checkpointed {
+				t.Errorf("%s: commit %v", tc.name, c)
+			}
+		}
+		if got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestRestorePoint(t *testing.T) {
+	copies := []*pb.Copies{{Node: "a", Holders: []string{"a", "b"}}, {Node: "b", Holders: []string{"b", "c"}}}
+	tests := []struct {
+		name   string
+		live   []string
+		backup *pb.Step
+		want   string
+	}{
+		{"every writer alive", []string{"a", "b", "c"}, nil, "12 copies=2 backup=false"},
+		{"a writer gone, its replica alive", []string{"b", "c"}, nil, "12 copies=2 backup=false"},
+		{"both holders of a's files gone: the backup", []string{"c"}, &pb.Step{Step: 8}, "8 copies=0 backup=true"},
+		{"both holders gone, no backup", []string{"c"}, nil, "lost: the checkpoint of step 12 is lost: no live node holds node a's files of it (held by a, b)"},
+	}
+	for _, tc := range tests {
+		v := &view{job: &job{commit: &pb.Step{Step: 12, Copies: copies}, backup: tc.backup}, nodes: map[string]*pb.Node{}, connected: map[string]bool{}}
+		for _, n := range tc.live {
+			v.nodes[n], v.connected[n] = &pb.Node{Name: n}, true
+		}
+		resume, cs, fromBackup, lost := restorePoint(v)
+		got := fmt.Sprintf("%d copies=%d backup=%v", resume, len(cs), fromBackup)
+		if lost != "" {
+			got = "lost: " + lost
+		}
+		if !strings.HasPrefix(got, tc.want) {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+	}
+	// A shared directory's commit has no copies: nothing to check.
+	v := &view{job: &job{commit: &pb.Step{Step: 4}}}
+	if r, _, _, lost := restorePoint(v); r != 4 || lost != "" {
+		t.Errorf("shared directory: %d %q", r, lost)
 	}
 }

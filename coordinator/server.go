@@ -333,7 +333,10 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 		_, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 			Then(clientv3.OpPut(key, encode(k.Bootstrap))).Commit()
 	case *pb.ReportRequest_Step:
-		return &pb.ReportResponse{}, s.reportStep(ctx, id, gen, k.Step)
+		err = s.reportStep(ctx, id, gen, k.Step)
+	case *pb.ReportRequest_Stored:
+		committed, err := s.reportStored(ctx, id, gen, req.GetNode(), k.Stored)
+		return &pb.ReportResponse{Committed: committed}, err
 	case *pb.ReportRequest_Times:
 		if req.GetNode() == "" {
 			return nil, status.Error(codes.InvalidArgument, "times without a node")
@@ -347,7 +350,10 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 	default:
 		return nil, status.Error(codes.InvalidArgument, "empty report")
 	}
-	return &pb.ReportResponse{}, etcdErr(err)
+	if err != nil {
+		return nil, etcdErr(err)
+	}
+	return &pb.ReportResponse{Committed: s.cache.committed(id)}, nil
 }
 
 // ownRanks refuses a report about ranks the reporting node does not run:
@@ -406,8 +412,8 @@ func (s *server) readGeneration(ctx context.Context, job string) (*pb.Generation
 	return g, nil
 }
 
-// reportStep records a step of generation gen: rank 0's progress and, when
-// checkpointed, the commit. Only the current generation's steps count; a
+// reportStep records a step of generation gen: rank 0's progress (commits
+// come from every member's Stored, reportStored). Only the current generation's steps count; a
 // replaced generation's ranks are told so, and stop. The write is one
 // transaction on the generation's revision as the cache holds it; when
 // the cache is behind, the answer carries the generation etcd holds.
@@ -427,12 +433,8 @@ func (s *server) reportStep(ctx context.Context, id string, gen int64, step *pb.
 		}
 		st := proto.Clone(step).(*pb.Step)
 		st.Generation, st.Dp = g.Number, g.Dp
-		ops := []clientv3.Op{clientv3.OpPut(s.k.progress(id), encode(st))}
-		if st.Checkpointed {
-			ops = append(ops, clientv3.OpPut(s.k.commit(id), encode(st)))
-		}
 		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", rev)).
-			Then(ops...).Else(clientv3.OpGet(s.k.generation(id))).Commit()
+			Then(clientv3.OpPut(s.k.progress(id), encode(st))).Else(clientv3.OpGet(s.k.generation(id))).Commit()
 		if err != nil || resp.Succeeded {
 			return etcdErr(err)
 		}
@@ -689,4 +691,140 @@ func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusRes
 		resp.Jobs = append(resp.Jobs, js)
 	}
 	return resp, nil
+}
+
+// maxStored bounds the steps one Stored report may name.
+const maxStored = 64
+
+// reportStored records a node's checkpoints of generation gen that no
+// commit covers yet, and commits the newest step every member of the
+// generation has stored (commitOf). The node's record is written in one
+// transaction on the generation's revision, which reads every record
+// back, so that of two members storing the last copies at once the later
+// one sees both; the commit is a second transaction on the generation and
+// the commit's revisions. It returns the job's last committed step.
+func (s *server) reportStored(ctx context.Context, id string, gen int64, node string, st *pb.Stored) (int64, error) {
+	if node == "" || len(st.GetSteps()) == 0 || len(st.GetSteps()) > maxStored {
+		return 0, status.Errorf(codes.InvalidArgument, "stored: want a node and 1 to %d steps", maxStored)
+	}
+	rec := proto.Clone(st).(*pb.Stored)
+	for _, x := range rec.Steps {
+		if x.Step < 1 || len(x.Holders) > 64 {
+			return 0, status.Errorf(codes.InvalidArgument, "stored step %d with %d holders", x.Step, len(x.Holders))
+		}
+		x.Generation = gen
+	}
+	g, rev := s.cache.generation(id)
+	for range 16 {
+		if g == nil || g.Number != gen {
+			var err error
+			if g, err = s.readGeneration(ctx, id); err != nil {
+				return 0, err
+			}
+			if g == nil || g.Number != gen {
+				return 0, status.Errorf(codes.FailedPrecondition, "job %s: generation %d is not the current one", id, gen)
+			}
+			resp, err := s.cli.Get(ctx, s.k.generation(id))
+			if err != nil || len(resp.Kvs) == 0 {
+				return 0, etcdErr(err)
+			}
+			rev = resp.Kvs[0].ModRevision
+		}
+		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", rev)).
+			Then(clientv3.OpPut(s.k.stored(id, node), encode(rec)), clientv3.OpGet(s.k.storedAll(id), clientv3.WithPrefix()), clientv3.OpGet(s.k.commit(id))).
+			Commit()
+		if err != nil {
+			return 0, etcdErr(err)
+		}
+		if !resp.Succeeded {
+			g = nil // re-read
+			continue
+		}
+		records := map[string]*pb.Stored{}
+		for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
+			r := &pb.Stored{}
+			if decode(kv.Value, r) == nil {
+				records[strings.TrimPrefix(string(kv.Key), s.k.storedAll(id))] = r
+			}
+		}
+		var prev *pb.Step
+		var prevRev int64
+		if kvs := resp.Responses[2].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			prev, prevRev = &pb.Step{}, kvs[0].ModRevision
+			if decode(kvs[0].Value, prev) != nil {
+				prev = nil
+			}
+		}
+		c := commitOf(g, records, prev)
+		if c == nil {
+			if prev != nil {
+				return prev.Step, nil
+			}
+			return 0, nil
+		}
+		ops := []clientv3.Op{clientv3.OpPut(s.k.commit(id), encode(c))}
+		if c.Backup {
+			ops = append(ops, clientv3.OpPut(s.k.backup(id), encode(c)))
+		}
+		cresp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", rev),
+			clientv3.Compare(clientv3.ModRevision(s.k.commit(id)), "=", prevRev)).Then(ops...).Commit()
+		if err != nil {
+			return 0, etcdErr(err)
+		}
+		if cresp.Succeeded {
+			s.log.Debug("committed", "job", id, "generation", gen, "step", c.Step, "backup", c.Backup)
+			return c.Step, nil
+		}
+		g = nil // another report committed, or a new generation began: look again
+	}
+	return 0, status.Errorf(codes.Aborted, "job %s: stored report of %s kept conflicting", id, node)
+}
+
+// commitOf is the commit the stored records make in generation g: the
+// newest step every member has stored in g, with each member's holders
+// (none with a shared directory) and whether all copied it to the backup
+// tier; nil when no step after prev's is stored everywhere.
+func commitOf(g *pb.Generation, records map[string]*pb.Stored, prev *pb.Step) *pb.Step {
+	if g == nil || len(g.Members) == 0 {
+		return nil
+	}
+	var common map[int64]bool
+	for i, m := range g.Members {
+		have := map[int64]bool{}
+		for _, x := range records[m.Node].GetSteps() {
+			if x.Generation == g.Number {
+				have[x.Step] = true
+			}
+		}
+		if i == 0 {
+			common = have
+			continue
+		}
+		for s := range common {
+			if !have[s] {
+				delete(common, s)
+			}
+		}
+	}
+	var best int64
+	for s := range common {
+		best = max(best, s)
+	}
+	if best == 0 || prev != nil && best <= prev.Step && prev.Generation >= g.Number {
+		return nil
+	}
+	c := &pb.Step{Step: best, Generation: g.Number, Dp: g.Dp, Checkpointed: true, Backup: true}
+	for _, m := range g.Members {
+		for _, x := range records[m.Node].GetSteps() {
+			if x.Generation != g.Number || x.Step != best {
+				continue
+			}
+			if len(x.Holders) > 0 {
+				c.Copies = append(c.Copies, &pb.Copies{Node: m.Node, Holders: x.Holders})
+			}
+			c.Backup = c.Backup && x.Backup
+			break
+		}
+	}
+	return c
 }

@@ -20,7 +20,9 @@ import (
 //	jobs/<id>/generation               Generation: the frozen members and layout
 //	jobs/<id>/bootstrap/<gen>          Bootstrap: rank 0's rendezvous address and the checkpoint probe
 //	jobs/<id>/progress                 Step: rank 0's last finished step
-//	jobs/<id>/commit                   Step: the last step in a committed checkpoint
+//	jobs/<id>/commit                   Step: the last step in a committed checkpoint, and who holds it
+//	jobs/<id>/backup                   Step: the last committed step also in the job's checkpoint_backup
+//	jobs/<id>/stored/<node>            Stored: the node's checkpoints no commit covers yet
 //	jobs/<id>/exits/<gen>/<rank>       RankExit
 //	jobs/<id>/times/<gen>/<coord>      TimesBatch: the compute times reported to one coordinator
 //	jobs/<id>/stragglers               Stragglers of the current generation
@@ -41,6 +43,11 @@ func (k keys) state(id string) string      { return k.job(id) + "state" }
 func (k keys) generation(id string) string { return k.job(id) + "generation" }
 func (k keys) progress(id string) string   { return k.job(id) + "progress" }
 func (k keys) commit(id string) string     { return k.job(id) + "commit" }
+func (k keys) backup(id string) string     { return k.job(id) + "backup" }
+func (k keys) storedAll(id string) string  { return k.job(id) + "stored/" }
+func (k keys) stored(id, node string) string {
+	return k.storedAll(id) + node
+}
 func (k keys) times(id string, gen int64, coordinator string) string {
 	return k.job(id) + "times/" + strconv.FormatInt(gen, 10) + "/" + coordinator
 }
@@ -162,6 +169,7 @@ type job struct {
 	boot      *pb.Bootstrap // of the current generation; nil until reported
 	step      *pb.Step
 	commit    *pb.Step               // last committed step; nil before the first
+	backup    *pb.Step               // last committed step in the backup tier; nil if none
 	exits     map[int32]*pb.RankExit // of the current generation
 	exitOrder []int32                // ranks in the order their exits were written
 	// times holds each member node's last window of compute times in the

@@ -915,3 +915,44 @@ func syncDir(dir string) error {
 	}
 	return nil
 }
+
+// Seal commits step under root from the shard files alone, when the ranks
+// that wrote them could not read each other's files (each wrote on its own
+// node, and the files were gathered here afterwards): it finds the degree
+// from the files' names, checks every shard file of it in full against its
+// header and commits the manifest (Commit). A step that has a manifest is
+// left as it is. Several processes may seal the same step at once.
+func Seal(ctx context.Context, root string, step int64, tensors []Tensor, cfg *Config) error {
+	dir := StepDir(root, step)
+	if _, err := os.Stat(filepath.Join(dir, ManifestFile)); err == nil {
+		return nil
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("%w: step %d: %v", ErrIncomplete, step, err)
+	}
+	degree := 0
+	for _, e := range entries {
+		var r, d int
+		if n, err := fmt.Sscanf(e.Name(), "shard-%d-of-%d.bin", &r, &d); err == nil && n == 2 && e.Name() == ShardFile(r, d) {
+			if degree != 0 && d != degree {
+				return fmt.Errorf("%w: step %d holds shards of degrees %d and %d", ErrMismatch, step, degree, d)
+			}
+			degree = d
+		}
+	}
+	if degree == 0 {
+		return fmt.Errorf("%w: step %d has no shard files in %s", ErrIncomplete, step, dir)
+	}
+	p, err := NewPartition(tensors, degree, cfg)
+	if err != nil {
+		return err
+	}
+	infos := make([]ShardInfo, degree)
+	for r := range degree {
+		if infos[r], err = InspectShard(ctx, root, step, p, r); err != nil {
+			return err
+		}
+	}
+	return Commit(ctx, root, step, p, infos)
+}

@@ -3,9 +3,9 @@ package worker
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -35,7 +35,8 @@ import (
 	"github.com/gpucoord/gpucoord/internal/localproc"
 	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
-	"github.com/gpucoord/gpucoord/worker/engine"
+	"github.com/gpucoord/gpucoord/worker/ckpt"
+	"github.com/gpucoord/gpucoord/worker/progress"
 )
 
 // Config configures an Agent. Start from DefaultConfig and override fields.
@@ -83,6 +84,10 @@ type Config struct {
 	NativeCommand []string
 	// WorkDir holds each generation's plan file and checkpoint directory.
 	WorkDir string
+	// CheckpointRoot is where the agent keeps the checkpoints it holds
+	// (its ranks' and its peers' replicas) for jobs without a shared
+	// checkpoint directory; empty means CheckpointRoot(Name, WorkDir).
+	CheckpointRoot string
 	// Output receives every rank's output, each line behind its rank's tag.
 	Output io.Writer
 	// Grace is how long ranks have between SIGTERM and SIGKILL.
@@ -154,6 +159,9 @@ type Agent struct {
 	renewed  chan struct{} // poked at every renewal, for the fence
 	pool     *gossip.Pool  // nil until the first registration
 	poolKeys [][]byte      // the pool's keys in use
+
+	holder   *ckpt.Holder // the checkpoints this node holds; set by Run
+	ckptAddr string       // where peers reach holder
 }
 
 // New returns an agent; Run starts it.
@@ -193,10 +201,17 @@ func New(cfg *Config) (*Agent, error) {
 // coordinator may have given them to another node. It returns an
 // ErrRefused error when the coordinator will not take this node.
 func (a *Agent) Run(ctx context.Context) error {
-	creds, err := a.credentials(ctx)
+	creds, peer, err := a.credentials(ctx)
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
+	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	served, err := a.serveCheckpoints(serveCtx, peer)
+	if err != nil {
+		stopServing()
+		return err
+	}
+	defer func() { stopServing(); <-served }()
 	conns := make([]*grpc.ClientConn, len(a.cfg.Coordinators))
 	for i, addr := range a.cfg.Coordinators {
 		cc, err := pb.Dial(addr, creds)
@@ -234,32 +249,76 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
-// credentials obtains what the agent shows coordinators (join.Credentials
-// as this node), trying again every Retry while no coordinator answers; a
-// refusal ends it with ErrRefused.
-func (a *Agent) credentials(ctx context.Context) (credentials.TransportCredentials, error) {
+// credentials obtains what the agent shows coordinators (join.Load as
+// this node), trying again every Retry while no coordinator answers; a
+// refusal ends it with ErrRefused. peer is the node's credentials, for
+// its peers; nil with the coordinators' plaintext.
+func (a *Agent) credentials(ctx context.Context) (creds credentials.TransportCredentials, peer *pki.Credentials, err error) {
 	cfg := join.Config{Coordinators: a.cfg.Coordinators, Token: a.cfg.Token, Files: a.cfg.TLS, Dir: a.cfg.CredentialsDir,
 		Identity: pki.Identity{Role: pki.RoleNode, Name: a.cfg.Name}}
 	for {
-		creds, err := join.Credentials(ctx, cfg)
+		c, ok, err := join.Load(ctx, cfg)
 		switch {
+		case err == nil && !ok:
+			return nil, nil, nil
 		case err == nil:
-			if creds != nil {
-				a.log.Info("mutual TLS as this node", "identity", cfg.Identity.String())
+			t, err := pki.ClientTLS(c)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%w: tls: %v", ErrRefused, err)
 			}
-			return creds, nil
+			a.log.Info("mutual TLS as this node", "identity", cfg.Identity.String())
+			return credentials.NewTLS(t), &c, nil
 		case ctx.Err() != nil:
-			return nil, nil
+			return nil, nil, nil
 		case errors.Is(err, join.ErrRefused):
-			return nil, fmt.Errorf("%w: %v", ErrRefused, err)
+			return nil, nil, fmt.Errorf("%w: %v", ErrRefused, err)
 		}
 		a.log.Warn("joining the cluster", "err", err)
 		select {
 		case <-ctx.Done():
-			return nil, nil
+			return nil, nil, nil
 		case <-time.After(a.cfg.Retry):
 		}
 	}
+}
+
+// serveCheckpoints starts the server of the checkpoints this node holds,
+// on the bind address, with mutual TLS between node certificates (peer)
+// or, without credentials, in plaintext on loopback only (elsewhere the
+// node holds its own files but serves none). The returned channel closes
+// when the server has stopped after ctx ends.
+func (a *Agent) serveCheckpoints(ctx context.Context, peer *pki.Credentials) (<-chan struct{}, error) {
+	done := make(chan struct{})
+	root := a.cfg.CheckpointRoot
+	if root == "" {
+		root = CheckpointRoot(a.cfg.Name, a.cfg.WorkDir)
+	}
+	var server, client *tls.Config
+	if peer != nil {
+		var err error
+		if server, client, err = pki.PeerTLS(*peer); err != nil {
+			return nil, fmt.Errorf("worker: peer tls: %w", err)
+		}
+	}
+	a.holder = ckpt.New(root, a.cfg.Name, server, client, a.log)
+	if peer == nil && !net.ParseIP(a.net.Bind).IsLoopback() {
+		a.log.Warn("no credentials: checkpoints are not served to peers off loopback (jobs need a shared --checkpoint-dir)")
+		close(done)
+		return done, nil
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(a.net.Bind, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("worker: checkpoint server: %w", err)
+	}
+	a.ckptAddr = net.JoinHostPort(a.net.Host, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	go func() {
+		defer close(done)
+		if err := a.holder.Serve(ctx, ln); err != nil {
+			a.log.Error("checkpoint server", "err", err)
+		}
+	}()
+	a.log.Info("holding checkpoints", "dir", root, "addr", a.ckptAddr)
+	return done, nil
 }
 
 // sessions moves between the coordinators until ctx ends or one refuses
@@ -347,7 +406,8 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	if lease == 0 {
 		sent := time.Now()
 		resp, err := client.Register(ctx, &pb.RegisterRequest{Node: &pb.Node{Name: a.cfg.Name, Host: a.net.Host, Gpus: int32(a.cfg.GPUs),
-			NvlinkDomain: a.cfg.NVLinkDomain, Protocol: pb.ProtocolVersion, Version: a.cfg.Version, Instance: a.instance}})
+			NvlinkDomain: a.cfg.NVLinkDomain, Protocol: pb.ProtocolVersion, Version: a.cfg.Version, Instance: a.instance,
+			CheckpointAddr: a.ckptAddr}})
 		if err != nil {
 			switch status.Code(err) {
 			case codes.AlreadyExists:
@@ -412,6 +472,11 @@ func (a *Agent) removeJobDir(job string) {
 		return
 	}
 	os.Remove(filepath.Join(a.cfg.WorkDir, job)) // fails, as it should, while not empty
+	if a.holder != nil {
+		if err := a.holder.Remove(job); err != nil {
+			a.log.Warn("removing the job's checkpoints", "job", job, "err", err)
+		}
+	}
 	a.log.Info("job files removed", "job", job, "dir", a.jobDir(job))
 }
 
@@ -485,6 +550,12 @@ const reportTimeout = 5 * time.Second
 // changes until it is taken, refused for good (a wrong token, a bad
 // report) or ctx ends.
 func (a *Agent) report(ctx context.Context, r *pb.ReportRequest) error {
+	_, err := a.reportResp(ctx, r)
+	return err
+}
+
+// reportResp is report, with the coordinator's answer.
+func (a *Agent) reportResp(ctx context.Context, r *pb.ReportRequest) (*pb.ReportResponse, error) {
 	r.Node = a.cfg.Name
 	for {
 		a.mu.Lock()
@@ -493,20 +564,20 @@ func (a *Agent) report(ctx context.Context, r *pb.ReportRequest) error {
 		// A call is bounded: one sent to a coordinator that was then cut
 		// off, or lost etcd, is tried again through the current one.
 		cctx, cancel := context.WithTimeout(ctx, reportTimeout)
-		_, err := client.Report(cctx, r)
+		resp, err := client.Report(cctx, r)
 		cancel()
 		if err == nil || ctx.Err() != nil {
-			return err
+			return resp, err
 		}
 		a.log.Warn("report", "job", r.Job, "err", err)
 		switch status.Code(err) {
 		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted, codes.ResourceExhausted:
 		default: // another coordinator would refuse it too
-			return err
+			return nil, err
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(a.cfg.Retry):
 		}
 	}
@@ -515,11 +586,8 @@ func (a *Agent) report(ctx context.Context, r *pb.ReportRequest) error {
 // runner runs the ranks of at most one assignment at a time.
 type runner struct {
 	agent *Agent
-	mu    sync.Mutex          // guards procs and committed
+	mu    sync.Mutex          // guards procs
 	procs map[int]*os.Process // the current run's ranks, once started
-	// committed is the last step a local rank reported checkpointed in the
-	// current run: a preempted node reports it itself before it leaves.
-	committed engine.StepResult
 	// life guards the fields below: apply and stop come from the session
 	// goroutine, preempt and the last stop from Run's.
 	life   sync.Mutex
@@ -582,22 +650,13 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 		r.masters <- &pb.Bootstrap{Master: asg.Master, Probe: asg.Probe, StoreSecret: asg.StoreSecret}
 	}
 	r.mu.Lock()
-	r.procs, r.committed = map[int]*os.Process{}, engine.StepResult{}
+	r.procs = map[int]*os.Process{}
 	r.mu.Unlock()
 	hooks := runHooks{
 		started: func(rank int, p *os.Process) {
 			r.mu.Lock()
 			r.procs[rank] = p
 			r.mu.Unlock()
-		},
-		step: func(s engine.StepResult) {
-			if s.Checkpointed {
-				r.mu.Lock()
-				if s.Step > r.committed.Step {
-					r.committed = s
-				}
-				r.mu.Unlock()
-			}
 		},
 	}
 	go func(a *pb.Assignment, masters <-chan *pb.Bootstrap, done chan struct{}) {
@@ -607,13 +666,14 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 }
 
 // preempt asks the current run's native ranks to checkpoint the step in
-// progress and stop (PreemptSignal), and waits up to grace for them; a
-// command's ranks, or a run without checkpoints, are left to stop.
+// progress and stop (PreemptSignal), and waits up to grace for them (the
+// run stores and reports that step before it ends, while this node is
+// still a member); a command's ranks are left to stop.
 func (r *runner) preempt(grace time.Duration) {
 	r.life.Lock()
 	cur, done := r.cur, r.done
 	r.life.Unlock()
-	if cur == nil || len(cur.Spec.GetCommand()) > 0 || cur.Spec.GetCheckpointDir() == "" {
+	if cur == nil || len(cur.Spec.GetCommand()) > 0 {
 		return
 	}
 	r.mu.Lock()
@@ -631,26 +691,12 @@ func (r *runner) preempt(grace time.Duration) {
 	case <-time.After(grace):
 		r.agent.log.Warn("ranks did not stop within the grace period after preemption")
 	}
-	// The step every rank checkpointed before the preempted ones stopped
-	// is committed now, while this node still belongs to the generation:
-	// rank 0's own report of it may come after the node has left, when a
-	// new generation no longer takes it.
-	r.mu.Lock()
-	s := r.committed
-	r.mu.Unlock()
-	if s.Step > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), grace)
-		defer cancel()
-		r.agent.report(ctx, &pb.ReportRequest{Job: cur.Job, Generation: cur.Generation.GetNumber(),
-			Kind: &pb.ReportRequest_Step{Step: &pb.Step{Step: int64(s.Step), Loss: s.Loss, Seconds: s.Seconds, SamplesPerSec: s.SamplesPerSec, Checkpointed: true}}})
-	}
 }
 
 // runHooks are what a run tells its runner: each rank's process once it
-// starts, and every step result a local rank prints.
+// starts.
 type runHooks struct {
 	started func(rank int, p *os.Process)
-	step    func(engine.StepResult)
 }
 
 // fence stops the current run because the node's lease ran out: its
@@ -755,16 +801,30 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 	}
 	dir := filepath.Join(a.jobDir(asg.Job), "gen-"+strconv.FormatInt(asg.Generation.GetNumber(), 10))
 	defer os.RemoveAll(dir) // the plan file is this generation's alone
-	ckpt := shared
-	if ckpt == "" {
-		ckpt = filepath.Join(a.jobDir(asg.Job), "checkpoints")
-	}
 	planPath := filepath.Join(dir, "plan.json")
 	if err := writePlan(planPath, asg); err != nil {
 		a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: fmt.Sprintf("plan file on node %s: %v", a.cfg.Name, err)})
 		return
 	}
-	if err := os.MkdirAll(ckpt, 0o755); err != nil {
+	// Without a shared directory the agents hold the checkpoints: the
+	// ranks write under this node's own directory, after the resume
+	// step's files are gathered there.
+	ckptDir := shared
+	if held(asg) {
+		ckptDir = a.holder.Own(asg.Job)
+		err := a.holder.Begin(asg.Job, asg.Generation.GetNumber(), asg.Generation.GetResumeStep())
+		if err == nil {
+			err = a.restore(ctx, asg)
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Error("checkpoint", "err", err)
+				a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: fmt.Sprintf("node %s: %v", a.cfg.Name, err)})
+			}
+			return
+		}
+	}
+	if err := os.MkdirAll(ckptDir, 0o755); err != nil {
 		a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: fmt.Sprintf("checkpoint directory on node %s: %v", a.cfg.Name, err)})
 		return
 	}
@@ -798,14 +858,33 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 		writers = append(writers, w)
 		return w
 	}
+	// Every rank speaks the progress protocol (native ranks always, a
+	// user's program when it cares): rank 0's steps go to the coordinator
+	// as the job's progress, every rank's step times to straggler
+	// detection, and its checkpoints are stored and committed.
+	times := newStepTimes()
+	cp := newCheckpoints(a, asg, local, times, func(s *pb.Step) {
+		a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(), Kind: &pb.ReportRequest_Step{Step: s}})
+	})
+	pl, err := progress.Listen("", local, log, cp.handle)
+	if err != nil {
+		a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: fmt.Sprintf("node %s: %v", a.cfg.Name, err)})
+		return
+	}
+	ranksDone := make(chan struct{})
+	go cp.run(ctx, ranksDone, a.cfg.Grace)
+	tctx, stopTimes := context.WithCancel(ctx)
+	defer stopTimes()
+	go a.reportTimes(tctx, asg, times)
 	pcfg := localproc.Config{
 		Ranks: l.World(), Local: local, Store: asg.Master, StoreSecret: asg.StoreSecret, Grace: a.cfg.Grace,
 		Stdout: tag, Stderr: tag, Started: hooks.started,
 		Command: func(ctx context.Context, rank int, _ string) (*exec.Cmd, error) {
-			env, err := RankEnv(asg, a.node(), rank, planPath, ckpt)
+			env, err := RankEnv(asg, a.node(), rank, planPath, ckptDir)
 			if err != nil {
 				return nil, err
 			}
+			env = append(env, progressEnv(pl, rank))
 			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 			cmd.Env = append(os.Environ(), env...)
 			if !native {
@@ -817,43 +896,17 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 			return cmd, nil
 		},
 	}
-	var emit func(engine.StepResult) error
-	if native {
-		// Every native rank prints its steps as JSON lines: rank 0's go to
-		// the coordinator as the job's progress, and every rank's compute
-		// time is averaged over a window and reported for straggler
-		// detection. Other lines are output, tagged.
-		times := newStepTimes()
-		pcfg.Stdout = func(rank int) io.Writer {
-			out := tag(rank)
-			return &localproc.LineWriter{Line: func(b []byte) error {
-				var s engine.StepResult
-				if bytes.HasPrefix(b, []byte(`{"step"`)) && json.Unmarshal(b, &s) == nil {
-					times.add(rank, s.ComputeSeconds)
-					hooks.step(s)
-					return nil
-				}
-				_, err := out.Write(b)
-				return err
-			}}
-		}
-		if me.FirstRank == 0 {
-			emit = func(s engine.StepResult) error {
-				times.add(0, s.ComputeSeconds)
-				hooks.step(s)
-				return a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
-					Kind: &pb.ReportRequest_Step{Step: &pb.Step{Step: int64(s.Step), Loss: s.Loss, Seconds: s.Seconds, SamplesPerSec: s.SamplesPerSec, Checkpointed: s.Checkpointed}}})
-			}
-		}
-		tctx, stopTimes := context.WithCancel(ctx)
-		defer stopTimes()
-		go a.reportTimes(tctx, asg, times)
-	}
 	log.Info("starting ranks", "first", me.FirstRank, "count", me.Ranks, "master", asg.Master)
-	err = localproc.Run(ctx, pcfg, emit)
+	err = localproc.Run[struct{}](ctx, pcfg, nil)
 	for _, w := range writers {
 		w.Flush()
 	}
+	// The ranks' last lines are in: what they checkpointed is stored and
+	// reported before how they ended, so that a step every rank wrote
+	// before a failure (or a preemption) is committed in this generation.
+	pl.Close()
+	close(ranksDone)
+	<-cp.finished
 	if ctx.Err() != nil {
 		log.Info("ranks stopped")
 		return

@@ -14,6 +14,10 @@ import (
 const (
 	EnvPlan          = "GPUCOORD_PLAN"
 	EnvCheckpointDir = "GPUCOORD_CHECKPOINT_DIR"
+	// EnvResumeStep is the committed step the generation resumes after:
+	// its files are under GPUCOORD_CHECKPOINT_DIR/<step> (0: from the
+	// beginning).
+	EnvResumeStep = "GPUCOORD_RESUME_STEP"
 	// EnvHost is the address other nodes reach this rank's node at.
 	EnvHost = "GPUCOORD_HOST"
 	// EnvBindHost is the local address the rank's listeners bind.
@@ -97,6 +101,7 @@ func RankEnv(a *pb.Assignment, node NodeEnv, r int, planPath, ckptDir string) ([
 		"GPUCOORD_RESTART_COUNT=" + restarts,
 		EnvPlan + "=" + planPath,
 		EnvCheckpointDir + "=" + ckptDir,
+		EnvResumeStep + "=" + strconv.FormatInt(a.Generation.GetResumeStep(), 10),
 		EnvHost + "=" + node.Host,
 		EnvBindHost + "=" + node.Bind,
 	}

@@ -3,7 +3,6 @@ package worker
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +18,7 @@ import (
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/schedule"
 	"github.com/gpucoord/gpucoord/worker/engine"
+	"github.com/gpucoord/gpucoord/worker/progress"
 )
 
 // PreemptSignal is what an agent sends its native ranks when the node is
@@ -62,8 +62,17 @@ func NativeConfig(asg *pb.Assignment) (*engine.Config, error) {
 		return nil, err
 	}
 	// A generation after a loss resumes from the job's last committed
-	// checkpoint, which every node reaches in the job's checkpoint dir.
+	// checkpoint: in the shared checkpoint directory, or, when the agents
+	// hold the checkpoints, in the node-local directory the agent gathered
+	// it into (RunNativeRank sets it), where ranks checkpoint every step
+	// unless the job says otherwise.
 	cfg.CheckpointDir, cfg.CheckpointEvery = spec.GetCheckpointDir(), int(spec.GetCheckpointEvery())
+	if cfg.CheckpointDir == "" {
+		cfg.LocalCheckpoints = true
+		if cfg.CheckpointEvery == 0 {
+			cfg.CheckpointEvery = 1
+		}
+	}
 	cfg.Resume = int(asg.Generation.GetResumeStep())
 	cfg.Generation = asg.Generation.GetNumber()
 	cfg.KeepCheckpoints = int(spec.GetKeepCheckpoints())
@@ -89,7 +98,19 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("RANK %q: %v", os.Getenv("RANK"), err)
 	}
-	if cfg.CheckpointDir != "" {
+	if cfg.LocalCheckpoints {
+		if cfg.CheckpointDir = os.Getenv(EnvCheckpointDir); cfg.CheckpointDir == "" {
+			return fmt.Errorf("%s is not set: the agent holds this job's checkpoints", EnvCheckpointDir)
+		}
+	}
+	// Steps and checkpoints go to the agent over the progress channel.
+	prog, err := progress.Dial()
+	if err != nil {
+		return err
+	}
+	defer prog.Close()
+	cfg.Checkpointed = func(steps int) { prog.Checkpoint(int64(steps)) }
+	{
 		// The agent sends SIGUSR1 when its node is told to leave: every
 		// rank then checkpoints the step in progress and this one stops.
 		var preempted atomic.Bool
@@ -104,7 +125,6 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 		cfg.Preempted = preempted.Load
 	}
 	store := net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT"))
-	enc := json.NewEncoder(stdout)
 	// Every rank reports its steps: rank 0's lines carry the loss to the
 	// coordinator, every rank's its compute time for straggler detection.
 	secret, err := localproc.StoreSecret()
@@ -113,6 +133,7 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 	p := engine.Process{Rank: rank, Store: store, StoreSecret: secret, Log: stderr, Bind: os.Getenv(EnvBindHost), Advertise: os.Getenv(EnvHost)}
 	return engine.RunProcess(ctx, cfg, p, func(s engine.StepResult) error {
-		return enc.Encode(s)
+		return prog.Step(int64(s.Step), progress.KV{Key: "loss", Value: s.Loss}, progress.KV{Key: "seconds", Value: s.Seconds},
+			progress.KV{Key: "samples_per_sec", Value: s.SamplesPerSec}, progress.KV{Key: "compute_seconds", Value: s.ComputeSeconds})
 	})
 }

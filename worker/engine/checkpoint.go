@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strconv"
 
 	"github.com/gpucoord/gpucoord/sharding"
 )
@@ -36,26 +37,9 @@ func (r *Rank) Checkpoint(ctx context.Context, root string, steps int) error {
 		return err
 	}
 	for _, cs := range r.chunks {
-		full := map[string][]float32{}
-		sh := &sharding.Shard{Rank: r.coord.DP, Range: cs.owned, Vectors: map[string][]float32{}}
-		for name, v := range map[string][]float32{vecParam: cs.params, vecM: cs.m, vecV: cs.v} {
-			switch {
-			case v == nil: // sharded parameters (ZeRO-3)
-				sh.Vectors[name] = cs.shard
-			case len(v) == cs.part.PaddedLen(): // replicated: take this rank's block
-				full[name] = v
-			default: // already this rank's block
-				sh.Vectors[name] = v
-			}
-		}
-		if len(full) > 0 {
-			own, err := sharding.ShardOf(cs.part, r.coord.DP, full)
-			if err != nil {
-				return err
-			}
-			for name, v := range own.Vectors {
-				sh.Vectors[name] = v
-			}
+		sh, err := r.block(cs)
+		if err != nil {
+			return err
 		}
 		if _, err := sharding.WriteShard(ctx, r.chunkRoot(root, cs), int64(steps), cs.part, sh); err != nil {
 			return fmt.Errorf("engine: checkpoint of step %d: %w", steps, err)
@@ -93,6 +77,103 @@ func (r *Rank) Checkpoint(ctx context.Context, root string, steps int) error {
 		return r.g.DP.Barrier(ctx)
 	}
 	return nil
+}
+
+// block is this rank's block of chunk cs's state vectors, sharing memory
+// with the rank's buffers.
+func (r *Rank) block(cs *chunkState) (*sharding.Shard, error) {
+	full := map[string][]float32{}
+	sh := &sharding.Shard{Rank: r.coord.DP, Range: cs.owned, Vectors: map[string][]float32{}}
+	for name, v := range map[string][]float32{vecParam: cs.params, vecM: cs.m, vecV: cs.v} {
+		switch {
+		case v == nil: // sharded parameters (ZeRO-3)
+			sh.Vectors[name] = cs.shard
+		case len(v) == cs.part.PaddedLen(): // replicated: take this rank's block
+			full[name] = v
+		default: // already this rank's block
+			sh.Vectors[name] = v
+		}
+	}
+	if len(full) > 0 {
+		own, err := sharding.ShardOf(cs.part, r.coord.DP, full)
+		if err != nil {
+			return nil, err
+		}
+		for name, v := range own.Vectors {
+			sh.Vectors[name] = v
+		}
+	}
+	return sh, nil
+}
+
+// LocalDir is the directory of step's node-local checkpoint under root
+// (Config.LocalCheckpoints): root/<step>, the progress protocol's
+// GPUCOORD_CHECKPOINT_DIR/<step>.
+func LocalDir(root string, step int) string { return filepath.Join(root, strconv.Itoa(step)) }
+
+// Snapshot is a copy of one rank's blocks of its state after a step: what
+// a local checkpoint writes while the next step runs.
+type Snapshot struct {
+	steps  int
+	shards []*sharding.Shard
+}
+
+// Snapshot copies this rank's blocks of every chunk's state after steps
+// optimizer steps, into reuse's buffers when it has the right sizes (a
+// rank alternates two snapshots, so a step costs no allocation).
+func (r *Rank) Snapshot(reuse *Snapshot, steps int) (*Snapshot, error) {
+	s := reuse
+	if s == nil || len(s.shards) != len(r.chunks) {
+		s = &Snapshot{shards: make([]*sharding.Shard, len(r.chunks))}
+	}
+	s.steps = steps
+	for i, cs := range r.chunks {
+		b, err := r.block(cs)
+		if err != nil {
+			return nil, err
+		}
+		dst := s.shards[i]
+		if dst == nil {
+			dst = &sharding.Shard{Vectors: map[string][]float32{}}
+			s.shards[i] = dst
+		}
+		dst.Rank, dst.Range = b.Rank, b.Range
+		for name, v := range b.Vectors {
+			if len(dst.Vectors[name]) != len(v) {
+				dst.Vectors[name] = make([]float32, len(v))
+			}
+			copy(dst.Vectors[name], v)
+		}
+	}
+	return s, nil
+}
+
+// WriteLocal writes s under LocalDir(root, s's step): this rank's shard of
+// each chunk, with no manifest and no wait for any other rank (they write
+// on their own nodes; RestoreLocal seals the step once its files are
+// gathered). It may run while the rank trains on.
+func (r *Rank) WriteLocal(ctx context.Context, root string, s *Snapshot) error {
+	dir := LocalDir(root, s.steps)
+	for i, cs := range r.chunks {
+		if _, err := sharding.WriteShard(ctx, r.chunkRoot(dir, cs), int64(s.steps), cs.part, s.shards[i]); err != nil {
+			return fmt.Errorf("engine: local checkpoint of step %d: %w", s.steps, err)
+		}
+	}
+	return nil
+}
+
+// RestoreLocal loads the state after steps steps from LocalDir(root,
+// steps), where the files every rank wrote with WriteLocal (at any DP
+// degree) have been gathered: it seals each chunk's step (sharding.Seal)
+// and reads it as Restore does.
+func (r *Rank) RestoreLocal(ctx context.Context, root string, steps int) error {
+	dir := LocalDir(root, steps)
+	for _, cs := range r.chunks {
+		if err := sharding.Seal(ctx, r.chunkRoot(dir, cs), int64(steps), cs.part.Tensors(), nil); err != nil {
+			return fmt.Errorf("engine: restore step %d: %w", steps, err)
+		}
+	}
+	return r.Restore(ctx, dir, steps)
 }
 
 // checkFence fails with sharding.ErrFenced when a generation after this

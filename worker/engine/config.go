@@ -44,6 +44,17 @@ type Config struct {
 	// ErrPreempted while the others go on. A node told to leave (a cloud's
 	// preemption notice) so loses no step.
 	Preempted func() bool
+	// LocalCheckpoints makes CheckpointDir node-local: every rank
+	// snapshots its state into memory after each checkpointed step and
+	// writes it under CheckpointDir/<step> in the background while the
+	// next step runs (Rank.WriteLocal), with no manifest and no barrier;
+	// Resume reads with Rank.RestoreLocal. The agent that gathered and
+	// replicates the files commits a step.
+	LocalCheckpoints bool
+	// Checkpointed, when set, is told of every step whose checkpoint this
+	// rank has written; with LocalCheckpoints it is called from the
+	// background writer.
+	Checkpointed func(steps int)
 	// Resume is the number of steps already done: Train restores their
 	// checkpoint from CheckpointDir (written at any DP degree) and goes on
 	// with the next step. Data and Adam's step count depend only on the
@@ -100,6 +111,8 @@ func (c *Config) Validate() error {
 		return bad("checkpoint every %d and resume after %d steps: want both >= 0 and resume <= steps %d", c.CheckpointEvery, c.Resume, c.Job.Steps)
 	case sharding.CheckKeep(c.KeepCheckpoints) != nil:
 		return bad("keep %d checkpoints: %v", c.KeepCheckpoints, sharding.CheckKeep(c.KeepCheckpoints))
+	case c.CheckpointDir == "" && c.LocalCheckpoints:
+		return bad("local checkpoints without a checkpoint directory")
 	case c.CheckpointDir == "" && (c.CheckpointEvery > 0 || c.Resume > 0):
 		return bad("checkpointing and resuming need a checkpoint directory")
 	}

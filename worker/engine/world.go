@@ -103,16 +103,22 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 		g.Close()
 		return nil, err
 	}
-	if cfg.CheckpointDir != "" && cfg.Generation > 0 && world.Rank() == 0 {
+	if cfg.CheckpointDir != "" && !cfg.LocalCheckpoints && cfg.Generation > 0 && world.Rank() == 0 {
 		if err := sharding.RaiseFence(cfg.CheckpointDir, cfg.Generation); err != nil {
 			return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
 		}
 	}
 	if cfg.Resume > 0 {
-		if err := r.Restore(ctx, cfg.CheckpointDir, cfg.Resume); err != nil {
+		restore := r.Restore
+		if cfg.LocalCheckpoints {
+			restore = r.RestoreLocal
+		}
+		if err := restore(ctx, cfg.CheckpointDir, cfg.Resume); err != nil {
 			return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
 		}
 	}
+	bg := &background{r: r, root: cfg.CheckpointDir, done: cfg.Checkpointed}
+	defer bg.wait()
 	for s := cfg.Resume; s < cfg.Job.Steps; s++ {
 		start := time.Now()
 		loss, err := r.Step(ctx, s)
@@ -134,7 +140,18 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 			}
 			preempted = flag[0] > 0
 		}
-		if n := s + 1; cfg.CheckpointDir != "" && (preempted || n == cfg.Job.Steps || cfg.CheckpointEvery > 0 && n%cfg.CheckpointEvery == 0) {
+		if n := s + 1; cfg.LocalCheckpoints && (preempted || n == cfg.Job.Steps || cfg.CheckpointEvery > 0 && n%cfg.CheckpointEvery == 0) {
+			// Snapshot now, write while the next step runs; a preempted
+			// rank waits for its write.
+			if err := bg.start(ctx, n); err != nil {
+				return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
+			}
+			if me {
+				if err := bg.wait(); err != nil {
+					return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
+				}
+			}
+		} else if n := s + 1; cfg.CheckpointDir != "" && (preempted || n == cfg.Job.Steps || cfg.CheckpointEvery > 0 && n%cfg.CheckpointEvery == 0) {
 			if err := r.Checkpoint(ctx, cfg.CheckpointDir, n); err != nil {
 				return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
 			}
@@ -143,6 +160,9 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 				return r, err
 			}
 			res.Checkpointed = true
+			if cfg.Checkpointed != nil {
+				cfg.Checkpointed(n)
+			}
 		}
 		if report != nil {
 			if err := report(res); err != nil {
@@ -153,7 +173,48 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 			return r, ErrPreempted
 		}
 	}
-	return r, nil
+	return r, bg.wait()
+}
+
+// background writes a rank's local checkpoints one at a time while it
+// trains: start snapshots the state (waiting first for the write before,
+// which bounds the memory to two snapshots) and writes it in a goroutine;
+// wait returns the last write's error. done is told of each step written.
+type background struct {
+	r     *Rank
+	root  string
+	done  func(int)
+	spare *Snapshot
+	cur   *Snapshot
+	errc  chan error
+}
+
+func (b *background) start(ctx context.Context, steps int) error {
+	if err := b.wait(); err != nil {
+		return err
+	}
+	snap, err := b.r.Snapshot(b.spare, steps)
+	if err != nil {
+		return err
+	}
+	b.cur, b.spare, b.errc = snap, nil, make(chan error, 1)
+	go func() {
+		err := b.r.WriteLocal(ctx, b.root, snap)
+		if err == nil && b.done != nil {
+			b.done(steps)
+		}
+		b.errc <- err
+	}()
+	return nil
+}
+
+func (b *background) wait() error {
+	if b.errc == nil {
+		return nil
+	}
+	err := <-b.errc
+	b.errc, b.spare, b.cur = nil, b.cur, nil
+	return err
 }
 
 // Close releases the rank's groups.

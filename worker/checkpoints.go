@@ -1,0 +1,324 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/worker/ckpt"
+	"github.com/gpucoord/gpucoord/worker/progress"
+)
+
+// Checkpoint defaults when the agents hold a job's checkpoints.
+const (
+	// DefaultReplicas is how many nodes hold each node's files of a step.
+	DefaultReplicas = 2
+	// defaultKeep is how many committed steps each node keeps when the job
+	// says 0 (keep all, which in memory would never end).
+	defaultKeep = 2
+	// shmMinFree is the free space /dev/shm needs to hold checkpoints.
+	shmMinFree = 2 << 30
+)
+
+// CheckpointRoot is where an agent named node keeps held checkpoints by
+// default: /dev/shm when it has shmMinFree free (memory is where a
+// checkpoint every step costs least), else under workDir.
+func CheckpointRoot(node, workDir string) string {
+	var st syscall.Statfs_t
+	if syscall.Statfs("/dev/shm", &st) == nil && uint64(st.Bavail)*uint64(st.Bsize) >= shmMinFree {
+		return filepath.Join("/dev/shm", "gpucoord-checkpoints", node)
+	}
+	return filepath.Join(workDir, "checkpoints", node)
+}
+
+// held reports whether the agents hold asg's checkpoints (no shared
+// directory).
+func held(asg *pb.Assignment) bool { return asg.Spec.GetCheckpointDir() == "" }
+
+// restore gathers, before a generation's ranks start, the files of its
+// resume step from wherever they are: this node's own or replica
+// directories, a peer holding them, or the backup tier. Each writer's
+// files come from the first of its holders that answers.
+func (a *Agent) restore(ctx context.Context, asg *pb.Assignment) error {
+	g, job := asg.Generation, asg.Job
+	step := g.GetResumeStep()
+	if step == 0 || a.holder == nil {
+		return nil
+	}
+	start := time.Now()
+	if g.GetFromBackup() {
+		if err := a.holder.FromBackup(job, step, asg.Spec.GetCheckpointBackup()); err != nil {
+			return fmt.Errorf("restoring step %d from the backup tier: %w", step, err)
+		}
+		a.log.Info("restored from the backup tier", "job", job, "step", step, "took", time.Since(start).Round(time.Millisecond))
+		return nil
+	}
+	addrs := map[string]string{}
+	for _, m := range g.Members {
+		addrs[m.Node] = m.CheckpointAddr
+	}
+	var bytes int64
+	for _, c := range g.GetCheckpoint() {
+		if err := a.gatherOne(ctx, asg, c, addrs, &bytes); err != nil {
+			return err
+		}
+	}
+	a.log.Info("restored from peers", "job", job, "step", step, "writers", len(g.GetCheckpoint()), "fetched_bytes", bytes,
+		"took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// gatherOne brings writer c.Node's files of the resume step into this
+// node's own directory of it.
+func (a *Agent) gatherOne(ctx context.Context, asg *pb.Assignment, c *pb.Copies, addrs map[string]string, bytes *int64) error {
+	job, step := asg.Job, asg.Generation.GetResumeStep()
+	// Held here already: as the writer, or as one of its replicas.
+	if slices.Contains(c.Holders, a.cfg.Name) && a.holder.Has(job, c.Node, step) {
+		if c.Node == a.cfg.Name {
+			return nil
+		}
+		return a.holder.CopyLocal(job, c.Node, step)
+	}
+	var errs []error
+	for _, h := range c.Holders {
+		addr := addrs[h]
+		if h == a.cfg.Name {
+			continue
+		}
+		if addr == "" {
+			// Not in this generation: ask the coordinator's view of nodes
+			// through the generation is all there is; a holder outside it
+			// is not reachable by name.
+			errs = append(errs, fmt.Errorf("%s: not a member of this generation", h))
+			continue
+		}
+		n, err := a.holder.Fetch(ctx, addr, job, c.Node, step)
+		if err == nil {
+			*bytes += n
+			return nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", h, err))
+	}
+	return fmt.Errorf("restoring step %d: no holder of node %s's files answered: %w", step, c.Node, errors.Join(errs...))
+}
+
+// checkpoints follows a run's progress lines for the agent: rank 0's steps
+// go to the coordinator, every rank's step times to straggler detection,
+// and once every local rank has written a step's files, the step is
+// stored (replicated when the agents hold the checkpoints) and reported.
+type checkpoints struct {
+	a     *Agent
+	asg   *pb.Assignment
+	local []int
+	log   *slog.Logger
+	times *stepTimes
+	step  func(s *pb.Step) // rank 0's progress
+
+	mu       sync.Mutex
+	last     map[int]time.Time // each local rank's last line
+	written  map[int]int64     // each local rank's newest "checkpoint N"
+	queued   int64             // newest step every local rank has written
+	stored   []*pb.StoredStep  // stored, not known committed
+	commit   int64             // the job's last commit, as last heard
+	wake     chan struct{}
+	finished chan struct{}
+}
+
+func newCheckpoints(a *Agent, asg *pb.Assignment, local []int, times *stepTimes, step func(*pb.Step)) *checkpoints {
+	c := &checkpoints{a: a, asg: asg, local: local, times: times, step: step, last: map[int]time.Time{}, written: map[int]int64{},
+		commit: asg.Generation.GetResumeStep(), wake: make(chan struct{}, 1), finished: make(chan struct{}),
+		log: a.log.With("job", asg.Job, "generation", asg.Generation.GetNumber())}
+	c.queued = c.commit
+	return c
+}
+
+// handle takes one rank's progress line (progress.Handler).
+func (c *checkpoints) handle(rank int, e progress.Event, at time.Time) {
+	c.mu.Lock()
+	c.last[rank] = at
+	c.mu.Unlock()
+	switch e.Kind {
+	case progress.Step:
+		secs, ok := e.Float("compute_seconds")
+		if !ok {
+			secs, ok = e.Float("seconds")
+		}
+		if ok {
+			c.times.add(rank, secs)
+		}
+		if rank == 0 {
+			s := &pb.Step{Step: e.Step}
+			s.Loss, _ = e.Float("loss")
+			s.Seconds, _ = e.Float("seconds")
+			s.SamplesPerSec, _ = e.Float("samples_per_sec")
+			c.step(s)
+		}
+	case progress.Checkpoint:
+		c.mu.Lock()
+		c.written[rank] = max(c.written[rank], e.Step)
+		ready := e.Step
+		for _, r := range c.local {
+			ready = min(ready, c.written[r])
+		}
+		if ready > c.queued {
+			c.queued = ready
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
+		}
+		c.mu.Unlock()
+	}
+}
+
+// run stores each step as it becomes ready (the newest when several are:
+// a slow replication skips steps, it never stalls training) until ctx
+// ends; then it stores what is ready and reports, within grace, so that a
+// preempted node's last checkpoint is committed while it is a member.
+func (c *checkpoints) run(ctx context.Context, done <-chan struct{}, grace time.Duration) {
+	defer close(c.finished)
+	var storedUpTo int64 = c.commit
+	storeReady := func(ctx context.Context) {
+		c.mu.Lock()
+		n := c.queued
+		c.mu.Unlock()
+		if n > storedUpTo {
+			if err := c.store(ctx, n); err != nil {
+				if ctx.Err() == nil {
+					c.log.Warn("storing a checkpoint", "step", n, "err", err)
+				}
+				return
+			}
+			storedUpTo = n
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-done:
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
+			storeReady(fctx)
+			cancel()
+			return
+		case <-c.wake:
+			storeReady(ctx)
+		}
+	}
+}
+
+// store replicates this node's files of step to its peers (when the agents
+// hold them), copies them to the backup tier when the step is one, and
+// reports the node's stored steps.
+func (c *checkpoints) store(ctx context.Context, step int64) error {
+	a, asg := c.a, c.asg
+	spec := asg.Spec
+	x := &pb.StoredStep{Step: step}
+	if held(asg) && a.holder != nil {
+		copies := int(spec.GetCheckpointReplicas())
+		if copies == 0 {
+			copies = DefaultReplicas
+		}
+		peers := ckpt.Replicas(asg.Generation.Members, a.cfg.Name, copies, func(*pb.Member) string { return "" })
+		addrs := map[string]string{}
+		for _, m := range asg.Generation.Members {
+			addrs[m.Node] = m.CheckpointAddr
+		}
+		start := time.Now()
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		var errs []error
+		var sent int64
+		for _, p := range peers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n, err := a.holder.Send(ctx, addrs[p], asg.Job, asg.Generation.GetNumber(), step)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", p, err))
+				}
+				sent += n
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		x.Holders = append([]string{a.cfg.Name}, peers...)
+		c.log.Debug("replicated", "step", step, "peers", peers, "bytes", sent, "took", time.Since(start))
+	}
+	if dir := spec.GetCheckpointBackup(); dir != "" && spec.GetBackupEvery() > 0 && step%int64(spec.GetBackupEvery()) == 0 {
+		var err error
+		if held(asg) && a.holder != nil {
+			err = a.holder.ToBackup(asg.Job, step, dir)
+		}
+		if err != nil {
+			return fmt.Errorf("backup of step %d: %w", step, err)
+		}
+		x.Backup = true
+	}
+	c.mu.Lock()
+	c.stored = append(c.stored, x)
+	if len(c.stored) > 32 {
+		c.stored = c.stored[len(c.stored)-32:]
+	}
+	steps := slices.Clone(c.stored)
+	c.mu.Unlock()
+	resp, err := a.reportResp(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
+		Kind: &pb.ReportRequest_Stored{Stored: &pb.Stored{Steps: steps}}})
+	if err != nil {
+		return err
+	}
+	c.committed(resp.GetCommitted())
+	return nil
+}
+
+// committed notes the job's last commit: what is no longer needed goes.
+func (c *checkpoints) committed(step int64) {
+	c.mu.Lock()
+	if step <= c.commit {
+		c.mu.Unlock()
+		return
+	}
+	c.commit = step
+	c.stored = slices.DeleteFunc(c.stored, func(x *pb.StoredStep) bool { return x.Step <= step })
+	c.mu.Unlock()
+	spec := c.asg.Spec
+	keep := int(spec.GetKeepCheckpoints())
+	if keep == 0 {
+		keep = defaultKeep
+	}
+	if held(c.asg) && c.a.holder != nil {
+		c.a.holder.Prune(c.asg.Job, keep, step)
+	}
+	if dir := spec.GetCheckpointBackup(); dir != "" {
+		if me, _ := member(c.asg, c.a.cfg.Name); me != nil && me.FirstRank == 0 {
+			ckpt.PruneBackup(dir, keep, step)
+		}
+	}
+}
+
+// lastProgress returns each local rank's last line time (zero: none yet).
+func (c *checkpoints) lastProgress() map[int]time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[int]time.Time{}
+	for _, r := range c.local {
+		out[r] = c.last[r]
+	}
+	return out
+}
+
+// progressEnv is a rank's GPUCOORD_PROGRESS.
+func progressEnv(l *progress.Listener, rank int) string {
+	return progress.EnvPath + "=" + l.Path(rank)
+}
