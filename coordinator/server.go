@@ -517,7 +517,7 @@ func (s *server) Follow(req *pb.FollowRequest, stream grpc.ServerStreamingServer
 	}
 	from := req.GetFromRevision()
 	if from == 0 {
-		if err := stream.Send(&pb.JobEvent{State: j.state, Generation: j.gen, Step: j.step, Revision: rev}); err != nil {
+		if err := stream.Send(&pb.JobEvent{State: j.state, Generation: j.gen, Step: j.step, Commit: j.commit, Revision: rev}); err != nil {
 			return err
 		}
 		if j.terminal() {
@@ -564,7 +564,7 @@ func (s *server) Follow(req *pb.FollowRequest, stream grpc.ServerStreamingServer
 					continue
 				}
 				key, rev := string(ev.Kv.Key), ev.Kv.ModRevision
-				if key != s.k.progress(id) && key != s.k.state(id) && key != s.k.generation(id) {
+				if key != s.k.progress(id) && key != s.k.state(id) && key != s.k.generation(id) && key != s.k.commit(id) {
 					continue
 				}
 				if out != nil && out.Revision != rev {
@@ -585,6 +585,9 @@ func (s *server) Follow(req *pb.FollowRequest, stream grpc.ServerStreamingServer
 				case s.k.generation(id):
 					out.Generation = &pb.Generation{}
 					decode(ev.Kv.Value, out.Generation)
+				case s.k.commit(id):
+					out.Commit = &pb.Step{}
+					decode(ev.Kv.Value, out.Commit)
 				}
 			}
 			if stop, err := flush(); stop || err != nil {

@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"unsafe"
 )
 
@@ -921,9 +922,18 @@ func syncDir(dir string) error {
 // node, and the files were gathered here afterwards): it finds the degree
 // from the files' names, checks every shard file of it in full against its
 // header and commits the manifest (Commit). A step that has a manifest is
-// left as it is. Several processes may seal the same step at once.
+// left as it is. Several processes may seal the same step at once: they
+// take turns (a lock file in the step's directory).
 func Seal(ctx context.Context, root string, step int64, tensors []Tensor, cfg *Config) error {
 	dir := StepDir(root, step)
+	lock, err := os.OpenFile(filepath.Join(dir, ".seal.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return fmt.Errorf("%w: step %d: %v", ErrIncomplete, step, err)
+	}
+	defer lock.Close() // releases the lock
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("sharding: seal step %d: %w", step, err)
+	}
 	if _, err := os.Stat(filepath.Join(dir, ManifestFile)); err == nil {
 		return nil
 	}

@@ -64,10 +64,13 @@ func NativeConfig(asg *pb.Assignment) (*engine.Config, error) {
 	// A generation after a loss resumes from the job's last committed
 	// checkpoint: in the shared checkpoint directory, or, when the agents
 	// hold the checkpoints, in the node-local directory the agent gathered
-	// it into (RunNativeRank sets it), where ranks checkpoint every step
-	// unless the job says otherwise.
+	// it into (the rank's GPUCOORD_CHECKPOINT_DIR), where ranks checkpoint
+	// every step unless the job says otherwise.
 	cfg.CheckpointDir, cfg.CheckpointEvery = spec.GetCheckpointDir(), int(spec.GetCheckpointEvery())
 	if cfg.CheckpointDir == "" {
+		if cfg.CheckpointDir = os.Getenv(EnvCheckpointDir); cfg.CheckpointDir == "" {
+			return nil, fmt.Errorf("%s is not set: the agent holds this job's checkpoints", EnvCheckpointDir)
+		}
 		cfg.LocalCheckpoints = true
 		if cfg.CheckpointEvery == 0 {
 			cfg.CheckpointEvery = 1
@@ -97,11 +100,6 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 	rank, err := strconv.Atoi(os.Getenv("RANK"))
 	if err != nil {
 		return fmt.Errorf("RANK %q: %v", os.Getenv("RANK"), err)
-	}
-	if cfg.LocalCheckpoints {
-		if cfg.CheckpointDir = os.Getenv(EnvCheckpointDir); cfg.CheckpointDir == "" {
-			return fmt.Errorf("%s is not set: the agent holds this job's checkpoints", EnvCheckpointDir)
-		}
 	}
 	// Steps and checkpoints go to the agent over the progress channel.
 	prog, err := progress.Dial()

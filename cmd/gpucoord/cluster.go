@@ -321,6 +321,7 @@ names (a build without the race detector under a race-enabled agent).`,
 	fl.StringVar(&cfg.Gossip, "gossip", "", "address of this node's member of the failure-detection pool, TCP and UDP (default: --bind, a free port)")
 	fl.BoolVar(&cfg.Devices, "cuda", false, "set CUDA_VISIBLE_DEVICES to each rank's local index")
 	fl.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "where plan files and checkpoints go")
+	fl.StringVar(&cfg.CheckpointRoot, "checkpoint-local", "", "where this node keeps the checkpoints it holds for jobs without a shared --checkpoint-dir (its ranks' and replicas of its peers'); default /dev/shm/gpucoord-checkpoints/NAME when /dev/shm has 2 GiB free, else under --work-dir")
 	fl.DurationVar(&cfg.Grace, "grace", cfg.Grace, "time between SIGTERM and SIGKILL when ranks stop")
 	auth.register(cmd)
 	logs.register(cmd)

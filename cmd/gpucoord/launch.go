@@ -497,6 +497,7 @@ type follower struct {
 	lastGen    int64
 	lastNodes  int
 	lastStep   int64
+	lastCommit int64
 	lastReason string
 	lastLoss   float64
 }
@@ -669,6 +670,10 @@ func (f *follower) show(ev *pb.JobEvent) error {
 				len(fmt.Sprint(f.steps)), s.Step, f.steps, s.Loss, 1e3*s.Seconds, f.lastGen, f.lastNodes, plural(f.lastNodes))
 		}
 	}
+	if c := ev.Commit; c != nil && f.json && c.Step != f.lastCommit {
+		f.lastCommit = c.Step
+		json.NewEncoder(f.out).Encode(launchCommit{Committed: c.Step, Generation: c.Generation, Backup: c.Backup})
+	}
 	if st := ev.State; st.GetPhase() == pb.JobState_PENDING && st.Reason != f.lastReason {
 		f.lastReason = st.Reason
 		fmt.Fprintf(f.progress, "pending: %s\n", st.Reason)
@@ -682,6 +687,14 @@ type launchStep struct {
 	engine.StepResult
 	Generation int64 `json:"generation"`
 	DP         int   `json:"dp"`
+}
+
+// launchCommit is a line of launch --json for each commit: the step every
+// rank's checkpoint holds, with its copies in place.
+type launchCommit struct {
+	Committed  int64 `json:"committed"`
+	Generation int64 `json:"generation"`
+	Backup     bool  `json:"backup,omitempty"`
 }
 
 // finish turns the final state into launch's result.

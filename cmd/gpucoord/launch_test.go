@@ -251,7 +251,8 @@ func coordinatorProc(t *testing.T, exe string, args ...string) (*proc, string) {
 func workerProc(t *testing.T, exe, coords, name string, gpus int) (*proc, string) {
 	t.Helper()
 	dir := t.TempDir()
-	p := start(t, exe, "worker", "--coordinator", coords, "--name", name, "--gpus", strconv.Itoa(gpus), "--work-dir", dir, "--grace", "1s")
+	p := start(t, exe, "worker", "--coordinator", coords, "--name", name, "--gpus", strconv.Itoa(gpus), "--work-dir", dir, "--grace", "1s",
+		"--checkpoint-local", filepath.Join(dir, "held"))
 	p.waitLine(t, "msg=registered ", 30*time.Second)
 	return p, dir
 }
@@ -708,8 +709,11 @@ func TestElasticKillAndRejoin(t *testing.T) {
 			break
 		}
 	}
-	if last.Step != steps || last.DP != 2 || last.Generation != 3 || !last.Checkpointed {
-		t.Errorf("last step %+v, want step %d at dp 2 in generation 3, checkpointed", last, steps)
+	if last.Step != steps || last.DP != 2 || last.Generation != 3 {
+		t.Errorf("last step %+v, want step %d at dp 2 in generation 3", last, steps)
+	}
+	if c := commits(p.output()); len(c) == 0 || c[len(c)-1] != (launchCommit{Committed: steps, Generation: 3}) {
+		t.Errorf("commits end with %v, want step %d of generation 3", c[max(0, len(c)-1):], steps)
 	}
 	for _, s := range []string{"generation 2: 1 node (w0), 4 ranks, tp 2 pp 2 dp 1 (node lost: w1 (ranks 4-7); resuming after step",
 		"generation 3: 2 nodes (w0, w1), 8 ranks, tp 2 pp 2 dp 2 (nodes joined: w1; resuming after step"} {
@@ -717,6 +721,18 @@ func TestElasticKillAndRejoin(t *testing.T) {
 			t.Errorf("output lacks %q", s)
 		}
 	}
+}
+
+// commits reads launch --json's commit lines.
+func commits(out string) []launchCommit {
+	var cs []launchCommit
+	for _, line := range strings.Split(out, "\n") {
+		var c launchCommit
+		if strings.HasPrefix(line, `{"committed"`) && json.Unmarshal([]byte(line), &c) == nil {
+			cs = append(cs, c)
+		}
+	}
+	return cs
 }
 
 // TestElasticTorchProgram: examples/pytorch/elastic.py, a torchrun-style
@@ -780,11 +796,12 @@ func TestElasticStress(t *testing.T) {
 			}
 			sameLosses(t, losses(t, p.output()), want)
 			committed, resumed := int64(0), false
-			for _, line := range strings.Split(p.output(), "\n") {
-				var s launchStep
-				if strings.HasPrefix(line, `{"step"`) && json.Unmarshal([]byte(line), &s) == nil && s.Checkpointed && s.Generation == 1 {
-					committed = max(committed, int64(s.Step))
+			for _, c := range commits(p.output()) {
+				if c.Generation == 1 {
+					committed = max(committed, c.Committed)
 				}
+			}
+			for _, line := range strings.Split(p.output(), "\n") {
 				if i := strings.Index(line, "resuming after step "); i >= 0 && strings.HasPrefix(line, "generation 2") {
 					r, _ := strconv.ParseInt(strings.TrimSuffix(line[i+len("resuming after step "):], ")"), 10, 64)
 					if r < committed {
@@ -835,8 +852,14 @@ func TestElasticPreemption(t *testing.T) {
 			resume, _ = strconv.ParseInt(strings.TrimSuffix(line[i+len("resuming after step "):], ")"), 10, 64)
 		}
 	}
-	if resume != int64(lastGen1.Step) || !lastGen1.Checkpointed {
-		t.Errorf("generation 2 resumed after step %d; generation 1's last step was %+v: want it checkpointed and resumed from", resume, lastGen1)
+	var committed int64
+	for _, c := range commits(p.output()) {
+		if c.Generation == 1 {
+			committed = max(committed, c.Committed)
+		}
+	}
+	if resume != int64(lastGen1.Step) || committed != resume {
+		t.Errorf("generation 2 resumed after step %d; generation 1's last step was %+v, its last commit %d: want all three equal", resume, lastGen1, committed)
 	}
 }
 
@@ -882,5 +905,50 @@ func TestStragglerEvicted(t *testing.T) {
 	<-done
 	if code := p.wait(t, 2*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d", code)
+	}
+}
+
+// TestElasticHeldCheckpoints: with no --checkpoint-dir the agents hold the
+// checkpoints (every step, replicated to one peer). The node of rank 0 is
+// killed mid-run; the spare takes its place, gathers the last commit from
+// the replicas and the job finishes with every step's loss on train --np
+// 1's curve, having redone at most one step.
+func TestElasticHeldCheckpoints(t *testing.T) {
+	exe := buildBinary(t)
+	const steps = 120
+	want := reference(t, exe, "--steps", strconv.Itoa(steps), "../../examples/jobs/mlp.yaml")
+	_, addr := coordinatorProc(t, exe)
+	w0, _ := workerProc(t, exe, addr, "w0", 4)
+	workerProc(t, exe, addr, "w1", 4)
+	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2",
+		"--max-restarts", "2", "--steps", strconv.Itoa(steps), "--json", "../../examples/jobs/mlp.yaml")
+	p.waitLine(t, `"generation":1}`, time.Minute) // a commit
+	workerProc(t, exe, addr, "spare", 4)
+	p.waitLine(t, `{"step":30,`, time.Minute)
+	killed := time.Now()
+	w0.cmd.Process.Kill()
+	p.waitLine(t, `"generation":2,"dp":2}`, 30*time.Second)
+	t.Logf("first step of generation 2 reported %s after the kill", time.Since(killed).Round(time.Millisecond))
+	if code := p.wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d", code)
+	}
+	sameLosses(t, losses(t, p.output()), want)
+	var lastGen1 int
+	resume := -1
+	for _, line := range strings.Split(p.output(), "\n") {
+		var s launchStep
+		if strings.HasPrefix(line, `{"step"`) && json.Unmarshal([]byte(line), &s) == nil && s.Generation == 1 {
+			lastGen1 = max(lastGen1, s.Step)
+		}
+		if i := strings.Index(line, "resuming after step "); i >= 0 && strings.HasPrefix(line, "generation 2") {
+			resume, _ = strconv.Atoi(strings.TrimSuffix(line[i+len("resuming after step "):], ")"))
+		}
+	}
+	t.Logf("generation 1 reached step %d; generation 2 resumed after step %d", lastGen1, resume)
+	if resume < 1 || lastGen1-resume > 1 {
+		t.Errorf("generation 2 resumed after step %d, generation 1 had reached step %d: want at most 1 step redone", resume, lastGen1)
+	}
+	if !strings.Contains(p.output(), "generation 2: 2 nodes (w1, spare)") {
+		t.Errorf("the spare did not take w0's place:\n%s", p.output())
 	}
 }

@@ -2429,7 +2429,9 @@ type JobEvent struct {
 	Generation *Generation            `protobuf:"bytes,2,opt,name=generation,proto3" json:"generation,omitempty"`
 	Step       *Step                  `protobuf:"bytes,3,opt,name=step,proto3" json:"step,omitempty"`
 	// revision is the etcd revision of the change.
-	Revision      int64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision int64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	// commit is the job's last committed step, when it changed.
+	Commit        *Step `protobuf:"bytes,5,opt,name=commit,proto3" json:"commit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2490,6 +2492,13 @@ func (x *JobEvent) GetRevision() int64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *JobEvent) GetCommit() *Step {
+	if x != nil {
+		return x.Commit
+	}
+	return nil
 }
 
 type CancelRequest struct {
@@ -3696,14 +3705,15 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\tCANCELLED\x10\x05\"F\n" +
 	"\rFollowRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12#\n" +
-	"\rfrom_revision\x18\x02 \x01(\x03R\ffromRevision\"\xb3\x01\n" +
+	"\rfrom_revision\x18\x02 \x01(\x03R\ffromRevision\"\xde\x01\n" +
 	"\bJobEvent\x12+\n" +
 	"\x05state\x18\x01 \x01(\v2\x15.gpucoord.v1.JobStateR\x05state\x127\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\v2\x17.gpucoord.v1.GenerationR\n" +
 	"generation\x12%\n" +
 	"\x04step\x18\x03 \x01(\v2\x11.gpucoord.v1.StepR\x04step\x12\x1a\n" +
-	"\brevision\x18\x04 \x01(\x03R\brevision\"9\n" +
+	"\brevision\x18\x04 \x01(\x03R\brevision\x12)\n" +
+	"\x06commit\x18\x05 \x01(\v2\x11.gpucoord.v1.StepR\x06commit\"9\n" +
 	"\rCancelRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"=\n" +
@@ -3876,50 +3886,51 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	28, // 20: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
 	8,  // 21: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
 	12, // 22: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	28, // 23: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 24: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	6,  // 25: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	28, // 26: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	8,  // 27: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	12, // 28: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	36, // 29: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	20, // 30: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	34, // 31: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	35, // 32: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	42, // 33: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	42, // 34: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	17, // 35: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
-	38, // 36: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	40, // 37: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	43, // 38: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	45, // 39: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	47, // 40: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 41: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 42: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	22, // 43: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	24, // 44: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	26, // 45: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	29, // 46: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	31, // 47: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	33, // 48: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	39, // 49: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	41, // 50: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	44, // 51: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	46, // 52: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	48, // 53: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 54: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	10, // 55: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	23, // 56: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	25, // 57: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	27, // 58: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	30, // 59: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	32, // 60: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	37, // 61: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	49, // [49:62] is the sub-list for method output_type
-	36, // [36:49] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	12, // 23: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
+	28, // 24: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 25: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	6,  // 26: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	28, // 27: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	8,  // 28: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	12, // 29: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	36, // 30: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	20, // 31: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	34, // 32: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	35, // 33: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	42, // 34: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	42, // 35: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	17, // 36: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
+	38, // 37: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	40, // 38: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	43, // 39: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	45, // 40: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	47, // 41: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 42: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 43: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	22, // 44: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	24, // 45: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	26, // 46: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	29, // 47: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	31, // 48: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	33, // 49: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	39, // 50: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	41, // 51: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	44, // 52: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	46, // 53: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	48, // 54: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 55: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	10, // 56: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	23, // 57: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	25, // 58: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	27, // 59: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	30, // 60: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	32, // 61: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	37, // 62: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	50, // [50:63] is the sub-list for method output_type
+	37, // [37:50] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
