@@ -568,7 +568,8 @@ func usableNodes(spec *pb.JobSpec, have, least int) int {
 
 // admit grows a running job that has fewer nodes than it asked for with
 // free nodes registered for at least StableFor, at a step boundary (the
-// last reported step is committed, so no work is lost).
+// last reported step, or the one before, is committed: at most that step
+// is trained again).
 func admit(v *view, now time.Time, p policy) decision {
 	var d decision
 	j, spec := v.job, v.job.spec

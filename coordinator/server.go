@@ -358,8 +358,8 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 
 // ownRanks refuses a report about ranks the reporting node does not run:
 // the node must be a member of the job's generation gen, and run the rank
-// an exit names; a bootstrap comes from rank 0's node alone. (Steps come
-// from any member: a preempted node commits the step its ranks saved.)
+// an exit names; a bootstrap comes from rank 0's node alone. (Steps and
+// stored checkpoints come from any member.)
 func (s *server) ownRanks(ctx context.Context, req *pb.ReportRequest) error {
 	if !s.secure {
 		return nil
@@ -720,18 +720,20 @@ func (s *server) reportStored(ctx context.Context, id string, gen int64, node st
 	g, rev := s.cache.generation(id)
 	for range 16 {
 		if g == nil || g.Number != gen {
-			var err error
-			if g, err = s.readGeneration(ctx, id); err != nil {
-				return 0, err
+			resp, err := s.cli.Get(ctx, s.k.generation(id))
+			if err != nil {
+				return 0, etcdErr(err)
+			}
+			g = nil
+			if len(resp.Kvs) > 0 {
+				if g, err = decodeGeneration(resp.Kvs[0].Value); err != nil {
+					return 0, status.Errorf(codes.Internal, "job %s: generation: %v", id, err)
+				}
+				rev = resp.Kvs[0].ModRevision
 			}
 			if g == nil || g.Number != gen {
 				return 0, status.Errorf(codes.FailedPrecondition, "job %s: generation %d is not the current one", id, gen)
 			}
-			resp, err := s.cli.Get(ctx, s.k.generation(id))
-			if err != nil || len(resp.Kvs) == 0 {
-				return 0, etcdErr(err)
-			}
-			rev = resp.Kvs[0].ModRevision
 		}
 		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", rev)).
 			Then(clientv3.OpPut(s.k.stored(id, node), encode(rec)), clientv3.OpGet(s.k.storedAll(id), clientv3.WithPrefix()), clientv3.OpGet(s.k.commit(id))).

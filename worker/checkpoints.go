@@ -93,9 +93,7 @@ func (a *Agent) gatherOne(ctx context.Context, asg *pb.Assignment, c *pb.Copies,
 			continue
 		}
 		if addr == "" {
-			// Not in this generation: ask the coordinator's view of nodes
-			// through the generation is all there is; a holder outside it
-			// is not reachable by name.
+			// Only the generation's members have addresses here.
 			errs = append(errs, fmt.Errorf("%s: not a member of this generation", h))
 			continue
 		}
@@ -122,17 +120,16 @@ type checkpoints struct {
 	step  func(s *pb.Step) // rank 0's progress
 
 	mu       sync.Mutex
-	last     map[int]time.Time // each local rank's last line
-	written  map[int]int64     // each local rank's newest "checkpoint N"
-	queued   int64             // newest step every local rank has written
-	stored   []*pb.StoredStep  // stored, not known committed
-	commit   int64             // the job's last commit, as last heard
+	written  map[int]int64    // each local rank's newest "checkpoint N"
+	queued   int64            // newest step every local rank has written
+	stored   []*pb.StoredStep // stored, not known committed
+	commit   int64            // the job's last commit, as last heard
 	wake     chan struct{}
 	finished chan struct{}
 }
 
 func newCheckpoints(a *Agent, asg *pb.Assignment, local []int, times *stepTimes, step func(*pb.Step)) *checkpoints {
-	c := &checkpoints{a: a, asg: asg, local: local, times: times, step: step, last: map[int]time.Time{}, written: map[int]int64{},
+	c := &checkpoints{a: a, asg: asg, local: local, times: times, step: step, written: map[int]int64{},
 		commit: asg.Generation.GetResumeStep(), wake: make(chan struct{}, 1), finished: make(chan struct{}),
 		log: a.log.With("job", asg.Job, "generation", asg.Generation.GetNumber())}
 	c.queued = c.commit
@@ -140,10 +137,7 @@ func newCheckpoints(a *Agent, asg *pb.Assignment, local []int, times *stepTimes,
 }
 
 // handle takes one rank's progress line (progress.Handler).
-func (c *checkpoints) handle(rank int, e progress.Event, at time.Time) {
-	c.mu.Lock()
-	c.last[rank] = at
-	c.mu.Unlock()
+func (c *checkpoints) handle(rank int, e progress.Event, _ time.Time) {
 	switch e.Kind {
 	case progress.Step:
 		secs, ok := e.Float("compute_seconds")
@@ -305,17 +299,6 @@ func (c *checkpoints) committed(step int64) {
 			ckpt.PruneBackup(dir, keep, step)
 		}
 	}
-}
-
-// lastProgress returns each local rank's last line time (zero: none yet).
-func (c *checkpoints) lastProgress() map[int]time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := map[int]time.Time{}
-	for _, r := range c.local {
-		out[r] = c.last[r]
-	}
-	return out
 }
 
 // progressEnv is a rank's GPUCOORD_PROGRESS.

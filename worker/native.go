@@ -87,7 +87,8 @@ func NativeConfig(asg *pb.Assignment) (*engine.Config, error) {
 
 // RunNativeRank runs one rank of a native-engine job from the environment
 // an agent gives it (RANK, MASTER_ADDR, MASTER_PORT, GPUCOORD_PLAN). Each
-// rank writes each step's result to stdout as a JSON line.
+// rank tells its agent of each step and checkpoint over the progress
+// channel (GPUCOORD_PROGRESS).
 func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 	asg, err := ReadPlan()
 	if err != nil {
@@ -108,20 +109,18 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 	defer prog.Close()
 	cfg.Checkpointed = func(steps int) { prog.Checkpoint(int64(steps)) }
-	{
-		// The agent sends SIGUSR1 when its node is told to leave: every
-		// rank then checkpoints the step in progress and this one stops.
-		var preempted atomic.Bool
-		sig := make(chan os.Signal, 1)
-		signal.Notify(sig, PreemptSignal)
-		defer signal.Stop(sig)
-		go func() {
-			if _, ok := <-sig; ok {
-				preempted.Store(true)
-			}
-		}()
-		cfg.Preempted = preempted.Load
-	}
+	// The agent sends SIGUSR1 when its node is told to leave: every rank
+	// then checkpoints the step in progress and this one stops.
+	var preempted atomic.Bool
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, PreemptSignal)
+	defer signal.Stop(sig)
+	go func() {
+		if _, ok := <-sig; ok {
+			preempted.Store(true)
+		}
+	}()
+	cfg.Preempted = preempted.Load
 	store := net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT"))
 	// Every rank reports its steps: rank 0's lines carry the loss to the
 	// coordinator, every rank's its compute time for straggler detection.

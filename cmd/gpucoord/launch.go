@@ -664,7 +664,7 @@ func (f *follower) show(ev *pb.JobEvent) error {
 		f.lastStep, f.lastLoss = s.Step, s.Loss
 		if f.json {
 			json.NewEncoder(f.out).Encode(launchStep{StepResult: engine.StepResult{Step: int(s.Step), Loss: s.Loss, Seconds: s.Seconds,
-				SamplesPerSec: s.SamplesPerSec, Checkpointed: s.Checkpointed}, Generation: s.Generation, DP: int(s.Dp)})
+				SamplesPerSec: s.SamplesPerSec}, Generation: s.Generation, DP: int(s.Dp)})
 		} else {
 			fmt.Fprintf(f.out, "step %*d/%d  loss %.6f  %7.1f ms  (generation %d, %d node%s)\n",
 				len(fmt.Sprint(f.steps)), s.Step, f.steps, s.Loss, 1e3*s.Seconds, f.lastGen, f.lastNodes, plural(f.lastNodes))

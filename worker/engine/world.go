@@ -140,7 +140,9 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 			}
 			preempted = flag[0] > 0
 		}
-		if n := s + 1; cfg.LocalCheckpoints && (preempted || n == cfg.Job.Steps || cfg.CheckpointEvery > 0 && n%cfg.CheckpointEvery == 0) {
+		n := s + 1
+		due := cfg.CheckpointDir != "" && (preempted || n == cfg.Job.Steps || cfg.CheckpointEvery > 0 && n%cfg.CheckpointEvery == 0)
+		if due && cfg.LocalCheckpoints {
 			// Snapshot now, write while the next step runs; a preempted
 			// rank waits for its write.
 			if err := bg.start(ctx, n); err != nil {
@@ -151,7 +153,7 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 					return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
 				}
 			}
-		} else if n := s + 1; cfg.CheckpointDir != "" && (preempted || n == cfg.Job.Steps || cfg.CheckpointEvery > 0 && n%cfg.CheckpointEvery == 0) {
+		} else if due {
 			if err := r.Checkpoint(ctx, cfg.CheckpointDir, n); err != nil {
 				return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
 			}
