@@ -56,12 +56,19 @@ func ValidateSpecWith(j *pb.JobSpec, name func(field string) string) error {
 			name("min_nodes"), j.GetMinNodes(), name("nodes"), nodes)
 	case j.GetCheckpointDir() != "" && !filepath.IsAbs(j.GetCheckpointDir()):
 		return fmt.Errorf("%s %q: want an absolute path, the same on every node", name("checkpoint_dir"), j.GetCheckpointDir())
-	case j.GetCheckpointEvery() > 0 && j.GetCheckpointDir() == "":
-		return fmt.Errorf("%s needs %s: a directory every node mounts (checkpoints are not yet copied between nodes)",
-			name("checkpoint_every"), name("checkpoint_dir"))
-	case j.GetMaxRestarts() > 0 && len(j.GetCommand()) > 0 && j.GetCheckpointDir() == "":
-		return fmt.Errorf("%s for a program needs %s, a directory every node mounts: a restarted program whose ranks found their checkpoints each on its own node would resume them at different steps",
-			name("max_restarts"), name("checkpoint_dir"))
+	case j.GetCheckpointReplicas() < 0 || j.GetBackupEvery() < 0 || j.GetHangTimeoutMs() < 0:
+		return fmt.Errorf("%s %d, %s %d and %s %dms must not be negative", name("checkpoint_replicas"), j.GetCheckpointReplicas(),
+			name("backup_every"), j.GetBackupEvery(), name("hang_timeout_ms"), j.GetHangTimeoutMs())
+	case j.GetCheckpointDir() != "" && (j.GetCheckpointReplicas() != 0 || j.GetCheckpointBackup() != ""):
+		return fmt.Errorf("%s and %s are for checkpoints the agents hold: with %s every node already reaches them",
+			name("checkpoint_replicas"), name("checkpoint_backup"), name("checkpoint_dir"))
+	case j.GetCheckpointBackup() != "" && !filepath.IsAbs(j.GetCheckpointBackup()):
+		return fmt.Errorf("%s %q: want an absolute path, the same on every node", name("checkpoint_backup"), j.GetCheckpointBackup())
+	case (j.GetCheckpointBackup() == "") != (j.GetBackupEvery() == 0):
+		return fmt.Errorf("%s %q and %s %d: give both (a directory every node mounts, and every how many steps it gets a copy) or neither",
+			name("checkpoint_backup"), j.GetCheckpointBackup(), name("backup_every"), j.GetBackupEvery())
+	case j.GetHangTimeoutMs() != 0 && j.GetHangTimeoutMs() < 100:
+		return fmt.Errorf("%s %dms: want at least 100ms (0 derives it from the step times)", name("hang_timeout_ms"), j.GetHangTimeoutMs())
 	case j.GetWorkdir() != "" && !filepath.IsAbs(j.GetWorkdir()):
 		return fmt.Errorf("%s %q: want an absolute path", name("workdir"), j.GetWorkdir())
 	}

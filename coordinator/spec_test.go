@@ -52,10 +52,25 @@ func TestValidateSpec(t *testing.T) {
 		{"min_nodes above nodes", func() *pb.JobSpec { s := program(); s.MinNodes = 3; return s }, "min_nodes 3 is above nodes 2"},
 		{"relative checkpoint_dir", func() *pb.JobSpec { s := program(); s.CheckpointDir = "ckpt"; return s },
 			`checkpoint_dir "ckpt": want an absolute path`},
-		{"checkpoint_every without a directory", func() *pb.JobSpec { s := native(); s.CheckpointEvery = 5; return s },
-			"checkpoint_every needs checkpoint_dir"},
-		{"restarts of a program without a shared directory", func() *pb.JobSpec { s := program(); s.MaxRestarts = 1; return s },
-			"max_restarts for a program needs checkpoint_dir"},
+		{"held checkpoints every 5 steps", func() *pb.JobSpec { s := native(); s.CheckpointEvery = 5; return s }, ""},
+		{"restarts of a program, agents holding its checkpoints", func() *pb.JobSpec { s := program(); s.MaxRestarts = 1; return s }, ""},
+		{"held checkpoints with a backup tier", func() *pb.JobSpec {
+			s := native()
+			s.CheckpointReplicas, s.CheckpointBackup, s.BackupEvery, s.HangTimeoutMs = 3, "/mnt/backup", 10, 5000
+			return s
+		}, ""},
+		{"negative replicas", func() *pb.JobSpec { s := native(); s.CheckpointReplicas = -1; return s },
+			"checkpoint_replicas -1, backup_every 0 and hang_timeout_ms 0ms must not be negative"},
+		{"replicas with a shared directory", func() *pb.JobSpec { s := native(); s.CheckpointDir, s.CheckpointReplicas = "/mnt/c", 2; return s },
+			"checkpoint_replicas and checkpoint_backup are for checkpoints the agents hold"},
+		{"relative backup", func() *pb.JobSpec { s := native(); s.CheckpointBackup, s.BackupEvery = "b", 5; return s },
+			`checkpoint_backup "b": want an absolute path`},
+		{"backup without a period", func() *pb.JobSpec { s := native(); s.CheckpointBackup = "/mnt/b"; return s },
+			`checkpoint_backup "/mnt/b" and backup_every 0: give both`},
+		{"a period without a backup", func() *pb.JobSpec { s := native(); s.BackupEvery = 3; return s },
+			`checkpoint_backup "" and backup_every 3: give both`},
+		{"hang timeout of 5ms", func() *pb.JobSpec { s := native(); s.HangTimeoutMs = 5; return s },
+			"hang_timeout_ms 5ms: want at least 100ms"},
 		{"restarts of a native job without a directory", func() *pb.JobSpec { s := native(); s.MaxRestarts = 1; return s }, ""},
 		{"relative workdir", func() *pb.JobSpec { s := program(); s.Workdir = "work"; return s }, `workdir "work": want an absolute path`},
 		{"env without a name", func() *pb.JobSpec { s := program(); s.Env = map[string]string{"": "x"}; return s }, `env "": want a variable name`},
@@ -96,9 +111,9 @@ func TestValidateSpec(t *testing.T) {
 func TestValidateSpecWith(t *testing.T) {
 	flag := func(f string) string { return "--" + strings.ReplaceAll(f, "_", "-") }
 	s := native()
-	s.CheckpointEvery = 5
-	if err := coordinator.ValidateSpecWith(s, flag); err == nil || !strings.Contains(err.Error(), "--checkpoint-every needs --checkpoint-dir") {
-		t.Errorf("err = %v, want --checkpoint-every needs --checkpoint-dir", err)
+	s.CheckpointBackup = "/mnt/b"
+	if err := coordinator.ValidateSpecWith(s, flag); err == nil || !strings.Contains(err.Error(), `--checkpoint-backup "/mnt/b" and --backup-every 0`) {
+		t.Errorf("err = %v, want --checkpoint-backup and --backup-every", err)
 	}
 	s = program()
 	s.MinNodes = 5

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -756,10 +757,12 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 		return
 	}
 	native := len(asg.Spec.GetCommand()) == 0
-	// A shared checkpoint directory is checked at every generation: rank
-	// 0's node writes a probe there and every other node must read it.
+	// A shared checkpoint directory (or the backup tier of held ones) is
+	// checked at every generation: rank 0's node writes a probe there and
+	// every other node must read it.
 	shared := asg.Spec.GetCheckpointDir()
-	probing := shared != "" && len(asg.Generation.GetMembers()) > 1
+	probeDir := cmp.Or(shared, asg.Spec.GetCheckpointBackup())
+	probing := probeDir != "" && len(asg.Generation.GetMembers()) > 1
 	if me.FirstRank == 0 && asg.Master == "" {
 		boot, stopStore, err := a.bootstrap(ctx, native)
 		if err != nil {
@@ -769,11 +772,11 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 		}
 		defer stopStore()
 		if probing {
-			if boot.Probe, err = writeProbe(shared, asg); err != nil {
+			if boot.Probe, err = writeProbe(probeDir, asg); err != nil {
 				a.reportExit(ctx, asg, &pb.RankExit{Rank: 0, Code: 1, Error: err.Error()})
 				return
 			}
-			defer os.Remove(filepath.Join(shared, boot.Probe))
+			defer os.Remove(filepath.Join(probeDir, boot.Probe))
 		}
 		if err := a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
 			Kind: &pb.ReportRequest_Bootstrap{Bootstrap: boot}}); err != nil {
@@ -788,7 +791,7 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 	}
 	asg.Master, asg.StoreSecret = boot.Master, boot.StoreSecret
 	if probing && me.FirstRank != 0 {
-		if err := readProbe(shared, boot.Probe, rankNode(asg, 0), a.cfg.Name); err != nil {
+		if err := readProbe(probeDir, boot.Probe, rankNode(asg, 0), a.cfg.Name); err != nil {
 			log.Error("checkpoint directory", "err", err)
 			a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: err.Error()})
 			return

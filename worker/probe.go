@@ -37,7 +37,7 @@ func writeProbe(dir string, asg *pb.Assignment) (string, error) {
 // readProbe checks that node reads in dir the probe writer wrote there.
 func readProbe(dir, probe, writer, node string) error {
 	notShared := func(why string) error {
-		return fmt.Errorf("checkpoint directory %s is not shared: node %s %s the probe node %s wrote there; give --checkpoint-dir a directory every node mounts",
+		return fmt.Errorf("checkpoint directory %s is not shared: node %s %s the probe node %s wrote there; give a directory every node mounts",
 			dir, node, why, writer)
 	}
 	if probe == "" || strings.ContainsAny(probe, "/\\") {

@@ -52,7 +52,9 @@ type launchFlags struct {
 	env                            []string
 	workdir                        string
 	minNodes, ckptEvery, keepCkpts int
-	ckptDir                        string
+	ckptDir, ckptBackup            string
+	ckptReplicas, backupEvery      int
+	hangTimeout                    time.Duration
 	evictStragglers                bool
 }
 
@@ -129,9 +131,13 @@ with that rank named.`,
 	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "new generations allowed after a failure or for a rejoining node (TORCHELASTIC_MAX_RESTARTS)")
 	fl.BoolVar(&f.evictStragglers, "evict-stragglers", false, "treat a node with a straggling rank (2x the median compute time for 3 windows) as failed: the job goes on without it")
 	fl.IntVar(&f.minNodes, "min-nodes", 0, "after a node is lost, go on with as few as this many nodes (default --nodes: no shrinking)")
-	fl.IntVar(&f.ckptEvery, "checkpoint-every", 0, "native: commit a sharded checkpoint every N steps (and after the last); a new generation resumes from the last")
-	fl.IntVar(&f.keepCkpts, "keep-checkpoints", 2, "native: committed checkpoint steps kept; older ones are removed after each commit (0 keeps every one)")
-	fl.StringVar(&f.ckptDir, "checkpoint-dir", "", "where checkpoints go: a directory every node mounts, checked at every generation (default with --standalone: a directory under the temporary directory, removed when launch ends; else none: a native job keeps no checkpoints and a program's GPUCOORD_CHECKPOINT_DIR is a directory of its node's own)")
+	fl.IntVar(&f.ckptEvery, "checkpoint-every", 0, "native: checkpoint every N steps (and after the last); a new generation resumes from the last committed (default: every step when the agents hold the checkpoints, only the last with --checkpoint-dir)")
+	fl.IntVar(&f.keepCkpts, "keep-checkpoints", 2, "committed checkpoint steps each node keeps; older ones are removed after each commit (0 keeps every one in a --checkpoint-dir, 2 in the agents' memory)")
+	fl.StringVar(&f.ckptDir, "checkpoint-dir", "", "a directory every node mounts for the checkpoints, checked at every generation (default: none, the agents hold them: node-local, in /dev/shm when it has room, replicated to peers)")
+	fl.IntVar(&f.ckptReplicas, "checkpoint-replicas", worker.DefaultReplicas, "without --checkpoint-dir: how many nodes hold each node's files of a step, itself included; a step is committed when all are in place")
+	fl.StringVar(&f.ckptBackup, "checkpoint-backup", "", "without --checkpoint-dir: a second tier, a directory every node mounts, copied to every --backup-every steps; a job whose replicas of a step are all lost resumes from it")
+	fl.IntVar(&f.backupEvery, "backup-every", 0, "with --checkpoint-backup: copy every this many steps there (default 10)")
+	fl.DurationVar(&f.hangTimeout, "hang-timeout", 0, "a rank with no progress line (step, checkpoint, heartbeat) for this long is hung: its stacks are captured and the generation restarts (default 10x the median step time, at least 30s)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE added to every rank's environment (repeatable)")
 	fl.StringVar(&f.workdir, "workdir", "", "directory the ranks start in; must exist on every node (default: this directory)")
 	f.auth.register(cmd)
@@ -154,17 +160,23 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		Tp: int32(f.tp), Pp: int32(f.pp), Dp: int32(f.dp), Vpp: int32(f.vpp), Zero: int32(f.zero), Schedule: f.schedule,
 		Order: f.order, RendezvousTimeoutMs: f.rendezvous.Milliseconds(), LastCallMs: f.lastCall.Milliseconds(),
 		MaxRestarts: int32(f.maxRestarts), Env: map[string]string{}, MinNodes: int32(f.minNodes), CheckpointEvery: int32(f.ckptEvery),
-		CheckpointDir: f.ckptDir, EvictStragglers: f.evictStragglers, KeepCheckpoints: int32(f.keepCkpts)}
+		CheckpointDir: f.ckptDir, EvictStragglers: f.evictStragglers, KeepCheckpoints: int32(f.keepCkpts),
+		CheckpointBackup: f.ckptBackup, BackupEvery: int32(f.backupEvery), HangTimeoutMs: f.hangTimeout.Milliseconds()}
+	if f.ckptDir == "" {
+		spec.CheckpointReplicas = int32(f.ckptReplicas)
+	} else if c.Flags().Changed("checkpoint-replicas") {
+		return nil, errors.New("--checkpoint-replicas is for checkpoints the agents hold, not with --checkpoint-dir")
+	}
+	if spec.CheckpointBackup != "" && !c.Flags().Changed("backup-every") {
+		spec.BackupEvery = 10
+	}
 	// What only launch knows fills the spec first; coordinator.ValidateSpec
 	// then checks every rule of a spec, as Submit will.
-	switch {
-	case spec.CheckpointDir == "" && f.standalone:
-		// One machine: every agent reaches the launch host's temporary
-		// directory.
-		spec.CheckpointDir = filepath.Join(os.TempDir(), "gpucoord-checkpoints", id)
-	case spec.CheckpointDir != "":
-		if spec.CheckpointDir, err = filepath.Abs(spec.CheckpointDir); err != nil {
-			return nil, err
+	for _, p := range []*string{&spec.CheckpointDir, &spec.CheckpointBackup} {
+		if *p != "" {
+			if *p, err = filepath.Abs(*p); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if f.order == "" {
@@ -251,8 +263,11 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 // flagName names a JobSpec field, in coordinator.ValidateSpecWith's
 // errors, by the launch flag that sets it.
 func flagName(field string) string {
-	if field == "id" {
+	switch field {
+	case "id":
 		return "--job-id"
+	case "hang_timeout_ms":
+		return "--hang-timeout"
 	}
 	return "--" + strings.ReplaceAll(field, "_", "-")
 }
@@ -404,9 +419,6 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 			return err
 		}
 	}
-	if f.ckptDir == "" && spec.CheckpointDir != "" {
-		defer os.RemoveAll(spec.CheckpointDir) // the default place is ours
-	}
 	fl := &follower{addrs: addrs, creds: creds, spec: spec, out: stdout, progress: progress, json: f.json}
 	return fl.run(ctx)
 }
@@ -430,6 +442,7 @@ type standalone struct {
 	cancel context.CancelFunc
 	wait   func() error
 	tmp    string
+	held   string // the agents' checkpoints, maybe outside tmp (/dev/shm)
 }
 
 func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, output, logs io.Writer) (*standalone, error) {
@@ -453,6 +466,10 @@ func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, outpu
 		os.RemoveAll(tmp)
 		return nil, err
 	}
+	// The agents hold the checkpoints of jobs without a --checkpoint-dir
+	// in memory where there is room, each under its own directory, all
+	// removed with the cluster.
+	held := worker.CheckpointRoot(filepath.Base(tmp), tmp)
 	gctx, cancel := context.WithCancel(ctx)
 	g, gctx := errgroup.WithContext(gctx)
 	g.Go(func() error { return co.Run(gctx) })
@@ -460,16 +477,18 @@ func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, outpu
 		wc := worker.DefaultConfig()
 		wc.Coordinators, wc.Name, wc.Host, wc.GPUs = []string{co.Addr()}, fmt.Sprintf("node%d", n), "127.0.0.1", gpus
 		wc.NativeCommand, wc.WorkDir, wc.Output, wc.Logger, wc.Version = []string{exe, rankCmd}, tmp+"/work", output, log, buildVersion()
+		wc.CheckpointRoot = filepath.Join(held, wc.Name)
 		a, err := worker.New(wc)
 		if err != nil {
 			cancel()
 			g.Wait()
 			os.RemoveAll(tmp)
+			os.RemoveAll(held)
 			return nil, err
 		}
 		g.Go(func() error { return a.Run(gctx) })
 	}
-	return &standalone{addr: co.Addr(), cancel: cancel, wait: g.Wait, tmp: tmp}, nil
+	return &standalone{addr: co.Addr(), cancel: cancel, wait: g.Wait, tmp: tmp, held: held}, nil
 }
 
 // stop tears the cluster down: agents stop their ranks and leave, the
@@ -478,6 +497,7 @@ func (s *standalone) stop() {
 	s.cancel()
 	s.wait()
 	os.RemoveAll(s.tmp)
+	os.RemoveAll(s.held)
 }
 
 // follower submits a job through the client and prints its progress until
