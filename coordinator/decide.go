@@ -257,6 +257,8 @@ func running(v *view, now time.Time, p policy) decision {
 			}
 		}
 		st.Reason = "node lost: " + strings.Join(parts, ", ")
+	} else if first.Hang != nil {
+		st.Reason = fmt.Sprintf("rank %d on %s %s", first.Rank, st.FailedNode, first.Error)
 	} else {
 		st.Reason = fmt.Sprintf("rank %d on %s exited with code %d", first.Rank, st.FailedNode, first.Code)
 		if first.Error != "" {
@@ -269,6 +271,12 @@ func running(v *view, now time.Time, p policy) decision {
 	}
 	if d, ok := recoverWithout(v, now, p, st.Reason, exclude); ok {
 		d.strikes = strike(v, now, p, lost, d.strikes)
+		if d.gen != nil && first != nil && len(lost) == 0 {
+			d.gen.Output = first.Output
+			if first.Hang != nil {
+				d.gen.Hangs++
+			}
+		}
 		return d
 	}
 	d.strikes = strike(v, now, p, lost, nil)
@@ -619,7 +627,7 @@ func nextGeneration(v *view, nodes []*pb.Node, why string, now time.Time) decisi
 		why += fmt.Sprintf("; the replicas of step %d are gone, so from the backup tier's step %d", j.commit.Step, resume)
 	}
 	gen := buildGeneration(j.spec, j.gen.Number+1, nodes, layout.DP, resume, why)
-	gen.Checkpoint, gen.FromBackup = copies, fromBackup
+	gen.Checkpoint, gen.FromBackup, gen.Hangs = copies, fromBackup, j.gen.GetHangs()
 	d := decision{gen: gen, policy: &jobPolicy{},
 		state: &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1, Reason: fmt.Sprintf("generation %d: %s; resuming after step %d", gen.Number, why, resume)}}
 	d.log(true, "new generation", "job", j.spec.Id, "generation", gen.Number, "nodes", len(nodes), "dp", gen.Dp, "resume", resume, "why", why)
@@ -667,22 +675,39 @@ func waitingFor(v *view, spec *pb.JobSpec, free int) string {
 	return s
 }
 
-// firstFailure is the rank failure that came first in time, as its node
-// saw it (a rank whose peer failed fails a moment later, and may be
-// reported sooner); among failures without a time, the first reported.
-// Nil when no rank failed.
+// firstFailure is the rank failure that caused the others, nil when no
+// rank failed: the one that came first by causedBefore.
 func firstFailure(j *job) *pb.RankExit {
 	var first *pb.RankExit
 	for _, r := range j.exitOrder {
-		e := j.exits[r]
-		if e.Code == 0 {
-			continue
-		}
-		if first == nil || e.FailedAtUnixMs != 0 && (first.FailedAtUnixMs == 0 || e.FailedAtUnixMs < first.FailedAtUnixMs) {
+		if e := j.exits[r]; e.Code != 0 && (first == nil || causedBefore(e, first)) {
 			first = e
 		}
 	}
 	return first
+}
+
+// causedBefore says whether failure a comes before failure b. Ranks that
+// ended: the first in time as its node saw it (a rank whose peer failed
+// fails a moment later, and may be reported sooner), a time before none.
+// A rank that ended and a hung one: the ended one when it ended before
+// the hang was found (its end likely stalled the other), else the hung
+// one (found, then killed, it ended its peers). Hung ranks: a stopped
+// process (SIGSTOP, a debugger) before a waiting one, then the lowest last
+// step (its peers went on past it), then the one silent longest.
+func causedBefore(a, b *pb.RankExit) bool {
+	ha, hb := a.GetHang(), b.GetHang()
+	switch {
+	case ha == nil && hb != nil:
+		return a.FailedAtUnixMs != 0 && a.FailedAtUnixMs < hb.FoundUnixMs
+	case ha != nil && hb == nil:
+		return !causedBefore(b, a)
+	case ha != nil && ha.Stopped != hb.Stopped:
+		return ha.Stopped
+	case ha != nil && ha.LastStep != hb.LastStep:
+		return ha.LastStep < hb.LastStep
+	}
+	return a.FailedAtUnixMs != 0 && (b.FailedAtUnixMs == 0 || a.FailedAtUnixMs < b.FailedAtUnixMs)
 }
 
 // buildGeneration lays out generation number of a job on nodes, in order:

@@ -81,6 +81,7 @@ type want struct {
 	policy   *jobPolicy     // the job's timers written; nil: unchanged
 	after    time.Duration  // when to look again; 0: never
 	stragg   []int32        // ranks flagged
+	hangs    int32          // the next generation's count of hangs
 	noWrites bool
 }
 
@@ -99,6 +100,9 @@ func check(t *testing.T, d decision, w want) {
 	}
 	if d.gen != nil && w.genNum != 0 && (d.gen.Number != w.genNum || d.gen.Dp != w.dp || d.gen.ResumeStep != w.resume) {
 		t.Errorf("generation %d dp %d resume %d, want %d dp %d resume %d", d.gen.Number, d.gen.Dp, d.gen.ResumeStep, w.genNum, w.dp, w.resume)
+	}
+	if d.gen != nil && d.gen.Hangs != w.hangs {
+		t.Errorf("generation hangs = %d, want %d", d.gen.Hangs, w.hangs)
 	}
 	if len(d.strikes) != len(w.strikes) {
 		t.Errorf("strikes = %v, want %v", d.strikes, w.strikes)
@@ -315,9 +319,67 @@ func TestDecideRunning(t *testing.T) {
 				return pool(j, "n0", "n1")
 			}(),
 			want: want{phase: pb.JobState_FAILED, reason: "rank 2 on n0 exited with code 7", policy: &jobPolicy{}}},
+		{name: "hung ranks: the stopped one is named, the next generation counts the hang",
+			v: func() *view {
+				j := runningOn(pending(2, nil), 1, "n0", "n1")
+				j.commit = &pb.Step{Step: 11, Generation: 1}
+				hang(j, 1, 12, false, t0.Add(-3*time.Second)) // waits in a collective, silent longest
+				hang(j, 6, 12, true, t0.Add(-2900*time.Millisecond))
+				fail(j, 5, 1, t0.Add(10*time.Millisecond)) // its peer, ended when the hung rank was killed
+				j.policy.FailedSince = ms(t0.Add(-time.Second))
+				return pool(j, "n0", "n1")
+			}(),
+			want: want{phase: pb.JobState_RUNNING, reason: "rank 6 on n1 hung: no progress for 3s after step 12; resuming after step 11",
+				gen: "n0,n1", genNum: 2, dp: 2, resume: 11, hangs: 1}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { check(t, decide(tc.v, t0, testPolicy), tc.want) })
+	}
+}
+
+// hang reports rank hung after step, silent since last.
+func hang(j *job, rank int32, step int64, stopped bool, last time.Time) *job {
+	j.exits[rank] = &pb.RankExit{Rank: rank, Code: 124, FailedAtUnixMs: ms(last), Error: fmt.Sprintf("hung: no progress for 3s after step %d", step),
+		Hang: &pb.Hang{LastStep: step, IdleMs: ms(t0) - ms(last), Stopped: stopped, FoundUnixMs: ms(t0)}}
+	j.exitOrder = append(j.exitOrder, rank)
+	return j
+}
+
+// TestCausedBefore: which of two failures caused the other. A rank that
+// ended comes before a hung one; hung ranks by stopped, then step, then
+// time silent.
+func TestCausedBefore(t *testing.T) {
+	ended := func(at int64) *pb.RankExit { return &pb.RankExit{Code: 1, FailedAtUnixMs: at} }
+	// hung after step, silent since at, found at at+50.
+	hung := func(step int64, stopped bool, at int64) *pb.RankExit {
+		return &pb.RankExit{Code: 124, FailedAtUnixMs: at, Hang: &pb.Hang{LastStep: step, Stopped: stopped, FoundUnixMs: at + 50}}
+	}
+	tests := []struct {
+		name string
+		a, b *pb.RankExit
+		want bool
+	}{
+		{"ended first in time", ended(10), ended(20), true},
+		{"ended later", ended(20), ended(10), false},
+		{"a time before none", ended(20), ended(0), true},
+		{"none before a time", ended(0), ended(20), false},
+		{"ended before the hang was found", ended(59), hung(5, true, 10), true},
+		{"hung after a peer ended", hung(5, true, 10), ended(59), false},
+		{"ended once the hang was found (killed with it)", ended(60), hung(5, true, 10), false},
+		{"hung, then its peer ended", hung(5, true, 10), ended(60), true},
+		{"ended without a time: not before a hang", ended(0), hung(5, true, 10), false},
+		{"a hang before an end without a time", hung(5, true, 10), ended(0), true},
+		{"stopped before waiting", hung(9, true, 50), hung(5, false, 10), true},
+		{"waiting after stopped", hung(5, false, 10), hung(9, true, 50), false},
+		{"lower step first", hung(4, false, 50), hung(5, false, 10), true},
+		{"higher step after", hung(5, false, 10), hung(4, false, 50), false},
+		{"same step: silent longest first", hung(5, false, 10), hung(5, false, 11), true},
+		{"same step: silent shorter after", hung(5, false, 11), hung(5, false, 10), false},
+	}
+	for _, tc := range tests {
+		if got := causedBefore(tc.a, tc.b); got != tc.want {
+			t.Errorf("%s: causedBefore = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
 

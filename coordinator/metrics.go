@@ -30,6 +30,7 @@ type metrics struct {
 	step      *prometheus.Desc
 	stepSecs  *prometheus.Desc
 	restarts  *prometheus.Desc
+	hangs     *prometheus.Desc
 	members   *prometheus.Desc
 	straggler *prometheus.Desc
 	etcdReqs  *prometheus.Desc
@@ -56,6 +57,7 @@ func newMetrics(s *server, leader func() bool, requests *requestCounter) *metric
 		step:      d("job_step", "The last step rank 0 reported.", "job"),
 		stepSecs:  d("job_step_seconds", "Wall time of the last reported step.", "job"),
 		restarts:  d("job_restarts", "Generations after the first (restarts).", "job"),
+		hangs:     d("job_hangs", "Generations that ended because a rank hung (made no progress for the hang timeout).", "job"),
 		members:   d("job_members", "Nodes in the job's current generation.", "job"),
 		straggler: d("job_straggler_ratio", "A straggling rank's compute time over the median of its generation.", "job", "node", "rank", "gpu"),
 	}
@@ -63,7 +65,7 @@ func newMetrics(s *server, leader func() bool, requests *requestCounter) *metric
 
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.nodes, m.busy, m.isLeader, m.jobs, m.gen, m.step, m.stepSecs, m.restarts, m.members, m.straggler, m.etcdReqs} {
+	for _, d := range []*prometheus.Desc{m.nodes, m.busy, m.isLeader, m.jobs, m.gen, m.step, m.stepSecs, m.restarts, m.hangs, m.members, m.straggler, m.etcdReqs} {
 		ch <- d
 	}
 	m.keepalive.Describe(ch)
@@ -100,6 +102,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		if j.gen != nil {
 			ch <- prometheus.MustNewConstMetric(m.gen, prometheus.GaugeValue, float64(j.gen.Number), id)
 			ch <- prometheus.MustNewConstMetric(m.restarts, prometheus.GaugeValue, float64(j.gen.Number-1), id)
+			ch <- prometheus.MustNewConstMetric(m.hangs, prometheus.GaugeValue, float64(j.gen.Hangs), id)
 			ch <- prometheus.MustNewConstMetric(m.members, prometheus.GaugeValue, float64(len(j.gen.Members)), id)
 		}
 		for _, s := range j.stragglers.GetRanks() {

@@ -869,7 +869,12 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 	cp := newCheckpoints(a, asg, local, times, func(s *pb.Step) {
 		a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(), Kind: &pb.ReportRequest_Step{Step: s}})
 	})
-	pl, err := progress.Listen("", local, log, cp.handle)
+	// A rank silent for the hang timeout is hung (hang.go).
+	wd := newWatchdog(time.Duration(asg.Spec.GetHangTimeoutMs())*time.Millisecond, local)
+	pl, err := progress.Listen("", local, log, func(rank int, e progress.Event, at time.Time) {
+		wd.saw(rank, e, at)
+		cp.handle(rank, e, at)
+	})
 	if err != nil {
 		a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: fmt.Sprintf("node %s: %v", a.cfg.Name, err)})
 		return
@@ -879,9 +884,28 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 	tctx, stopTimes := context.WithCancel(ctx)
 	defer stopTimes()
 	go a.reportTimes(tctx, asg, times)
+	var pidsMu sync.Mutex
+	pids := map[int]int{}
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		wd.run(ctx, ranksDone, func(s []rankProgress, timeout time.Duration) {
+			a.reportHang(ctx, asg, s, timeout, func(rank int) int {
+				pidsMu.Lock()
+				defer pidsMu.Unlock()
+				return pids[rank]
+			}, tails, ranksDone)
+		})
+	}()
 	pcfg := localproc.Config{
 		Ranks: l.World(), Local: local, Store: asg.Master, StoreSecret: asg.StoreSecret, Grace: a.cfg.Grace,
-		Stdout: tag, Stderr: tag, Started: hooks.started,
+		Stdout: tag, Stderr: tag,
+		Started: func(rank int, p *os.Process) {
+			pidsMu.Lock()
+			pids[rank] = p.Pid
+			pidsMu.Unlock()
+			hooks.started(rank, p)
+		},
 		Command: func(ctx context.Context, rank int, _ string) (*exec.Cmd, error) {
 			env, err := RankEnv(asg, a.node(), rank, planPath, ckptDir)
 			if err != nil {
@@ -895,6 +919,9 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 			}
 			if !native && os.Getenv("OMP_NUM_THREADS") == "" {
 				cmd.Env = append(cmd.Env, "OMP_NUM_THREADS=1") // as torchrun does for several local ranks
+			}
+			if !native && os.Getenv("PYTHONFAULTHANDLER") == "" && asg.Spec.GetEnv()["PYTHONFAULTHANDLER"] == "" {
+				cmd.Env = append(cmd.Env, "PYTHONFAULTHANDLER=1") // a hung Python rank prints its stacks on SIGABRT
 			}
 			return cmd, nil
 		},
@@ -910,9 +937,13 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 	pl.Close()
 	close(ranksDone)
 	<-cp.finished
+	<-watched
 	if ctx.Err() != nil {
 		log.Info("ranks stopped")
 		return
+	}
+	if wd.found() {
+		return // reported hung, not as they ended when asked for stacks
 	}
 	var ee *localproc.ExitError
 	switch {

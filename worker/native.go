@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -121,6 +122,19 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 		}
 	}()
 	cfg.Preempted = preempted.Load
+	// The agent sends SIGQUIT to a rank it finds hung: the rank prints
+	// every goroutine's stack and StacksEnd (the agent then kills it), so
+	// that a rank blocked in a collective shows where.
+	quit := make(chan os.Signal, 1)
+	signal.Notify(quit, syscall.SIGQUIT)
+	defer signal.Stop(quit)
+	go func() {
+		for range quit {
+			buf := make([]byte, 1<<20)
+			n := runtime.Stack(buf, true)
+			fmt.Fprintf(stderr, "%s\n%s\n", buf[:n], StacksEnd)
+		}
+	}()
 	store := net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT"))
 	// Every rank reports its steps: rank 0's lines carry the loss to the
 	// coordinator, every rank's its compute time for straggler detection.

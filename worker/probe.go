@@ -70,6 +70,16 @@ func rankNode(asg *pb.Assignment, r int32) string {
 type outputTail struct {
 	mu    sync.Mutex
 	lines []string
+	stack *stackCapture // what the rank prints once asked for its stacks
+}
+
+// capture starts collecting everything the rank prints, for the report
+// of its hang.
+func (t *outputTail) capture() *stackCapture {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.stack = &stackCapture{done: make(chan struct{})}
+	return t.stack
 }
 
 const (
@@ -78,6 +88,12 @@ const (
 )
 
 func (t *outputTail) add(line []byte) {
+	t.mu.Lock()
+	stack := t.stack
+	t.mu.Unlock()
+	if stack != nil {
+		stack.line(line)
+	}
 	l := strings.TrimRight(string(line), "\r\n")
 	if len(l) > tailLineMax {
 		l = l[:tailLineMax] + "..."

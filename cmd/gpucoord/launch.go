@@ -423,6 +423,15 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 	return fl.run(ctx)
 }
 
+// outputKind names what a failed rank's output is: its stacks when it
+// hung, else the last lines it printed.
+func outputKind(hung bool) string {
+	if hung {
+		return "stacks"
+	}
+	return "last output"
+}
+
 // lockedWriter serialises writes from several goroutines.
 type lockedWriter struct {
 	mu sync.Mutex
@@ -519,6 +528,7 @@ type follower struct {
 	lastStep   int64
 	lastCommit int64
 	lastReason string
+	hangs      int32 // the generations ended by a hang, as last heard
 	lastLoss   float64
 }
 
@@ -668,12 +678,16 @@ func (f *follower) show(ev *pb.JobEvent) error {
 		case g.Reason == "":
 		case g.ResumeStep > 0:
 			line += fmt.Sprintf(" (%s; resuming after step %d)", g.Reason, g.ResumeStep)
-		case len(f.spec.Command) > 0:
+		case len(f.spec.Command) > 0 && f.spec.CheckpointDir != "":
 			line += fmt.Sprintf(" (%s; restarted: the program resumes from what %s holds)", g.Reason, f.spec.CheckpointDir)
 		default:
 			line += fmt.Sprintf(" (%s; starting over from step 1: no checkpoint was committed)", g.Reason)
 		}
 		fmt.Fprintln(f.progress, line)
+		if g.Output != "" {
+			fmt.Fprintf(f.progress, "  %s of the rank that failed:\n%s\n", outputKind(g.Hangs > f.hangs), indent(g.Output, "    "))
+		}
+		f.hangs = g.Hangs
 		if g.Number > 1 {
 			// Steps after the resume point are trained again by this
 			// generation: show them again.

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -951,4 +952,62 @@ func TestElasticHeldCheckpoints(t *testing.T) {
 	if !strings.Contains(p.output(), "generation 2: 2 nodes (w1, spare)") {
 		t.Errorf("the spare did not take w0's place:\n%s", p.output())
 	}
+}
+
+// TestHangNativeStopped: a native rank sent SIGSTOP stops making progress;
+// its peers wait for it in their collectives. Within the hang timeout it
+// is named hung, first (its process stopped), with its goroutines'
+// stacks; the generation restarts from the last commit and the job ends
+// on train's curve.
+func TestHangNativeStopped(t *testing.T) {
+	exe := buildBinary(t)
+	const steps = 80
+	want := reference(t, exe, "--steps", strconv.Itoa(steps), "../../examples/jobs/mlp.yaml")
+	_, addr := coordinatorProc(t, exe)
+	workerProc(t, exe, addr, "w0", 2)
+	w1, _ := workerProc(t, exe, addr, "w1", 2)
+	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "2",
+		"--max-restarts", "1", "--hang-timeout", "2s", "--steps", strconv.Itoa(steps), "--json", "../../examples/jobs/mlp.yaml")
+	p.waitLine(t, `{"step":20,`, time.Minute)
+	rank3 := childWithEnv(t, w1.cmd.Process.Pid, "RANK=3")
+	if err := syscall.Kill(rank3, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	line := p.waitLine(t, "generation 2:", time.Minute)
+	t.Logf("hang named %s after the SIGSTOP (timeout 2s): %s", time.Since(stopped).Round(time.Millisecond), line)
+	if !strings.Contains(line, "rank 3 on w1 hung: no progress for") || !strings.Contains(line, "its process was stopped") {
+		t.Errorf("generation 2 does not name rank 3 as stopped and hung: %s", line)
+	}
+	if code := p.wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	out := p.output()
+	stacks := out[strings.Index(out, "stacks of the rank that failed:"):]
+	if !strings.Contains(stacks, "goroutine ") || !strings.Contains(stacks, "worker.RunNativeRank") {
+		t.Errorf("no goroutine stacks of rank 3 after the generation line:\n%.3000s", stacks)
+	}
+	sameLosses(t, losses(t, out), want)
+}
+
+// childWithEnv finds the process under pid whose environment holds kv
+// (a rank, by RANK=N).
+func childWithEnv(t *testing.T, pid int, kv string) int {
+	t.Helper()
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, c := range strings.Fields(string(b)) {
+			n, err := strconv.Atoi(c)
+			if err != nil {
+				continue
+			}
+			env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", n))
+			if slices.Contains(strings.Split(string(env), "\x00"), kv) {
+				return n
+			}
+		}
+	}
+	t.Fatalf("no process under %d with %s", pid, kv)
+	return 0
 }

@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28, 0}
 }
 
 // Node is one machine in the pool.
@@ -897,7 +897,13 @@ type Generation struct {
 	Checkpoint []*Copies `protobuf:"bytes,8,rep,name=checkpoint,proto3" json:"checkpoint,omitempty"`
 	// from_backup says resume_step comes from the job's checkpoint_backup,
 	// as no replica of some node's files is alive.
-	FromBackup    bool `protobuf:"varint,9,opt,name=from_backup,json=fromBackup,proto3" json:"from_backup,omitempty"`
+	FromBackup bool `protobuf:"varint,9,opt,name=from_backup,json=fromBackup,proto3" json:"from_backup,omitempty"`
+	// hangs counts the generations of the job that ended in a hang, up to
+	// the one before this.
+	Hangs int32 `protobuf:"varint,10,opt,name=hangs,proto3" json:"hangs,omitempty"`
+	// output is what the rank whose failure made this generation last
+	// printed: a traceback's tail, or a hung rank's stacks.
+	Output        string `protobuf:"bytes,11,opt,name=output,proto3" json:"output,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -993,6 +999,20 @@ func (x *Generation) GetFromBackup() bool {
 		return x.FromBackup
 	}
 	return false
+}
+
+func (x *Generation) GetHangs() int32 {
+	if x != nil {
+		return x.Hangs
+	}
+	return 0
+}
+
+func (x *Generation) GetOutput() string {
+	if x != nil {
+		return x.Output
+	}
+	return ""
 }
 
 // Copies says which nodes hold the files one node's ranks wrote for a
@@ -1492,8 +1512,12 @@ type RankExit struct {
 	// failed_at_unix_ms is when the node saw the rank end: the job's cause
 	// is the rank that failed first in time, not the first reported.
 	FailedAtUnixMs int64 `protobuf:"varint,4,opt,name=failed_at_unix_ms,json=failedAtUnixMs,proto3" json:"failed_at_unix_ms,omitempty"`
-	// output is the last lines the rank printed (a traceback's tail).
-	Output        string `protobuf:"bytes,5,opt,name=output,proto3" json:"output,omitempty"`
+	// output is the last lines the rank printed (a traceback's tail); for
+	// a hung rank, the stacks it printed when asked.
+	Output string `protobuf:"bytes,5,opt,name=output,proto3" json:"output,omitempty"`
+	// hang, when set, says the rank did not end: it stopped making progress
+	// (code is then 124) and failed_at_unix_ms is when it last did.
+	Hang          *Hang `protobuf:"bytes,6,opt,name=hang,proto3" json:"hang,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1563,6 +1587,88 @@ func (x *RankExit) GetOutput() string {
 	return ""
 }
 
+func (x *RankExit) GetHang() *Hang {
+	if x != nil {
+		return x.Hang
+	}
+	return nil
+}
+
+// Hang is what an agent saw of a rank it found hung.
+type Hang struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// last_step is the last step the rank said it finished (0: none).
+	LastStep int64 `protobuf:"varint,1,opt,name=last_step,json=lastStep,proto3" json:"last_step,omitempty"`
+	// idle_ms is how long it had been silent when it was found.
+	IdleMs int64 `protobuf:"varint,2,opt,name=idle_ms,json=idleMs,proto3" json:"idle_ms,omitempty"`
+	// stopped says its process was stopped (state T: SIGSTOP, a debugger).
+	Stopped bool `protobuf:"varint,3,opt,name=stopped,proto3" json:"stopped,omitempty"`
+	// found_unix_ms is when its agent found it hung (then asked for its
+	// stacks and killed it): a peer that ended after this ended because of
+	// it.
+	FoundUnixMs   int64 `protobuf:"varint,4,opt,name=found_unix_ms,json=foundUnixMs,proto3" json:"found_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Hang) Reset() {
+	*x = Hang{}
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Hang) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Hang) ProtoMessage() {}
+
+func (x *Hang) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Hang.ProtoReflect.Descriptor instead.
+func (*Hang) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Hang) GetLastStep() int64 {
+	if x != nil {
+		return x.LastStep
+	}
+	return 0
+}
+
+func (x *Hang) GetIdleMs() int64 {
+	if x != nil {
+		return x.IdleMs
+	}
+	return 0
+}
+
+func (x *Hang) GetStopped() bool {
+	if x != nil {
+		return x.Stopped
+	}
+	return false
+}
+
+func (x *Hang) GetFoundUnixMs() int64 {
+	if x != nil {
+		return x.FoundUnixMs
+	}
+	return 0
+}
+
 // RankTimes is a node's ranks' mean compute time per step over the last
 // window (about a second of steps): what straggler detection compares.
 type RankTimes struct {
@@ -1574,7 +1680,7 @@ type RankTimes struct {
 
 func (x *RankTimes) Reset() {
 	*x = RankTimes{}
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1586,7 +1692,7 @@ func (x *RankTimes) String() string {
 func (*RankTimes) ProtoMessage() {}
 
 func (x *RankTimes) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1599,7 +1705,7 @@ func (x *RankTimes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTimes.ProtoReflect.Descriptor instead.
 func (*RankTimes) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RankTimes) GetRanks() []*RankTime {
@@ -1620,7 +1726,7 @@ type TimesHistory struct {
 
 func (x *TimesHistory) Reset() {
 	*x = TimesHistory{}
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +1738,7 @@ func (x *TimesHistory) String() string {
 func (*TimesHistory) ProtoMessage() {}
 
 func (x *TimesHistory) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +1751,7 @@ func (x *TimesHistory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimesHistory.ProtoReflect.Descriptor instead.
 func (*TimesHistory) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TimesHistory) GetWindows() []*RankTimes {
@@ -1667,7 +1773,7 @@ type TimesBatch struct {
 
 func (x *TimesBatch) Reset() {
 	*x = TimesBatch{}
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1785,7 @@ func (x *TimesBatch) String() string {
 func (*TimesBatch) ProtoMessage() {}
 
 func (x *TimesBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1798,7 @@ func (x *TimesBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimesBatch.ProtoReflect.Descriptor instead.
 func (*TimesBatch) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TimesBatch) GetNodes() map[string]*TimesHistory {
@@ -1715,7 +1821,7 @@ type RankTime struct {
 
 func (x *RankTime) Reset() {
 	*x = RankTime{}
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +1833,7 @@ func (x *RankTime) String() string {
 func (*RankTime) ProtoMessage() {}
 
 func (x *RankTime) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +1846,7 @@ func (x *RankTime) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTime.ProtoReflect.Descriptor instead.
 func (*RankTime) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RankTime) GetRank() int32 {
@@ -1779,7 +1885,7 @@ type Straggler struct {
 
 func (x *Straggler) Reset() {
 	*x = Straggler{}
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1791,7 +1897,7 @@ func (x *Straggler) String() string {
 func (*Straggler) ProtoMessage() {}
 
 func (x *Straggler) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1804,7 +1910,7 @@ func (x *Straggler) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Straggler.ProtoReflect.Descriptor instead.
 func (*Straggler) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Straggler) GetRank() int32 {
@@ -1845,7 +1951,7 @@ type Stragglers struct {
 
 func (x *Stragglers) Reset() {
 	*x = Stragglers{}
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1857,7 +1963,7 @@ func (x *Stragglers) String() string {
 func (*Stragglers) ProtoMessage() {}
 
 func (x *Stragglers) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1870,7 +1976,7 @@ func (x *Stragglers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stragglers.ProtoReflect.Descriptor instead.
 func (*Stragglers) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Stragglers) GetGeneration() int64 {
@@ -1906,7 +2012,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +2024,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +2037,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReportRequest) GetJob() string {
@@ -2052,7 +2158,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2064,7 +2170,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2077,7 +2183,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReportResponse) GetCommitted() int64 {
@@ -2097,7 +2203,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2109,7 +2215,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2122,7 +2228,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -2147,7 +2253,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2159,7 +2265,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2172,7 +2278,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
 }
 
 type SubmitRequest struct {
@@ -2184,7 +2290,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2302,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2315,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -2227,7 +2333,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2239,7 +2345,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2252,7 +2358,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
 }
 
 // JobState is where a job stands.
@@ -2278,7 +2384,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2290,7 +2396,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2303,7 +2409,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -2375,7 +2481,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2387,7 +2493,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2400,7 +2506,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -2438,7 +2544,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2450,7 +2556,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2463,7 +2569,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -2511,7 +2617,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2523,7 +2629,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2536,7 +2642,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -2564,7 +2670,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2576,7 +2682,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2589,7 +2695,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CancelResponse) GetState() *JobState {
@@ -2607,7 +2713,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2619,7 +2725,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2632,7 +2738,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
 }
 
 type NodeStatus struct {
@@ -2646,7 +2752,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +2764,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +2777,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -2706,7 +2812,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2718,7 +2824,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2731,7 +2837,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -2799,7 +2905,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2811,7 +2917,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2824,7 +2930,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -2867,7 +2973,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2879,7 +2985,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2892,7 +2998,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -2933,7 +3039,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2945,7 +3051,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2958,7 +3064,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -3000,7 +3106,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3012,7 +3118,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3025,7 +3131,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -3055,7 +3161,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3067,7 +3173,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3080,7 +3186,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -3115,7 +3221,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3127,7 +3233,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3140,7 +3246,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -3172,7 +3278,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3184,7 +3290,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3197,7 +3303,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -3243,7 +3349,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3255,7 +3361,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3268,7 +3374,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
 }
 
 type ListTokensResponse struct {
@@ -3280,7 +3386,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3292,7 +3398,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3305,7 +3411,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3324,7 +3430,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3336,7 +3442,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3349,7 +3455,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -3367,7 +3473,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3379,7 +3485,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3392,7 +3498,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
 }
 
 type GossipKeysRequest struct {
@@ -3407,7 +3513,7 @@ type GossipKeysRequest struct {
 
 func (x *GossipKeysRequest) Reset() {
 	*x = GossipKeysRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3419,7 +3525,7 @@ func (x *GossipKeysRequest) String() string {
 func (*GossipKeysRequest) ProtoMessage() {}
 
 func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3432,7 +3538,7 @@ func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeysRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GossipKeysRequest) GetAction() string {
@@ -3453,7 +3559,7 @@ type GossipKeysResponse struct {
 
 func (x *GossipKeysResponse) Reset() {
 	*x = GossipKeysResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3465,7 +3571,7 @@ func (x *GossipKeysResponse) String() string {
 func (*GossipKeysResponse) ProtoMessage() {}
 
 func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3478,7 +3584,7 @@ func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeysResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GossipKeysResponse) GetFingerprints() []string {
@@ -3566,7 +3672,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"first_rank\x18\x03 \x01(\x05R\tfirstRank\x12\x14\n" +
 	"\x05ranks\x18\x04 \x01(\x05R\x05ranks\x12\x1a\n" +
 	"\binstance\x18\x05 \x01(\tR\binstance\x12'\n" +
-	"\x0fcheckpoint_addr\x18\x06 \x01(\tR\x0echeckpointAddr\"\x9a\x02\n" +
+	"\x0fcheckpoint_addr\x18\x06 \x01(\tR\x0echeckpointAddr\"\xc8\x02\n" +
 	"\n" +
 	"Generation\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
@@ -3581,7 +3687,10 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"checkpoint\x18\b \x03(\v2\x13.gpucoord.v1.CopiesR\n" +
 	"checkpoint\x12\x1f\n" +
 	"\vfrom_backup\x18\t \x01(\bR\n" +
-	"fromBackup\"6\n" +
+	"fromBackup\x12\x14\n" +
+	"\x05hangs\x18\n" +
+	" \x01(\x05R\x05hangs\x12\x16\n" +
+	"\x06output\x18\v \x01(\tR\x06output\"6\n" +
 	"\x06Copies\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aholders\x18\x02 \x03(\tR\aholders\"\xcb\x02\n" +
@@ -3627,13 +3736,19 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x06backup\x18\x03 \x01(\bR\x06backup\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x03R\n" +
-	"generation\"\x8b\x01\n" +
+	"generation\"\xb2\x01\n" +
 	"\bRankExit\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12)\n" +
 	"\x11failed_at_unix_ms\x18\x04 \x01(\x03R\x0efailedAtUnixMs\x12\x16\n" +
-	"\x06output\x18\x05 \x01(\tR\x06output\"8\n" +
+	"\x06output\x18\x05 \x01(\tR\x06output\x12%\n" +
+	"\x04hang\x18\x06 \x01(\v2\x11.gpucoord.v1.HangR\x04hang\"z\n" +
+	"\x04Hang\x12\x1b\n" +
+	"\tlast_step\x18\x01 \x01(\x03R\blastStep\x12\x17\n" +
+	"\aidle_ms\x18\x02 \x01(\x03R\x06idleMs\x12\x18\n" +
+	"\astopped\x18\x03 \x01(\bR\astopped\x12\"\n" +
+	"\rfound_unix_ms\x18\x04 \x01(\x03R\vfoundUnixMs\"8\n" +
 	"\tRankTimes\x12+\n" +
 	"\x05ranks\x18\x01 \x03(\v2\x15.gpucoord.v1.RankTimeR\x05ranks\"@\n" +
 	"\fTimesHistory\x120\n" +
@@ -3808,7 +3923,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),                // 1: gpucoord.v1.Node
@@ -3826,111 +3941,113 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*Stored)(nil),              // 13: gpucoord.v1.Stored
 	(*StoredStep)(nil),          // 14: gpucoord.v1.StoredStep
 	(*RankExit)(nil),            // 15: gpucoord.v1.RankExit
-	(*RankTimes)(nil),           // 16: gpucoord.v1.RankTimes
-	(*TimesHistory)(nil),        // 17: gpucoord.v1.TimesHistory
-	(*TimesBatch)(nil),          // 18: gpucoord.v1.TimesBatch
-	(*RankTime)(nil),            // 19: gpucoord.v1.RankTime
-	(*Straggler)(nil),           // 20: gpucoord.v1.Straggler
-	(*Stragglers)(nil),          // 21: gpucoord.v1.Stragglers
-	(*ReportRequest)(nil),       // 22: gpucoord.v1.ReportRequest
-	(*ReportResponse)(nil),      // 23: gpucoord.v1.ReportResponse
-	(*LeaveRequest)(nil),        // 24: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),       // 25: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),       // 26: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),      // 27: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),            // 28: gpucoord.v1.JobState
-	(*FollowRequest)(nil),       // 29: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),            // 30: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),       // 31: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),      // 32: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),       // 33: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),          // 34: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),           // 35: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),        // 36: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),      // 37: gpucoord.v1.StatusResponse
-	(*JoinRequest)(nil),         // 38: gpucoord.v1.JoinRequest
-	(*JoinResponse)(nil),        // 39: gpucoord.v1.JoinResponse
-	(*CreateTokenRequest)(nil),  // 40: gpucoord.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil), // 41: gpucoord.v1.CreateTokenResponse
-	(*TokenInfo)(nil),           // 42: gpucoord.v1.TokenInfo
-	(*ListTokensRequest)(nil),   // 43: gpucoord.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),  // 44: gpucoord.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),  // 45: gpucoord.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil), // 46: gpucoord.v1.RevokeTokenResponse
-	(*GossipKeysRequest)(nil),   // 47: gpucoord.v1.GossipKeysRequest
-	(*GossipKeysResponse)(nil),  // 48: gpucoord.v1.GossipKeysResponse
-	nil,                         // 49: gpucoord.v1.JobSpec.EnvEntry
-	nil,                         // 50: gpucoord.v1.TimesBatch.NodesEntry
+	(*Hang)(nil),                // 16: gpucoord.v1.Hang
+	(*RankTimes)(nil),           // 17: gpucoord.v1.RankTimes
+	(*TimesHistory)(nil),        // 18: gpucoord.v1.TimesHistory
+	(*TimesBatch)(nil),          // 19: gpucoord.v1.TimesBatch
+	(*RankTime)(nil),            // 20: gpucoord.v1.RankTime
+	(*Straggler)(nil),           // 21: gpucoord.v1.Straggler
+	(*Stragglers)(nil),          // 22: gpucoord.v1.Stragglers
+	(*ReportRequest)(nil),       // 23: gpucoord.v1.ReportRequest
+	(*ReportResponse)(nil),      // 24: gpucoord.v1.ReportResponse
+	(*LeaveRequest)(nil),        // 25: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),       // 26: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),       // 27: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),      // 28: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),            // 29: gpucoord.v1.JobState
+	(*FollowRequest)(nil),       // 30: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),            // 31: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),       // 32: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),      // 33: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),       // 34: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),          // 35: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),           // 36: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),        // 37: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),      // 38: gpucoord.v1.StatusResponse
+	(*JoinRequest)(nil),         // 39: gpucoord.v1.JoinRequest
+	(*JoinResponse)(nil),        // 40: gpucoord.v1.JoinResponse
+	(*CreateTokenRequest)(nil),  // 41: gpucoord.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil), // 42: gpucoord.v1.CreateTokenResponse
+	(*TokenInfo)(nil),           // 43: gpucoord.v1.TokenInfo
+	(*ListTokensRequest)(nil),   // 44: gpucoord.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),  // 45: gpucoord.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),  // 46: gpucoord.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil), // 47: gpucoord.v1.RevokeTokenResponse
+	(*GossipKeysRequest)(nil),   // 48: gpucoord.v1.GossipKeysRequest
+	(*GossipKeysResponse)(nil),  // 49: gpucoord.v1.GossipKeysResponse
+	nil,                         // 50: gpucoord.v1.JobSpec.EnvEntry
+	nil,                         // 51: gpucoord.v1.TimesBatch.NodesEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	49, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	50, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
 	7,  // 3: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
 	9,  // 4: gpucoord.v1.Generation.checkpoint:type_name -> gpucoord.v1.Copies
 	6,  // 5: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
 	8,  // 6: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
 	9,  // 7: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
 	14, // 8: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
-	19, // 9: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
-	16, // 10: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
-	50, // 11: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
-	20, // 12: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
-	11, // 13: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
-	12, // 14: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
-	15, // 15: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
-	16, // 16: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
-	13, // 17: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
-	6,  // 18: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 19: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	28, // 20: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	8,  // 21: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	12, // 22: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	12, // 23: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
-	28, // 24: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 25: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	6,  // 26: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	28, // 27: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	8,  // 28: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	12, // 29: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	36, // 30: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	20, // 31: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	34, // 32: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	35, // 33: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	42, // 34: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	42, // 35: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	17, // 36: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
-	38, // 37: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	40, // 38: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	43, // 39: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	45, // 40: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	47, // 41: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 42: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 43: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	22, // 44: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	24, // 45: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	26, // 46: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	29, // 47: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	31, // 48: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	33, // 49: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	39, // 50: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	41, // 51: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	44, // 52: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	46, // 53: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	48, // 54: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 55: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	10, // 56: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	23, // 57: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	25, // 58: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	27, // 59: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	30, // 60: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	32, // 61: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	37, // 62: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	50, // [50:63] is the sub-list for method output_type
-	37, // [37:50] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	16, // 9: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
+	20, // 10: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
+	17, // 11: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
+	51, // 12: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
+	21, // 13: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
+	11, // 14: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
+	12, // 15: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
+	15, // 16: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
+	17, // 17: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
+	13, // 18: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
+	6,  // 19: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 20: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	29, // 21: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	8,  // 22: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	12, // 23: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	12, // 24: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
+	29, // 25: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 26: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	6,  // 27: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	29, // 28: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	8,  // 29: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	12, // 30: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	37, // 31: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	21, // 32: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	35, // 33: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	36, // 34: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	43, // 35: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	43, // 36: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	18, // 37: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
+	39, // 38: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	41, // 39: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	44, // 40: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	46, // 41: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	48, // 42: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 43: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 44: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	23, // 45: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	25, // 46: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	27, // 47: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	30, // 48: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	32, // 49: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	34, // 50: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	40, // 51: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	42, // 52: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	45, // 53: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	47, // 54: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	49, // 55: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 56: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	10, // 57: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	24, // 58: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	26, // 59: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	28, // 60: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	31, // 61: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	33, // 62: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	38, // 63: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	51, // [51:64] is the sub-list for method output_type
+	38, // [38:51] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -3938,7 +4055,7 @@ func file_proto_gpucoord_proto_init() {
 	if File_proto_gpucoord_proto != nil {
 		return
 	}
-	file_proto_gpucoord_proto_msgTypes[21].OneofWrappers = []any{
+	file_proto_gpucoord_proto_msgTypes[22].OneofWrappers = []any{
 		(*ReportRequest_Bootstrap)(nil),
 		(*ReportRequest_Step)(nil),
 		(*ReportRequest_Exit)(nil),
@@ -3951,7 +4068,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   50,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
