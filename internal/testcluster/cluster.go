@@ -51,6 +51,7 @@ type Host struct {
 	c           *Cluster
 	ns          string
 	tmp         string // what the host's processes see as /tmp
+	shm         string // and as /dev/shm
 	hosts       string // its /etc/hosts
 	relay       *relay // nil for a veth link
 }
@@ -156,6 +157,15 @@ func (c *Cluster) makeHost(h *Host, relayed bool, hosts string) error {
 	if err := os.Chmod(h.tmp, 0o1777); err != nil {
 		return err
 	}
+	// Its own /dev/shm, kept across its processes as a host's is (a
+	// directory, not memory: what matters is that no other host sees it).
+	h.shm = filepath.Join(c.dir, h.Name, "shm")
+	if err := os.Mkdir(h.shm, 0o1777); err != nil {
+		return err
+	}
+	if err := os.Chmod(h.shm, 0o1777); err != nil {
+		return err
+	}
 	h.hosts = filepath.Join(c.dir, h.Name, "hosts")
 	if err := os.WriteFile(h.hosts, []byte(hosts), 0o644); err != nil {
 		return err
@@ -230,15 +240,15 @@ func copyFile(src, dst string) error {
 }
 
 // Command returns the command name args run on h: in its network
-// namespace, with its own /tmp, /etc/hosts and host name, HOME=/tmp/home
+// namespace, with its own /tmp, /dev/shm, /etc/hosts and host name, HOME=/tmp/home
 // and TMPDIR=/tmp, started in the directory of Install's files. Paths name
 // files as the host sees them (Install's, the shared directory's, or the
 // host's own /tmp). The process dies with the
 // test process (SIGKILL on parent death); append to Env, do not replace it.
 func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
-	const script = `mount --bind "$1" /tmp && mount --bind "$2" /etc/hosts && hostname "$3" && shift 3 && exec "$@"`
+	const script = `mount --bind "$1" /tmp && mount --bind "$2" /dev/shm && mount --bind "$3" /etc/hosts && hostname "$4" && shift 4 && exec "$@"`
 	argv := append([]string{"--net=/run/netns/" + h.ns, "--", "unshare", "--mount", "--uts", "--propagation", "private", "--",
-		"/bin/sh", "-c", script, "sh", h.tmp, h.hosts, h.Name, name}, args...)
+		"/bin/sh", "-c", script, "sh", h.tmp, h.shm, h.hosts, h.Name, name}, args...)
 	cmd := exec.CommandContext(ctx, "nsenter", argv...)
 	cmd.Dir = filepath.Join(h.c.dir, "files")
 	cmd.Env = append(os.Environ(), "HOME=/tmp/home", "TMPDIR=/tmp")

@@ -151,14 +151,18 @@ func TestHostsReachEachOther(t *testing.T) {
 	}
 }
 
-func TestPrivateTmpAndShared(t *testing.T) {
+func TestPrivateTmpShmAndShared(t *testing.T) {
 	c := testcluster.New(t, testcluster.Config{Hosts: 2, Shared: true})
 	h1, h2 := c.Host(1), c.Host(2)
-	h1.Run(t.Context(), "sh", "-c", `echo one > /tmp/probe && echo one > "$HOME/probe" && echo shared > "$0/probe"`, c.Shared())
+	h1.Run(t.Context(), "sh", "-c", `echo one > /tmp/probe && echo one > "$HOME/probe" && echo one > /dev/shm/gpucoord-probe && echo shared > "$0/probe"`, c.Shared())
 	if b, err := os.ReadFile(h1.Path("/tmp/probe")); err != nil || string(b) != "one\n" {
 		t.Errorf("h1's /tmp/probe seen from the test: %q %v", b, err)
 	}
-	for _, f := range []string{"/tmp/probe", "/tmp/home/probe"} {
+	// A later process on h1 sees its /dev/shm, as on a real host.
+	if got := h1.Run(t.Context(), "cat", "/dev/shm/gpucoord-probe"); got != "one\n" {
+		t.Errorf("h1's next process reads its /dev/shm file as %q", got)
+	}
+	for _, f := range []string{"/tmp/probe", "/tmp/home/probe", "/dev/shm/gpucoord-probe"} {
 		if out, err := h2.Command(t.Context(), "cat", f).CombinedOutput(); err == nil {
 			t.Errorf("h2 reads h1's %s: %q", f, out)
 		}
@@ -168,6 +172,10 @@ func TestPrivateTmpAndShared(t *testing.T) {
 	}
 	if _, err := os.Stat("/tmp/probe"); err == nil {
 		t.Errorf("h1's /tmp/probe is in this machine's /tmp")
+	}
+	if _, err := os.Stat("/dev/shm/gpucoord-probe"); err == nil {
+		os.Remove("/dev/shm/gpucoord-probe")
+		t.Errorf("h1's /dev/shm/gpucoord-probe is in this machine's /dev/shm")
 	}
 }
 

@@ -1,8 +1,8 @@
 // Package testcluster makes a cluster of hosts on one machine for tests: a
 // cluster in a box. Each host is a network namespace with its own IPv4 and
 // IPv6 address on a bridge, and every process a test runs on a host gets a
-// private mount namespace in which /tmp (and so HOME, which is under it) is
-// the host's own directory and /etc/hosts names every host of the cluster:
+// private mount namespace in which /tmp (and so HOME, which is under it) and
+// /dev/shm are the host's own directories and /etc/hosts names every host of the cluster:
 // hosts share no file system unless the test asks for the shared directory.
 //
 // A test can kill a host (SIGKILL to every process in its namespace), cut
