@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"math/rand/v2"
 	"path/filepath"
 	"regexp"
@@ -31,43 +33,74 @@ var genNodes = regexp.MustCompile(`generation 1: \d+ nodes? \(([^)]*)\)`)
 // host of rank 0 (then, in another run, of the last rank) is killed at a
 // random step. The spare takes its place, gathering the last commit from
 // the replicas; the job ends on train's curve with at most one step
-// redone.
+// redone and no commit lost.
 func TestClusterHeldCheckpoints(t *testing.T) {
 	for _, victim := range []string{"rank 0", "last rank"} {
-		t.Run(victim, func(t *testing.T) {
-			const steps = 80
-			b := newBoxCluster(t, testcluster.Config{Hosts: 4})
-			want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
-			b.coordinator(t, b.Host(1), b.local)
-			b.worker(t, b.Host(2), 2)
-			b.worker(t, b.Host(3), 2)
-			p := b.heldJob(t, 2, steps)
-			m := genNodes.FindStringSubmatch(p.waitLine(t, "generation 1:", time.Minute))
-			if m == nil {
-				t.Fatalf("no nodes in the generation line:\n%s", p.output())
-			}
-			order := strings.Split(m[1], ", ")
-			name := order[0]
-			if victim == "last rank" {
-				name = order[len(order)-1]
-			}
-			spare := b.worker(t, b.Host(4), 2)
-			at := 10 + rand.IntN(30)
-			p.waitLine(t, fmt.Sprintf(`{"step":%d,`, at), time.Minute)
-			killed := time.Now()
-			b.hostNamed(t, name).Kill()
-			p.waitLine(t, `"generation":2,`, time.Minute)
-			t.Logf("%s's host %s killed at step %d: first step of generation 2 reported %s after the kill",
-				victim, name, at, time.Since(killed).Round(time.Millisecond))
-			if code := p.wait(t, 3*time.Minute); code != 0 {
-				t.Fatalf("launch exited %d:\n%s", code, p.output())
-			}
-			sameLosses(t, losses(t, p.output()), want)
-			atMostOneRedone(t, p.output())
-			if !strings.Contains(spare.output(), "restored from peers") {
-				t.Errorf("the spare did not gather the commit from its peers:\n%s", spare.output())
-			}
-		})
+		t.Run(victim, func(t *testing.T) { heldKill(t, victim, 10+rand.IntN(30)) })
+	}
+}
+
+// TestClusterHeldStress is TestClusterHeldCheckpoints's kill at 20 random
+// steps, rank 0's host and the last rank's in turn (make stress).
+func TestClusterHeldStress(t *testing.T) {
+	if os.Getenv("GPUCOORD_STRESS") == "" {
+		t.Skip("set GPUCOORD_STRESS=1 (make stress) to run the 20 kills")
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 20 {
+		victim := []string{"rank 0", "last rank"}[i%2]
+		at := 2 + rng.IntN(50)
+		t.Run(fmt.Sprintf("%s-at-%d", strings.ReplaceAll(victim, " ", "-"), at), func(t *testing.T) { heldKill(t, victim, at) })
+	}
+}
+
+// heldKill runs the native job with held checkpoints on h2 and h3, h4 a
+// spare, and kills the host of the victim rank once launch has printed
+// step at.
+func heldKill(t *testing.T, victim string, at int) {
+	const steps = 60
+	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
+	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	b.coordinator(t, b.Host(1), b.local)
+	b.worker(t, b.Host(2), 2)
+	b.worker(t, b.Host(3), 2)
+	p := b.heldJob(t, 2, steps)
+	m := genNodes.FindStringSubmatch(p.waitLine(t, "generation 1:", time.Minute))
+	if m == nil {
+		t.Fatalf("no nodes in the generation line:\n%s", p.output())
+	}
+	order := strings.Split(m[1], ", ")
+	name := order[0]
+	if victim == "last rank" {
+		name = order[len(order)-1]
+	}
+	spare := b.worker(t, b.Host(4), 2)
+	p.waitLine(t, fmt.Sprintf(`{"step":%d,`, at), time.Minute)
+	killed := time.Now()
+	b.hostNamed(t, name).Kill()
+	p.waitLine(t, `"generation":2,`, time.Minute)
+	t.Logf("%s's host %s killed at step %d: first step of generation 2 reported %s after the kill",
+		victim, name, at, time.Since(killed).Round(time.Millisecond))
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	out := p.output()
+	sameLosses(t, losses(t, out), want)
+	resume := atMostOneRedone(t, out)
+	var committed int64
+	for _, c := range commits(out) {
+		if c.Generation == 1 {
+			committed = max(committed, c.Committed)
+		}
+	}
+	if resume < committed {
+		t.Errorf("generation 1 committed step %d, generation 2 resumed after step %d: a commit was lost", committed, resume)
+	}
+	if strings.Contains(out, " hung: ") {
+		t.Errorf("a rank hung:\n%s", out)
+	}
+	if !strings.Contains(spare.output(), "restored from peers") {
+		t.Errorf("the spare did not gather the commit from its peers:\n%s", spare.output())
 	}
 }
 
@@ -132,4 +165,94 @@ func TestClusterReplicasLost(t *testing.T) {
 			sameLosses(t, losses(t, out), want)
 		})
 	}
+}
+
+// torchPython is Debian's python3 with torch (make deps installs it).
+func torchPython(t *testing.T) string {
+	t.Helper()
+	const py = "/usr/bin/python3"
+	if err := exec.Command(py, "-c", "import torch").Run(); err != nil {
+		t.Fatalf("%s cannot import torch (make deps installs python3-torch): %v", py, err)
+	}
+	return py
+}
+
+var resumedLine = regexp.MustCompile(`rank (\d+)/(\d+) resumed after step (\d+) \((dcp|shards)\)`)
+
+// TestClusterTorchCheckpointed: examples/pytorch/checkpointed.py, a
+// torchrun program that checkpoints every step with sharded files under
+// GPUCOORD_CHECKPOINT_DIR and speaks the progress channel, on 2 hosts
+// without a shared directory. The last rank's host is killed: every rank
+// of the next generation resumes after the committed step, the same on
+// all; the host comes back, is taken back at a commit, and the job ends
+// at full size with every rank's parameters equal.
+func TestClusterTorchCheckpointed(t *testing.T) {
+	py := torchPython(t)
+	b := newBoxCluster(t, testcluster.Config{Hosts: 3})
+	b.Install("../../examples/pytorch/gpucoord_progress.py") // beside the program, which imports it
+	b.coordinator(t, b.Host(1), b.local)
+	w2 := b.worker(t, b.Host(2), 2)
+	b.worker(t, b.Host(3), 2)
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--min-nodes", "1",
+		"--max-restarts", "3", "--json", "--env", "CKPT_STEPS=60", "--env", "CKPT_STEP_SLEEP=0.05", "--", py, b.Install("../../examples/pytorch/checkpointed.py"))
+	p.waitLine(t, "generation 1: 2 nodes (h2, h3)", time.Minute)
+	p.waitLine(t, `{"step":10,`, 2*time.Minute)
+	b.Host(3).Kill()
+	g2 := p.waitLine(t, "generation 2: 1 node (h2)", time.Minute)
+	w3 := b.worker(t, b.Host(3), 2)
+	g3 := p.waitLine(t, "generation 3: 2 nodes (h2, h3)", 2*time.Minute)
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	out := w2.output() + w3.output()
+	for _, g := range []struct {
+		line  string
+		world int
+	}{{g2, 2}, {g3, 4}} {
+		m := regexp.MustCompile(`resuming after step (\d+)\)`).FindStringSubmatch(g.line)
+		if m == nil || m[1] == "0" {
+			t.Fatalf("no committed step to resume after: %s", g.line)
+		}
+		ranks := map[string]bool{}
+		for _, r := range resumedLine.FindAllStringSubmatch(out, -1) {
+			if r[2] == strconv.Itoa(g.world) && r[3] == m[1] {
+				ranks[r[1]] = true
+			}
+		}
+		t.Logf("%d of %d ranks resumed after step %s: %s", len(ranks), g.world, m[1], g.line)
+		if len(ranks) != g.world {
+			t.Errorf("%d ranks of world %d resumed after step %s, want every rank:\n%s", len(ranks), g.world, m[1], out)
+		}
+	}
+	sameParams(t, out, 4)
+}
+
+// TestHangPythonRecv: a Python rank blocks in a receive no rank sends to,
+// after its step's update; its peers go on and then wait for it. It is
+// named hung (the lowest step) with its Python stack from faulthandler,
+// and the job goes on from the last commit to the end.
+func TestHangPythonRecv(t *testing.T) {
+	py := torchPython(t)
+	exe := buildBinary(t)
+	_, addr := coordinatorProc(t, exe)
+	w0, _ := workerProc(t, exe, addr, "w0", 2)
+	w1, _ := workerProc(t, exe, addr, "w1", 2)
+	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "2", "--max-restarts", "1", "--hang-timeout", "3s",
+		"--env", "CKPT_STEPS=20", "--env", "CKPT_HANG_RANK=1", "--env", "CKPT_HANG_STEP=6", "--", py, "../../examples/pytorch/checkpointed.py")
+	w0.waitLine(t, "waiting for a message no rank sends", 2*time.Minute)
+	waiting := time.Now()
+	line := p.waitLine(t, "generation 2:", time.Minute)
+	t.Logf("named %s after the rank began to wait (timeout 3s): %s", time.Since(waiting).Round(time.Millisecond), line)
+	if !strings.Contains(line, "rank 1 on w0 hung: no progress for") || !strings.Contains(line, "after step 5") {
+		t.Errorf("generation 2 does not name rank 1, after step 5, as hung: %s", line)
+	}
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	out := p.output()
+	stacks := out[strings.Index(out, "stacks of the rank that failed:"):]
+	if !strings.Contains(stacks, "in recv") || !strings.Contains(stacks, "checkpointed.py") {
+		t.Errorf("no Python stack of rank 1 in the receive:\n%.3000s", stacks)
+	}
+	sameParams(t, w0.output()+w1.output(), 4)
 }

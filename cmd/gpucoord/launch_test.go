@@ -941,8 +941,9 @@ func TestElasticHeldCheckpoints(t *testing.T) {
 }
 
 // atMostOneRedone checks, in launch --json's output, that generation 2
-// resumed after generation 1's last step reported or the one before.
-func atMostOneRedone(t *testing.T, out string) {
+// resumed after generation 1's last step reported or the one before, and
+// returns the step it resumed after.
+func atMostOneRedone(t *testing.T, out string) int64 {
 	t.Helper()
 	var lastGen1 int
 	resume := -1
@@ -959,6 +960,7 @@ func atMostOneRedone(t *testing.T, out string) {
 	if resume < 1 || lastGen1-resume > 1 {
 		t.Errorf("generation 2 resumed after step %d, generation 1 had reached step %d: want at most 1 step redone", resume, lastGen1)
 	}
+	return int64(resume)
 }
 
 // TestHangNativeStopped: a native rank sent SIGSTOP stops making progress;
