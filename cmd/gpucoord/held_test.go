@@ -2,9 +2,9 @@ package main
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
-	"math/rand/v2"
 	"path/filepath"
 	"regexp"
 	"strconv"
