@@ -52,6 +52,7 @@ type cache struct {
 	assigned  map[string]*pb.Assignment
 	encoded   map[string]encoded
 	empty     encoded
+	live      []string // the jobs not ended (Assignment.live_jobs)
 	assignRev int64
 	changed   chan struct{} // closed when an assignment may have changed
 	advanced  chan struct{} // closed when rev moves
@@ -279,6 +280,13 @@ func (c *cache) finish(rev int64, assign bool) {
 func (c *cache) reindex() {
 	c.holder, c.assigned, c.encoded = map[string]string{}, map[string]*pb.Assignment{}, map[string]encoded{}
 	keys := c.ring.keys()
+	var live []string
+	for id, j := range c.jobs {
+		if j.spec != nil && !pb.Terminal(j.state) {
+			live = append(live, id)
+		}
+	}
+	slices.Sort(live)
 	for id, j := range c.jobs {
 		if j.spec == nil || j.gen == nil || j.state.GetPhase() != pb.JobState_RUNNING {
 			continue
@@ -288,10 +296,11 @@ func (c *cache) reindex() {
 		}
 		boot := j.boots[j.gen.Number]
 		a := &pb.Assignment{Job: id, Spec: j.spec, Generation: j.gen, Master: boot.GetMaster(), Probe: boot.GetProbe(),
-			StoreSecret: boot.GetStoreSecret(), Revision: c.assignRev, GossipKeys: keys}
+			StoreSecret: boot.GetStoreSecret(), Revision: c.assignRev, GossipKeys: keys, LiveJobs: live}
 		c.assigned[id], c.encoded[id] = a, mustMarshal(a)
 	}
-	c.empty = mustMarshal(&pb.Assignment{Revision: c.assignRev, GossipKeys: keys})
+	c.live = live
+	c.empty = mustMarshal(&pb.Assignment{Revision: c.assignRev, GossipKeys: keys, LiveJobs: live})
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
@@ -493,7 +502,7 @@ func (c *cache) assignment(node string) (*pb.Assignment, encoded, <-chan struct{
 	if id := c.holder[node]; id != "" {
 		return c.assigned[id], c.encoded[id], c.changed
 	}
-	return &pb.Assignment{Revision: c.assignRev, GossipKeys: c.ring.keys()}, c.empty, c.changed
+	return &pb.Assignment{Revision: c.assignRev, GossipKeys: c.ring.keys(), LiveJobs: c.live}, c.empty, c.changed
 }
 
 // view is one job and the pool as the cache holds them now, for decide:

@@ -515,6 +515,15 @@ func restorePoint(v *view) (resume int64, copies []*pb.Copies, fromBackup bool, 
 	for _, c := range j.commit.Copies {
 		alive := slices.ContainsFunc(c.Holders, func(h string) bool { return v.nodes[h] != nil && v.connected[h] })
 		if alive {
+			// Where each holder serves its files, member of the next
+			// generation or not.
+			x := &pb.Copies{Node: c.Node, Holders: c.Holders, Addrs: make([]string, len(c.Holders))}
+			for i, h := range c.Holders {
+				if n := v.nodes[h]; n != nil && v.connected[h] {
+					x.Addrs[i] = n.CheckpointAddr
+				}
+			}
+			copies = append(copies, x)
 			continue
 		}
 		if j.backup != nil {
@@ -523,7 +532,7 @@ func restorePoint(v *view) (resume int64, copies []*pb.Copies, fromBackup bool, 
 		return 0, nil, false, fmt.Sprintf("the checkpoint of step %d is lost: no live node holds node %s's files of it (held by %s), and the job has no backup tier (--checkpoint-backup)",
 			j.commit.Step, c.Node, strings.Join(c.Holders, ", "))
 	}
-	return j.commit.Step, j.commit.Copies, false, ""
+	return j.commit.Step, copies, false, ""
 }
 
 // recoverWithout makes the next generation of a job whose generation

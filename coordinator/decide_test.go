@@ -573,18 +573,24 @@ func TestRestorePoint(t *testing.T) {
 		backup *pb.Step
 		want   string
 	}{
-		{"every writer alive", []string{"a", "b", "c"}, nil, "12 copies=2 backup=false"},
-		{"a writer gone, its replica alive", []string{"b", "c"}, nil, "12 copies=2 backup=false"},
+		{"every writer alive", []string{"a", "b", "c"}, nil, "12 copies=2 backup=false addrs=[a:1 b:1] [b:1 c:1]"},
+		{"a writer gone, its replica alive", []string{"b", "c"}, nil, "12 copies=2 backup=false addrs=[ b:1] [b:1 c:1]"},
 		{"both holders of a's files gone: the backup", []string{"c"}, &pb.Step{Step: 8}, "8 copies=0 backup=true"},
 		{"both holders gone, no backup", []string{"c"}, nil, "lost: the checkpoint of step 12 is lost: no live node holds node a's files of it (held by a, b)"},
 	}
 	for _, tc := range tests {
 		v := &view{job: &job{commit: &pb.Step{Step: 12, Copies: copies}, backup: tc.backup}, nodes: map[string]*pb.Node{}, connected: map[string]bool{}}
 		for _, n := range tc.live {
-			v.nodes[n], v.connected[n] = &pb.Node{Name: n}, true
+			v.nodes[n], v.connected[n] = &pb.Node{Name: n, CheckpointAddr: n + ":1"}, true
 		}
 		resume, cs, fromBackup, lost := restorePoint(v)
 		got := fmt.Sprintf("%d copies=%d backup=%v", resume, len(cs), fromBackup)
+		if len(cs) > 0 {
+			got += " addrs="
+			for i, c := range cs {
+				got += strings.Repeat(" ", min(i, 1)) + fmt.Sprint(c.Addrs)
+			}
+		}
 		if lost != "" {
 			got = "lost: " + lost
 		}

@@ -301,7 +301,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 // aside). Spec and generation are the cache's: shared while unchanged.
 func sameAssignment(a, b *pb.Assignment) bool {
 	return a.Job == b.Job && a.Master == b.Master && a.Probe == b.Probe && (a.Generation == b.Generation || proto.Equal(a.Generation, b.Generation)) &&
-		slices.EqualFunc(a.GossipKeys, b.GossipKeys, bytes.Equal)
+		slices.EqualFunc(a.GossipKeys, b.GossipKeys, bytes.Equal) && slices.Equal(a.LiveJobs, b.LiveJobs)
 }
 
 // withTTL is a with the lease renewal of ttlMs, or a itself for none.

@@ -456,6 +456,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		if !asg.Renewal {
 			a.setPoolKeys(asg.GossipKeys)
 			run.apply(ctx, asg)
+			a.dropHeld(asg.LiveJobs)
 		}
 	}
 }
@@ -473,12 +474,27 @@ func (a *Agent) removeJobDir(job string) {
 		return
 	}
 	os.Remove(filepath.Join(a.cfg.WorkDir, job)) // fails, as it should, while not empty
-	if a.holder != nil {
-		if err := a.holder.Remove(job); err != nil {
-			a.log.Warn("removing the job's checkpoints", "job", job, "err", err)
-		}
-	}
 	a.log.Info("job files removed", "job", job, "dir", a.jobDir(job))
+}
+
+// dropHeld removes the checkpoints this node holds of jobs that ended:
+// those of the jobs in live (not ended) stay, though this node may run
+// none of them now (a paused job resumes from them; a job that went on
+// without this node may gather from it).
+func (a *Agent) dropHeld(live []string) {
+	if a.holder == nil {
+		return
+	}
+	for _, job := range a.holder.Jobs() {
+		if slices.Contains(live, job) {
+			continue
+		}
+		if err := a.holder.Remove(job); err != nil {
+			a.log.Warn("removing the checkpoints of an ended job", "job", job, "err", err)
+			continue
+		}
+		a.log.Info("checkpoints of an ended job removed", "job", job)
+	}
 }
 
 // node is what a rank's environment says of this node.
@@ -878,6 +894,11 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 	if err != nil {
 		a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: fmt.Sprintf("node %s: %v", a.cfg.Name, err)})
 		return
+	}
+	cp.ack = func(step int64, stored bool) {
+		for _, r := range local {
+			pl.Stored(r, step, stored)
+		}
 	}
 	ranksDone := make(chan struct{})
 	go cp.run(ctx, ranksDone, a.cfg.Grace)

@@ -87,14 +87,16 @@ func (a *Agent) gatherOne(ctx context.Context, asg *pb.Assignment, c *pb.Copies,
 		return a.holder.CopyLocal(job, c.Node, step)
 	}
 	var errs []error
-	for _, h := range c.Holders {
-		addr := addrs[h]
+	for i, h := range c.Holders {
 		if h == a.cfg.Name {
 			continue
 		}
+		addr := addrs[h]
+		if i < len(c.Addrs) && c.Addrs[i] != "" {
+			addr = c.Addrs[i] // a live holder, member or not
+		}
 		if addr == "" {
-			// Only the generation's members have addresses here.
-			errs = append(errs, fmt.Errorf("%s: not a member of this generation", h))
+			errs = append(errs, fmt.Errorf("%s: not alive when the generation was made", h))
 			continue
 		}
 		n, err := a.holder.Fetch(ctx, addr, job, c.Node, step)
@@ -118,6 +120,9 @@ type checkpoints struct {
 	log   *slog.Logger
 	times *stepTimes
 	step  func(s *pb.Step) // rank 0's progress
+	// ack answers the local ranks that asked (progress's "acks"): the
+	// agent is done with their checkpoint of step, stored or not.
+	ack func(step int64, stored bool)
 
 	mu       sync.Mutex
 	written  map[int]int64    // each local rank's newest "checkpoint N"
@@ -184,7 +189,11 @@ func (c *checkpoints) run(ctx context.Context, done <-chan struct{}, grace time.
 		n := c.queued
 		c.mu.Unlock()
 		if n > storedUpTo {
-			if err := c.store(ctx, n); err != nil {
+			err := c.store(ctx, n)
+			if c.ack != nil {
+				c.ack(n, err == nil)
+			}
+			if err != nil {
 				if ctx.Err() == nil {
 					c.log.Warn("storing a checkpoint", "step", n, "err", err)
 				}

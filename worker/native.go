@@ -110,6 +110,14 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 	defer prog.Close()
 	cfg.Checkpointed = func(steps int) { prog.Checkpoint(int64(steps)) }
+	if cfg.LocalCheckpoints {
+		// The agent answers each checkpoint once stored: a rank trains at
+		// most one step past the last stored one.
+		if err := prog.Acks(); err != nil {
+			return err
+		}
+		cfg.WaitStored = func(ctx context.Context, steps int) error { return prog.WaitStored(ctx, int64(steps)) }
+	}
 	// The agent sends SIGUSR1 when its node is told to leave: every rank
 	// then checkpoints the step in progress and this one stops.
 	var preempted atomic.Bool

@@ -102,6 +102,32 @@ func heldKill(t *testing.T, victim string, at int) {
 	if !strings.Contains(spare.output(), "restored from peers") {
 		t.Errorf("the spare did not gather the commit from its peers:\n%s", spare.output())
 	}
+	// The job has ended: the checkpoints it held go.
+	spare.waitLine(t, "checkpoints of an ended job removed", time.Minute)
+}
+
+// TestClusterHeldPaused: with no spare, the loss of a host pauses the job
+// (it needs 2 nodes); the surviving host keeps what it holds while the job
+// waits, and when a host comes, the job resumes from the commit and ends
+// on train's curve.
+func TestClusterHeldPaused(t *testing.T) {
+	const steps = 40
+	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
+	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	b.coordinator(t, b.Host(1), b.local)
+	b.worker(t, b.Host(2), 2)
+	b.worker(t, b.Host(3), 2)
+	p := b.heldJob(t, 2, steps)
+	p.waitLine(t, `{"step":10,`, time.Minute)
+	b.Host(3).Kill()
+	p.waitLine(t, "pending: paused after generation 1", time.Minute)
+	b.worker(t, b.Host(4), 2)
+	p.waitLine(t, "generation 2: 2 nodes (h2, h4)", time.Minute)
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	sameLosses(t, losses(t, p.output()), want)
+	atMostOneRedone(t, p.output())
 }
 
 // hostNamed is the box's host of that name.

@@ -1018,9 +1018,13 @@ func (x *Generation) GetOutput() string {
 // Copies says which nodes hold the files one node's ranks wrote for a
 // step: the writer itself first, then its replicas.
 type Copies struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Holders       []string               `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Node    string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Holders []string               `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
+	// addrs, in a generation's checkpoint, are the holders' checkpoint
+	// addresses (Node.checkpoint_addr), holder by holder: a holder need not
+	// be a member of the generation that gathers from it.
+	Addrs         []string `protobuf:"bytes,3,rep,name=addrs,proto3" json:"addrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1069,6 +1073,13 @@ func (x *Copies) GetHolders() []string {
 	return nil
 }
 
+func (x *Copies) GetAddrs() []string {
+	if x != nil {
+		return x.Addrs
+	}
+	return nil
+}
+
 // Assignment is everything a node should run now. An empty job means run
 // nothing; ranks of any other job or generation are stopped.
 type Assignment struct {
@@ -1099,7 +1110,12 @@ type Assignment struct {
 	StoreSecret []byte `protobuf:"bytes,9,opt,name=store_secret,json=storeSecret,proto3" json:"store_secret,omitempty"`
 	// gossip_keys are the pool's keys now (Gossip.keys): a rotation reaches
 	// every agent with its next assignment.
-	GossipKeys    [][]byte `protobuf:"bytes,10,rep,name=gossip_keys,json=gossipKeys,proto3" json:"gossip_keys,omitempty"`
+	GossipKeys [][]byte `protobuf:"bytes,10,rep,name=gossip_keys,json=gossipKeys,proto3" json:"gossip_keys,omitempty"`
+	// live_jobs are the jobs not ended, by id: an agent keeps the
+	// checkpoints it holds of these (a paused job resumes from them, a job
+	// that went on without the node may still gather from it) and removes
+	// those of any other.
+	LiveJobs      []string `protobuf:"bytes,11,rep,name=live_jobs,json=liveJobs,proto3" json:"live_jobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1200,6 +1216,13 @@ func (x *Assignment) GetStoreSecret() []byte {
 func (x *Assignment) GetGossipKeys() [][]byte {
 	if x != nil {
 		return x.GossipKeys
+	}
+	return nil
+}
+
+func (x *Assignment) GetLiveJobs() []string {
+	if x != nil {
+		return x.LiveJobs
 	}
 	return nil
 }
@@ -3690,10 +3713,11 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"fromBackup\x12\x14\n" +
 	"\x05hangs\x18\n" +
 	" \x01(\x05R\x05hangs\x12\x16\n" +
-	"\x06output\x18\v \x01(\tR\x06output\"6\n" +
+	"\x06output\x18\v \x01(\tR\x06output\"L\n" +
 	"\x06Copies\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
-	"\aholders\x18\x02 \x03(\tR\aholders\"\xcb\x02\n" +
+	"\aholders\x18\x02 \x03(\tR\aholders\x12\x14\n" +
+	"\x05addrs\x18\x03 \x03(\tR\x05addrs\"\xe8\x02\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -3710,7 +3734,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\fstore_secret\x18\t \x01(\fR\vstoreSecret\x12\x1f\n" +
 	"\vgossip_keys\x18\n" +
 	" \x03(\fR\n" +
-	"gossipKeys\"\\\n" +
+	"gossipKeys\x12\x1b\n" +
+	"\tlive_jobs\x18\v \x03(\tR\bliveJobs\"\\\n" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x02 \x01(\tR\x05probe\x12!\n" +

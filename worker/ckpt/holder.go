@@ -168,6 +168,18 @@ func (h *Holder) Prune(job string, keep int, committed int64) {
 	}
 }
 
+// Jobs lists the jobs this node holds files of.
+func (h *Holder) Jobs() []string {
+	entries, _ := os.ReadDir(h.root)
+	var jobs []string
+	for _, e := range entries {
+		if e.IsDir() {
+			jobs = append(jobs, e.Name())
+		}
+	}
+	return jobs
+}
+
 // Remove deletes everything of job.
 func (h *Holder) Remove(job string) error {
 	h.mu.Lock()

@@ -1,10 +1,12 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"math"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -138,6 +140,77 @@ func TestCheckpointFenced(t *testing.T) {
 	for _, step := range []int64{3, 4} {
 		if _, err := os.Stat(sharding.StepDir(root, step)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("generation 2 wrote step %d's directory (%v)", step, err)
+		}
+	}
+}
+
+// TestLocalCheckpointsWaitStored: with node-local checkpoints every step,
+// each rank asks, at the end of step N and before reporting it, that the
+// checkpoint of step N-1 be stored (WaitStored), and only after its
+// background write said so (Checkpointed); resumed from a local step with
+// the files every rank wrote, the run continues on the uninterrupted
+// losses.
+func TestLocalCheckpointsWaitStored(t *testing.T) {
+	job := tinyJob(LossCrossEntropy)
+	job.Steps = 5
+	cfg := func() *Config {
+		c := DefaultConfig(job)
+		c.TP, c.PP, c.DP, c.Schedule = 2, 1, 2, schedule.OneFOneB
+		return c
+	}
+	want, err := RunInProc(t.Context(), cfg(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	c := cfg()
+	c.CheckpointDir, c.CheckpointEvery, c.LocalCheckpoints, c.Preempted = dir, 1, true, func() bool { return false }
+	var mu sync.Mutex
+	written := map[int]int{} // step -> ranks whose write finished
+	var waits []int
+	c.Checkpointed = func(steps int) {
+		mu.Lock()
+		written[steps]++
+		mu.Unlock()
+	}
+	c.WaitStored = func(_ context.Context, steps int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if written[steps] == 0 {
+			t.Errorf("WaitStored(%d) before any write of it finished", steps)
+		}
+		waits = append(waits, steps)
+		return nil
+	}
+	head := *job
+	head.Steps = 3
+	c.Job = &head
+	res, err := RunInProc(t.Context(), c, func(s StepResult) error {
+		mu.Lock()
+		defer mu.Unlock()
+		// Rank 0 reports step N after it waited for step N-1.
+		if n := len(waits); s.Step > 1 && (n == 0 || waits[n-1] < s.Step-1) {
+			t.Errorf("step %d reported before step %d was stored (waits %v)", s.Step, s.Step-1, waits)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 4 ranks wait at the end of steps 2 and 3, for steps 1 and 2.
+	if len(waits) != 8 {
+		t.Errorf("%d waits (%v), want 8", len(waits), waits)
+	}
+	r := cfg()
+	r.CheckpointDir, r.LocalCheckpoints, r.Resume = dir, true, 3
+	tail, err := RunInProc(t.Context(), r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := append(res.Losses, tail.Losses...)
+	for i := range want.Losses {
+		if i >= len(got) || got[i] != want.Losses[i] {
+			t.Fatalf("losses %v, want %v", got, want.Losses)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 
@@ -55,6 +56,13 @@ type Config struct {
 	// rank has written; with LocalCheckpoints it is called from the
 	// background writer.
 	Checkpointed func(steps int)
+	// WaitStored, when set with LocalCheckpoints, waits until the agent is
+	// done with the checkpoint of a step (replicated and reported, or given
+	// up). Train calls it at the end of each step for the last checkpoint
+	// written, before the step's closing all-reduce: once any rank reports
+	// step N, every node has stored the checkpoint before it, so a failure
+	// loses at most the step in flight.
+	WaitStored func(ctx context.Context, steps int) error
 	// Resume is the number of steps already done: Train restores their
 	// checkpoint from CheckpointDir (written at any DP degree) and goes on
 	// with the next step. Data and Adam's step count depend only on the

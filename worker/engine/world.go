@@ -128,6 +128,14 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 		secs := time.Since(start).Seconds()
 		res := StepResult{Step: s + 1, Loss: loss, Seconds: secs, SamplesPerSec: float64(cfg.Job.Batch.Global) / secs, Stats: r.Stats(),
 			ComputeSeconds: r.Stats().Compute.Seconds()}
+		if cfg.LocalCheckpoints && cfg.WaitStored != nil && bg.last > 0 {
+			if err := bg.wait(); err != nil {
+				return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
+			}
+			if err := cfg.WaitStored(ctx, bg.last); err != nil {
+				return r, fmt.Errorf("rank %d %+v: waiting for the checkpoint of step %d to be stored: %w", world.Rank(), coord, bg.last, err)
+			}
+		}
 		preempted, me := false, false
 		if cfg.CheckpointDir != "" && cfg.Preempted != nil {
 			me = cfg.Preempted()
@@ -189,6 +197,7 @@ type background struct {
 	spare *Snapshot
 	cur   *Snapshot
 	errc  chan error
+	last  int // the step of the last write started
 }
 
 func (b *background) start(ctx context.Context, steps int) error {
@@ -199,7 +208,7 @@ func (b *background) start(ctx context.Context, steps int) error {
 	if err != nil {
 		return err
 	}
-	b.cur, b.spare, b.errc = snap, nil, make(chan error, 1)
+	b.cur, b.spare, b.errc, b.last = snap, nil, make(chan error, 1), steps
 	go func() {
 		err := b.r.WriteLocal(ctx, b.root, snap)
 		if err == nil && b.done != nil {

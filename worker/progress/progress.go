@@ -8,6 +8,14 @@
 //	checkpoint N             the rank has written all its files of step N
 //	                         under GPUCOORD_CHECKPOINT_DIR/N
 //	heartbeat                the rank is alive and busy (a long step)
+//	acks                     answer my checkpoint lines (below)
+//
+// A connection that said "acks" gets one line back for each of its rank's
+// checkpoint lines once the agent is done with that step: "stored N" when
+// its copies are in place and reported, "failed N" when they could not be
+// (the agent gave up on that step; a later one may still be stored). The
+// native engine waits for "stored N" before it trains past step N+1, so
+// that a failure loses at most the step in flight.
 //
 // A line is at most MaxLine bytes. A rank may connect any number of times
 // (a forked helper, a reconnect after a crash of the agent's reader); a
@@ -22,6 +30,7 @@ package progress
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -49,6 +58,7 @@ const (
 	Step Kind = iota + 1
 	Checkpoint
 	Heartbeat
+	Acks
 )
 
 func (k Kind) String() string {
@@ -59,6 +69,8 @@ func (k Kind) String() string {
 		return "checkpoint"
 	case Heartbeat:
 		return "heartbeat"
+	case Acks:
+		return "acks"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -97,9 +109,12 @@ func Parse(line string) (Event, error) {
 		return Event{}, fmt.Errorf("%w: empty line", ErrSyntax)
 	}
 	switch f[0] {
-	case "heartbeat":
+	case "heartbeat", "acks":
 		if len(f) > 1 {
-			return Event{}, fmt.Errorf("%w: heartbeat takes nothing after it", ErrSyntax)
+			return Event{}, fmt.Errorf("%w: %s takes nothing after it", ErrSyntax, f[0])
+		}
+		if f[0] == "acks" {
+			return Event{Kind: Acks}, nil
 		}
 		return Event{Kind: Heartbeat}, nil
 	case "step", "checkpoint":
@@ -130,7 +145,7 @@ func Parse(line string) (Event, error) {
 		}
 		return e, nil
 	}
-	return Event{}, fmt.Errorf("%w: unknown word %q (want step, checkpoint or heartbeat)", ErrSyntax, f[0])
+	return Event{}, fmt.Errorf("%w: unknown word %q (want step, checkpoint, heartbeat or acks)", ErrSyntax, f[0])
 }
 
 // Handler receives each rank's events with the time they were read.
@@ -145,8 +160,34 @@ type Listener struct {
 	handle Handler
 
 	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	conns map[net.Conn]int // each connection's rank, -1 until it says "acks"
 	wg    sync.WaitGroup
+}
+
+// ackTimeout bounds a write of an answer: a rank that asked for answers and
+// stopped reading them loses them, it never stalls the agent.
+const ackTimeout = time.Second
+
+// Stored answers rank's connections that asked for answers: its
+// checkpoint of step is stored (ok) or failed.
+func (l *Listener) Stored(rank int, step int64, ok bool) {
+	word := "stored"
+	if !ok {
+		word = "failed"
+	}
+	line := []byte(fmt.Sprintf("%s %d\n", word, step))
+	l.mu.Lock()
+	var cs []net.Conn
+	for c, r := range l.conns {
+		if r == rank {
+			cs = append(cs, c)
+		}
+	}
+	l.mu.Unlock()
+	for _, c := range cs {
+		c.SetWriteDeadline(time.Now().Add(ackTimeout))
+		c.Write(line)
+	}
 }
 
 // Listen makes a private directory under parent (the system's temporary
@@ -157,7 +198,7 @@ func Listen(parent string, ranks []int, log *slog.Logger, handle Handler) (*List
 	if err != nil {
 		return nil, fmt.Errorf("progress: %w", err)
 	}
-	l := &Listener{dir: dir, paths: map[int]string{}, log: log, handle: handle, conns: map[net.Conn]struct{}{}}
+	l := &Listener{dir: dir, paths: map[int]string{}, log: log, handle: handle, conns: map[net.Conn]int{}}
 	for _, r := range ranks {
 		path := filepath.Join(dir, strconv.Itoa(r))
 		ln, err := net.Listen("unix", path)
@@ -189,7 +230,7 @@ func (l *Listener) accept(rank int, ln net.Listener) {
 			c.Close()
 			return
 		}
-		l.conns[c] = struct{}{}
+		l.conns[c] = -1
 		l.wg.Add(1)
 		l.mu.Unlock()
 		go l.serve(rank, c)
@@ -220,9 +261,16 @@ func (l *Listener) serve(rank int, c net.Conn) {
 			continue
 		}
 		if len(line) > 0 {
-			if e, perr := Parse(strings.TrimSuffix(string(line), "\n")); perr != nil {
+			switch e, perr := Parse(strings.TrimSuffix(string(line), "\n")); {
+			case perr != nil:
 				l.warn(&bad, rank, perr)
-			} else {
+			case e.Kind == Acks:
+				l.mu.Lock()
+				if _, ok := l.conns[c]; ok {
+					l.conns[c] = rank
+				}
+				l.mu.Unlock()
+			default:
 				l.handle(rank, e, time.Now())
 			}
 		}
@@ -255,12 +303,18 @@ func (l *Listener) Close() error {
 	return os.RemoveAll(l.dir)
 }
 
-// Writer is the rank's side for Go programs: it sends lines to the agent.
-// Its methods are safe for concurrent use; with no GPUCOORD_PROGRESS they
-// do nothing.
+// Writer is the rank's side for Go programs: it sends lines to the agent
+// and, after Acks, reads its answers. Its methods are safe for concurrent
+// use; with no GPUCOORD_PROGRESS they do nothing.
 type Writer struct {
 	mu sync.Mutex
 	c  net.Conn
+
+	// The answers read, once Acks has started reading them.
+	amu    sync.Mutex
+	acked  int64         // the newest step answered
+	answer chan struct{} // closed and replaced at each answer
+	gone   bool          // the connection ended
 }
 
 // Dial connects to the socket GPUCOORD_PROGRESS names; a Writer that does
@@ -274,7 +328,67 @@ func Dial() (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("progress: %s: %w", EnvPath, err)
 	}
-	return &Writer{c: c}, nil
+	return &Writer{c: c, answer: make(chan struct{})}, nil
+}
+
+// Acks asks the agent to answer each checkpoint line, and reads the
+// answers until the connection ends (WaitStored waits for them).
+func (w *Writer) Acks() error {
+	if w.c == nil {
+		return nil
+	}
+	if err := w.line("acks"); err != nil {
+		return err
+	}
+	go w.readAnswers()
+	return nil
+}
+
+func (w *Writer) readAnswers() {
+	r := bufio.NewScanner(w.c)
+	for r.Scan() {
+		f := strings.Fields(r.Text())
+		if len(f) != 2 || f[0] != "stored" && f[0] != "failed" {
+			continue
+		}
+		n, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			continue
+		}
+		w.amu.Lock()
+		if n > w.acked {
+			w.acked = n
+			close(w.answer)
+			w.answer = make(chan struct{})
+		}
+		w.amu.Unlock()
+	}
+	w.amu.Lock()
+	w.gone = true
+	close(w.answer)
+	w.amu.Unlock()
+}
+
+// WaitStored waits until the agent has answered the checkpoint of step
+// (stored or failed), the connection has ended, or ctx ends (its error).
+// Without a connection it returns at once.
+func (w *Writer) WaitStored(ctx context.Context, step int64) error {
+	if w.c == nil {
+		return nil
+	}
+	for {
+		w.amu.Lock()
+		done, answer := w.acked >= step || w.gone, w.answer
+		w.amu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-answer:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // Step says the rank finished step n; values are written in the order

@@ -1,6 +1,7 @@
 package progress
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -21,6 +22,8 @@ func TestParse(t *testing.T) {
 		{line: "step 12 loss=2.5 seconds=0.25\r", want: Event{Kind: Step, Step: 12, Values: map[string]string{"loss": "2.5", "seconds": "0.25"}}},
 		{line: "  checkpoint   7 ", want: Event{Kind: Checkpoint, Step: 7}},
 		{line: "heartbeat", want: Event{Kind: Heartbeat}},
+		{line: "acks", want: Event{Kind: Acks}},
+		{line: "acks 3", err: true},
 		{line: "", err: true},
 		{line: "step", err: true},
 		{line: "step -1", err: true},
@@ -141,6 +144,58 @@ func TestListener(t *testing.T) {
 	if want := []string{"4 heartbeat 0 0 false", "4 step 2 0 false"}; fmt.Sprint(r4) != fmt.Sprint(want) {
 		t.Errorf("rank 4: %q, want %q", r4, want)
 	}
+}
+
+// TestAcks: a connection that said "acks" gets its rank's answers, in
+// order; WaitStored returns once the step (or a later one) is answered, or
+// the connection ends; another rank's answers do not reach it.
+func TestAcks(t *testing.T) {
+	checkpoints := make(chan int64, 4)
+	l, err := Listen(t.TempDir(), []int{0, 1}, nil, func(rank int, e Event, _ time.Time) {
+		if e.Kind == Checkpoint {
+			checkpoints <- e.Step
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	t.Setenv(EnvPath, l.Path(0))
+	w, err := Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Acks(); err != nil {
+		t.Fatal(err)
+	}
+	// The checkpoint line comes after "acks" on the same connection: once
+	// it is handled, the connection is marked.
+	w.Checkpoint(1)
+	if n := <-checkpoints; n != 1 {
+		t.Fatalf("checkpoint %d", n)
+	}
+	l.Stored(1, 1, true) // rank 1's: not this connection's
+	l.Stored(0, 1, true)
+	if err := w.WaitStored(t.Context(), 1); err != nil {
+		t.Fatal(err)
+	}
+	// Not yet answered: WaitStored waits until its context ends.
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := w.WaitStored(ctx, 2); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitStored(2) before an answer = %v, want context.Canceled", err)
+	}
+	// "failed" answers too; a later step answers the ones before it.
+	l.Stored(0, 3, false)
+	if err := w.WaitStored(t.Context(), 2); err != nil {
+		t.Fatal(err)
+	}
+	// An ended connection answers every wait: the rank goes on.
+	l.Close()
+	if err := w.WaitStored(t.Context(), 9); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
 }
 
 // TestWriterWithoutAgent: a program run outside gpucoord writes nothing
