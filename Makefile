@@ -38,6 +38,10 @@ stress: ## Kill or preempt an agent at 40 random steps of an elastic job, and ki
 bench-recovery: ## Detection and recovery times after a node loss, across hosts (network namespaces) and on one host; needs root
 	GPUCOORD_BENCH_RECOVERY=$${RUNS:-5} $(GO) test -count=1 -timeout 60m -run TestRecoveryTimes -v ./cmd/gpucoord
 
+.PHONY: bench-checkpoint
+bench-checkpoint: ## Checkpoint overhead per step, and recovery after a host kill, held by the agents against a shared directory (minutes; needs root; not part of make test)
+	GPUCOORD_BENCH_CKPT=$${RUNS:-3} $(GO) test -count=1 -timeout 60m -run TestCheckpointCosts -v ./cmd/gpucoord
+
 .PHONY: bench-load
 bench-load: ## Control plane under 256, 1,024 and 2,048 simulated agents: rendezvous, loss to next generation, CPU, memory, etcd requests per step (minutes; not part of make test)
 	GPUCOORD_BENCH_LOAD=$${NODES:-256,1024,2048} $(GO) test -count=1 -timeout 30m -run TestControlPlaneLoad -v ./cmd/gpucoord

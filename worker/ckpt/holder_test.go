@@ -22,7 +22,7 @@ type node struct {
 	addr string
 }
 
-func credentials(t *testing.T, ca *pki.CA, caPEM []byte, id pki.Identity) pki.Credentials {
+func credentials(t testing.TB, ca *pki.CA, caPEM []byte, id pki.Identity) pki.Credentials {
 	t.Helper()
 	key, csr, err := pki.NewRequest(id)
 	if err != nil {
@@ -35,7 +35,7 @@ func credentials(t *testing.T, ca *pki.CA, caPEM []byte, id pki.Identity) pki.Cr
 	return pki.Credentials{CA: caPEM, Cert: cert, Key: key}
 }
 
-func newCA(t *testing.T) (*pki.CA, []byte) {
+func newCA(t testing.TB) (*pki.CA, []byte) {
 	t.Helper()
 	certPEM, keyPEM, err := pki.NewCA("test", time.Now())
 	if err != nil {
@@ -48,7 +48,7 @@ func newCA(t *testing.T) (*pki.CA, []byte) {
 	return ca, certPEM
 }
 
-func startNode(t *testing.T, name string, c *pki.Credentials) *node {
+func startNode(t testing.TB, name string, c *pki.Credentials) *node {
 	t.Helper()
 	var h *Holder
 	if c == nil {

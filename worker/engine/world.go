@@ -125,9 +125,7 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 		if err != nil {
 			return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
 		}
-		secs := time.Since(start).Seconds()
-		res := StepResult{Step: s + 1, Loss: loss, Seconds: secs, SamplesPerSec: float64(cfg.Job.Batch.Global) / secs, Stats: r.Stats(),
-			ComputeSeconds: r.Stats().Compute.Seconds()}
+		res := StepResult{Step: s + 1, Loss: loss, Stats: r.Stats(), ComputeSeconds: r.Stats().Compute.Seconds()}
 		if cfg.LocalCheckpoints && cfg.WaitStored != nil && bg.last > 0 {
 			if err := bg.wait(); err != nil {
 				return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
@@ -174,6 +172,10 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 				cfg.Checkpointed(n)
 			}
 		}
+		// A step's time is all of it: its checkpoint's snapshot, or write
+		// and barrier, and the wait for the one before to be stored.
+		res.Seconds = time.Since(start).Seconds()
+		res.SamplesPerSec = float64(cfg.Job.Batch.Global) / res.Seconds
 		if report != nil {
 			if err := report(res); err != nil {
 				return r, err

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpucoord/gpucoord/internal/testcluster"
+)
+
+// TestCheckpointCosts measures what checkpoints cost and save, against the
+// behaviour before the agents held them (a shared directory, every N
+// steps). It is a benchmark, not a test: it runs only with
+// GPUCOORD_BENCH_CKPT=RUNS (make bench-checkpoint) and prints tables;
+// docs/BENCHMARKS.md has the figures.
+//
+//   - overhead: examples/jobs/mlp-bench.yaml under launch --standalone (2
+//     nodes x 2 ranks, tp 2), the median step time of steps 6-40 with no
+//     checkpoint but the last, with a checkpoint every step in a shared
+//     directory, and held by the agents every step (the default); runs
+//     interleaved.
+//   - recovery: on the cluster in a box, the last rank's host killed at
+//     step 30 of testdata/mlp48.yaml on 2 hosts and a spare: the time from
+//     the kill to the first step of the next generation, and the steps
+//     trained again, held against a shared directory every step and every
+//     10 steps.
+func TestCheckpointCosts(t *testing.T) {
+	runs, _ := strconv.Atoi(os.Getenv("GPUCOORD_BENCH_CKPT"))
+	if runs < 1 {
+		t.Skip("a benchmark: set GPUCOORD_BENCH_CKPT=RUNS (make bench-checkpoint)")
+	}
+	exe := buildBinary(t)
+	configs := []struct {
+		name string
+		args func(dir string) []string
+	}{
+		{"last step only, shared directory", func(dir string) []string { return []string{"--checkpoint-dir", dir} }},
+		{"every step, shared directory", func(dir string) []string { return []string{"--checkpoint-dir", dir, "--checkpoint-every", "1"} }},
+		{"every step, held by the agents", func(string) []string { return nil }},
+	}
+	steps := map[string][]float64{}
+	var stateBytes int64
+	for range runs {
+		for _, c := range configs {
+			dir := t.TempDir()
+			args := append([]string{"launch", "--standalone", "--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--steps", "40", "--json"},
+				c.args(dir)...)
+			out, err := runOut(t, exe, append(args, "../../examples/jobs/mlp-bench.yaml")...)
+			if err != nil {
+				t.Fatalf("%s: %v\n%s", c.name, err, out)
+			}
+			for _, line := range strings.Split(out, "\n") {
+				var s launchStep
+				if strings.HasPrefix(line, `{"step"`) && json.Unmarshal([]byte(line), &s) == nil && s.Step > 5 {
+					steps[c.name] = append(steps[c.name], s.Seconds)
+				}
+			}
+			if c.name == configs[0].name {
+				stateBytes = dirBytes(dir)
+			}
+		}
+	}
+	median := func(xs []float64) float64 {
+		s := slices.Clone(xs)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	base := median(steps[configs[0].name])
+	var tab strings.Builder
+	fmt.Fprintf(&tab, "| checkpoints | median step | against the last step only |\n|---|---|---|\n")
+	for _, c := range configs {
+		m := median(steps[c.name])
+		fmt.Fprintf(&tab, "| %s | %.1f ms | %+.1f%% |\n", c.name, 1e3*m, 100*(m/base-1))
+	}
+	t.Logf("step times over %d runs of 35 steps each (state of one step, every rank's files: %.1f MB):\n%s", runs, float64(stateBytes)/1e6, tab.String())
+
+	type rec struct {
+		resume  []time.Duration
+		redone  []int
+		restore []string
+	}
+	recs := map[string]*rec{}
+	kinds := []string{"held by the agents, every step", "shared directory, every step", "shared directory, every 10 steps"}
+	for range runs {
+		for _, k := range kinds {
+			var args []string
+			switch k {
+			case kinds[1]:
+				args = []string{"--checkpoint-every", "1"}
+			case kinds[2]:
+				args = []string{"--checkpoint-every", "10"}
+			}
+			var r time.Duration
+			var redone int
+			t.Run(k, func(t *testing.T) { r, redone = killLastHost(t, args) })
+			if recs[k] == nil {
+				recs[k] = &rec{}
+			}
+			recs[k].resume = append(recs[k].resume, r)
+			recs[k].redone = append(recs[k].redone, redone)
+		}
+	}
+	tab.Reset()
+	fmt.Fprintf(&tab, "| checkpoints | kill to the first step of generation 2 (median) | steps trained again (each run) |\n|---|---|---|\n")
+	for _, k := range kinds {
+		s := slices.Clone(recs[k].resume)
+		slices.Sort(s)
+		fmt.Fprintf(&tab, "| %s | %s | %v |\n", k, s[len(s)/2].Round(time.Millisecond), recs[k].redone)
+	}
+	t.Logf("the last rank's host killed at step 30, %d runs:\n%s", runs, tab.String())
+}
+
+// killLastHost runs testdata/mlp48.yaml for 60 steps on h2 and h3 with
+// h4 a spare, with args for its checkpoints (a shared directory when
+// given), kills h3 at step 30, and returns the time from the kill to the
+// first step of generation 2 and the steps trained again.
+func killLastHost(t *testing.T, args []string) (time.Duration, int) {
+	shared := len(args) > 0
+	b := newBoxCluster(t, testcluster.Config{Hosts: 4, Shared: shared})
+	b.coordinator(t, b.Host(1), b.local)
+	b.worker(t, b.Host(2), 2)
+	b.worker(t, b.Host(3), 2)
+	if shared {
+		args = append(args, "--checkpoint-dir", b.Shared())
+	}
+	p := b.heldJob(t, 2, 60, args...)
+	p.waitLine(t, "generation 1: 2 nodes (h2, h3)", time.Minute)
+	b.worker(t, b.Host(4), 2)
+	p.waitLine(t, `{"step":30,`, time.Minute)
+	killed := time.Now()
+	b.Host(3).Kill()
+	p.waitLine(t, `"generation":2,`, time.Minute)
+	resume := time.Since(killed)
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	var last, from int
+	for _, line := range strings.Split(p.output(), "\n") {
+		var s launchStep
+		if strings.HasPrefix(line, `{"step"`) && json.Unmarshal([]byte(line), &s) == nil && s.Generation == 1 {
+			last = max(last, s.Step)
+		}
+		if i := strings.Index(line, "resuming after step "); i >= 0 && strings.HasPrefix(line, "generation 2") {
+			from, _ = strconv.Atoi(strings.TrimSuffix(line[i+len("resuming after step "):], ")"))
+		}
+	}
+	return resume, last - from
+}
+
+// runOut runs exe args and returns its combined output.
+func runOut(t *testing.T, exe string, args ...string) (string, error) {
+	t.Helper()
+	p := start(t, exe, args...)
+	code := p.wait(t, 5*time.Minute)
+	if code != 0 {
+		return p.output(), fmt.Errorf("exit %d", code)
+	}
+	return p.output(), nil
+}
+
+// dirBytes is the size of the regular files under dir.
+func dirBytes(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
