@@ -84,8 +84,15 @@ type jobEntry struct {
 	boots    map[int64]*pb.Bootstrap
 	step     *pb.Step
 	commit   *pb.Step
+	commitRv int64 // the commit's mod revision
 	backup   *pb.Step
-	exits    map[int64]map[int32]exitKV
+	// stored is each node's Stored record, and storedN how many records
+	// hold each (generation, step): a commit is looked for only when a
+	// step's count reaches the members', so a report costs no read of
+	// every record.
+	stored  map[string]*pb.Stored
+	storedN map[[2]int64]int
+	exits   map[int64]map[int32]exitKV
 	// times holds, per generation, each coordinator's batch of its nodes'
 	// compute times, with the revision that wrote it.
 	times      map[int64]map[string]timesKV
@@ -393,7 +400,14 @@ func (c *cache) putJob(j *jobEntry, field string, kv *mvccpb.KeyValue, bad func(
 	case field == "commit":
 		s := &pb.Step{}
 		bad(decode(kv.Value, s))
-		j.commit = s
+		j.commit, j.commitRv = s, kv.ModRevision
+	case strings.HasPrefix(field, "stored/"):
+		r := &pb.Stored{}
+		if err := decode(kv.Value, r); err != nil {
+			bad(err)
+			return
+		}
+		j.setStored(strings.TrimPrefix(field, "stored/"), r)
 	case field == "backup":
 		s := &pb.Step{}
 		bad(decode(kv.Value, s))
@@ -438,6 +452,56 @@ func (c *cache) putJob(j *jobEntry, field string, kv *mvccpb.KeyValue, bad func(
 	}
 }
 
+// setStored replaces node's Stored record (nil: removes it), keeping the
+// counts of each (generation, step).
+func (j *jobEntry) setStored(node string, r *pb.Stored) {
+	if j.stored == nil {
+		j.stored, j.storedN = map[string]*pb.Stored{}, map[[2]int64]int{}
+	}
+	for _, x := range j.stored[node].GetSteps() {
+		k := [2]int64{x.Generation, x.Step}
+		if j.storedN[k]--; j.storedN[k] <= 0 {
+			delete(j.storedN, k)
+		}
+	}
+	if r == nil {
+		delete(j.stored, node)
+		return
+	}
+	j.stored[node] = r
+	for _, x := range r.Steps {
+		j.storedN[[2]int64{x.Generation, x.Step}]++
+	}
+}
+
+// nextCommit is the commit the stored records make in job's generation g
+// (commitOf), with the revision of the commit it replaces; nil when no
+// step after the last commit is stored by as many nodes as g has members
+// (then without looking at each member's record).
+func (c *cache) nextCommit(job string, g *pb.Generation) (*pb.Step, int64, int64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e := c.jobs[job]
+	if e == nil {
+		return nil, 0, 0
+	}
+	var committed int64
+	if e.commit != nil {
+		committed = e.commit.Step
+	}
+	due := false
+	for k, n := range e.storedN {
+		if k[0] == g.Number && n >= len(g.Members) && (k[1] > committed || e.commit.GetGeneration() < g.Number) {
+			due = true
+			break
+		}
+	}
+	if !due {
+		return nil, committed, e.commitRv
+	}
+	return commitOf(g, e.stored, e.commit), committed, e.commitRv
+}
+
 // genAndName splits "exits/<gen>/<rank>" or "times/<gen>/<node>".
 func genAndName(field string) (int64, string, bool) {
 	parts := strings.Split(field, "/")
@@ -468,6 +532,8 @@ func (c *cache) del(key string) {
 		switch {
 		case field == "spec":
 			delete(c.jobs, id) // the job is being forgotten: its keys go in one transaction
+		case strings.HasPrefix(field, "stored/"):
+			j.setStored(strings.TrimPrefix(field, "stored/"), nil)
 		case field == "stragglers":
 			j.stragglers = nil
 		case field == "policy":

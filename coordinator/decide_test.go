@@ -604,3 +604,38 @@ func TestRestorePoint(t *testing.T) {
 		t.Errorf("shared directory: %d %q", r, lost)
 	}
 }
+
+// TestStoredCounts: the view counts, per generation and step, the nodes
+// whose record holds it, through replaced and deleted records, and finds
+// a commit only once every member has the step.
+func TestStoredCounts(t *testing.T) {
+	g := &pb.Generation{Number: 2, Dp: 1, Members: []*pb.Member{{Node: "a"}, {Node: "b"}}}
+	c := &cache{jobs: map[string]*jobEntry{"j": {gen: g, commit: &pb.Step{Step: 4, Generation: 1}, commitRv: 9}}}
+	e := c.jobs["j"]
+	rec := func(steps ...int64) *pb.Stored {
+		r := &pb.Stored{}
+		for _, s := range steps {
+			r.Steps = append(r.Steps, &pb.StoredStep{Step: s, Generation: 2, Holders: []string{"x"}})
+		}
+		return r
+	}
+	e.setStored("a", rec(5, 6))
+	if got, _, rv := c.nextCommit("j", g); got != nil || rv != 9 {
+		t.Fatalf("one member stored: commit %v (rev %d), want none", got, rv)
+	}
+	e.setStored("b", rec(5))
+	if got, prev, _ := c.nextCommit("j", g); got == nil || got.Step != 5 || prev != 4 {
+		t.Fatalf("both stored 5: commit %v after %d, want 5 after 4", got, prev)
+	}
+	e.setStored("a", rec(6)) // a's record replaced: 5 is no longer a's
+	if got, _, _ := c.nextCommit("j", g); got != nil {
+		t.Fatalf("a replaced its record: commit %v, want none", got)
+	}
+	if e.storedN[[2]int64{2, 5}] != 1 || e.storedN[[2]int64{2, 6}] != 1 {
+		t.Errorf("counts %v, want step 5: 1, step 6: 1", e.storedN)
+	}
+	e.setStored("b", nil)
+	if len(e.storedN) != 1 || len(e.stored) != 1 {
+		t.Errorf("after b's record went: counts %v, records %d", e.storedN, len(e.stored))
+	}
+}

@@ -702,10 +702,13 @@ const maxStored = 64
 // reportStored records a node's checkpoints of generation gen that no
 // commit covers yet, and commits the newest step every member of the
 // generation has stored (commitOf). The node's record is written in one
-// transaction on the generation's revision, which reads every record
-// back, so that of two members storing the last copies at once the later
-// one sees both; the commit is a second transaction on the generation and
-// the commit's revisions. It returns the job's last committed step.
+// transaction on the generation's revision; then this coordinator's view,
+// once at that write's revision, holds every record written before it
+// (so that of two members storing the last copies at once the later one
+// sees both) and counts, per step, the nodes that stored it: a report
+// reads no other record, and only the report that completes a step looks
+// at each member's. The commit is a second transaction on the generation
+// and the commit's revisions. It returns the job's last committed step.
 func (s *server) reportStored(ctx context.Context, id string, gen int64, node string, st *pb.Stored) (int64, error) {
 	if node == "" || len(st.GetSteps()) == 0 || len(st.GetSteps()) > maxStored {
 		return 0, status.Errorf(codes.InvalidArgument, "stored: want a node and 1 to %d steps", maxStored)
@@ -736,8 +739,7 @@ func (s *server) reportStored(ctx context.Context, id string, gen int64, node st
 			}
 		}
 		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", rev)).
-			Then(clientv3.OpPut(s.k.stored(id, node), encode(rec)), clientv3.OpGet(s.k.storedAll(id), clientv3.WithPrefix()), clientv3.OpGet(s.k.commit(id))).
-			Commit()
+			Then(clientv3.OpPut(s.k.stored(id, node), encode(rec))).Commit()
 		if err != nil {
 			return 0, etcdErr(err)
 		}
@@ -745,27 +747,15 @@ func (s *server) reportStored(ctx context.Context, id string, gen int64, node st
 			g = nil // re-read
 			continue
 		}
-		records := map[string]*pb.Stored{}
-		for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
-			r := &pb.Stored{}
-			if decode(kv.Value, r) == nil {
-				records[strings.TrimPrefix(string(kv.Key), s.k.storedAll(id))] = r
-			}
+		// The view at this write holds every record written before it:
+		// of two members storing the last copies at once, the later sees
+		// both.
+		if err := s.cache.waitRev(ctx, resp.Header.Revision); err != nil {
+			return 0, status.FromContextError(err).Err()
 		}
-		var prev *pb.Step
-		var prevRev int64
-		if kvs := resp.Responses[2].GetResponseRange().GetKvs(); len(kvs) > 0 {
-			prev, prevRev = &pb.Step{}, kvs[0].ModRevision
-			if decode(kvs[0].Value, prev) != nil {
-				prev = nil
-			}
-		}
-		c := commitOf(g, records, prev)
+		c, prev, prevRev := s.cache.nextCommit(id, g)
 		if c == nil {
-			if prev != nil {
-				return prev.Step, nil
-			}
-			return 0, nil
+			return prev, nil
 		}
 		ops := []clientv3.Op{clientv3.OpPut(s.k.commit(id), encode(c))}
 		if c.Backup {
@@ -780,7 +770,15 @@ func (s *server) reportStored(ctx context.Context, id string, gen int64, node st
 			s.log.Debug("committed", "job", id, "generation", gen, "step", c.Step, "backup", c.Backup)
 			return c.Step, nil
 		}
-		g = nil // another report committed, or a new generation began: look again
+		// Another report committed, or a new generation began: look again
+		// once the view has it.
+		if err := s.cache.waitRev(ctx, cresp.Header.Revision); err != nil {
+			return 0, status.FromContextError(err).Err()
+		}
+		g, rev = s.cache.generation(id)
+		if g.GetNumber() != gen {
+			g = nil
+		}
 	}
 	return 0, status.Errorf(codes.Aborted, "job %s: stored report of %s kept conflicting", id, node)
 }

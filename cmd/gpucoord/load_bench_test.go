@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -35,8 +36,8 @@ import (
 //     reported at once, until every surviving agent holds generation 2
 //     and its rank 0's address;
 //   - steady state over a window of rank 0 reporting 10 steps a second
-//     (every 10th checkpointed) and every agent its compute times each
-//     second: the coordinator process's CPU (cores, from /proc), its
+//     and every agent, each second, its compute times and that it stored
+//     the last 10th step (each such step committed once all have): the coordinator process's CPU (cores, from /proc), its
 //     resident memory, and its etcd requests and writes per step (from
 //     gpucoord_etcd_requests_total).
 //
@@ -367,6 +368,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 	req0, wr0 := etcdRequests(t, metrics)
 	wall0 := time.Now()
 	tctx, stopTimes := context.WithCancel(ctx)
+	var checkpointed atomic.Int64 // the last 10th step
 	var times sync.WaitGroup
 	for i, a := range agents {
 		times.Add(1)
@@ -382,6 +384,12 @@ func loadRun(t *testing.T, bin string, n int) string {
 				}
 				a.cl.Report(tctx, &pb.ReportRequest{Job: job, Generation: 1, Node: a.name, Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{
 					Ranks: []*pb.RankTime{{Rank: int32(8 * i), ComputeSeconds: 0.09, Steps: 10}}}}})
+				// Every node's ranks have written the last 10th step:
+				// the node reports it stored (a commit needs them all).
+				if c := checkpointed.Load(); c > 0 {
+					a.cl.Report(tctx, &pb.ReportRequest{Job: job, Generation: 1, Node: a.name, Kind: &pb.ReportRequest_Stored{Stored: &pb.Stored{
+						Steps: []*pb.StoredStep{{Step: c, Generation: 1}}}}})
+				}
 			}
 		}()
 	}
@@ -389,8 +397,11 @@ func loadRun(t *testing.T, bin string, n int) string {
 	for s := 1; s <= steps; s++ {
 		<-tick.C
 		if _, err := cl.Report(ctx, &pb.ReportRequest{Job: job, Generation: 1, Node: agents[0].name,
-			Kind: &pb.ReportRequest_Step{Step: &pb.Step{Step: int64(s), Loss: 1, Seconds: 0.1, Checkpointed: s%10 == 0}}}); err != nil {
+			Kind: &pb.ReportRequest_Step{Step: &pb.Step{Step: int64(s), Loss: 1, Seconds: 0.1}}}); err != nil {
 			t.Fatal(err)
+		}
+		if s%10 == 0 {
+			checkpointed.Store(int64(s))
 		}
 	}
 	tick.Stop()
