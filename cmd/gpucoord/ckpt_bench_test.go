@@ -27,7 +27,7 @@ import (
 //     directory, and held by the agents every step (the default); runs
 //     interleaved.
 //   - recovery: on the cluster in a box, the last rank's host killed at
-//     step 30 of testdata/mlp48.yaml on 2 hosts and a spare: the time from
+//     step 35 of testdata/mlp48.yaml on 2 hosts and a spare: the time from
 //     the kill to the first step of the next generation, and the steps
 //     trained again, held against a shared directory every step and every
 //     10 steps.
@@ -44,15 +44,38 @@ func TestCheckpointCosts(t *testing.T) {
 		{"last step only, shared directory", func(dir string) []string { return []string{"--checkpoint-dir", dir} }},
 		{"every step, shared directory", func(dir string) []string { return []string{"--checkpoint-dir", dir, "--checkpoint-every", "1"} }},
 		{"every step, held by the agents", func(string) []string { return nil }},
+		{"every step, held, one copy (no replication)", func(string) []string { return []string{"--checkpoint-replicas", "1"} }},
+		{"every 10 steps, held by the agents", func(string) []string { return []string{"--checkpoint-every", "10"} }},
 	}
 	steps := map[string][]float64{}
-	var stateBytes int64
+	var stateBytes, heldPeak int64
 	for range runs {
 		for _, c := range configs {
 			dir := t.TempDir()
 			args := append([]string{"launch", "--standalone", "--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--steps", "40", "--json"},
 				c.args(dir)...)
+			// What the agents hold in /dev/shm, at its largest (sampled).
+			stop := make(chan struct{})
+			sampled := make(chan int64)
+			go func() {
+				var peak int64
+				tick := time.NewTicker(20 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					select {
+					case <-stop:
+						sampled <- peak
+						return
+					case <-tick.C:
+						peak = max(peak, dirBytes("/dev/shm/gpucoord-checkpoints"))
+					}
+				}
+			}()
 			out, err := runOut(t, exe, append(args, "../../examples/jobs/mlp-bench.yaml")...)
+			close(stop)
+			if p := <-sampled; c.name == configs[2].name {
+				heldPeak = max(heldPeak, p)
+			}
 			if err != nil {
 				t.Fatalf("%s: %v\n%s", c.name, err, out)
 			}
@@ -79,7 +102,8 @@ func TestCheckpointCosts(t *testing.T) {
 		m := median(steps[c.name])
 		fmt.Fprintf(&tab, "| %s | %.1f ms | %+.1f%% |\n", c.name, 1e3*m, 100*(m/base-1))
 	}
-	t.Logf("step times over %d runs of 35 steps each (state of one step, every rank's files: %.1f MB):\n%s", runs, float64(stateBytes)/1e6, tab.String())
+	t.Logf("step times over %d runs of 35 steps each (state of one step, every rank's files: %.1f MB; held in /dev/shm at most, both nodes: %.1f MB):\n%s",
+		runs, float64(stateBytes)/1e6, float64(heldPeak)/1e6, tab.String())
 
 	type rec struct {
 		resume  []time.Duration
@@ -114,12 +138,12 @@ func TestCheckpointCosts(t *testing.T) {
 		slices.Sort(s)
 		fmt.Fprintf(&tab, "| %s | %s | %v |\n", k, s[len(s)/2].Round(time.Millisecond), recs[k].redone)
 	}
-	t.Logf("the last rank's host killed at step 30, %d runs:\n%s", runs, tab.String())
+	t.Logf("the last rank's host killed at step 35, %d runs:\n%s", runs, tab.String())
 }
 
 // killLastHost runs testdata/mlp48.yaml for 60 steps on h2 and h3 with
 // h4 a spare, with args for its checkpoints (a shared directory when
-// given), kills h3 at step 30, and returns the time from the kill to the
+// given), kills h3 at step 35, and returns the time from the kill to the
 // first step of generation 2 and the steps trained again.
 func killLastHost(t *testing.T, args []string) (time.Duration, int) {
 	shared := len(args) > 0
@@ -133,7 +157,7 @@ func killLastHost(t *testing.T, args []string) (time.Duration, int) {
 	p := b.heldJob(t, 2, 60, args...)
 	p.waitLine(t, "generation 1: 2 nodes (h2, h3)", time.Minute)
 	b.worker(t, b.Host(4), 2)
-	p.waitLine(t, `{"step":30,`, time.Minute)
+	p.waitLine(t, `{"step":35,`, time.Minute)
 	killed := time.Now()
 	b.Host(3).Kill()
 	p.waitLine(t, `"generation":2,`, time.Minute)

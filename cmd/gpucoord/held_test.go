@@ -7,8 +7,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -259,17 +261,18 @@ func TestClusterTorchCheckpointed(t *testing.T) {
 // and the job goes on from the last commit to the end.
 func TestHangPythonRecv(t *testing.T) {
 	py := torchPython(t)
-	exe := buildBinary(t)
-	_, addr := coordinatorProc(t, exe)
-	w0, _ := workerProc(t, exe, addr, "w0", 2)
-	w1, _ := workerProc(t, exe, addr, "w1", 2)
-	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "2", "--max-restarts", "1", "--hang-timeout", "3s",
-		"--env", "CKPT_STEPS=20", "--env", "CKPT_HANG_RANK=1", "--env", "CKPT_HANG_STEP=6", "--", py, "../../examples/pytorch/checkpointed.py")
+	b := newBoxCluster(t, testcluster.Config{Hosts: 3})
+	b.Install("../../examples/pytorch/gpucoord_progress.py")
+	b.coordinator(t, b.Host(1), b.local)
+	w0 := b.worker(t, b.Host(2), 2)
+	w1 := b.worker(t, b.Host(3), 2)
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--max-restarts", "1", "--hang-timeout", "3s",
+		"--env", "CKPT_STEPS=20", "--env", "CKPT_HANG_RANK=1", "--env", "CKPT_HANG_STEP=6", "--", py, b.Install("../../examples/pytorch/checkpointed.py"))
 	w0.waitLine(t, "waiting for a message no rank sends", 2*time.Minute)
 	waiting := time.Now()
 	line := p.waitLine(t, "generation 2:", time.Minute)
 	t.Logf("named %s after the rank began to wait (timeout 3s): %s", time.Since(waiting).Round(time.Millisecond), line)
-	if !strings.Contains(line, "rank 1 on w0 hung: no progress for") || !strings.Contains(line, "after step 5") {
+	if !strings.Contains(line, "rank 1 on h2 hung: no progress for") || !strings.Contains(line, "after step 5") {
 		t.Errorf("generation 2 does not name rank 1, after step 5, as hung: %s", line)
 	}
 	if code := p.wait(t, 3*time.Minute); code != 0 {
@@ -281,4 +284,54 @@ func TestHangPythonRecv(t *testing.T) {
 		t.Errorf("no Python stack of rank 1 in the receive:\n%.3000s", stacks)
 	}
 	sameParams(t, w0.output()+w1.output(), 4)
+}
+
+// TestHangNativeStopped: a native rank sent SIGSTOP stops making progress;
+// its peers wait for it in their collectives. Within the hang timeout it
+// is named hung, first (its process stopped), with its goroutines'
+// stacks; the generation restarts from the last commit and the job ends
+// on train's curve.
+func TestHangNativeStopped(t *testing.T) {
+	const steps = 80
+	b := newBoxCluster(t, testcluster.Config{Hosts: 3})
+	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	b.coordinator(t, b.Host(1), b.local)
+	b.worker(t, b.Host(2), 2)
+	b.worker(t, b.Host(3), 2)
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2",
+		"--max-restarts", "1", "--hang-timeout", "2s", "--steps", strconv.Itoa(steps), "--json", b.job)
+	p.waitLine(t, `{"step":20,`, time.Minute)
+	rank3 := processWithEnv(t, b.Host(3).Pids(), "RANK=3")
+	if err := syscall.Kill(rank3, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	line := p.waitLine(t, "generation 2:", time.Minute)
+	t.Logf("hang named %s after the SIGSTOP (timeout 2s): %s", time.Since(stopped).Round(time.Millisecond), line)
+	if !strings.Contains(line, "rank 3 on h3 hung: no progress for") || !strings.Contains(line, "its process was stopped") {
+		t.Errorf("generation 2 does not name rank 3 as stopped and hung: %s", line)
+	}
+	if code := p.wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	out := p.output()
+	stacks := out[strings.Index(out, "stacks of the rank that failed:"):]
+	if !strings.Contains(stacks, "goroutine ") || !strings.Contains(stacks, "worker.RunNativeRank") {
+		t.Errorf("no goroutine stacks of rank 3 after the generation line:\n%.3000s", stacks)
+	}
+	sameLosses(t, losses(t, out), want)
+}
+
+// processWithEnv finds, among pids, the process whose environment holds
+// kv (a rank, by RANK=N).
+func processWithEnv(t *testing.T, pids []int, kv string) int {
+	t.Helper()
+	for _, pid := range pids {
+		env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if slices.Contains(strings.Split(string(env), "\x00"), kv) {
+			return pid
+		}
+	}
+	t.Fatalf("no process with %s among %v", kv, pids)
+	return 0
 }

@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -909,37 +908,6 @@ func TestStragglerEvicted(t *testing.T) {
 	}
 }
 
-// TestElasticHeldCheckpoints: with no --checkpoint-dir the agents hold the
-// checkpoints (every step, replicated to one peer). The node of rank 0 is
-// killed mid-run; the spare takes its place, gathers the last commit from
-// the replicas and the job finishes with every step's loss on train --np
-// 1's curve, having redone at most one step.
-func TestElasticHeldCheckpoints(t *testing.T) {
-	exe := buildBinary(t)
-	const steps = 120
-	want := reference(t, exe, "--steps", strconv.Itoa(steps), "../../examples/jobs/mlp.yaml")
-	_, addr := coordinatorProc(t, exe)
-	w0, _ := workerProc(t, exe, addr, "w0", 4)
-	workerProc(t, exe, addr, "w1", 4)
-	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2",
-		"--max-restarts", "2", "--steps", strconv.Itoa(steps), "--json", "../../examples/jobs/mlp.yaml")
-	p.waitLine(t, `"generation":1}`, time.Minute) // a commit
-	workerProc(t, exe, addr, "spare", 4)
-	p.waitLine(t, `{"step":30,`, time.Minute)
-	killed := time.Now()
-	w0.cmd.Process.Kill()
-	p.waitLine(t, `"generation":2,"dp":2}`, 30*time.Second)
-	t.Logf("first step of generation 2 reported %s after the kill", time.Since(killed).Round(time.Millisecond))
-	if code := p.wait(t, 2*time.Minute); code != 0 {
-		t.Fatalf("launch exited %d", code)
-	}
-	sameLosses(t, losses(t, p.output()), want)
-	atMostOneRedone(t, p.output())
-	if !strings.Contains(p.output(), "generation 2: 2 nodes (w1, spare)") {
-		t.Errorf("the spare did not take w0's place:\n%s", p.output())
-	}
-}
-
 // atMostOneRedone checks, in launch --json's output, that generation 2
 // resumed after generation 1's last step reported or the one before, and
 // returns the step it resumed after.
@@ -961,62 +929,4 @@ func atMostOneRedone(t *testing.T, out string) int64 {
 		t.Errorf("generation 2 resumed after step %d, generation 1 had reached step %d: want at most 1 step redone", resume, lastGen1)
 	}
 	return int64(resume)
-}
-
-// TestHangNativeStopped: a native rank sent SIGSTOP stops making progress;
-// its peers wait for it in their collectives. Within the hang timeout it
-// is named hung, first (its process stopped), with its goroutines'
-// stacks; the generation restarts from the last commit and the job ends
-// on train's curve.
-func TestHangNativeStopped(t *testing.T) {
-	exe := buildBinary(t)
-	const steps = 80
-	want := reference(t, exe, "--steps", strconv.Itoa(steps), "../../examples/jobs/mlp.yaml")
-	_, addr := coordinatorProc(t, exe)
-	workerProc(t, exe, addr, "w0", 2)
-	w1, _ := workerProc(t, exe, addr, "w1", 2)
-	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "2",
-		"--max-restarts", "1", "--hang-timeout", "2s", "--steps", strconv.Itoa(steps), "--json", "../../examples/jobs/mlp.yaml")
-	p.waitLine(t, `{"step":20,`, time.Minute)
-	rank3 := childWithEnv(t, w1.cmd.Process.Pid, "RANK=3")
-	if err := syscall.Kill(rank3, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped := time.Now()
-	line := p.waitLine(t, "generation 2:", time.Minute)
-	t.Logf("hang named %s after the SIGSTOP (timeout 2s): %s", time.Since(stopped).Round(time.Millisecond), line)
-	if !strings.Contains(line, "rank 3 on w1 hung: no progress for") || !strings.Contains(line, "its process was stopped") {
-		t.Errorf("generation 2 does not name rank 3 as stopped and hung: %s", line)
-	}
-	if code := p.wait(t, 2*time.Minute); code != 0 {
-		t.Fatalf("launch exited %d:\n%s", code, p.output())
-	}
-	out := p.output()
-	stacks := out[strings.Index(out, "stacks of the rank that failed:"):]
-	if !strings.Contains(stacks, "goroutine ") || !strings.Contains(stacks, "worker.RunNativeRank") {
-		t.Errorf("no goroutine stacks of rank 3 after the generation line:\n%.3000s", stacks)
-	}
-	sameLosses(t, losses(t, out), want)
-}
-
-// childWithEnv finds the process under pid whose environment holds kv
-// (a rank, by RANK=N).
-func childWithEnv(t *testing.T, pid int, kv string) int {
-	t.Helper()
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	for _, f := range tasks {
-		b, _ := os.ReadFile(f)
-		for _, c := range strings.Fields(string(b)) {
-			n, err := strconv.Atoi(c)
-			if err != nil {
-				continue
-			}
-			env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", n))
-			if slices.Contains(strings.Split(string(env), "\x00"), kv) {
-				return n
-			}
-		}
-	}
-	t.Fatalf("no process under %d with %s", pid, kv)
-	return 0
 }
