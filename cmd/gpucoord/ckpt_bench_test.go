@@ -106,9 +106,8 @@ func TestCheckpointCosts(t *testing.T) {
 		runs, float64(stateBytes)/1e6, float64(heldPeak)/1e6, tab.String())
 
 	type rec struct {
-		resume  []time.Duration
-		redone  []int
-		restore []string
+		resume []time.Duration
+		redone []int
 	}
 	recs := map[string]*rec{}
 	kinds := []string{"held by the agents, every step", "shared directory, every step", "shared directory, every 10 steps"}
