@@ -451,8 +451,14 @@ func TestLaunchBadInput(t *testing.T) {
 		{[]string{"--standalone", "--hostfile", hosts, job}, "slots=2 but earlier hosts have 4"},
 		{[]string{"--standalone", "--nodes", "1", "--gpus-per-node", "1", "--steps", "3", "--", "true"}, "--steps is for native-engine jobs"},
 		{[]string{"--standalone", "--nodes", "1", "--gpus-per-node", "1"}, "give one job file"},
-		{[]string{"--coordinator", "127.0.0.1:1", "--nodes", "2", "--gpus-per-node", "1", "--checkpoint-every", "5", job}, "--checkpoint-every needs --checkpoint-dir"},
-		{[]string{"--coordinator", "127.0.0.1:1", "--nodes", "2", "--gpus-per-node", "1", "--max-restarts", "1", "--", "true"}, "--max-restarts for a program needs --checkpoint-dir"},
+		{[]string{"--coordinator", "127.0.0.1:1", "--nodes", "2", "--gpus-per-node", "1", "--checkpoint-dir", "/mnt/c", "--checkpoint-replicas", "3", job},
+			"--checkpoint-replicas is for checkpoints the agents hold, not with --checkpoint-dir"},
+		{[]string{"--coordinator", "127.0.0.1:1", "--nodes", "2", "--gpus-per-node", "1", "--checkpoint-replicas", "-1", job},
+			"--checkpoint-replicas -1, --backup-every 0 and --hang-timeout 0ms must not be negative"},
+		{[]string{"--coordinator", "127.0.0.1:1", "--nodes", "2", "--gpus-per-node", "1", "--hang-timeout", "10ms", job},
+			"--hang-timeout 10ms: want at least 100ms"},
+		{[]string{"--coordinator", "127.0.0.1:1", "--nodes", "2", "--gpus-per-node", "1", "--backup-every", "5", job},
+			`--checkpoint-backup "" and --backup-every 5: give both`},
 		{[]string{"--standalone", "--nodes", "1", "--gpus-per-node", "1", "--keep-checkpoints", "1", job}, "--keep-checkpoints 1"},
 	}
 	for _, tc := range tests {
