@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"math"
@@ -725,7 +726,7 @@ func buildGeneration(spec *pb.JobSpec, number int64, nodes []*pb.Node, dp int, r
 	g := &pb.Generation{Job: spec.Id, Number: number, World: int32(len(nodes)) * spec.GpusPerNode, Dp: int32(dp), ResumeStep: resume, Reason: why}
 	for i, n := range nodes {
 		g.Members = append(g.Members, &pb.Member{Node: n.Name, Host: n.Host, FirstRank: int32(i) * spec.GpusPerNode, Ranks: spec.GpusPerNode,
-			Instance: n.Instance, CheckpointAddr: n.CheckpointAddr})
+			Instance: n.Instance, CheckpointAddr: n.CheckpointAddr, Domain: cmp.Or(n.FailureDomain, n.NvlinkDomain)})
 	}
 	return g
 }

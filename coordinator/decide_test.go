@@ -639,3 +639,17 @@ func TestStoredCounts(t *testing.T) {
 		t.Errorf("after b's record went: counts %v, records %d", e.storedN, len(e.stored))
 	}
 }
+
+// TestMemberDomains: a member's failure domain is its node's, else its
+// NVLink domain, else none (the node alone).
+func TestMemberDomains(t *testing.T) {
+	spec := &pb.JobSpec{Id: "j", Nodes: 3, GpusPerNode: 1, Tp: 1, Pp: 1}
+	g := buildGeneration(spec, 1, []*pb.Node{{Name: "a", FailureDomain: "rack1", NvlinkDomain: "nvl0"}, {Name: "b", NvlinkDomain: "nvl0"}, {Name: "c"}}, 3, 0, "")
+	var got []string
+	for _, m := range g.Members {
+		got = append(got, m.Node+"="+m.Domain)
+	}
+	if want := "[a=rack1 b=nvl0 c=]"; fmt.Sprint(got) != want {
+		t.Errorf("domains %v, want %s", got, want)
+	}
+}

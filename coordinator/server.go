@@ -133,6 +133,8 @@ func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 	switch {
 	case n.GetGpus() < 1:
 		return nil, status.Errorf(codes.InvalidArgument, "node %q: %d GPUs: want at least 1", n.GetName(), n.GetGpus())
+	case len(n.GetNvlinkDomain()) > 253 || len(n.GetFailureDomain()) > 253:
+		return nil, status.Errorf(codes.InvalidArgument, "node %q: an NVLink or failure domain name longer than 253 bytes", n.GetName())
 	case n.GetHost() == "":
 		return nil, status.Errorf(codes.InvalidArgument, "node %q: no host address", n.GetName())
 	}

@@ -75,6 +75,10 @@ type Config struct {
 	GPUs int
 	// NVLinkDomain names the node's NVLink domain; empty is the node alone.
 	NVLinkDomain string
+	// FailureDomain names what fails with the node (a rack): the replicas
+	// of its checkpoints go to other domains first. Empty: the NVLink
+	// domain.
+	FailureDomain string
 	// Gossip is the address of the node's member of the failure-detection
 	// pool (TCP and UDP); empty means Bind with a free port.
 	Gossip string
@@ -407,7 +411,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	if lease == 0 {
 		sent := time.Now()
 		resp, err := client.Register(ctx, &pb.RegisterRequest{Node: &pb.Node{Name: a.cfg.Name, Host: a.net.Host, Gpus: int32(a.cfg.GPUs),
-			NvlinkDomain: a.cfg.NVLinkDomain, Protocol: pb.ProtocolVersion, Version: a.cfg.Version, Instance: a.instance,
+			NvlinkDomain: a.cfg.NVLinkDomain, FailureDomain: a.cfg.FailureDomain, Protocol: pb.ProtocolVersion, Version: a.cfg.Version, Instance: a.instance,
 			CheckpointAddr: a.ckptAddr}})
 		if err != nil {
 			switch status.Code(err) {

@@ -229,7 +229,7 @@ func (c *checkpoints) store(ctx context.Context, step int64) error {
 		if copies == 0 {
 			copies = DefaultReplicas
 		}
-		peers := ckpt.Replicas(asg.Generation.Members, a.cfg.Name, copies, func(*pb.Member) string { return "" })
+		peers := ckpt.Replicas(asg.Generation.Members, a.cfg.Name, copies, (*pb.Member).GetDomain)
 		addrs := map[string]string{}
 		for _, m := range asg.Generation.Members {
 			addrs[m.Node] = m.CheckpointAddr

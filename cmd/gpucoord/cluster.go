@@ -318,6 +318,7 @@ names (a build without the race detector under a race-enabled agent).`,
 	fl.StringVar(&cfg.Iface, "iface", "", "network interface to advertise and to give gloo and NCCL (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, unless already set)")
 	fl.IntVar(&cfg.GPUs, "gpus", cfg.GPUs, "rank slots: GPUs, or processes on a CPU machine")
 	fl.StringVar(&cfg.NVLinkDomain, "nvlink-domain", "", "name of the node's NVLink domain (default: the node alone)")
+	fl.StringVar(&cfg.FailureDomain, "failure-domain", "", "what fails with this node (a rack, a power feed): replicas of its checkpoints go to nodes of other domains first (default: its --nvlink-domain)")
 	fl.StringVar(&cfg.Gossip, "gossip", "", "address of this node's member of the failure-detection pool, TCP and UDP (default: --bind, a free port)")
 	fl.BoolVar(&cfg.Devices, "cuda", false, "set CUDA_VISIBLE_DEVICES to each rank's local index")
 	fl.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "where plan files and checkpoints go")

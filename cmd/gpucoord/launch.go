@@ -82,11 +82,14 @@ GPUCOORD_TP_RANK/SIZE, GPUCOORD_PP_RANK/SIZE, GPUCOORD_DP_RANK/SIZE,
 GPUCOORD_PLAN and more, so a torchrun script runs unchanged.
 
 Elastic: with --min-nodes M --max-restarts R a lost node (killed, frozen or
-cut off), a failed rank or a preempted node (SIGTERM to its agent) makes a
-new generation on the live nodes, DP shrunk, from the last checkpoint
-(--checkpoint-every N for the native engine; your program gets
-GPUCOORD_CHECKPOINT_DIR); a node that comes back rejoins. docs/LAUNCH.md
-has the details.
+cut off), a failed rank, a hung rank (no progress for --hang-timeout) or a
+preempted node (SIGTERM to its agent) makes a new generation on the live
+nodes, DP shrunk, from the last committed checkpoint; a node that comes
+back rejoins. Checkpoints need no shared file system: the agents hold them
+in /dev/shm and replicate each node's files to --checkpoint-replicas - 1
+peers (the native engine checkpoints every step and loses at most the step
+in flight; your program writes under GPUCOORD_CHECKPOINT_DIR/N and says
+"checkpoint N" on GPUCOORD_PROGRESS). docs/LAUNCH.md has the details.
 
 Prints one line per step (or per second for a program that reports none)
 and exits with the job's status: 0, or the first failing rank's exit code

@@ -111,8 +111,12 @@ type Node struct {
 	// checkpoint_addr is where the node's agent serves the checkpoints it
 	// holds to its peers (host:port); empty when it serves none.
 	CheckpointAddr string `protobuf:"bytes,9,opt,name=checkpoint_addr,json=checkpointAddr,proto3" json:"checkpoint_addr,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// failure_domain names what fails with this node (a rack, a power feed,
+	// a switch): the replicas of its checkpoints go to nodes of other
+	// domains first. Empty: its NVLink domain, else the node alone.
+	FailureDomain string `protobuf:"bytes,10,opt,name=failure_domain,json=failureDomain,proto3" json:"failure_domain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -204,6 +208,13 @@ func (x *Node) GetRegisteredUnixMs() int64 {
 func (x *Node) GetCheckpointAddr() string {
 	if x != nil {
 		return x.CheckpointAddr
+	}
+	return ""
+}
+
+func (x *Node) GetFailureDomain() string {
+	if x != nil {
+		return x.FailureDomain
 	}
 	return ""
 }
@@ -801,8 +812,11 @@ type Member struct {
 	Instance string `protobuf:"bytes,5,opt,name=instance,proto3" json:"instance,omitempty"`
 	// checkpoint_addr is the node's Node.checkpoint_addr.
 	CheckpointAddr string `protobuf:"bytes,6,opt,name=checkpoint_addr,json=checkpointAddr,proto3" json:"checkpoint_addr,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// domain is the node's failure domain (Node.failure_domain, else its
+	// NVLink domain; empty: the node alone).
+	Domain        string `protobuf:"bytes,7,opt,name=domain,proto3" json:"domain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Member) Reset() {
@@ -873,6 +887,13 @@ func (x *Member) GetInstance() string {
 func (x *Member) GetCheckpointAddr() string {
 	if x != nil {
 		return x.CheckpointAddr
+	}
+	return ""
+}
+
+func (x *Member) GetDomain() string {
+	if x != nil {
+		return x.Domain
 	}
 	return ""
 }
@@ -3621,7 +3642,7 @@ var File_proto_gpucoord_proto protoreflect.FileDescriptor
 
 const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
-	"\x14proto/gpucoord.proto\x12\vgpucoord.v1\"\x90\x02\n" +
+	"\x14proto/gpucoord.proto\x12\vgpucoord.v1\"\xb7\x02\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x12\n" +
@@ -3631,7 +3652,9 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\aversion\x18\x06 \x01(\tR\aversion\x12\x1a\n" +
 	"\binstance\x18\a \x01(\tR\binstance\x12,\n" +
 	"\x12registered_unix_ms\x18\b \x01(\x03R\x10registeredUnixMs\x12'\n" +
-	"\x0fcheckpoint_addr\x18\t \x01(\tR\x0echeckpointAddr\"8\n" +
+	"\x0fcheckpoint_addr\x18\t \x01(\tR\x0echeckpointAddr\x12%\n" +
+	"\x0efailure_domain\x18\n" +
+	" \x01(\tR\rfailureDomain\"8\n" +
 	"\x0fRegisterRequest\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.gpucoord.v1.NodeR\x04node\"{\n" +
 	"\x10RegisterResponse\x12\x19\n" +
@@ -3687,7 +3710,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x0fhang_timeout_ms\x18\x1e \x01(\x03R\rhangTimeoutMs\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaa\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc2\x01\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x1d\n" +
@@ -3695,7 +3718,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"first_rank\x18\x03 \x01(\x05R\tfirstRank\x12\x14\n" +
 	"\x05ranks\x18\x04 \x01(\x05R\x05ranks\x12\x1a\n" +
 	"\binstance\x18\x05 \x01(\tR\binstance\x12'\n" +
-	"\x0fcheckpoint_addr\x18\x06 \x01(\tR\x0echeckpointAddr\"\xc8\x02\n" +
+	"\x0fcheckpoint_addr\x18\x06 \x01(\tR\x0echeckpointAddr\x12\x16\n" +
+	"\x06domain\x18\a \x01(\tR\x06domain\"\xc8\x02\n" +
 	"\n" +
 	"Generation\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
