@@ -450,11 +450,10 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 // standalone is a whole cluster in this process tree: an embedded etcd
 // inside a coordinator, and local worker agents.
 type standalone struct {
-	addr   string
-	cancel context.CancelFunc
-	wait   func() error
-	tmp    string
-	held   string // the agents' checkpoints, maybe outside tmp (/dev/shm)
+	addr    string
+	stopAll func() // stops the agents, then the coordinator, and waits
+	tmp     string
+	held    string // the agents' checkpoints, maybe outside tmp (/dev/shm)
 }
 
 func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, output, logs io.Writer) (*standalone, error) {
@@ -482,9 +481,19 @@ func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, outpu
 	// in memory where there is room, each under its own directory, all
 	// removed with the cluster.
 	held := worker.CheckpointRoot(filepath.Base(tmp), tmp)
-	gctx, cancel := context.WithCancel(ctx)
-	g, gctx := errgroup.WithContext(gctx)
-	g.Go(func() error { return co.Run(gctx) })
+	// The agents stop first (they leave the pool while the coordinator
+	// still answers), then the coordinator.
+	cctx, cancelCo := context.WithCancel(ctx)
+	cg, cctx := errgroup.WithContext(cctx)
+	cg.Go(func() error { return co.Run(cctx) })
+	actx, cancelAgents := context.WithCancel(cctx)
+	g, gctx := errgroup.WithContext(actx)
+	stop := func() {
+		cancelAgents()
+		g.Wait()
+		cancelCo()
+		cg.Wait()
+	}
 	for n := range nodes {
 		wc := worker.DefaultConfig()
 		wc.Coordinators, wc.Name, wc.Host, wc.GPUs = []string{co.Addr()}, fmt.Sprintf("node%d", n), "127.0.0.1", gpus
@@ -492,22 +501,20 @@ func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, outpu
 		wc.CheckpointRoot = filepath.Join(held, wc.Name)
 		a, err := worker.New(wc)
 		if err != nil {
-			cancel()
-			g.Wait()
+			stop()
 			os.RemoveAll(tmp)
 			os.RemoveAll(held)
 			return nil, err
 		}
 		g.Go(func() error { return a.Run(gctx) })
 	}
-	return &standalone{addr: co.Addr(), cancel: cancel, wait: g.Wait, tmp: tmp, held: held}, nil
+	return &standalone{addr: co.Addr(), stopAll: stop, tmp: tmp, held: held}, nil
 }
 
 // stop tears the cluster down: agents stop their ranks and leave, the
 // coordinator and its etcd stop, the temporary files go.
 func (s *standalone) stop() {
-	s.cancel()
-	s.wait()
+	s.stopAll()
 	os.RemoveAll(s.tmp)
 	os.RemoveAll(s.held)
 }
