@@ -1,14 +1,19 @@
 package coordinator
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -42,6 +47,7 @@ type Etcd struct {
 	Endpoints []string
 	requests  requestCounter
 	server    *embed.Etcd
+	lock      *os.File // the data directory's, held while the server runs
 }
 
 // OpenEtcd starts the embedded server or connects to the external
@@ -50,11 +56,16 @@ type Etcd struct {
 func OpenEtcd(ctx context.Context, c EtcdConfig) (*Etcd, error) {
 	e := &Etcd{Endpoints: c.Endpoints}
 	if len(c.Endpoints) == 0 {
-		srv, err := startEmbedded(c.DataDir, c.DialTimeout)
+		lock, err := lockDataDir(c.DataDir)
 		if err != nil {
 			return nil, err
 		}
-		e.server = srv
+		srv, err := startEmbedded(c.DataDir, c.DialTimeout)
+		if err != nil {
+			lock.Close()
+			return nil, err
+		}
+		e.server, e.lock = srv, lock
 		for _, l := range srv.Clients {
 			e.Endpoints = append(e.Endpoints, "http://"+l.Addr().String())
 		}
@@ -109,7 +120,40 @@ func (e *Etcd) Close() error {
 	if e.server != nil {
 		e.server.Close()
 	}
+	if e.lock != nil {
+		e.lock.Close() // releases the flock
+	}
 	return nil
+}
+
+// lockDataDir takes the embedded etcd's data directory for this process
+// (an exclusive flock on gpucoord.lock in it, holding the pid): a second
+// coordinator on the same directory fails at once, naming the first,
+// rather than wait in etcd's own lock of its database.
+func lockDataDir(dir string) (*os.File, error) {
+	if dir == "" {
+		return nil, errorf(ErrInvalid, "the embedded etcd needs a data directory")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("etcd data directory: %w", err)
+	}
+	path := filepath.Join(dir, "gpucoord.lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("etcd data directory: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		b, _ := io.ReadAll(io.LimitReader(f, 32))
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, errorf(ErrInvalid, "data dir %s is in use by another coordinator (pid %s): give another --data-dir, or stop that one",
+				dir, cmp.Or(strings.TrimSpace(string(b)), "unknown"))
+		}
+		return nil, fmt.Errorf("locking the etcd data directory %s: %w", dir, err)
+	}
+	f.Truncate(0)
+	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return f, nil
 }
 
 // startEmbedded runs a one-member etcd on loopback ports the kernel picks.

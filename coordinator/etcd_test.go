@@ -165,3 +165,26 @@ func certificate(t *testing.T, dir, name string, parent *x509.Certificate, paren
 	}
 	return cert, key
 }
+
+// TestDataDirInUse: a second embedded etcd on a data directory in use
+// fails at once naming the first's pid, and the directory is free again
+// once the first is closed.
+func TestDataDirInUse(t *testing.T) {
+	dir := t.TempDir()
+	cfg := EtcdConfig{DataDir: dir, DialTimeout: 5 * time.Second}
+	first, err := OpenEtcd(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = OpenEtcd(t.Context(), cfg)
+	want := "data dir " + dir + " is in use by another coordinator (pid " + strconv.Itoa(os.Getpid()) + ")"
+	if !errors.Is(err, ErrInvalid) || err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("second open: %v, want %q", err, want)
+	}
+	first.Close()
+	again, err := OpenEtcd(t.Context(), cfg)
+	if err != nil {
+		t.Fatalf("after the first closed: %v", err)
+	}
+	again.Close()
+}

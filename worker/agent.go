@@ -875,6 +875,11 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 	tag := func(rank int) io.Writer {
 		out := localproc.NewPrefixWriter(a.cfg.Output, prefix(a.cfg.Name, rank, l), &a.out)
 		w := &localproc.LineWriter{Line: func(b []byte) error {
+			if ctx.Err() != nil {
+				// Stopped (a new generation, a cancel): what the ranks say
+				// of their interruption is noise.
+				return nil
+			}
 			tails[rank].add(b)
 			return out.Line(b)
 		}}

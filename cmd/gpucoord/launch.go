@@ -45,7 +45,7 @@ type launchFlags struct {
 	schedule, order                string
 	steps                          int
 	seed                           uint64
-	json, dryRun                   bool
+	json, dryRun, detach, verbose  bool
 	hostfile, jobID, dataDir       string
 	rendezvous, lastCall           time.Duration
 	maxRestarts                    int
@@ -126,6 +126,8 @@ with that rank named.`,
 	fl.Uint64Var(&f.seed, "seed", 0, "seed (native; overrides the job file)")
 	fl.BoolVar(&f.json, "json", false, "print each step as a JSON line, as train --json does (other output goes to stderr)")
 	fl.BoolVar(&f.dryRun, "dry-run", false, "print the plan the job would run on and exit")
+	fl.BoolVarP(&f.verbose, "verbose", "v", false, "standalone: the coordinator's and agents' logs on stderr (default: a file in the cache directory, named once)")
+	fl.BoolVar(&f.detach, "detach", false, "submit the job, print its id and exit: gpucoord follow JOB shows it, gpucoord cancel JOB ends it (not with --standalone)")
 	fl.StringVar(&f.hostfile, "hostfile", "", `DeepSpeed-style hostfile: "host slots=N" per line`)
 	fl.StringVar(&f.jobID, "job-id", "", "the job's id (default job-<time>-<random>)")
 	fl.StringVar(&f.dataDir, "data-dir", "", "standalone: the embedded etcd's data directory (default a temporary one, removed after)")
@@ -151,6 +153,9 @@ with that rank named.`,
 func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error) {
 	if f.standalone == (f.coordinator != "") && !f.dryRun {
 		return nil, errors.New("give exactly one of --standalone and --coordinator ADDR")
+	}
+	if f.standalone && f.detach {
+		return nil, errors.New("--detach needs --coordinator: a --standalone cluster ends with launch")
 	}
 	var err error
 	id := f.jobID
@@ -408,7 +413,20 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 	}
 	addrs := strings.Split(f.coordinator, ",")
 	if f.standalone {
-		cl, err := startStandalone(ctx, int(spec.Nodes), int(spec.GpusPerNode), f.dataDir, progress, stderr)
+		// The cluster outlives an interrupt until the job is cancelled
+		// (its agents then stop their ranks as for any cancel); only then
+		// is it stopped, with no job left to preempt.
+		// Its coordinator's and agents' logs go to a file (stderr with
+		// --verbose), so that launch's lines and the ranks' come alone.
+		logs, closeLogs, logPath, err := standaloneLog(spec.Id, f.verbose, stderr)
+		if err != nil {
+			return err
+		}
+		defer closeLogs()
+		if logPath != "" {
+			fmt.Fprintf(progress, "logs of the standalone cluster: %s\n", logPath)
+		}
+		cl, err := startStandalone(context.WithoutCancel(ctx), int(spec.Nodes), int(spec.GpusPerNode), f.dataDir, progress, logs)
 		if err != nil {
 			return err
 		}
@@ -422,7 +440,7 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 			return err
 		}
 	}
-	fl := &follower{addrs: addrs, creds: creds, spec: spec, out: stdout, progress: progress, json: f.json}
+	fl := &follower{addrs: addrs, creds: creds, spec: spec, out: stdout, progress: progress, json: f.json, detach: f.detach}
 	return fl.run(ctx)
 }
 
@@ -456,6 +474,29 @@ type standalone struct {
 	held    string // the agents' checkpoints, maybe outside tmp (/dev/shm)
 }
 
+// standaloneLog opens where a standalone cluster logs: stderr when
+// verbose, else a file of the job's in the user's cache directory
+// (gpucoord/logs/JOB.log), whose path it returns.
+func standaloneLog(job string, verbose bool, stderr io.Writer) (io.Writer, func() error, string, error) {
+	if verbose {
+		return stderr, func() error { return nil }, "", nil
+	}
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("no directory for the standalone cluster's logs (%v): give --verbose to see them on stderr", err)
+	}
+	dir = filepath.Join(dir, "gpucoord", "logs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, "", fmt.Errorf("the standalone cluster's logs: %w (--verbose puts them on stderr)", err)
+	}
+	path := filepath.Join(dir, job+".log")
+	fl, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("the standalone cluster's logs: %w (--verbose puts them on stderr)", err)
+	}
+	return &lockedWriter{w: fl}, fl.Close, path, nil
+}
+
 func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, output, logs io.Writer) (*standalone, error) {
 	tmp, err := os.MkdirTemp("", "gpucoord-standalone-")
 	if err != nil {
@@ -464,7 +505,8 @@ func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, outpu
 	if dataDir == "" {
 		dataDir = tmp + "/etcd"
 	}
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// A file gets everything from Info up; stderr (--verbose) the same.
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	cc := coordinator.DefaultConfig()
 	cc.Listen, cc.Etcd.DataDir, cc.Logger = "127.0.0.1:0", dataDir, log
 	co, err := coordinator.New(ctx, cc)
@@ -527,7 +569,9 @@ type follower struct {
 	spec          *pb.JobSpec
 	out, progress io.Writer
 	json          bool
-	steps         int // a native job's total steps
+	attach        bool // follow a submitted job (gpucoord follow)
+	detach        bool // submit and return (launch --detach)
+	steps         int  // a native job's total steps
 	started       time.Time
 
 	// mu guards what show records: the ticker of a program's job reads it.
@@ -544,11 +588,6 @@ type follower struct {
 
 func (f *follower) run(ctx context.Context) error {
 	f.started = time.Now()
-	if len(f.spec.NativeJob) > 0 {
-		if job, err := engine.ParseJob(bytes.NewReader(f.spec.NativeJob), nil); err == nil {
-			f.steps = job.Steps
-		}
-	}
 	cfg := client.DefaultConfig()
 	cfg.Coordinators, cfg.Credentials, cfg.OnFailover = f.addrs, f.creds, f.failover
 	cfg.Logger = slog.New(slog.DiscardHandler) // the moves are printed by failover
@@ -557,6 +596,65 @@ func (f *follower) run(ctx context.Context) error {
 		return usageError(err)
 	}
 	defer cl.Close()
+	if f.attach {
+		if err := f.attachTo(ctx, cl); err != nil {
+			return err
+		}
+	} else if err := f.submit(ctx, cl); err != nil || f.detach {
+		return err
+	}
+	st, err := f.follow(ctx, cl)
+	switch {
+	case ctx.Err() != nil && f.attach:
+		return &exitError{code: exitInterrupted, err: fmt.Errorf("stopped following job %s, which goes on (gpucoord cancel %s ends it)", f.spec.Id, f.spec.Id)}
+	case ctx.Err() != nil:
+		return f.cancel(cl)
+	case errors.Is(err, client.ErrNotFound):
+		return fmt.Errorf("no job %s: gpucoord status lists the jobs", f.spec.Id)
+	case errors.Is(err, client.ErrUnreachable):
+		last := err // the last coordinator's failure, as gRPC reported it
+		var ce *client.Error
+		if errors.As(err, &ce) {
+			last = ce.Status.Err()
+		}
+		return fmt.Errorf("lost the coordinators (%s) for a minute: %v; the job may still run: gpucoord follow %s", strings.Join(f.addrs, ","), last, f.spec.Id)
+	case err != nil:
+		return errors.New(coordinatorSaid(err))
+	}
+	return f.finish(st)
+}
+
+// attachTo reads the spec of the job to follow from the coordinators.
+func (f *follower) attachTo(ctx context.Context, cl *client.Client) error {
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := cl.Status(sctx)
+	if err != nil {
+		return fmt.Errorf("coordinator %s: %s%s", strings.Join(f.addrs, ","), coordinatorSaid(err), plaintextHint(f.creds))
+	}
+	for _, j := range resp.Jobs {
+		if j.GetSpec().GetId() == f.spec.Id {
+			f.spec = j.Spec
+			f.countSteps()
+			return nil
+		}
+	}
+	return fmt.Errorf("no job %s: gpucoord status lists the jobs", f.spec.Id)
+}
+
+// countSteps reads a native job's total steps from its spec.
+func (f *follower) countSteps() {
+	if len(f.spec.NativeJob) > 0 {
+		if job, err := engine.ParseJob(bytes.NewReader(f.spec.NativeJob), nil); err == nil {
+			f.steps = job.Steps
+		}
+	}
+}
+
+// submit submits the job and says so; with detach it prints the job's id
+// on stdout and is done.
+func (f *follower) submit(ctx context.Context, cl *client.Client) error {
+	f.countSteps()
 	if err := cl.Submit(ctx, f.spec); err != nil {
 		switch {
 		case ctx.Err() != nil:
@@ -574,21 +672,10 @@ func (f *follower) run(ctx context.Context) error {
 	}
 	fmt.Fprintf(f.progress, "job %s submitted: %d node%s x %d ranks, tp %d pp %d, %s\n",
 		f.spec.Id, f.spec.Nodes, plural(int(f.spec.Nodes)), f.spec.GpusPerNode, f.spec.Tp, f.spec.Pp, what)
-	st, err := f.follow(ctx, cl)
-	switch {
-	case ctx.Err() != nil:
-		return f.cancel(cl)
-	case errors.Is(err, client.ErrUnreachable):
-		last := err // the last coordinator's failure, as gRPC reported it
-		var ce *client.Error
-		if errors.As(err, &ce) {
-			last = ce.Status.Err()
-		}
-		return fmt.Errorf("lost the coordinators (%s) for a minute: %v; the job may still run: gpucoord status", strings.Join(f.addrs, ","), last)
-	case err != nil:
-		return errors.New(coordinatorSaid(err))
+	if f.detach {
+		fmt.Fprintln(f.out, f.spec.Id)
 	}
-	return f.finish(st)
+	return nil
 }
 
 // follow follows the job to its end. While a program's job runs, a line

@@ -41,9 +41,7 @@ type proc struct {
 
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(name, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	return startCmd(t, cmd)
+	return startEnv(t, nil, name, args...)
 }
 
 // startCmd starts cmd as a proc: its output is collected, and it is killed
@@ -650,7 +648,7 @@ func TestLaunchHostfile(t *testing.T) {
 	for _, name := range []string{"a", "b", "c"} {
 		wc := worker.DefaultConfig()
 		wc.Coordinators, wc.Name, wc.GPUs, wc.NativeCommand = []string{c.Addr()}, name, 2, []string{"false"}
-		wc.WorkDir, wc.Output, wc.Logger = t.TempDir(), &out, cfg.Logger
+		wc.WorkDir, wc.Output, wc.Logger, wc.CheckpointRoot = t.TempDir(), &out, cfg.Logger, t.TempDir()
 		a, err := worker.New(wc)
 		if err != nil {
 			t.Fatal(err)

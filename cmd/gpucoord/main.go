@@ -10,12 +10,15 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP (a dropped ssh session) and SIGTERM stop a command as Ctrl-C
+	// does: launch cancels its job rather than leave it running unseen.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	interrupted := ctx.Err() != nil
 	stop()
 	if err != nil && interrupted {
-		// Stopped by SIGINT or SIGTERM: the shell's convention, 128+SIGINT.
+		// Stopped by SIGINT, SIGTERM or SIGHUP: the shell's convention,
+		// 128+SIGINT.
 		fmt.Fprintln(os.Stderr, "gpucoord: interrupted:", err)
 		os.Exit(exitInterrupted)
 	}

@@ -83,8 +83,16 @@ func TestMain(m *testing.M) {
 	if os.Getenv(strangerEnv) != "" {
 		os.Exit(strangerMain())
 	}
+	// Standalone launches log to the cache directory: the tests' own,
+	// removed at the end.
+	cache, err := os.MkdirTemp("", "gpucoord-test-cache-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Setenv("XDG_CACHE_HOME", cache)
 	code := m.Run()
-	for _, dir := range []string{binDir, fakeNCCLDir} {
+	for _, dir := range []string{binDir, fakeNCCLDir, cache} {
 		if dir != "" {
 			os.RemoveAll(dir)
 		}

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestLaunchDetachFollowCancel: launch --detach submits and prints the
+// job's id; follow shows the job from where it stands; cancel ends it and
+// follow exits 130 saying so; a second cancel reports the end; an unknown
+// job is named.
+func TestLaunchDetachFollowCancel(t *testing.T) {
+	exe := buildBinary(t)
+	_, addr := coordinatorProc(t, exe)
+	workerProc(t, exe, addr, "w0", 2)
+	d := start(t, exe, "launch", "--coordinator", addr, "--nodes", "1", "--gpus-per-node", "2", "--job-id", "long", "--detach",
+		"--steps", "100000", "../../examples/jobs/mlp.yaml")
+	if code := d.wait(t, time.Minute); code != 0 {
+		t.Fatalf("launch --detach exited %d:\n%s", code, d.output())
+	}
+	if !slices.Contains(strings.Split(d.output(), "\n"), "long") {
+		t.Errorf("launch --detach did not print the job's id on a line of its own:\n%s", d.output())
+	}
+	f := start(t, exe, "follow", "long", "--coordinator", addr)
+	f.waitLine(t, "generation 1: 1 node (w0)", time.Minute)
+	f.waitLine(t, "step ", time.Minute)
+	c := start(t, exe, "cancel", "long", "--coordinator", addr)
+	if code := c.wait(t, time.Minute); code != 0 || !strings.Contains(c.output(), "job long cancelled") {
+		t.Fatalf("cancel exited %d:\n%s", code, c.output())
+	}
+	if code := f.wait(t, time.Minute); code != exitInterrupted || !strings.Contains(f.output(), "job long cancelled: cancelled by gpucoord cancel") {
+		t.Errorf("follow exited %d, want %d naming the cancel:\n%s", code, exitInterrupted, f.output())
+	}
+	c = start(t, exe, "cancel", "long", "--coordinator", addr)
+	if code := c.wait(t, time.Minute); code != 0 || !strings.Contains(c.output(), "job long") {
+		t.Errorf("a second cancel exited %d:\n%s", code, c.output())
+	}
+	for _, cmd := range []string{"cancel", "follow"} {
+		p := start(t, exe, cmd, "nosuch", "--coordinator", addr)
+		if code := p.wait(t, time.Minute); code != 1 || !strings.Contains(p.output(), "no job nosuch: gpucoord status lists the jobs") {
+			t.Errorf("%s of an unknown job exited %d:\n%s", cmd, code, p.output())
+		}
+	}
+}
+
+// TestLaunchHangupCancels: SIGHUP (a dropped ssh session) and SIGINT to a
+// standalone launch of a native job cancel the job: launch exits 130 with
+// one line, no log line, and leaves nothing in its temporary directory or
+// in /dev/shm.
+func TestLaunchHangupCancels(t *testing.T) {
+	exe := buildBinary(t)
+	shm := func() []string {
+		m, _ := filepath.Glob("/dev/shm/gpucoord-checkpoints/gpucoord-standalone-*")
+		return m
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			before := shm()
+			tmp := t.TempDir()
+			p := startEnv(t, []string{"TMPDIR=" + tmp}, exe, "launch", "--standalone", "--nodes", "2", "--gpus-per-node", "2", "--tp", "2",
+				"--steps", "100000", "../../examples/jobs/mlp.yaml")
+			p.waitLine(t, " 10/100000", time.Minute)
+			at := time.Now()
+			p.cmd.Process.Signal(sig)
+			code := p.wait(t, time.Minute)
+			t.Logf("%s: launch exited %d %s after the signal", sig, code, time.Since(at).Round(10*time.Millisecond))
+			out := p.output()
+			after := out[strings.LastIndex(out, "step "):]
+			if code != exitInterrupted || strings.Count(after, "\n") != 2 || !strings.Contains(after, "cancelled: launch interrupted") {
+				t.Errorf("exit %d, want %d and one line after the last step:\n%s", code, exitInterrupted, after)
+			}
+			if strings.Contains(out, "level=") {
+				t.Errorf("log lines in launch's output:\n%s", out)
+			}
+			if left, _ := os.ReadDir(tmp); len(left) > 0 {
+				t.Errorf("left in the temporary directory: %v", left)
+			}
+			for _, d := range shm() {
+				if !slices.Contains(before, d) {
+					t.Errorf("left in /dev/shm: %s", d)
+				}
+			}
+		})
+	}
+}
+
+// startEnv is start with env added to the process's environment.
+func startEnv(t *testing.T, env []string, name string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return startCmd(t, cmd)
+}
