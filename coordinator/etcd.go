@@ -146,7 +146,7 @@ func lockDataDir(dir string) (*os.File, error) {
 		b, _ := io.ReadAll(io.LimitReader(f, 32))
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, errorf(ErrInvalid, "data dir %s is in use by another coordinator (pid %s): give another --data-dir, or stop that one",
+			return nil, errorf(ErrUnavailable, "data dir %s is in use by another coordinator (pid %s): give another --data-dir, or stop that one",
 				dir, cmp.Or(strings.TrimSpace(string(b)), "unknown"))
 		}
 		return nil, fmt.Errorf("locking the etcd data directory %s: %w", dir, err)

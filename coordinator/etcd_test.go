@@ -178,7 +178,7 @@ func TestDataDirInUse(t *testing.T) {
 	}
 	_, err = OpenEtcd(t.Context(), cfg)
 	want := "data dir " + dir + " is in use by another coordinator (pid " + strconv.Itoa(os.Getpid()) + ")"
-	if !errors.Is(err, ErrInvalid) || err == nil || !strings.Contains(err.Error(), want) {
+	if !errors.Is(err, ErrUnavailable) || err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("second open: %v, want %q", err, want)
 	}
 	first.Close()

@@ -40,6 +40,8 @@ func ValidateSpecWith(j *pb.JobSpec, name func(field string) string) error {
 		return fmt.Errorf("%s %d is below %s %d", name("max_nodes"), j.GetMaxNodes(), name("nodes"), nodes)
 	case j.GetGpusPerNode() < 1:
 		return fmt.Errorf("%s %d: want at least 1", name("gpus_per_node"), j.GetGpusPerNode())
+	case j.GetTp() > j.GetGpusPerNode():
+		return fmt.Errorf("%s %d exceeds %s %d: a tensor-parallel group stays inside a node", name("tp"), j.GetTp(), name("gpus_per_node"), j.GetGpusPerNode())
 	case len(j.GetCommand()) == 0 && len(j.GetNativeJob()) == 0:
 		return errors.New("neither a command nor a native job")
 	case len(j.GetCommand()) > 0 && len(j.GetNativeJob()) > 0:

@@ -106,12 +106,20 @@ func (l Layout) groups(a Axis) [][]Rank {
 // two NVLink domains of domain consecutive ranks (ranks fill nodes, and
 // domains, in order).
 func (l Layout) CheckDomains(domain int) error {
+	if domain > 0 && l.TP > domain {
+		return tpBeyondDomain(l.TP, domain)
+	}
 	if r, ok := l.crossing(AxisTP, domain); ok {
 		g := l.Group(AxisTP, r)
 		return invalid("order %s puts tensor-parallel group %v across NVLink domains %d and %d (domain size %d): TP groups must stay inside one domain; put tp first in --order",
 			l.Order, g, int(g[0])/domain, int(g[len(g)-1])/domain, domain)
 	}
 	return nil
+}
+
+// tpBeyondDomain refuses a TP degree larger than an NVLink domain.
+func tpBeyondDomain(tp, domain int) error {
+	return invalid("tp %d is larger than the NVLink domain of %s: a tensor-parallel group must stay inside one NVLink domain", tp, plural(domain, "GPU", "GPUs"))
 }
 
 // Crosses reports whether some group along axis a has members in two

@@ -67,7 +67,7 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 	}
 	cfg.DP, cfg.VPP, cfg.GlobalBatch, cfg.Schedule = sh.DP, sh.Virtual, sh.GlobalBatch, sh.Schedule
 	if d := cl.Domain(); cfg.TP > d {
-		return nil, invalid("tp %d is larger than the NVLink domain of %s: a tensor-parallel group must stay inside one NVLink domain", cfg.TP, plural(d, "GPU", "GPUs"))
+		return nil, tpBeyondDomain(cfg.TP, d)
 	}
 	if !m.Bare() {
 		if m.Heads%cfg.TP != 0 {

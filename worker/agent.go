@@ -126,8 +126,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("gpus %d: want at least 1", c.GPUs)
 	case len(c.NativeCommand) == 0:
 		return errors.New("no native rank command")
-	case c.Grace <= 0 || c.Retry <= 0 || c.TimesEvery <= 0:
-		return fmt.Errorf("grace %s, retry %s and times window %s must be positive", c.Grace, c.Retry, c.TimesEvery)
+	case c.Grace <= 0:
+		return fmt.Errorf("--grace %s: want a positive duration", c.Grace)
+	case c.Retry <= 0 || c.TimesEvery <= 0:
+		return fmt.Errorf("retry %s and times window %s must be positive", c.Retry, c.TimesEvery)
 	}
 	return nil
 }

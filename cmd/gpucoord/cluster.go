@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -200,6 +201,14 @@ On loopback without either, the service is plaintext.`,
 			if err := applyGossipProfile(c, profile, &cfg.GossipTuning); err != nil {
 				return usageError(err)
 			}
+			// The endpoint's path is always /metrics: HOST:PORT/metrics
+			// means HOST:PORT.
+			if m := strings.TrimSuffix(cfg.Metrics, "/metrics"); m != "" {
+				if _, port, err := net.SplitHostPort(m); err != nil || port == "" || strings.Contains(m, "/") {
+					return usageError(fmt.Errorf("--metrics %q: want HOST:PORT, such as 127.0.0.1:9400 (metrics are then on http://127.0.0.1:9400/metrics)", cfg.Metrics))
+				}
+				cfg.Metrics = m
+			}
 			co, err := coordinator.New(c.Context(), cfg)
 			if err != nil {
 				if errors.Is(err, coordinator.ErrInvalid) {
@@ -225,7 +234,7 @@ On loopback without either, the service is plaintext.`,
 	fl.StringVar(&cfg.Etcd.CertFile, "etcd-cert", "", "client certificate for etcd (TLS)")
 	fl.StringVar(&cfg.Etcd.KeyFile, "etcd-key", "", "client key for etcd (TLS)")
 	fl.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "root of every etcd key")
-	fl.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9400/metrics)")
+	fl.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus metrics on HOST:PORT, at http://HOST:PORT/metrics (e.g. 127.0.0.1:9400)")
 	fl.IntVar(&cfg.KeepJobs, "keep-jobs", cfg.KeepJobs, "ended jobs kept in etcd for status; older ones are deleted")
 	fl.DurationVar(&cfg.StableFor, "stable-for", cfg.StableFor, "how long a node must stay registered before a running job takes it in (doubled per strike)")
 	fl.DurationVar(&cfg.Etcd.DialTimeout, "etcd-dial-timeout", cfg.Etcd.DialTimeout, "how long to wait for etcd to answer at start")

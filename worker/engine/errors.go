@@ -7,6 +7,13 @@ import "errors"
 // model or the batch.
 var ErrInvalidJob = errors.New("engine: invalid job")
 
+// invalidJob is an ErrInvalidJob whose message stands on its own (a job
+// file that cannot be read needs no "invalid job" before its name).
+type invalidJob string
+
+func (e invalidJob) Error() string        { return string(e) }
+func (e invalidJob) Is(target error) bool { return target == ErrInvalidJob }
+
 // ErrDiverged is returned when a step produces a loss that is not finite.
 var ErrDiverged = errors.New("engine: loss is not finite")
 

@@ -105,7 +105,11 @@ func ParseJob(r io.Reader, edit func(*Job)) (*Job, error) {
 func LoadJob(path string, edit func(*Job)) (*Job, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidJob, err)
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // "no such file or directory", the path said once
+		}
+		return nil, invalidJob(fmt.Sprintf("job file %s: %v", path, err))
 	}
 	j, err := ParseJob(bytes.NewReader(b), edit)
 	if err != nil {
