@@ -952,6 +952,9 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 			if !native && os.Getenv("OMP_NUM_THREADS") == "" {
 				cmd.Env = append(cmd.Env, "OMP_NUM_THREADS=1") // as torchrun does for several local ranks
 			}
+			if !native && os.Getenv(EnvErrorFile) == "" && asg.Spec.GetEnv()[EnvErrorFile] == "" {
+				cmd.Env = append(cmd.Env, EnvErrorFile+"="+errorFilePath(dir, rank)) // as torchrun sets it
+			}
 			if !native && os.Getenv("PYTHONFAULTHANDLER") == "" && asg.Spec.GetEnv()["PYTHONFAULTHANDLER"] == "" {
 				cmd.Env = append(cmd.Env, "PYTHONFAULTHANDLER=1") // a hung Python rank prints its stacks on SIGABRT
 			}
@@ -984,11 +987,21 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 			a.reportExit(ctx, asg, &pb.RankExit{Rank: int32(r)})
 		}
 	case errors.As(err, &ee):
-		a.reportExit(ctx, asg, &pb.RankExit{Rank: int32(ee.Rank), Code: int32(ee.Code()), Error: ee.Err.Error(),
-			FailedAtUnixMs: ee.At.UnixMilli(), Output: tails[ee.Rank].String()})
+		// Why, in the program's words: its error file (@record), or the
+		// exception that ends its output.
+		file, _ := os.ReadFile(errorFilePath(dir, ee.Rank))
+		cause, output := failureCause(file, tails[ee.Rank].String())
+		a.reportExit(ctx, asg, &pb.RankExit{Rank: int32(ee.Rank), Code: int32(ee.Code()), Error: cmp.Or(cause, ee.Err.Error()),
+			FailedAtUnixMs: ee.At.UnixMilli(), Output: output})
 	default:
 		a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: err.Error()})
 	}
+}
+
+// errorFilePath is rank's TORCHELASTIC_ERROR_FILE in a generation's
+// directory.
+func errorFilePath(dir string, rank int) string {
+	return filepath.Join(dir, "error-"+strconv.Itoa(rank)+".json")
 }
 
 // reportTimes sends the local ranks' mean compute times every window.

@@ -98,3 +98,38 @@ func startEnv(t *testing.T, env []string, name string, args ...string) *proc {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	return startCmd(t, cmd)
 }
+
+// TestLaunchPythonFailureCause: a Python rank that raises is reported by
+// its exception, not "exit status 1": with PyTorch's @record (the error
+// file torchrun's TORCHELASTIC_ERROR_FILE names) and without it (the
+// traceback's last line).
+func TestLaunchPythonFailureCause(t *testing.T) {
+	const py = "/usr/bin/python3"
+	if err := exec.Command(py, "-c", "import torch").Run(); err != nil {
+		t.Fatalf("%s cannot import torch (make deps installs python3-torch): %v", py, err)
+	}
+	exe := buildBinary(t)
+	for name, prog := range map[string]string{
+		"record": `import os
+from torch.distributed.elastic.multiprocessing.errors import record
+@record
+def main():
+    if os.environ["RANK"] == "1":
+        raise ValueError("bad value 42")
+main()`,
+		"plain": `import os
+if os.environ["RANK"] == "1":
+    raise ValueError("bad value 42")`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := start(t, exe, "launch", "--standalone", "--nodes", "1", "--gpus-per-node", "2", "--", py, "-c", prog)
+			code := p.wait(t, 2*time.Minute)
+			if code != 1 || !strings.Contains(p.output(), "failed: rank 1 on node0 exited with code 1: ValueError: bad value 42") {
+				t.Errorf("exit %d, want 1 naming the exception:\n%s", code, p.output())
+			}
+			if !strings.Contains(p.output(), "Traceback (most recent call last):") {
+				t.Errorf("no traceback shown:\n%s", p.output())
+			}
+		})
+	}
+}
