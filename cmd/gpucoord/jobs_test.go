@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,6 +31,29 @@ func TestLaunchDetachFollowCancel(t *testing.T) {
 	f := start(t, exe, "follow", "long", "--coordinator", addr)
 	f.waitLine(t, "generation 1: 1 node (w0)", time.Minute)
 	f.waitLine(t, "step ", time.Minute)
+	// status --json while it runs: numbers are JSON numbers, the phase is
+	// spelled as the text output spells it, the layout is the one running
+	// (spec.dp is 0: derived), and no opaque blob.
+	st := start(t, exe, "status", "--coordinator", addr, "--json")
+	if code := st.wait(t, time.Minute); code != 0 {
+		t.Fatalf("status --json exited %d:\n%s", code, st.output())
+	}
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(st.output()), &doc); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, st.output())
+	}
+	job := doc["jobs"].([]any)[0].(map[string]any)
+	gen := job["generation"].(map[string]any)
+	layout := job["layout"].(map[string]any)
+	if doc["schema"] != statusSchema || job["phase"] != "running" || gen["number"] != 1.0 || layout["dp"] != 2.0 || layout["world"] != 2.0 {
+		t.Errorf("status --json: schema %v, phase %v, generation %#v, layout %v", doc["schema"], job["phase"], gen["number"], layout)
+	}
+	if step, ok := job["step"].(map[string]any); !ok || step["step"].(float64) < 1 {
+		t.Errorf("status --json: step %v, want a number", job["step"])
+	}
+	if strings.Contains(st.output(), "native_job") || strings.Contains(st.output(), "nativeJob") {
+		t.Errorf("status --json holds the job file's blob:\n%s", st.output())
+	}
 	c := start(t, exe, "cancel", "long", "--coordinator", addr)
 	if code := c.wait(t, time.Minute); code != 0 || !strings.Contains(c.output(), "job long cancelled") {
 		t.Fatalf("cancel exited %d:\n%s", code, c.output())

@@ -10,24 +10,22 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/gpucoord/gpucoord/internal/gossip"
 	"github.com/gpucoord/gpucoord/internal/pki"
 	"github.com/gpucoord/gpucoord/internal/testcluster"
-	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // statusOf reads the cluster's status as h1 sees it, with the join token.
-func (b *boxCluster) statusOf(t *testing.T) *pb.StatusResponse {
+func (b *boxCluster) statusOf(t *testing.T) *statusJSON {
 	t.Helper()
 	p := b.run(t, b.Host(1), "status", "--coordinator", b.local, "--json")
 	if code := p.wait(t, time.Minute); code != 0 {
 		t.Fatalf("status exited %d:\n%s", code, p.output())
 	}
-	var st pb.StatusResponse
-	if err := protojson.Unmarshal([]byte(p.output()), &st); err != nil {
-		t.Fatalf("status: %v\n%s", err, p.output())
+	var st statusJSON
+	if err := json.Unmarshal([]byte(p.output()), &st); err != nil || st.Schema != statusSchema {
+		t.Fatalf("status (schema %q): %v\n%s", st.Schema, err, p.output())
 	}
 	return &st
 }
@@ -87,7 +85,7 @@ func TestClusterStrangers(t *testing.T) {
 	st := b.statusOf(t)
 	var members []string
 	for _, n := range st.Nodes {
-		members = append(members, gossip.MemberName(n.Node.Name, n.Node.Instance))
+		members = append(members, gossip.MemberName(n.Name, n.Instance))
 	}
 	if len(st.Jobs) != 1 || len(st.Jobs[0].Members) != 2 {
 		t.Fatalf("status: %v", st)
@@ -117,7 +115,7 @@ func TestClusterStrangers(t *testing.T) {
 		}
 	}
 	stranger(b.Host(4), strangerPlan{Coordinator: b.coord, Gossip: gossipAddrs, Members: members,
-		Label: "gpucoord:/gpucoord/", Store: master[1], Job: job.Spec.Id})
+		Label: "gpucoord:/gpucoord/", Store: master[1], Job: job.ID})
 	after := rss(t, agentPid)
 	t.Logf("the store's agent (%s): %.1f MiB resident before the stranger, %.1f MiB after", storeHost.Name, float64(before)/(1<<20), float64(after)/(1<<20))
 	if grown := after - before; grown > 64<<20 {
@@ -132,7 +130,7 @@ func TestClusterStrangers(t *testing.T) {
 		t.Fatal(err)
 	}
 	creds := filepath.Join("/tmp/home/.local/state/gpucoord/credentials", tok.CAHash[:16], "node-h2")
-	stranger(b.Host(2), strangerPlan{Coordinator: b.coord, Creds: creds, Job: job.Spec.Id, Generation: job.Generation.Number,
+	stranger(b.Host(2), strangerPlan{Coordinator: b.coord, Creds: creds, Job: job.ID, Generation: job.Generation.Number,
 		Self: "h2", OtherNode: "h3", OtherRank: ranks["h3"]})
 
 	// The pool's key rotates while the job runs: each step reaches both

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/gpucoord/gpucoord/client"
 	"github.com/gpucoord/gpucoord/internal/pki"
@@ -61,12 +60,7 @@ func newStatusCmd() *cobra.Command {
 // printStatus writes the coordinator's status as text or JSON.
 func printStatus(w io.Writer, s *pb.StatusResponse, asJSON bool) error {
 	if asJSON {
-		b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(s)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintln(w, string(b))
-		return err
+		return writeStatusJSON(w, s)
 	}
 	fmt.Fprintf(w, "leader: %s\n", s.Leader)
 	fmt.Fprintf(w, "nodes: %d\n", len(s.Nodes))
@@ -79,7 +73,7 @@ func printStatus(w io.Writer, s *pb.StatusResponse, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "jobs: %d\n", len(s.Jobs))
 	for _, j := range s.Jobs {
-		phase := strings.ToLower(j.State.GetPhase().String())
+		phase := phaseWord(j.State.GetPhase())
 		line := fmt.Sprintf("  %s  %s", j.Spec.Id, phase)
 		if g := j.Generation; g != nil {
 			names := make([]string, len(g.Members))
