@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/gpucoord/gpucoord/internal/gossip"
 	"github.com/gpucoord/gpucoord/internal/pki"
 	"github.com/gpucoord/gpucoord/internal/testcluster"
