@@ -682,7 +682,49 @@ func waitingFor(v *view, spec *pb.JobSpec, free int) string {
 	if len(spec.Hosts) > 0 {
 		s += " among hosts " + strings.Join(spec.Hosts, ",")
 	}
+	if why := notFree(v, spec); why != "" {
+		s += ": " + why
+	}
 	return s
+}
+
+// notFree names why nodes a pending job could use are not free: with a
+// hostfile, each listed host that is not registered, has too few GPUs,
+// runs another job or has no open stream; without, how many registered
+// nodes have too few GPUs.
+func notFree(v *view, spec *pb.JobSpec) string {
+	var why []string
+	if len(spec.Hosts) == 0 {
+		few := 0
+		for _, n := range v.nodes {
+			if n.Gpus < spec.GpusPerNode {
+				few++
+			}
+		}
+		if few > 0 {
+			why = append(why, fmt.Sprintf("%d registered with fewer than %d GPUs", few, spec.GpusPerNode))
+		}
+		return strings.Join(why, "; ")
+	}
+	for _, h := range spec.Hosts {
+		var n *pb.Node
+		for _, x := range v.nodes {
+			if hostIndex([]string{h}, x) == 0 && (n == nil || x.Name < n.Name) {
+				n = x
+			}
+		}
+		switch {
+		case n == nil:
+			why = append(why, h+" is not registered")
+		case n.Gpus < spec.GpusPerNode:
+			why = append(why, fmt.Sprintf("%s has %d GPUs", h, n.Gpus))
+		case v.busy[n.Name] != "" && v.busy[n.Name] != spec.Id:
+			why = append(why, fmt.Sprintf("%s runs job %s", h, v.busy[n.Name]))
+		case !v.connected[n.Name]:
+			why = append(why, h+" has no open stream")
+		}
+	}
+	return strings.Join(why, "; ")
 }
 
 // firstFailure is the rank failure that caused the others, nil when no

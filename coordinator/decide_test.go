@@ -163,6 +163,19 @@ func TestDecideRendezvous(t *testing.T) {
 				return v
 			}(),
 			want: want{phase: pb.JobState_PENDING, reason: "1 of 2 free"}},
+		{name: "a hostfile's hosts not free: each named with why",
+			v: func() *view {
+				v := pool(pending(4, func(s *pb.JobSpec) { s.Hosts = []string{"n0", "n1", "n2", "n3", "n9"}; s.GpusPerNode = 8 }), "n0", "n1", "n2", "n3")
+				v.nodes["n0"].Gpus, v.nodes["n1"].Gpus, v.nodes["n2"].Gpus, v.nodes["n3"].Gpus = 8, 4, 8, 8
+				v.busy["n2"] = "other"
+				delete(v.connected, "n3")
+				return v
+			}(),
+			want: want{phase: pb.JobState_PENDING, reason: "waiting for nodes: 1 of 4 free with 8 GPUs each (4 registered) among hosts n0,n1,n2,n3,n9: " +
+				"n1 has 4 GPUs; n2 runs job other; n3 has no open stream; n9 is not registered", policy: &jobPolicy{PendingSince: ms(t0)}}},
+		{name: "nodes with too few GPUs: counted",
+			v:    pool(pending(2, func(s *pb.JobSpec) { s.GpusPerNode = 8 }), "n0", "n1"),
+			want: want{phase: pb.JobState_PENDING, reason: "0 of 2 free with 8 GPUs each (2 registered): 2 registered with fewer than 8 GPUs"}},
 		{name: "enough: frozen on the nodes in name order",
 			v:    pool(pending(2, nil), "n1", "n0", "n2"),
 			want: want{phase: pb.JobState_RUNNING, gen: "n0,n1", genNum: 1, dp: 2, policy: &jobPolicy{}}},
