@@ -59,7 +59,12 @@ func newVersionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print gpucoord's version and wire-protocol version",
-		Args:  cobra.NoArgs,
+		Long: `version prints this binary's version (its module version, or the VCS
+revision it was built from) and the protocol version agents and
+coordinators speak: every node and coordinator of a cluster must speak the
+same protocol (an agent of another is refused when it registers, naming
+both).`,
+		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			fmt.Fprintf(c.OutOrStdout(), "gpucoord %s (protocol %d)\n", buildVersion(), pb.ProtocolVersion)
 			return nil

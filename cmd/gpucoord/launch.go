@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -354,7 +355,7 @@ func printLaunchPlan(w io.Writer, spec *pb.JobSpec, asJSON bool) error {
 		Order  string          `json:"order"`
 		Nodes  []nodeRow       `json:"nodes"`
 		Groups topology.Groups `json:"groups"`
-	}{Job: spec.Id, World: l.World(), TP: l.TP, PP: l.PP, DP: l.DP, Order: l.Order.String(), Groups: l.Groups()}
+	}{Job: spec.Id, World: l.World(), TP: l.TP, PP: l.PP, DP: l.DP, Order: cmp.Or(spec.Order, l.Order.String()), Groups: l.Groups()}
 	g := int(spec.GpusPerNode)
 	for n := range int(spec.Nodes) {
 		name := fmt.Sprintf("node%d", n)
@@ -378,7 +379,7 @@ func printLaunchPlan(w io.Writer, spec *pb.JobSpec, asJSON bool) error {
 		what = "native engine"
 	}
 	fmt.Fprintf(w, "job %s: %d node%s x %d = %d ranks, tp %d pp %d dp %d, order %s, %s\n",
-		spec.Id, spec.Nodes, plural(int(spec.Nodes)), g, l.World(), l.TP, l.PP, l.DP, l.Order, what)
+		spec.Id, spec.Nodes, plural(int(spec.Nodes)), g, l.World(), l.TP, l.PP, l.DP, doc.Order, what)
 	for _, n := range doc.Nodes {
 		parts := make([]string, len(n.Ranks))
 		for i, r := range n.Ranks {

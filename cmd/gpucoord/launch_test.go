@@ -533,7 +533,7 @@ func TestLaunchDryRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"job d: 2 nodes x 4 = 8 ranks, tp 2 pp 2 dp 2, order tp-dp-pp",
+	for _, s := range []string{"job d: 2 nodes x 4 = 8 ranks, tp 2 pp 2 dp 2, order tp-cp-dp-pp",
 		"node1    r4(tp0 pp1 dp0) r5(tp1 pp1 dp0) r6(tp0 pp1 dp1) r7(tp1 pp1 dp1)",
 		"tp groups: [[0 1] [2 3] [4 5] [6 7]]", "pp groups: [[0 4] [1 5] [2 6] [3 7]]", "dp groups: [[0 2] [1 3] [4 6] [5 7]]"} {
 		if !strings.Contains(out.String(), s) {

@@ -25,7 +25,16 @@ func newStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status --coordinator ADDR [--json]",
 		Short: "Show the pool, the jobs, their generations and the leader",
-		Args:  cobra.NoArgs,
+		Long: `status asks the coordinators (the first that answers) for the pool and
+the jobs: every registered node with its host, GPUs and the job it runs;
+every job with its phase, its current generation (nodes, ranks, layout),
+its last step and committed step, each member's state (alive,
+disconnected, lost), its stragglers and, for a failed job, the failing
+rank's last output. --json prints the same as one JSON object (schema
+gpucoord.status/1, docs/LAUNCH.md).`,
+		Example: `  gpucoord status --coordinator 10.0.0.1:7070,10.0.0.2:7070
+  gpucoord status --coordinator 10.0.0.1:7070 --json | jq '.jobs[] | {id, phase}'`,
+		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if coord == "" {
 				return usageError(errors.New("status needs --coordinator ADDR"))
