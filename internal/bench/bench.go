@@ -188,7 +188,8 @@ func busFactor(op string, n int) float64 {
 }
 
 // ParseSizes reads "4K:64M" (powers of two from 4 KiB to 64 MiB), "1M,16M"
-// or a single size; suffixes K, M, G (and KiB, MiB, GiB) are powers of 1024.
+// or a single size; suffixes K, M, G (and KiB, MiB, GiB, and KB, MB, GB as
+// nccl-tests reads them) are powers of 1024.
 func ParseSizes(s string) ([]int, error) {
 	if lo, hi, ok := strings.Cut(s, ":"); ok {
 		a, err := parseSize(lo)
@@ -225,7 +226,8 @@ func parseSize(s string) (int, error) {
 	for _, u := range []struct {
 		suf string
 		m   int
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}} {
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30},
+		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}} {
 		if strings.HasSuffix(t, u.suf) {
 			t, mul = strings.TrimSuffix(t, u.suf), u.m
 			break
@@ -233,7 +235,7 @@ func parseSize(s string) (int, error) {
 	}
 	v, err := strconv.Atoi(t)
 	if err != nil || v <= 0 {
-		return 0, fmt.Errorf("bench: bad size %q (want e.g. 4096, 4K, 64M)", s)
+		return 0, fmt.Errorf("bench: bad size %q (want e.g. 4096, 4K, 64M, 64MiB)", s)
 	}
 	return v * mul, nil
 }

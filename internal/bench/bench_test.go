@@ -15,6 +15,8 @@ func TestParseSizes(t *testing.T) {
 		{in: "1M,16MiB", want: []int{1 << 20, 16 << 20}},
 		{in: "4096", want: []int{4096}},
 		{in: "1G", want: []int{1 << 30}},
+		{in: "1MB,2KB,1GB", want: []int{1 << 20, 2 << 10, 1 << 30}},
+		{in: "512B", want: []int{512}},
 		{in: "3K:8K", want: []int{3072, 6144}},
 		{in: "64K:4K", wantErr: true},
 		{in: "", wantErr: true},
