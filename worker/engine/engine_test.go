@@ -268,7 +268,9 @@ seed: 3
 		wantErr string
 	}{
 		{"good", good, ""},
-		{"unknown field", good + "epochs: 3\n", "field epochs not found"},
+		{"unknown field", good + "epochs: 3\n", `unknown field "epochs" (known: batch, model, name, optimizer, seed, steps)`},
+		{"unknown model field", strings.Replace(good, "outputs: 3}", "outputs: 3, hiden: 4}", 1),
+			`unknown field "hiden" in model (known: activation, blocks, hidden, loss, outputs, width)`},
 		{"bad activation", strings.Replace(good, "outputs: 3}", "outputs: 3, activation: relu6}", 1), "model.activation"},
 		{"global not multiple", strings.Replace(good, "global: 8", "global: 7", 1), "batch.global 7"},
 		{"no lr", strings.Replace(good, "lr: 0.001", "lr: 0", 1), "optimizer.lr"},

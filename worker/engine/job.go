@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -77,6 +81,59 @@ type AdamSpec struct {
 	Eps float64 `yaml:"eps"`
 }
 
+// unknownField is yaml.v3's line for a field a struct lacks.
+var unknownField = regexp.MustCompile(`line (\d+): field (\S+) not found in type engine\.(\w+)`)
+
+// yamlMessage rewrites yaml.v3's decoding error in the file's terms: an
+// unknown field is named with the section it is in and the fields that
+// section knows, not a Go type.
+func yamlMessage(err error) string {
+	msg := err.Error()
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return msg
+	}
+	var lines []string
+	for _, e := range te.Errors {
+		m := unknownField.FindStringSubmatch(e)
+		if m == nil {
+			lines = append(lines, e)
+			continue
+		}
+		section, known := jobSection(m[3])
+		where := ""
+		if section != "" {
+			where = " in " + section
+		}
+		lines = append(lines, fmt.Sprintf("line %s: unknown field %q%s (known: %s)", m[1], m[2], where, strings.Join(known, ", ")))
+	}
+	return strings.Join(lines, "; ")
+}
+
+// jobSection finds the Job field whose type is named typ: its YAML name
+// ("" for Job itself) and the YAML names of its fields, sorted.
+func jobSection(typ string) (string, []string) {
+	names := func(t reflect.Type) []string {
+		var out []string
+		for i := range t.NumField() {
+			if n, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); n != "" && n != "-" {
+				out = append(out, n)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	jt := reflect.TypeOf(Job{})
+	for i := range jt.NumField() {
+		f := jt.Field(i)
+		if f.Type.Kind() == reflect.Struct && f.Type.Name() == typ {
+			n, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			return n, names(f.Type)
+		}
+	}
+	return "", names(jt)
+}
+
 // ParseJob decodes a job from YAML, rejecting unknown fields, fills
 // defaults, applies edit (command-line overrides; nil for none) and
 // validates the result, so an override can complete a file that lacks a
@@ -89,7 +146,7 @@ func ParseJob(r io.Reader, edit func(*Job)) (*Job, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%w: empty job file", ErrInvalidJob)
 		}
-		return nil, fmt.Errorf("%w: %v", ErrInvalidJob, err)
+		return nil, fmt.Errorf("%w: %s", ErrInvalidJob, yamlMessage(err))
 	}
 	j.fillDefaults()
 	if edit != nil {
