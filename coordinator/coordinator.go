@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -304,7 +305,7 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	m := newMetrics(c.srv, c.leading.Load, &e.requests)
 	c.srv.keepalive = m.keepalive.Observe
 	c.registry = prometheus.NewRegistry()
-	c.registry.MustRegister(m)
+	c.registry.MustRegister(m, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	c.grpc = grpc.NewServer(opts...)
 	pb.RegisterCoordinatorServer(c.grpc, c.srv)
 	return c, nil

@@ -486,7 +486,8 @@ func TestMetricsAndSecrets(t *testing.T) {
 	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
 	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
 	want := []string{"gpucoord_nodes 1", "gpucoord_nodes_busy 1", "gpucoord_leader 1", `gpucoord_job_generation{job="j"} 1`,
-		`gpucoord_jobs{phase="RUNNING"} 1`, "gpucoord_lease_renewal_interval_seconds_count", `gpucoord_etcd_requests_total{method="Txn"}`}
+		`gpucoord_jobs{phase="running"} 1`, "gpucoord_lease_renewal_interval_seconds_count", `gpucoord_etcd_requests_total{method="Txn"}`,
+		"# TYPE gpucoord_job_restarts_total counter", `gpucoord_job_restarts_total{job="j"} 0`, "go_goroutines", "process_resident_memory_bytes"}
 	var body string
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -511,6 +512,24 @@ func TestMetricsAndSecrets(t *testing.T) {
 			t.Fatalf("metrics lack %q:\n%s", missing, body)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	// A job's own series end with it; the phase count keeps it.
+	if _, err := c.Cancel(t.Context(), &pb.CancelRequest{Job: "j", Reason: "done"}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, err := http.Get("http://" + co.MetricsAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), `job="j"`) && strings.Contains(string(b), `gpucoord_jobs{phase="cancelled"} 1`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the job ended, its series stay or it is not counted cancelled:\n%s", b)
+		}
 	}
 	st, err := c.Status(t.Context(), &pb.StatusRequest{})
 	if err != nil {

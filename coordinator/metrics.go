@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,12 +53,12 @@ func newMetrics(s *server, leader func() bool, requests *requestCounter) *metric
 		nodes:     d("nodes", "Nodes registered and alive in the pool."),
 		busy:      d("nodes_busy", "Nodes running a job's generation."),
 		isLeader:  d("leader", "1 when this coordinator is the elected leader."),
-		jobs:      d("jobs", "Jobs by phase.", "phase"),
+		jobs:      d("jobs", "Jobs by phase (pending, running, succeeded, failed, cancelled), ended ones among the last kept.", "phase"),
 		gen:       d("job_generation", "The job's current generation.", "job"),
 		step:      d("job_step", "The last step rank 0 reported.", "job"),
 		stepSecs:  d("job_step_seconds", "Wall time of the last reported step.", "job"),
-		restarts:  d("job_restarts", "Generations after the first (restarts).", "job"),
-		hangs:     d("job_hangs", "Generations that ended because a rank hung (made no progress for the hang timeout).", "job"),
+		restarts:  d("job_restarts_total", "Generations after the first (restarts) of a job not ended.", "job"),
+		hangs:     d("job_hangs_total", "Generations of a job not ended that ended because a rank hung (made no progress for the hang timeout).", "job"),
 		members:   d("job_members", "Nodes in the job's current generation.", "job"),
 		straggler: d("job_straggler_ratio", "A straggling rank's compute time over the median of its generation.", "job", "node", "rank", "gpu"),
 	}
@@ -98,11 +99,14 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	phases := map[pb.JobState_Phase]int{}
 	for _, j := range jobs {
 		phases[j.state.GetPhase()]++
+		if j.terminal() {
+			continue // a job's own series end with it
+		}
 		id := j.spec.Id
 		if j.gen != nil {
 			ch <- prometheus.MustNewConstMetric(m.gen, prometheus.GaugeValue, float64(j.gen.Number), id)
-			ch <- prometheus.MustNewConstMetric(m.restarts, prometheus.GaugeValue, float64(j.gen.Number-1), id)
-			ch <- prometheus.MustNewConstMetric(m.hangs, prometheus.GaugeValue, float64(j.gen.Hangs), id)
+			ch <- prometheus.MustNewConstMetric(m.restarts, prometheus.CounterValue, float64(j.gen.Number-1), id)
+			ch <- prometheus.MustNewConstMetric(m.hangs, prometheus.CounterValue, float64(j.gen.Hangs), id)
 			ch <- prometheus.MustNewConstMetric(m.members, prometheus.GaugeValue, float64(len(j.gen.Members)), id)
 		}
 		for _, s := range j.stragglers.GetRanks() {
@@ -115,7 +119,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	for p, name := range pb.JobState_Phase_name {
 		if p != 0 {
-			ch <- prometheus.MustNewConstMetric(m.jobs, prometheus.GaugeValue, float64(phases[pb.JobState_Phase(p)]), name)
+			ch <- prometheus.MustNewConstMetric(m.jobs, prometheus.GaugeValue, float64(phases[pb.JobState_Phase(p)]), strings.ToLower(name))
 		}
 	}
 }
