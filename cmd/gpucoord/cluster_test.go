@@ -442,7 +442,7 @@ func TestClusterWAN(t *testing.T) {
 	workers := []*proc{b.worker(t, b.Host(2), 2), b.worker(t, b.Host(3), 2)}
 	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2",
 		"--steps", strconv.Itoa(steps), "--json", b.job)
-	if code := p.wait(t, length); code != 0 {
+	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
 	sameLosses(t, losses(t, p.output()), want)
