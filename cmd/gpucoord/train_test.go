@@ -210,7 +210,7 @@ func TestTrainBadInput(t *testing.T) {
 		{[]string{"train", "--schedule", "pipedream", good}, "pipedream"},
 		{[]string{"train", "--zero", "4", good}, "ZeRO stage 4"},
 		{[]string{"train", "--steps", "0", good}, "steps 0"},
-		{[]string{"train", unknown}, "field epochs not found"},
+		{[]string{"train", unknown}, `unknown field "epochs"`},
 		{[]string{"train", filepath.Join(dir, "missing.yaml")}, "no such file"},
 		{[]string{"train"}, "exactly one job file"},
 		{[]string{"train", "--backend", "gloo", good}, `unknown backend "gloo"`},
