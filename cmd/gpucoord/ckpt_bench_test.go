@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -90,11 +89,6 @@ func TestCheckpointCosts(t *testing.T) {
 			}
 		}
 	}
-	median := func(xs []float64) float64 {
-		s := slices.Clone(xs)
-		slices.Sort(s)
-		return s[len(s)/2]
-	}
 	base := median(steps[configs[0].name])
 	var tab strings.Builder
 	fmt.Fprintf(&tab, "| checkpoints | median step | against the last step only |\n|---|---|---|\n")
@@ -133,9 +127,7 @@ func TestCheckpointCosts(t *testing.T) {
 	tab.Reset()
 	fmt.Fprintf(&tab, "| checkpoints | kill to the first step of generation 2 (median) | steps trained again (each run) |\n|---|---|---|\n")
 	for _, k := range kinds {
-		s := slices.Clone(recs[k].resume)
-		slices.Sort(s)
-		fmt.Fprintf(&tab, "| %s | %s | %v |\n", k, s[len(s)/2].Round(time.Millisecond), recs[k].redone)
+		fmt.Fprintf(&tab, "| %s | %s | %v |\n", k, median(recs[k].resume).Round(time.Millisecond), recs[k].redone)
 	}
 	t.Logf("the last rank's host killed at step 35, %d runs:\n%s", runs, tab.String())
 }
@@ -164,16 +156,7 @@ func killLastHost(t *testing.T, args []string) (time.Duration, int) {
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
-	var last, from int
-	for _, line := range strings.Split(p.output(), "\n") {
-		var s launchStep
-		if strings.HasPrefix(line, `{"step"`) && json.Unmarshal([]byte(line), &s) == nil && s.Generation == 1 {
-			last = max(last, s.Step)
-		}
-		if i := strings.Index(line, "resuming after step "); i >= 0 && strings.HasPrefix(line, "generation 2") {
-			from, _ = strconv.Atoi(strings.TrimSuffix(line[i+len("resuming after step "):], ")"))
-		}
-	}
+	last, from := redone(p.output())
 	return resume, last - from
 }
 

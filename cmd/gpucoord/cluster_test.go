@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -148,10 +147,7 @@ func TestClusterNativeJob(t *testing.T) {
 // own names resolve to loopback, without the user naming an interface:
 // every rank ends with the same parameters.
 func TestClusterTorchDDP(t *testing.T) {
-	const py = "/usr/bin/python3"
-	if err := exec.Command(py, "-c", "import torch").Run(); err != nil {
-		t.Fatalf("%s cannot import torch (make deps installs python3-torch): %v", py, err)
-	}
+	py := torchPython(t)
 	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
 	_, workers := b.pool(t)
 	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--", py, b.Install("../../examples/pytorch/ddp.py"))

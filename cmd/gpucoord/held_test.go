@@ -281,8 +281,7 @@ func TestHangPythonRecv(t *testing.T) {
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
-	out := p.output()
-	stacks := out[strings.Index(out, "stacks of the rank that failed:"):]
+	stacks := stacksShown(t, p.output())
 	if !strings.Contains(stacks, "in recv") || !strings.Contains(stacks, "checkpointed.py") {
 		t.Errorf("no Python stack of rank 1 in the receive:\n%.3000s", stacks)
 	}
@@ -318,11 +317,22 @@ func TestHangNativeStopped(t *testing.T) {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
 	out := p.output()
-	stacks := out[strings.Index(out, "stacks of the rank that failed:"):]
+	stacks := stacksShown(t, out)
 	if !strings.Contains(stacks, "goroutine ") || !strings.Contains(stacks, "worker.RunNativeRank") {
 		t.Errorf("no goroutine stacks of rank 3 after the generation line:\n%.3000s", stacks)
 	}
 	sameLosses(t, losses(t, out), want)
+}
+
+// stacksShown is what launch printed from the stacks of the rank that
+// failed (hung) onwards; the test fails when it printed none.
+func stacksShown(t *testing.T, out string) string {
+	t.Helper()
+	i := strings.Index(out, "stacks of the rank that failed:")
+	if i < 0 {
+		t.Fatalf("launch printed no stacks:\n%s", out)
+	}
+	return out[i:]
 }
 
 // processWithEnv finds, among pids, the process whose environment holds

@@ -18,14 +18,21 @@ import (
 
 func init() { subcommands = append(subcommands, newCancelCmd, newFollowCmd) }
 
-// dialCoordinators makes a client of the coordinators coord names
-// (comma-separated), with the credentials auth gives.
-func dialCoordinators(ctx context.Context, coord string, auth *authFlags) (*client.Client, credentials.TransportCredentials, error) {
+// coordinatorsOf splits coord (comma-separated addresses) and gets the
+// credentials auth gives for them.
+func coordinatorsOf(ctx context.Context, coord string, auth *authFlags) ([]string, credentials.TransportCredentials, error) {
 	if coord == "" {
 		return nil, nil, usageError(errors.New("give --coordinator ADDR"))
 	}
 	addrs := strings.Split(coord, ",")
 	creds, err := auth.clientCredentials(ctx, addrs, pki.RoleClient)
+	return addrs, creds, err
+}
+
+// dialCoordinators makes a client of the coordinators coord names, with
+// the credentials auth gives.
+func dialCoordinators(ctx context.Context, coord string, auth *authFlags) (*client.Client, credentials.TransportCredentials, error) {
+	addrs, creds, err := coordinatorsOf(ctx, coord, auth)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -94,12 +101,11 @@ gpucoord cancel ends it.`,
 		Example: `  gpucoord follow job-20261125-101500-a1b2c3 --coordinator 10.0.0.1:7070`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			cl, creds, err := dialCoordinators(c.Context(), coord, &auth)
+			addrs, creds, err := coordinatorsOf(c.Context(), coord, &auth)
 			if err != nil {
 				return err
 			}
-			cl.Close() // the follower makes its own, with its failover report
-			f.addrs, f.creds, f.attach = strings.Split(coord, ","), creds, true
+			f.addrs, f.creds, f.attach = addrs, creds, true
 			f.spec = &pb.JobSpec{Id: args[0]}
 			stdout := &lockedWriter{w: c.OutOrStdout()}
 			f.out, f.progress = stdout, stdout

@@ -128,10 +128,7 @@ func startEnv(t *testing.T, env []string, name string, args ...string) *proc {
 // file torchrun's TORCHELASTIC_ERROR_FILE names) and without it (the
 // traceback's last line).
 func TestLaunchPythonFailureCause(t *testing.T) {
-	const py = "/usr/bin/python3"
-	if err := exec.Command(py, "-c", "import torch").Run(); err != nil {
-		t.Fatalf("%s cannot import torch (make deps installs python3-torch): %v", py, err)
-	}
+	py := torchPython(t)
 	exe := buildBinary(t)
 	for name, prog := range map[string]string{
 		"record": `import os

@@ -156,7 +156,7 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		return nil, errors.New("give exactly one of --standalone and --coordinator ADDR")
 	}
 	if f.standalone && f.hostfile != "" {
-		return nil, fmt.Errorf("--hostfile names the nodes of a cluster (--coordinator ADDR); a --standalone cluster's nodes are node0 to nodeN-1 on this machine: give --nodes and --gpus-per-node")
+		return nil, errors.New("--hostfile names the nodes of a cluster (--coordinator ADDR); a --standalone cluster's nodes are node0 to nodeN-1 on this machine: give --nodes and --gpus-per-node")
 	}
 	if f.standalone && f.detach {
 		return nil, errors.New("--detach needs --coordinator: a --standalone cluster ends with launch")

@@ -363,10 +363,7 @@ func sameParams(t *testing.T, out string, world int) {
 }
 
 func TestLaunchTorchDDP(t *testing.T) {
-	const py = "/usr/bin/python3"
-	if err := exec.Command(py, "-c", "import torch").Run(); err != nil {
-		t.Fatalf("%s cannot import torch (%v): install Debian's python3-torch (make deps)", py, err)
-	}
+	py := torchPython(t)
 	exe := buildBinary(t)
 	p := start(t, exe, "launch", "--standalone", "--nodes", "2", "--gpus-per-node", "2", "--", py, "../../examples/pytorch/ddp.py")
 	if code := p.wait(t, 3*time.Minute); code != 0 {
@@ -747,10 +744,7 @@ func commits(out string) []launchCommit {
 // of one of its two nodes' agents: the job goes on with the other node's
 // ranks from its last step and finishes.
 func TestElasticTorchProgram(t *testing.T) {
-	const py = "/usr/bin/python3"
-	if err := exec.Command(py, "-c", "import torch").Run(); err != nil {
-		t.Fatalf("%s cannot import torch (%v): install Debian's python3-torch (make deps)", py, err)
-	}
+	py := torchPython(t)
 	exe := buildBinary(t)
 	_, addr := coordinatorProc(t, exe)
 	w0, _ := workerProc(t, exe, addr, "w0", 2)
@@ -920,8 +914,18 @@ func TestStragglerEvicted(t *testing.T) {
 // returns the step it resumed after.
 func atMostOneRedone(t *testing.T, out string) int64 {
 	t.Helper()
-	var lastGen1 int
-	resume := -1
+	lastGen1, resume := redone(out)
+	t.Logf("generation 1 reached step %d; generation 2 resumed after step %d", lastGen1, resume)
+	if resume < 1 || lastGen1-resume > 1 {
+		t.Errorf("generation 2 resumed after step %d, generation 1 had reached step %d: want at most 1 step redone", resume, lastGen1)
+	}
+	return int64(resume)
+}
+
+// redone reads launch --json's output: the last step generation 1
+// reported, and the step generation 2 resumed after (-1 for none).
+func redone(out string) (lastGen1, resume int) {
+	resume = -1
 	for _, line := range strings.Split(out, "\n") {
 		var s launchStep
 		if strings.HasPrefix(line, `{"step"`) && json.Unmarshal([]byte(line), &s) == nil && s.Generation == 1 {
@@ -931,9 +935,5 @@ func atMostOneRedone(t *testing.T, out string) int64 {
 			resume, _ = strconv.Atoi(strings.TrimSuffix(line[i+len("resuming after step "):], ")"))
 		}
 	}
-	t.Logf("generation 1 reached step %d; generation 2 resumed after step %d", lastGen1, resume)
-	if resume < 1 || lastGen1-resume > 1 {
-		t.Errorf("generation 2 resumed after step %d, generation 1 had reached step %d: want at most 1 step redone", resume, lastGen1)
-	}
-	return int64(resume)
+	return lastGen1, resume
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -47,15 +48,11 @@ func TestRecoveryTimes(t *testing.T) {
 			rows[name].resume = append(rows[name].resume, r)
 		}
 	}
-	median := func(ds []time.Duration) string {
-		s := slices.Clone(ds)
-		slices.Sort(s)
-		return s[len(s)/2].Round(10 * time.Millisecond).String()
-	}
+	mid := func(ds []time.Duration) string { return median(ds).Round(10 * time.Millisecond).String() }
 	var out strings.Builder
 	fmt.Fprintf(&out, "| fault | detection | first step of the new generation | runs |\n|---|---|---|---|\n")
 	for _, name := range order {
-		fmt.Fprintf(&out, "| %s | %s | %s | %d |\n", name, median(rows[name].detect), median(rows[name].resume), len(rows[name].detect))
+		fmt.Fprintf(&out, "| %s | %s | %s | %d |\n", name, mid(rows[name].detect), mid(rows[name].resume), len(rows[name].detect))
 	}
 	t.Logf("medians, from the fault:\n%s", out.String())
 }
@@ -108,6 +105,13 @@ func recoveryRun(t *testing.T, fault string, oneHost bool) (detect, resume time.
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
 	return detect, resume
+}
+
+// median is the middle of xs (the upper one of an even count).
+func median[T cmp.Ordered](xs []T) T {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // freeze stops pid and every process under it with SIGSTOP.

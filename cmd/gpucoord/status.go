@@ -2,17 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpucoord/gpucoord/client"
-	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
@@ -36,19 +32,9 @@ gpucoord.status/1, docs/LAUNCH.md).`,
   gpucoord status --coordinator 10.0.0.1:7070 --json | jq '.jobs[] | {id, phase}'`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			if coord == "" {
-				return usageError(errors.New("status needs --coordinator ADDR"))
-			}
-			addrs := strings.Split(coord, ",")
-			creds, err := auth.clientCredentials(c.Context(), addrs, pki.RoleClient)
+			cl, creds, err := dialCoordinators(c.Context(), coord, &auth)
 			if err != nil {
 				return err
-			}
-			cfg := client.DefaultConfig()
-			cfg.Coordinators, cfg.Credentials, cfg.Logger = addrs, creds, slog.New(slog.DiscardHandler)
-			cl, err := client.New(cfg)
-			if err != nil {
-				return usageError(err)
 			}
 			defer cl.Close()
 			ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
