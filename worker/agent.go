@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,6 +39,7 @@ import (
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/worker/ckpt"
 	"github.com/gpucoord/gpucoord/worker/progress"
+	"github.com/gpucoord/gpucoord/worker/ranklog"
 )
 
 // Config configures an Agent. Start from DefaultConfig and override fields.
@@ -168,7 +170,9 @@ type Agent struct {
 	poolKeys [][]byte      // the pool's keys in use
 
 	holder   *ckpt.Holder // the checkpoints this node holds; set by Run
-	ckptAddr string       // where peers reach holder
+	ckptAddr string       // where peers and clients reach the node server
+	// output keeps what the ranks print, for launch and gpucoord logs.
+	output *ranklog.Store
 }
 
 // New returns an agent; Run starts it.
@@ -196,8 +200,11 @@ func New(cfg *Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
+	log = log.With("component", "agent", "node", cfg.Name)
+	// Job names never start with a dot: .logs is no job's directory.
+	output := ranklog.New(filepath.Join(cfg.WorkDir, ".logs", cfg.Name), cfg.Name, ranklog.DefaultLimits, log)
 	return &Agent{cfg: cfg, net: nw, instance: hex.EncodeToString(id[:]), renewed: make(chan struct{}, 1),
-		log: log.With("component", "agent", "node", cfg.Name)}, nil
+		log: log, output: output}, nil
 }
 
 // Run registers and serves assignments until ctx ends, then stops its
@@ -213,7 +220,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
-	served, err := a.serveCheckpoints(serveCtx, peer)
+	served, err := a.serveNode(serveCtx, peer)
 	if err != nil {
 		stopServing()
 		return err
@@ -289,12 +296,13 @@ func (a *Agent) credentials(ctx context.Context) (creds credentials.TransportCre
 	}
 }
 
-// serveCheckpoints starts the server of the checkpoints this node holds,
-// on the bind address, with mutual TLS between node certificates (peer)
-// or, without credentials, in plaintext on loopback only (elsewhere the
-// node holds its own files but serves none). The returned channel closes
+// serveNode starts the node server: the checkpoints this node holds, to
+// its peers, and what its ranks print, to users' clients (launch, gpucoord
+// logs). It serves on the bind address, with mutual TLS (pki.PeerTLS) or,
+// without credentials, in plaintext on loopback only (elsewhere the node
+// holds its own files but serves nothing). The returned channel closes
 // when the server has stopped after ctx ends.
-func (a *Agent) serveCheckpoints(ctx context.Context, peer *pki.Credentials) (<-chan struct{}, error) {
+func (a *Agent) serveNode(ctx context.Context, peer *pki.Credentials) (<-chan struct{}, error) {
 	done := make(chan struct{})
 	root := a.cfg.CheckpointRoot
 	if root == "" {
@@ -309,22 +317,25 @@ func (a *Agent) serveCheckpoints(ctx context.Context, peer *pki.Credentials) (<-
 	}
 	a.holder = ckpt.New(root, a.cfg.Name, server, client, a.log)
 	if peer == nil && !net.ParseIP(a.net.Bind).IsLoopback() {
-		a.log.Warn("no credentials: checkpoints are not served to peers off loopback (jobs need a shared --checkpoint-dir)")
+		a.log.Warn("no credentials: neither checkpoints nor rank output are served off loopback (jobs need a shared --checkpoint-dir)")
 		close(done)
 		return done, nil
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(a.net.Bind, "0"))
 	if err != nil {
-		return nil, fmt.Errorf("worker: checkpoint server: %w", err)
+		return nil, fmt.Errorf("worker: node server: %w", err)
 	}
 	a.ckptAddr = net.JoinHostPort(a.net.Host, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	mux := http.NewServeMux()
+	a.holder.Handle(mux)
+	a.output.Handle(mux)
 	go func() {
 		defer close(done)
-		if err := a.holder.Serve(ctx, ln); err != nil {
-			a.log.Error("checkpoint server", "err", err)
+		if err := ckpt.Serve(ctx, ln, server, mux, a.log); err != nil {
+			a.log.Error("node server", "err", err)
 		}
 	}()
-	a.log.Info("holding checkpoints", "dir", root, "addr", a.ckptAddr)
+	a.log.Info("node server", "checkpoints", root, "addr", a.ckptAddr)
 	return done, nil
 }
 
@@ -463,6 +474,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 			a.setPoolKeys(asg.GossipKeys)
 			run.apply(ctx, asg)
 			a.dropHeld(asg.LiveJobs)
+			a.output.Keep(asg.LiveJobs)
 		}
 	}
 }
@@ -778,6 +790,9 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 		log.Error("assignment without this node")
 		return
 	}
+	// However it ends, the generation's output ends here: its followers
+	// stop once they have every line.
+	defer a.output.End(asg.Job, asg.Generation.GetNumber())
 	native := len(asg.Spec.GetCommand()) == 0
 	// A shared checkpoint directory (or the backup tier of held ones) is
 	// checked at every generation: rank 0's node writes a probe there and
@@ -867,15 +882,17 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 	if native {
 		argv = a.cfg.NativeCommand
 	}
-	// Every line a rank prints goes to the agent's output behind the rank's
-	// tag, and its last lines are kept for the report of its failure.
+	// Every line a rank prints goes to the agent's output and to the
+	// node's record of the job's output (ranklog), behind the rank's tag;
+	// its last lines are kept for the report of its failure.
 	var writers []*localproc.LineWriter
 	tails := map[int]*outputTail{}
 	for _, r := range local {
 		tails[r] = &outputTail{}
 	}
+	gen := asg.Generation.GetNumber()
 	tag := func(rank int) io.Writer {
-		out := localproc.NewPrefixWriter(a.cfg.Output, prefix(a.cfg.Name, rank, l), &a.out)
+		pre := prefix(a.cfg.Name, rank, l)
 		w := &localproc.LineWriter{Line: func(b []byte) error {
 			if ctx.Err() != nil {
 				// Stopped (a new generation, a cancel): what the ranks say
@@ -883,7 +900,12 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 				return nil
 			}
 			tails[rank].add(b)
-			return out.Line(b)
+			text := append([]byte(pre), b...)
+			a.output.Line(asg.Job, gen, rank, text)
+			a.out.Lock()
+			defer a.out.Unlock()
+			_, err := a.cfg.Output.Write(text)
+			return err
 		}}
 		writers = append(writers, w)
 		return w

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -149,6 +150,22 @@ func (f *authFlags) clientCredentials(ctx context.Context, addrs []string, role 
 		return nil, usageError(err)
 	}
 	return join.Credentials(ctx, cfg)
+}
+
+// agentTLS is what a client command reads the agents' node servers (rank
+// output) with: mutual TLS as the user on this machine, or nil
+// (plaintext, which only agents on loopback serve) without a token or
+// files. The credentials are those clientCredentials obtained and kept.
+func (f *authFlags) agentTLS(ctx context.Context, addrs []string) (*tls.Config, error) {
+	cfg, err := f.config(addrs, pki.Identity{Role: pki.RoleClient, Name: join.UserAtHost()})
+	if err != nil {
+		return nil, usageError(err)
+	}
+	c, ok, err := join.Load(ctx, cfg)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return pki.AgentTLS(c)
 }
 
 // resolveLogs reads the logging flags of the long-running commands

@@ -14,6 +14,7 @@ import (
 	"github.com/gpucoord/gpucoord/client"
 	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/worker/ranklog"
 )
 
 func init() { subcommands = append(subcommands, newCancelCmd, newFollowCmd) }
@@ -88,7 +89,7 @@ coordinator knows the job.`,
 
 func newFollowCmd() *cobra.Command {
 	f := &follower{}
-	var coord string
+	var coord, output string
 	var auth authFlags
 	cmd := &cobra.Command{
 		Use:   "follow JOB --coordinator ADDR [--json]",
@@ -105,18 +106,27 @@ gpucoord cancel ends it.`,
 			if err != nil {
 				return err
 			}
+			if err := validOutput(output); err != nil {
+				return usageError(err)
+			}
+			agents, err := auth.agentTLS(c.Context(), addrs)
+			if err != nil {
+				return err
+			}
 			f.addrs, f.creds, f.attach = addrs, creds, true
 			f.spec = &pb.JobSpec{Id: args[0]}
-			stdout := &lockedWriter{w: c.OutOrStdout()}
+			stdout, stderr := &lockedWriter{w: c.OutOrStdout()}, &lockedWriter{w: c.ErrOrStderr()}
 			f.out, f.progress = stdout, stdout
 			if f.json {
-				f.progress = &lockedWriter{w: c.ErrOrStderr()}
+				f.progress = stderr
 			}
+			f.output = newRankOutput(output, args[0], ranklog.NewClient(agents), rankLines(stdout, stderr, f.json), f.progress)
 			return f.run(c.Context())
 		},
 	}
 	cmd.Flags().StringVar(&coord, "coordinator", "", "coordinator addresses, comma-separated")
 	cmd.Flags().BoolVar(&f.json, "json", false, "print each step as a JSON line, as launch --json does (other output goes to stderr)")
+	cmd.Flags().StringVar(&output, "output", outputAll, "the ranks' output to show, from the current generation's start: all, rank0 or failed")
 	auth.register(cmd)
 	return cmd
 }

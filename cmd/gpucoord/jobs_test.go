@@ -154,3 +154,55 @@ if os.environ["RANK"] == "1":
 		})
 	}
 }
+
+// TestLaunchOutput: in coordinator mode every rank's lines reach launch
+// behind their tags, after the generation's line (--output all), rank 0's
+// alone (rank0), or only a failed rank's last lines (failed); gpucoord logs
+// reads a rank's lines back from its agent.
+func TestLaunchOutput(t *testing.T) {
+	exe := buildBinary(t)
+	_, addr := coordinatorProc(t, exe)
+	workerProc(t, exe, addr, "w0", 2)
+	launch := func(id, output, script string) (int, string) {
+		p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "1", "--gpus-per-node", "2", "--job-id", id, "--output", output,
+			"--", "/bin/sh", "-c", script)
+		code := p.wait(t, time.Minute)
+		return code, p.output()
+	}
+	code, out := launch("out", "all", `echo hello $RANK; echo oops $RANK >&2`)
+	gen := strings.Index(out, "generation 1: 1 node (w0)")
+	for _, want := range []string{"[w0 r0 tp0 pp0 dp0] hello 0\n", "[w0 r0 tp0 pp0 dp0] oops 0\n", "[w0 r1 tp0 pp0 dp1] hello 1\n", "[w0 r1 tp0 pp0 dp1] oops 1\n"} {
+		if i := strings.Index(out, want); code != 0 || gen < 0 || i < gen {
+			t.Errorf("launch --output all exited %d; %q is not after the generation's line:\n%s", code, want, out)
+		}
+	}
+	code, out = launch("out0", "rank0", `echo hello $RANK`)
+	if code != 0 || !strings.Contains(out, "[w0 r0 tp0 pp0 dp0] hello 0\n") || strings.Contains(out, "hello 1") {
+		t.Errorf("launch --output rank0 exited %d, want rank 0's line alone:\n%s", code, out)
+	}
+	code, out = launch("outf", "failed", `echo before $RANK; if [ $RANK = 1 ]; then exit 3; fi`)
+	if code != 3 || strings.Contains(out, "] before") || !strings.Contains(out, "last output of rank 1 on w0:\n  before 1") {
+		t.Errorf("launch --output failed exited %d, want 3 with rank 1's last line alone:\n%s", code, out)
+	}
+	logs := func(args ...string) (int, string) {
+		p := start(t, exe, append([]string{"logs", "--coordinator", addr}, args...)...)
+		code := p.wait(t, time.Minute)
+		return code, p.output()
+	}
+	if code, out := logs("out", "--rank", "1"); code != 0 || out != "[w0 r1 tp0 pp0 dp1] hello 1\n[w0 r1 tp0 pp0 dp1] oops 1\n" &&
+		out != "[w0 r1 tp0 pp0 dp1] oops 1\n[w0 r1 tp0 pp0 dp1] hello 1\n" {
+		t.Errorf("logs --rank 1 exited %d:\n%s", code, out)
+	}
+	if code, out := logs("out"); code != 0 || strings.Count(out, "\n") != 4 || !strings.HasPrefix(out, "[w0 r0 ") || !strings.HasSuffix(out, "1\n") {
+		t.Errorf("logs exited %d, want rank 0's lines then rank 1's:\n%s", code, out)
+	}
+	if code, out := logs("nosuch"); code != 1 || !strings.Contains(out, "no job nosuch: gpucoord status lists the jobs") {
+		t.Errorf("logs of an unknown job exited %d:\n%s", code, out)
+	}
+	if code, out := logs("out", "--rank", "5"); code != 1 || !strings.Contains(out, "no node holds a log of rank 5 of job out") {
+		t.Errorf("logs of a rank without lines exited %d:\n%s", code, out)
+	}
+	if code, out := launch("bad", "some", "true"); code != 2 || !strings.Contains(out, `--output "some": want all, rank0 or failed`) {
+		t.Errorf("launch --output some exited %d:\n%s", code, out)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -33,6 +34,7 @@ import (
 	"github.com/gpucoord/gpucoord/topology"
 	"github.com/gpucoord/gpucoord/worker"
 	"github.com/gpucoord/gpucoord/worker/engine"
+	"github.com/gpucoord/gpucoord/worker/ranklog"
 )
 
 func init() { subcommands = append(subcommands, newLaunchCmd) }
@@ -48,6 +50,7 @@ type launchFlags struct {
 	seed                           uint64
 	json, dryRun, detach, verbose  bool
 	hostfile, jobID, dataDir       string
+	output                         string
 	rendezvous, lastCall           time.Duration
 	maxRestarts                    int
 	env                            []string
@@ -145,6 +148,7 @@ with that rank named.`,
 	fl.IntVar(&f.backupEvery, "backup-every", 0, "with --checkpoint-backup: copy every this many steps there (default 10)")
 	fl.DurationVar(&f.hangTimeout, "hang-timeout", 0, "a rank with no progress line (step, checkpoint, heartbeat) for this long is hung: its stacks are captured and the generation restarts (default 10x the median step time, at least 30s)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE added to every rank's environment (repeatable)")
+	fl.StringVar(&f.output, "output", outputAll, "the ranks' output to show: all (each line behind its rank's tag), rank0, or failed (the last lines of a rank that fails)")
 	fl.StringVar(&f.workdir, "workdir", "", "directory the ranks start in; must exist on every node (default: this directory)")
 	f.auth.register(cmd)
 	return cmd
@@ -160,6 +164,9 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 	}
 	if f.standalone && f.detach {
 		return nil, errors.New("--detach needs --coordinator: a --standalone cluster ends with launch")
+	}
+	if err := validOutput(f.output); err != nil {
+		return nil, err
 	}
 	var err error
 	id := f.jobID
@@ -430,7 +437,7 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 		if logPath != "" {
 			fmt.Fprintf(progress, "logs of the standalone cluster: %s\n", logPath)
 		}
-		cl, err := startStandalone(context.WithoutCancel(ctx), int(spec.Nodes), int(spec.GpusPerNode), f.dataDir, progress, logs)
+		cl, err := startStandalone(context.WithoutCancel(ctx), int(spec.Nodes), int(spec.GpusPerNode), f.dataDir, logs)
 		if err != nil {
 			return err
 		}
@@ -438,14 +445,30 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 		addrs = []string{cl.addr}
 	}
 	var creds credentials.TransportCredentials
+	var agents *tls.Config
 	if !f.standalone {
 		var err error
 		if creds, err = f.auth.clientCredentials(ctx, addrs, pki.RoleClient); err != nil {
 			return err
 		}
+		if agents, err = f.auth.agentTLS(ctx, addrs); err != nil {
+			return err
+		}
 	}
 	fl := &follower{addrs: addrs, creds: creds, spec: spec, out: stdout, progress: progress, json: f.json, detach: f.detach}
+	if !f.detach {
+		fl.output = newRankOutput(f.output, spec.Id, ranklog.NewClient(agents), rankLines(stdout, stderr, f.json), progress)
+	}
 	return fl.run(ctx)
+}
+
+// rankLines is where the ranks' lines go: stdout, or stderr when stdout
+// carries JSON.
+func rankLines(stdout, stderr io.Writer, asJSON bool) io.Writer {
+	if asJSON {
+		return stderr
+	}
+	return stdout
 }
 
 // outputKind names what a failed rank's output is: its stacks when it
@@ -501,7 +524,7 @@ func standaloneLog(job string, verbose bool, stderr io.Writer) (io.Writer, func(
 	return &lockedWriter{w: fl}, fl.Close, path, nil
 }
 
-func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, output, logs io.Writer) (*standalone, error) {
+func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, logs io.Writer) (*standalone, error) {
 	tmp, err := os.MkdirTemp("", "gpucoord-standalone-")
 	if err != nil {
 		return nil, err
@@ -543,7 +566,9 @@ func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, outpu
 	for n := range nodes {
 		wc := worker.DefaultConfig()
 		wc.Coordinators, wc.Name, wc.Host, wc.GPUs = []string{co.Addr()}, fmt.Sprintf("node%d", n), "127.0.0.1", gpus
-		wc.NativeCommand, wc.WorkDir, wc.Output, wc.Logger, wc.Version = []string{exe, rankCmd}, tmp+"/work", output, log, buildVersion()
+		// launch shows the ranks' output as it does a cluster's: read from
+		// the agents, in order after its own lines.
+		wc.NativeCommand, wc.WorkDir, wc.Output, wc.Logger, wc.Version = []string{exe, rankCmd}, tmp+"/work", io.Discard, log, buildVersion()
 		wc.CheckpointRoot = filepath.Join(held, wc.Name)
 		a, err := worker.New(wc)
 		if err != nil {
@@ -577,6 +602,8 @@ type follower struct {
 	detach        bool // submit and return (launch --detach)
 	steps         int  // a native job's total steps
 	started       time.Time
+	// output shows the ranks' lines; nil shows none.
+	output *rankOutput
 
 	// mu guards what show records: the ticker of a program's job reads it.
 	mu         sync.Mutex
@@ -608,6 +635,11 @@ func (f *follower) run(ctx context.Context) error {
 		return err
 	}
 	st, err := f.follow(ctx, cl)
+	if ctx.Err() != nil {
+		f.output.drain(0)
+	} else {
+		f.output.drain(drainFor)
+	}
 	switch {
 	case ctx.Err() != nil && f.attach:
 		return &exitError{code: exitInterrupted, err: fmt.Errorf("stopped following job %s, which goes on (gpucoord cancel %s ends it)", f.spec.Id, f.spec.Id)}
@@ -785,6 +817,7 @@ func (f *follower) show(ev *pb.JobEvent) error {
 			line += fmt.Sprintf(" (%s; starting over from step 1: no checkpoint was committed)", g.Reason)
 		}
 		fmt.Fprintln(f.progress, line)
+		f.output.generation(g)
 		if g.Output != "" {
 			fmt.Fprintf(f.progress, "  %s of the rank that failed:\n%s\n", outputKind(g.Hangs > f.hangs), indent(g.Output, "    "))
 		}

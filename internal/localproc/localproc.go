@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 
@@ -284,16 +283,4 @@ func (w *LineWriter) Flush() error {
 	err := w.Line(append(w.buf, '\n'))
 	w.buf = nil
 	return err
-}
-
-// NewPrefixWriter returns a writer that writes each line to w behind
-// prefix. Writers sharing mu serialise their lines, so lines of different
-// ranks never interleave inside a line.
-func NewPrefixWriter(w io.Writer, prefix string, mu *sync.Mutex) *LineWriter {
-	return &LineWriter{Line: func(line []byte) error {
-		mu.Lock()
-		defer mu.Unlock()
-		_, err := io.WriteString(w, prefix+string(line))
-		return err
-	}}
 }

@@ -201,11 +201,12 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
-func TestPrefixWriter(t *testing.T) {
+func TestLineWriter(t *testing.T) {
 	var out strings.Builder
-	var mu sync.Mutex
-	a := NewPrefixWriter(&out, "[a] ", &mu)
-	b := NewPrefixWriter(&out, "[b] ", &mu)
+	tagged := func(tag string) *LineWriter {
+		return &LineWriter{Line: func(b []byte) error { out.WriteString(tag + string(b)); return nil }}
+	}
+	a, b := tagged("[a] "), tagged("[b] ")
 	a.Write([]byte("one\ntw"))
 	b.Write([]byte("x\n"))
 	a.Write([]byte("o\nthree"))

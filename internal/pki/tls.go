@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -236,21 +238,56 @@ func verifyByHash(cs tls.ConnectionState, caHash string) ([]byte, error) {
 	return nil, fmt.Errorf("the coordinator's CA is not the one the join token names (sha256 %s...): wrong coordinator, or a token of another cluster", caHash[:12])
 }
 
-// PeerTLS is the mutual TLS between nodes (an agent serving the
-// checkpoints it holds, and its peers fetching them): each side presents
-// its node certificate and accepts only a node certificate of c's CA. The
-// peer's identity is in the connection state, for the handler to check
-// what that node may do.
+// PeerTLS is the mutual TLS of an agent's node server: between nodes (an
+// agent serving the checkpoints it holds, and its peers fetching them) and
+// from users' clients reading rank output (AgentTLS). Each side presents
+// its certificate and accepts only one of c's CA: the server a node's, a
+// client's or an admin's, a node's client a node's. The peer's identity is
+// in the connection state, for the handler to check what it may do.
 func PeerTLS(c Credentials) (server, client *tls.Config, err error) {
-	pair, err := c.leaf()
+	pair, roots, err := c.pairAndRoots()
 	if err != nil {
 		return nil, nil, err
+	}
+	server = &tls.Config{Certificates: []tls.Certificate{pair}, ClientAuth: tls.RequireAnyClientCert,
+		MinVersion: tls.VersionTLS13, VerifyConnection: verifyPeer(roots, RoleNode, RoleClient, RoleAdmin)}
+	return server, nodeClient(pair, roots), nil
+}
+
+// AgentTLS is the TLS a user's client (c's identity) reads an agent's
+// node server with: it accepts only a node certificate of c's CA.
+func AgentTLS(c Credentials) (*tls.Config, error) {
+	pair, roots, err := c.pairAndRoots()
+	if err != nil {
+		return nil, err
+	}
+	return nodeClient(pair, roots), nil
+}
+
+func (c Credentials) pairAndRoots() (tls.Certificate, *x509.CertPool, error) {
+	pair, err := c.leaf()
+	if err != nil {
+		return tls.Certificate{}, nil, err
 	}
 	roots, err := pool(c.CA)
 	if err != nil {
-		return nil, nil, err
+		return tls.Certificate{}, nil, err
 	}
-	verify := func(cs tls.ConnectionState) error {
+	return pair, roots, nil
+}
+
+// nodeClient dials node servers: the chain is verified by verifyPeer,
+// against the cluster's CA, and by identity rather than by the address
+// dialled.
+func nodeClient(pair tls.Certificate, roots *x509.CertPool) *tls.Config {
+	return &tls.Config{Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true,
+		MinVersion: tls.VersionTLS13, VerifyConnection: verifyPeer(roots, RoleNode)}
+}
+
+// verifyPeer accepts a peer whose certificate roots issued for one of
+// roles.
+func verifyPeer(roots *x509.CertPool, roles ...string) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
 			return errors.New("the peer presented no certificate")
 		}
@@ -259,8 +296,8 @@ func PeerTLS(c Credentials) (server, client *tls.Config, err error) {
 			inter.AddCert(ca)
 		}
 		leaf := cs.PeerCertificates[0]
-		// Node certificates are issued for client authentication: both
-		// sides of a peer connection present one.
+		// Node certificates are issued for client authentication (both
+		// sides of a peer connection present one), as are users'.
 		if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 			return fmt.Errorf("the peer's certificate: %w", err)
 		}
@@ -268,18 +305,11 @@ func PeerTLS(c Credentials) (server, client *tls.Config, err error) {
 		if err != nil {
 			return err
 		}
-		if id.Role != RoleNode {
-			return fmt.Errorf("the peer is %s, not a node", id)
+		if !slices.Contains(roles, id.Role) {
+			return fmt.Errorf("the peer is %s, not a %s", id, strings.Join(roles, " or "))
 		}
 		return nil
 	}
-	server = &tls.Config{Certificates: []tls.Certificate{pair}, ClientAuth: tls.RequireAnyClientCert,
-		MinVersion: tls.VersionTLS13, VerifyConnection: verify}
-	// The chain is verified by verify, against the cluster's CA, and by
-	// identity rather than by the address dialled.
-	client = &tls.Config{Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true,
-		MinVersion: tls.VersionTLS13, VerifyConnection: verify}
-	return server, client, nil
 }
 
 // PeerIdentity is the identity of the peer of a connection PeerTLS

@@ -294,19 +294,34 @@ func (h *Holder) url(addr, job, src string, step, gen int64) string {
 // that this node holds, PUT a replica of the caller's own files. Plaintext
 // is served only on a loopback listener.
 func (h *Holder) Serve(ctx context.Context, ln net.Listener) error {
-	if h.server == nil {
+	mux := http.NewServeMux()
+	h.Handle(mux)
+	return Serve(ctx, ln, h.server, mux, h.log)
+}
+
+// Handle serves the checkpoints h holds on mux, to nodes alone:
+//
+//	GET /v1/jobs/{job}/nodes/{node}/steps/{step}  a step of node's files
+//	PUT /v1/jobs/{job}/nodes/{node}/steps/{step}  a replica of the caller's
+func (h *Holder) Handle(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/jobs/{job}/nodes/{node}/steps/{step}", h.get)
+	mux.HandleFunc("PUT /v1/jobs/{job}/nodes/{node}/steps/{step}", h.put)
+}
+
+// Serve serves handler on ln until ctx ends: an agent's node server, over
+// mutual TLS with server (pki.PeerTLS), or in plaintext when server is nil,
+// which only a loopback listener takes.
+func Serve(ctx context.Context, ln net.Listener, server *tls.Config, handler http.Handler, log *slog.Logger) error {
+	if server == nil {
 		if ap, ok := ln.Addr().(*net.TCPAddr); !ok || !ap.IP.IsLoopback() {
 			ln.Close()
 			return fmt.Errorf("ckpt: plaintext on %s: peers off loopback need mutual TLS (a join token or TLS files)", ln.Addr())
 		}
 	} else {
-		ln = tls.NewListener(ln, h.server)
+		ln = tls.NewListener(ln, server)
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/jobs/{job}/nodes/{node}/steps/{step}", h.get)
-	mux.HandleFunc("PUT /v1/jobs/{job}/nodes/{node}/steps/{step}", h.put)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute,
-		ErrorLog: slog.NewLogLogger(h.log.Handler(), slog.LevelDebug)}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -321,12 +336,27 @@ func (h *Holder) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
+// fromNode checks that a request over TLS comes from a node (the node
+// server also answers users' clients, for rank output): its identity, or
+// false after answering 403.
+func (h *Holder) fromNode(w http.ResponseWriter, r *http.Request) (pki.Identity, bool) {
+	if h.server == nil {
+		return pki.Identity{}, true
+	}
+	id, err := pki.PeerIdentity(r.TLS)
+	if err != nil || id.Role != pki.RoleNode {
+		http.Error(w, fmt.Sprintf("checkpoints are served to nodes alone, not to %s", id), http.StatusForbidden)
+		return id, false
+	}
+	return id, true
+}
+
 // target reads and checks a request's job, node and step.
 func (h *Holder) target(w http.ResponseWriter, r *http.Request) (job, node string, step int64, ok bool) {
 	job, node = r.PathValue("job"), r.PathValue("node")
 	step, err := strconv.ParseInt(r.PathValue("step"), 10, 64)
 	switch {
-	case !safeName(job) || !safeName(node):
+	case !SafeName(job) || !SafeName(node):
 		http.Error(w, "bad job or node name", http.StatusBadRequest)
 	case err != nil || step < 0:
 		http.Error(w, "bad step", http.StatusBadRequest)
@@ -339,6 +369,9 @@ func (h *Holder) target(w http.ResponseWriter, r *http.Request) (job, node strin
 func (h *Holder) get(w http.ResponseWriter, r *http.Request) {
 	job, src, step, ok := h.target(w, r)
 	if !ok {
+		return
+	}
+	if _, ok := h.fromNode(w, r); !ok {
 		return
 	}
 	dir := h.stepDir(job, src, step)
@@ -360,12 +393,13 @@ func (h *Holder) put(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if h.server != nil {
-		id, err := pki.PeerIdentity(r.TLS)
-		if err != nil || id.Name != src {
-			http.Error(w, fmt.Sprintf("a node sends only its own files (%s is not %s)", id.Name, src), http.StatusForbidden)
-			return
-		}
+	id, ok := h.fromNode(w, r)
+	if !ok {
+		return
+	}
+	if h.server != nil && id.Name != src {
+		http.Error(w, fmt.Sprintf("a node sends only its own files (%s is not %s)", id.Name, src), http.StatusForbidden)
+		return
 	}
 	if src == h.node {
 		http.Error(w, "a node does not replicate to itself", http.StatusBadRequest)
@@ -404,8 +438,9 @@ func (h *Holder) put(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// safeName is a job or node name usable as one path element.
-func safeName(s string) bool {
+// SafeName says whether s, a job or node name, is usable as one path
+// element.
+func SafeName(s string) bool {
 	return s != "" && len(s) <= 253 && s != "." && s != ".." && !strings.ContainsAny(s, "/\\\x00") && !strings.HasPrefix(s, ".")
 }
 

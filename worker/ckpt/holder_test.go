@@ -171,8 +171,9 @@ func keys(m map[string]string) []string {
 	return out
 }
 
-// TestStrangers: a node of another CA, or a client certificate, is refused
-// by TLS; plaintext serving is refused off loopback.
+// TestStrangers: a node of another CA is refused by TLS, a client's
+// certificate by the holder (the node server shows clients rank output
+// alone); plaintext serving is refused off loopback.
 func TestStrangers(t *testing.T) {
 	ca, caPEM := newCA(t)
 	c := credentials(t, ca, caPEM, pki.Identity{Role: pki.RoleNode, Name: "b"})

@@ -1,0 +1,178 @@
+package ranklog
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpucoord/gpucoord/worker/ckpt"
+)
+
+// Handle serves s on mux:
+//
+//	GET /v1/jobs/{job}/output?generation=N[&rank=R]
+//	    generation N's lines as they come, until it ends on this node
+//	GET /v1/jobs/{job}/logs[?rank=R]
+//	    the rank's log file (every rank's this node holds, by rank)
+//
+// rank is a global rank; without it every rank of the node is shown.
+func (s *Store) Handle(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/jobs/{job}/output", s.serveOutput)
+	mux.HandleFunc("GET /v1/jobs/{job}/logs", s.serveLogs)
+}
+
+// target reads a request's job and rank (-1: all).
+func target(w http.ResponseWriter, r *http.Request) (job string, rank int, ok bool) {
+	job, rank = r.PathValue("job"), -1
+	if !ckpt.SafeName(job) {
+		http.Error(w, "bad job name", http.StatusBadRequest)
+		return "", 0, false
+	}
+	if v := r.URL.Query().Get("rank"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			http.Error(w, "bad rank "+strconv.Quote(v), http.StatusBadRequest)
+			return "", 0, false
+		}
+		rank = n
+	}
+	return job, rank, true
+}
+
+func (s *Store) serveOutput(w http.ResponseWriter, r *http.Request) {
+	job, rank, ok := target(w, r)
+	if !ok {
+		return
+	}
+	gen, err := strconv.ParseInt(r.URL.Query().Get("generation"), 10, 64)
+	if err != nil || gen < 1 {
+		http.Error(w, "bad generation", http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	flush := func() { rc.Flush() }
+	s.follow(w, flush, job, gen, rank, r.Context().Done())
+}
+
+func (s *Store) serveLogs(w http.ResponseWriter, r *http.Request) {
+	job, rank, ok := target(w, r)
+	if !ok {
+		return
+	}
+	// The files are read into memory first (a few MiB at most): a missing
+	// log is a 404, not an empty 200.
+	var sb strings.Builder
+	found, err := s.logs(&sb, job, rank)
+	switch {
+	case err != nil:
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	case !found:
+		http.Error(w, fmt.Sprintf("node %s holds no log of job %s", s.node, job), http.StatusNotFound)
+	default:
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		io.WriteString(w, sb.String())
+	}
+}
+
+// ErrNone is what Client.Logs returns when the node holds no log of the
+// job (or of the rank).
+var ErrNone = errors.New("no log here")
+
+// Client reads the output nodes serve.
+type Client struct {
+	http   *http.Client
+	scheme string
+}
+
+// NewClient reads over mutual TLS with tc, or in plaintext when tc is nil
+// (agents serve plaintext on loopback only).
+func NewClient(tc *tls.Config) *Client {
+	scheme := "https"
+	if tc == nil {
+		scheme = "http"
+	}
+	tr := &http.Transport{TLSClientConfig: tc, ResponseHeaderTimeout: 10 * time.Second, ForceAttemptHTTP2: false}
+	return &Client{http: &http.Client{Transport: tr}, scheme: scheme}
+}
+
+// Close drops the client's idle connections.
+func (c *Client) Close() { c.http.CloseIdleConnections() }
+
+func (c *Client) url(addr, job, what string, q url.Values) string {
+	u := url.URL{Scheme: c.scheme, Host: addr, Path: "/v1/jobs/" + job + "/" + what, RawQuery: q.Encode()}
+	return u.String()
+}
+
+func (c *Client) get(ctx context.Context, u string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusNotFound {
+			return nil, ErrNone
+		}
+		return nil, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	return resp, nil
+}
+
+// Follow hands each line generation gen's ranks on the node at addr print
+// (rank's alone when rank >= 0) to line, until the generation ends there
+// or ctx ends.
+func (c *Client) Follow(ctx context.Context, addr, job string, gen int64, rank int, line func([]byte)) error {
+	q := url.Values{"generation": {strconv.FormatInt(gen, 10)}}
+	if rank >= 0 {
+		q.Set("rank", strconv.Itoa(rank))
+	}
+	resp, err := c.get(ctx, c.url(addr, job, "output", q))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for {
+		b, err := br.ReadBytes('\n')
+		if len(b) > 0 {
+			line(b)
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// Logs copies the log files of job's ranks (rank's alone when rank >= 0)
+// the node at addr holds to w; ErrNone when it holds none.
+func (c *Client) Logs(ctx context.Context, addr, job string, rank int, w io.Writer) error {
+	q := url.Values{}
+	if rank >= 0 {
+		q.Set("rank", strconv.Itoa(rank))
+	}
+	resp, err := c.get(ctx, c.url(addr, job, "logs", q))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
