@@ -20,7 +20,7 @@ demo: ## Run the main job on the embedded default: launch --standalone of the na
 
 .PHONY: plan-demo
 plan-demo: ## The planner's worked example: gpt-13b on 32 H100s (tp 8, pp 4, ZeRO 1)
-	$(GO) run ./cmd/gpucoord plan --cluster examples/clusters/dgx-h100-32.yaml --model gpt-13b --tp 8 --pp 4 --zero 1
+	$(GO) run ./cmd/gpucoord plan --cluster examples/clusters/dgx-h100-32.yaml --model gpt-13b --tp 8 --pp 4 --zero 1 --global-batch 16
 
 .PHONY: deps
 deps: ## Install the Debian packages the tests use (etcd-server, python3-torch) when missing

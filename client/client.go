@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpucoord/gpucoord/internal/backoff"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
@@ -45,7 +46,7 @@ func New(cfg *Config) (*Client, error) {
 	}
 	c.log = c.log.With("component", "client")
 	for _, addr := range c.cfg.Coordinators {
-		cc, err := pb.Dial(addr, cfg.Credentials)
+		cc, err := pb.Dial(addr, cfg.Credentials, cfg.ConnectTimeout)
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("coordinator %q: %w", addr, err)
@@ -157,7 +158,7 @@ func (c *Client) Follow(ctx context.Context, job string, fn func(*pb.JobEvent) e
 			return nil, fmt.Errorf("%w for %s at %s: %w", ErrUnreachable, c.cfg.FollowTimeout, strings.Join(c.cfg.Coordinators, ","), broke)
 		}
 		c.failover("Follow", broke)
-		if err := c.pause(ctx); err != nil {
+		if err := c.pause(ctx, 0); err != nil {
 			return nil, err
 		}
 	}
@@ -208,17 +209,22 @@ func (c *Client) followAt(ctx context.Context, i int, f *follow) (*pb.JobState, 
 }
 
 // call runs a unary RPC, starting at the coordinator that answered last
-// and moving to the next after a fault, for Config.Rounds passes.
+// and moving to the next after a fault, for Config.Rounds passes with a
+// growing pause between passes. When none answered, the error is an
+// *UnreachableError saying what each one's last attempt met.
 func (c *Client) call(ctx context.Context, method string, rpc func(context.Context, pb.CoordinatorClient) error) error {
 	if c.closed.Load() {
 		return ErrClosed
 	}
 	n, first := len(c.rpcs), c.first()
 	var last *Error
+	faults := make([]string, n)
 	for a := range c.cfg.Rounds * n {
 		if a > 0 {
 			c.failover(method, last)
-			if err := c.pause(ctx); err != nil {
+		}
+		if a > 0 && a%n == 0 {
+			if err := c.pause(ctx, a/n-1); err != nil {
 				return err
 			}
 		}
@@ -240,8 +246,9 @@ func (c *Client) call(ctx context.Context, method string, rpc func(context.Conte
 			c.last.Store(int64(i)) // it answered
 			return last
 		}
+		faults[i] = describe(last.Status, c.cfg.ConnectTimeout, c.cfg.CallTimeout)
 	}
-	return fmt.Errorf("%w at %s: %w", ErrUnreachable, strings.Join(c.cfg.Coordinators, ","), last)
+	return &UnreachableError{Addrs: c.cfg.Coordinators, Faults: faults, Last: last}
 }
 
 // first is the index of the coordinator a call starts at.
@@ -260,9 +267,10 @@ func (c *Client) failover(method string, err *Error) {
 	}
 }
 
-// pause waits Config.RetryInterval, or until ctx ends.
-func (c *Client) pause(ctx context.Context) error {
-	t := time.NewTimer(c.cfg.RetryInterval)
+// pause waits before retry number attempt (backoff from
+// Config.RetryInterval), or until ctx ends.
+func (c *Client) pause(ctx context.Context, attempt int) error {
+	t := time.NewTimer(backoff.Next(attempt, c.cfg.RetryInterval, MaxRetryInterval))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"slices"
@@ -275,6 +276,49 @@ func TestSubmitUnreachable(t *testing.T) {
 	}
 	if a.count("Submit") != 2 || b.count("Submit") != 2 || len(*failovers) != 3 {
 		t.Errorf("tries %d and %d, %d failovers; want 2, 2 and 3", a.count("Submit"), b.count("Submit"), len(*failovers))
+	}
+}
+
+// TestUnreachableSays: when no coordinator answers, the error names each
+// one with what it met, in a few words: a port that takes connections and
+// never answers (within ConnectTimeout), a refused connection; a silent
+// coordinator is passed over for one that answers.
+func TestUnreachableSays(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		var conns []net.Conn // held open, unread, until the listener closes
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	dead := deadAddr(t)
+	c, _ := newClient(t, []string{silent.Addr().String(), dead}, func(cfg *client.Config) {
+		cfg.ConnectTimeout, cfg.Rounds = 300*time.Millisecond, 2
+	})
+	_, err = c.Status(t.Context())
+	var ue *client.UnreachableError
+	want := fmt.Sprintf("no coordinator answered at %s (no answer within 300ms), %s (connection refused)", silent.Addr(), dead)
+	if !errors.As(err, &ue) || !errors.Is(err, client.ErrUnreachable) || err.Error() != want {
+		t.Errorf("err = %v, want %q", err, want)
+	}
+	good := &fake{}
+	addr, _ := serve(t, good)
+	c, failovers := newClient(t, []string{silent.Addr().String(), addr}, func(cfg *client.Config) { cfg.ConnectTimeout = 300 * time.Millisecond })
+	if _, err := c.Status(t.Context()); err != nil || len(*failovers) != 1 || (*failovers)[0].Addr != silent.Addr().String() {
+		t.Errorf("Status past a silent coordinator: %v, failovers %v", err, *failovers)
 	}
 }
 

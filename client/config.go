@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/credentials"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // Config configures a Client. Start from DefaultConfig, set Coordinators
@@ -21,8 +23,13 @@ type Config struct {
 	// a client identity (see the join token commands), or nil for a
 	// coordinator on loopback that serves plaintext.
 	Credentials credentials.TransportCredentials
-	// RetryInterval is the pause before a call tries the next coordinator
-	// after a fault.
+	// ConnectTimeout is how long a coordinator is given to answer a
+	// connection (TCP, TLS and gRPC's preface); one that has not is passed
+	// over for the next.
+	ConnectTimeout time.Duration
+	// RetryInterval is the first pause before a call tries the coordinators
+	// again after a whole pass failed; it doubles at each pass (at most
+	// MaxRetryInterval), with jitter.
 	RetryInterval time.Duration
 	// CallTimeout bounds one attempt of a unary call (Submit, Cancel,
 	// Status) at one coordinator.
@@ -45,8 +52,13 @@ type Config struct {
 // DefaultConfig returns settings for a real cluster; Coordinators is left
 // for the caller to set.
 func DefaultConfig() *Config {
-	return &Config{RetryInterval: 200 * time.Millisecond, CallTimeout: 10 * time.Second, Rounds: 3, FollowTimeout: time.Minute}
+	return &Config{ConnectTimeout: pb.DefaultConnectTimeout, RetryInterval: 200 * time.Millisecond, CallTimeout: 10 * time.Second, Rounds: 3,
+		FollowTimeout: time.Minute}
 }
+
+// MaxRetryInterval bounds the pause between two passes over the
+// coordinators.
+const MaxRetryInterval = 5 * time.Second
 
 // Validate names the first field that cannot work.
 func (c *Config) Validate() error {
@@ -59,6 +71,8 @@ func (c *Config) Validate() error {
 		}
 	}
 	switch {
+	case c.ConnectTimeout <= 0:
+		return fmt.Errorf("connect timeout %s: want a positive timeout", c.ConnectTimeout)
 	case c.RetryInterval <= 0:
 		return fmt.Errorf("retry interval %s: want a positive pause", c.RetryInterval)
 	case c.CallTimeout <= 0:

@@ -3,6 +3,8 @@ package client
 import (
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -35,6 +37,63 @@ var (
 	// ErrClosed reports a call on a closed Client.
 	ErrClosed = errors.New("client: closed")
 )
+
+// UnreachableError is a unary call's failure when no coordinator answered:
+// what each one's last attempt met. It matches ErrUnreachable, and unwraps
+// to the last coordinator's *Error.
+type UnreachableError struct {
+	Addrs []string
+	// Faults says, for each of Addrs, what its last attempt met, in a few
+	// words: "connection refused", "no answer within 10s", ...
+	Faults []string
+	Last   *Error
+}
+
+// Error implements error: one line naming every coordinator.
+func (e *UnreachableError) Error() string {
+	parts := make([]string, len(e.Addrs))
+	for i, a := range e.Addrs {
+		parts[i] = a
+		if i < len(e.Faults) && e.Faults[i] != "" {
+			parts[i] += " (" + e.Faults[i] + ")"
+		}
+	}
+	return "no coordinator answered at " + strings.Join(parts, ", ")
+}
+
+// Is matches ErrUnreachable.
+func (e *UnreachableError) Is(target error) bool { return target == ErrUnreachable }
+
+// Unwrap returns the last coordinator's error.
+func (e *UnreachableError) Unwrap() error { return e.Last }
+
+// Describe says in a few words why a call to a coordinator failed: a
+// connection refused, a name that does not resolve, no answer within the
+// timeout, a TLS failure, or the coordinator's own message.
+func Describe(err error, connectTimeout time.Duration) string {
+	return describe(status.Convert(err), connectTimeout, 0)
+}
+
+func describe(st *status.Status, connectTimeout, callTimeout time.Duration) string {
+	msg := st.Message()
+	for _, short := range []string{"connection refused", "no such host", "no route to host", "network is unreachable"} {
+		if strings.Contains(msg, short) {
+			return short
+		}
+	}
+	switch {
+	case st.Code() == codes.DeadlineExceeded && callTimeout > 0:
+		return fmt.Sprintf("no answer within %s", callTimeout)
+	case st.Code() == codes.DeadlineExceeded, strings.Contains(msg, "server preface"), strings.Contains(msg, "deadline exceeded"),
+		strings.Contains(msg, "i/o timeout"):
+		return fmt.Sprintf("no answer within %s", connectTimeout)
+	}
+	// gRPC wraps transport failures: "connection error: desc = \"...\"".
+	if i := strings.LastIndex(msg, "desc = "); i >= 0 {
+		msg = strings.Trim(msg[i+len("desc = "):], `"`)
+	}
+	return msg
+}
 
 // Error is a call's failure at one coordinator: the gRPC status it ended
 // with, whether the coordinator answered with it or the connection to it

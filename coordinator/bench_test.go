@@ -42,7 +42,7 @@ func BenchmarkRendezvous64(b *testing.B) {
 	chans := make([]<-chan *pb.Assignment, nodes)
 	var ctl pb.CoordinatorClient
 	for i := range nodes {
-		cc, err := pb.Dial(c.Addr(), nil)
+		cc, err := pb.Dial(c.Addr(), nil, 0)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -73,7 +73,7 @@ func client(t *testing.T, addr string) pb.CoordinatorClient { return tlsClient(t
 // tlsClient is a client of the coordinator at addr over creds.
 func tlsClient(t *testing.T, addr string, creds credentials.TransportCredentials) pb.CoordinatorClient {
 	t.Helper()
-	cc, err := pb.Dial(addr, creds)
+	cc, err := pb.Dial(addr, creds, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

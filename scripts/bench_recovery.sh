@@ -29,8 +29,8 @@ for i in $(seq "$runs"); do
   port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
   "$B" coordinator --listen 127.0.0.1:$port --data-dir "$d/etcd" >"$d/coord.log" 2>&1 & pids+=($!)
   until grep -q "elected leader" "$d/coord.log"; do sleep 0.05; done
-  "$B" worker --coordinator 127.0.0.1:$port --name w0 --gpus "$g" --work-dir "$d/w0" >"$d/w0.log" 2>&1 & pids+=($!)
-  "$B" worker --coordinator 127.0.0.1:$port --name w1 --gpus "$g" --work-dir "$d/w1" >"$d/w1.log" 2>&1 & w1=$!; pids+=($w1)
+  "$B" worker --coordinator 127.0.0.1:$port --name w0 --gpus-per-node "$g" --state-dir "$d/w0" >"$d/w0.log" 2>&1 & pids+=($!)
+  "$B" worker --coordinator 127.0.0.1:$port --name w1 --gpus-per-node "$g" --state-dir "$d/w1" >"$d/w1.log" 2>&1 & w1=$!; pids+=($w1)
   if [ "$program" = torch ]; then
     (tail -F "$d/w0.log" 2>/dev/null | stamp >"$d/w0.stamped") & pids+=($!)
     ("$B" launch --coordinator 127.0.0.1:$port --nodes 2 --gpus-per-node "$g" --min-nodes 1 --max-restarts 1 --checkpoint-dir "$d/ckpt" \

@@ -57,8 +57,8 @@ type Config struct {
 	Zero int `json:"zero"`
 	// MicroBatch is the micro-batch size in sequences.
 	MicroBatch int `json:"micro_batch"`
-	// GlobalBatch is the global batch in sequences; zero means 4*PP
-	// micro-batches per data-parallel replica.
+	// GlobalBatch is the global batch in sequences; zero means
+	// DefaultGlobalBatch, one sequence per GPU.
 	GlobalBatch int `json:"global_batch"`
 	// Schedule is the pipeline schedule.
 	Schedule schedule.Kind `json:"schedule"`

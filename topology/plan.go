@@ -54,12 +54,7 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 		Schedule: cfg.Schedule, Virtual: cfg.VPP,
 		WorldName: fmt.Sprintf("world size %d (%s x %s)", world, plural(cl.Nodes, "node", "nodes"), plural(cl.GPUsPerNode, "GPU", "GPUs"))}
 	if spec.GlobalBatch == 0 {
-		// The default, 4*pp micro-batches per replica, needs dp.
-		sh, err := NewShape(world, spec)
-		if err != nil {
-			return nil, err
-		}
-		spec.GlobalBatch = cfg.MicroBatch * sh.DP * 4 * cfg.PP
+		spec.GlobalBatch = DefaultGlobalBatch(cl)
 	}
 	sh, err := NewShape(world, spec)
 	if err != nil {
@@ -139,3 +134,8 @@ func plural(n int, one, many string) string {
 	}
 	return fmt.Sprintf("%d %s", n, many)
 }
+
+// DefaultGlobalBatch is the global batch a plan trains when none is given,
+// manual or searched alike: one sequence per GPU, the same for every
+// layout of the cluster, so that layouts are compared on the same work.
+func DefaultGlobalBatch(cl Cluster) int { return cl.World() }

@@ -65,7 +65,7 @@ func DefaultSearchSpace() SearchSpace {
 // Candidates calls visit with every valid Plan of m on cl that varies tp,
 // pp (hence dp), virtual stages, ZeRO stage, micro-batch and recomputation
 // around base; the other fields (global batch, precision, flash attention,
-// offload, order) are kept; a zero global batch becomes the world size, so
+// offload, order) are kept; a zero global batch becomes DefaultGlobalBatch, so
 // that every candidate trains the same batch. Sequence parallelism is turned on wherever tp >
 // 1: it only removes memory and traffic. Virtual stages above 1 use the
 // interleaved schedule; otherwise base's schedule (1F1B if base asks for
@@ -75,7 +75,7 @@ func DefaultSearchSpace() SearchSpace {
 func Candidates(cl Cluster, m Model, base Config, space SearchSpace, visit func(*Plan) bool) int {
 	world := cl.World()
 	if base.GlobalBatch == 0 {
-		base.GlobalBatch = world
+		base.GlobalBatch = DefaultGlobalBatch(cl)
 	}
 	n := 0
 	flat := base.Schedule

@@ -30,8 +30,10 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	gpclient "github.com/gpucoord/gpucoord/client"
 	"github.com/gpucoord/gpucoord/collectives"
 	"github.com/gpucoord/gpucoord/collectives/tcp"
+	"github.com/gpucoord/gpucoord/internal/backoff"
 	"github.com/gpucoord/gpucoord/internal/gossip"
 	"github.com/gpucoord/gpucoord/internal/join"
 	"github.com/gpucoord/gpucoord/internal/localproc"
@@ -99,8 +101,13 @@ type Config struct {
 	Output io.Writer
 	// Grace is how long ranks have between SIGTERM and SIGKILL.
 	Grace time.Duration
-	// Retry is the pause between attempts to reach a coordinator.
+	// Retry is the first pause before the coordinators are tried again
+	// after none answered; it doubles at each pass, up to MaxRetry, with
+	// jitter. A report a coordinator failed is tried again after Retry.
 	Retry time.Duration
+	// ConnectTimeout is how long a coordinator is given to answer a
+	// connection before the next one is tried.
+	ConnectTimeout time.Duration
 	// TimesEvery is the window over which the ranks' compute times are
 	// averaged and reported for straggler detection.
 	TimesEvery time.Duration
@@ -114,8 +121,12 @@ type Config struct {
 func DefaultConfig() *Config {
 	host, _ := os.Hostname()
 	return &Config{Name: host, GPUs: 1, Grace: localproc.DefaultGrace, Retry: 500 * time.Millisecond, TimesEvery: time.Second,
-		WorkDir: filepath.Join(os.TempDir(), "gpucoord-worker"), Output: os.Stdout}
+		ConnectTimeout: pb.DefaultConnectTimeout, WorkDir: filepath.Join(os.TempDir(), "gpucoord-worker"), Output: os.Stdout}
 }
+
+// MaxRetry bounds the pause between two passes over coordinators that
+// did not answer.
+const MaxRetry = 30 * time.Second
 
 // Validate names the first field that cannot work.
 func (c *Config) Validate() error {
@@ -130,6 +141,8 @@ func (c *Config) Validate() error {
 		return errors.New("no native rank command")
 	case c.Grace <= 0:
 		return fmt.Errorf("--grace %s: want a positive duration", c.Grace)
+	case c.ConnectTimeout <= 0:
+		return fmt.Errorf("--connect-timeout %s: want a positive duration", c.ConnectTimeout)
 	case c.Retry <= 0 || c.TimesEvery <= 0:
 		return fmt.Errorf("retry %s and times window %s must be positive", c.Retry, c.TimesEvery)
 	}
@@ -228,7 +241,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer func() { stopServing(); <-served }()
 	conns := make([]*grpc.ClientConn, len(a.cfg.Coordinators))
 	for i, addr := range a.cfg.Coordinators {
-		cc, err := pb.Dial(addr, creds)
+		cc, err := pb.Dial(addr, creds, a.cfg.ConnectTimeout)
 		if err != nil {
 			return fmt.Errorf("worker: coordinator %s: %w", addr, err)
 		}
@@ -264,13 +277,14 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // credentials obtains what the agent shows coordinators (join.Load as
-// this node), trying again every Retry while no coordinator answers; a
+// this node), trying again (backing off from Retry) while no coordinator
+// answers; a
 // refusal ends it with ErrRefused. peer is the node's credentials, for
 // its peers; nil with the coordinators' plaintext.
 func (a *Agent) credentials(ctx context.Context) (creds credentials.TransportCredentials, peer *pki.Credentials, err error) {
 	cfg := join.Config{Coordinators: a.cfg.Coordinators, Token: a.cfg.Token, Files: a.cfg.TLS, Dir: a.cfg.CredentialsDir,
 		Identity: pki.Identity{Role: pki.RoleNode, Name: a.cfg.Name}}
-	for {
+	for attempt := 0; ; attempt++ {
 		c, ok, err := join.Load(ctx, cfg)
 		switch {
 		case err == nil && !ok:
@@ -287,11 +301,12 @@ func (a *Agent) credentials(ctx context.Context) (creds credentials.TransportCre
 		case errors.Is(err, join.ErrRefused):
 			return nil, nil, fmt.Errorf("%w: %v", ErrRefused, err)
 		}
-		a.log.Warn("joining the cluster", "err", err)
+		wait := backoff.Next(attempt, a.cfg.Retry, MaxRetry)
+		a.log.Warn("joining the cluster", "err", err, "retry_in", wait.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return nil, nil, nil
-		case <-time.After(a.cfg.Retry):
+		case <-time.After(wait):
 		}
 	}
 }
@@ -340,13 +355,18 @@ func (a *Agent) serveNode(ctx context.Context, peer *pki.Credentials) (<-chan st
 }
 
 // sessions moves between the coordinators until ctx ends or one refuses
-// the node: after a failure it tries the next at once, and pauses Retry
-// after a whole round.
+// the node: after a failure it tries the next at once, and after a whole
+// pass in which none answered it pauses, backing off from Retry.
 func (a *Agent) sessions(ctx context.Context, conns []*grpc.ClientConn, run *runner) error {
 	var taken time.Time // when registration first found the name in use
+	failed := 0         // passes in a row in which no coordinator answered
+	answered := false   // a coordinator answered in this pass
+	faults := make([]string, len(conns))
 	for i := 0; ctx.Err() == nil; i = (i + 1) % len(conns) {
 		client := pb.NewCoordinatorClient(conns[i])
-		err := a.session(ctx, client, run)
+		ok, err := a.session(ctx, client, run)
+		answered = answered || ok
+		faults[i] = ""
 		if ctx.Err() != nil {
 			break
 		}
@@ -361,16 +381,29 @@ func (a *Agent) sessions(ctx context.Context, conns []*grpc.ClientConn, run *run
 		case errors.Is(err, errNameTaken) && time.Since(taken) > nameTakenWait:
 			return fmt.Errorf("%w: %v (still, after %s)", ErrRefused, err, nameTakenWait)
 		case errors.Is(err, errNameTaken):
-		default:
+		case ok:
 			taken = time.Time{}
 			a.log.Warn("coordinator connection", "addr", a.cfg.Coordinators[i], "err", err)
+		default:
+			taken = time.Time{}
+			faults[i] = gpclient.Describe(err, a.cfg.ConnectTimeout)
 		}
 		if (i+1)%len(conns) != 0 {
 			continue
 		}
+		if answered {
+			failed = 0
+		}
+		wait := backoff.Next(failed, a.cfg.Retry, MaxRetry)
+		if !answered {
+			failed++
+			ue := &gpclient.UnreachableError{Addrs: a.cfg.Coordinators, Faults: faults}
+			a.log.Warn(ue.Error(), "retry_in", wait.Round(time.Millisecond))
+		}
+		answered = false
 		select {
 		case <-ctx.Done():
-		case <-time.After(a.cfg.Retry):
+		case <-time.After(wait):
 		}
 	}
 	return nil
@@ -416,25 +449,32 @@ func (a *Agent) fence(ctx context.Context, run *runner) {
 	}
 }
 
-// session registers if needed and follows one Watch stream until it ends.
-func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *runner) error {
+// session registers if needed and follows one Watch stream until it ends;
+// answered says whether the coordinator answered (registered the node or
+// opened the stream), the error why the session ended.
+func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *runner) (answered bool, err error) {
 	a.mu.Lock()
 	lease := a.lease
 	a.mu.Unlock()
 	if lease == 0 {
 		sent := time.Now()
-		resp, err := client.Register(ctx, &pb.RegisterRequest{Node: &pb.Node{Name: a.cfg.Name, Host: a.net.Host, Gpus: int32(a.cfg.GPUs),
+		// A coordinator that took the connection and never answers is
+		// passed over as one that did not take it.
+		rctx, cancel := context.WithTimeout(ctx, a.cfg.ConnectTimeout+reportTimeout)
+		resp, err := client.Register(rctx, &pb.RegisterRequest{Node: &pb.Node{Name: a.cfg.Name, Host: a.net.Host, Gpus: int32(a.cfg.GPUs),
 			NvlinkDomain: a.cfg.NVLinkDomain, FailureDomain: a.cfg.FailureDomain, Protocol: pb.ProtocolVersion, Version: a.cfg.Version, Instance: a.instance,
 			CheckpointAddr: a.ckptAddr}})
+		cancel()
 		if err != nil {
 			switch status.Code(err) {
 			case codes.AlreadyExists:
-				return fmt.Errorf("%w: %s", errNameTaken, status.Convert(err).Message())
+				return true, fmt.Errorf("%w: %s", errNameTaken, status.Convert(err).Message())
 			case codes.Unauthenticated, codes.FailedPrecondition, codes.InvalidArgument, codes.PermissionDenied:
-				return fmt.Errorf("%w: %s", ErrRefused, status.Convert(err).Message())
+				return true, fmt.Errorf("%w: %s", ErrRefused, status.Convert(err).Message())
 			}
-			return err
+			return false, err
 		}
+		answered = true
 		lease = resp.LeaseId
 		a.mu.Lock()
 		a.lease = lease
@@ -448,7 +488,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	a.mu.Unlock()
 	stream, err := client.Watch(ctx, &pb.WatchRequest{Node: a.cfg.Name, LeaseId: lease, FromRevision: seen})
 	if err != nil {
-		return err
+		return answered, err
 	}
 	a.mu.Lock()
 	a.client = client
@@ -462,8 +502,9 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 				a.lease = 0
 				a.mu.Unlock()
 			}
-			return err
+			return answered || status.Code(err) == codes.NotFound, err
 		}
+		answered = true
 		if asg.LeaseTtlMs > 0 {
 			a.renew(time.Now().Add(time.Duration(asg.LeaseTtlMs) * time.Millisecond))
 		}

@@ -105,6 +105,9 @@ func (f *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 type authFlags struct {
 	file, dir string
 	tls       pki.Files
+	// connectTimeout is how long a coordinator is given to answer a
+	// connection: every command that reaches coordinators takes it.
+	connectTimeout time.Duration
 }
 
 func (f *authFlags) register(c *cobra.Command) {
@@ -114,6 +117,7 @@ func (f *authFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.tls.Cert, "tls-cert", "", "this identity's certificate under --tls-ca (subject: CN=name, OU=role)")
 	fl.StringVar(&f.tls.Key, "tls-key", "", "the key of --tls-cert")
 	fl.StringVar(&f.dir, "credentials-dir", join.DefaultDir(), "where the certificate a token buys is kept (0600 files)")
+	fl.DurationVar(&f.connectTimeout, "connect-timeout", pb.DefaultConnectTimeout, "how long a coordinator is given to answer a connection before the next is tried (and, when none answers, before giving up or, for worker, trying again later)")
 }
 
 // config resolves the flags into a join configuration for id.
@@ -139,7 +143,10 @@ func (f *authFlags) config(addrs []string, id pki.Identity) (join.Config, error)
 			return join.Config{}, err
 		}
 	}
-	return join.Config{Coordinators: addrs, Token: tok, Files: f.tls, Dir: f.dir, Identity: id}, nil
+	if f.connectTimeout <= 0 {
+		return join.Config{}, fmt.Errorf("--connect-timeout %s: want a positive duration", f.connectTimeout)
+	}
+	return join.Config{Coordinators: addrs, Token: tok, Files: f.tls, Dir: f.dir, Identity: id, Timeout: f.connectTimeout}, nil
 }
 
 // clientCredentials are a client command's credentials as the user on this
@@ -310,8 +317,8 @@ NCCL_SOCKET_IFNAME for that interface unless already set.
 
 A native-engine rank runs this binary, or the one GPUCOORD_RANK_EXECUTABLE
 names (a build without the race detector under a race-enabled agent).`,
-		Example: `  gpucoord worker --coordinator coord-0:7070 --gpus 8 --token-file /etc/gpucoord/token
-  gpucoord worker --coordinator coord-0:7070,coord-1:7070 --gpus 8 --iface ib0 --token-file /etc/gpucoord/token`,
+		Example: `  gpucoord worker --coordinator coord-0:7070 --gpus-per-node 8 --token-file /etc/gpucoord/token
+  gpucoord worker --coordinator coord-0:7070,coord-1:7070 --gpus-per-node 8 --iface ib0 --token-file /etc/gpucoord/token`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var err error
@@ -325,7 +332,7 @@ names (a build without the race detector under a race-enabled agent).`,
 			if err != nil {
 				return usageError(err)
 			}
-			cfg.Token, cfg.TLS, cfg.CredentialsDir = jc.Token, jc.Files, jc.Dir
+			cfg.Token, cfg.TLS, cfg.CredentialsDir, cfg.ConnectTimeout = jc.Token, jc.Files, jc.Dir, auth.connectTimeout
 			exe, err := rankExecutable()
 			if err != nil {
 				return err
@@ -347,13 +354,17 @@ names (a build without the race detector under a race-enabled agent).`,
 	fl.MarkDeprecated("host", "use --advertise-addr")
 	fl.StringVar(&cfg.Bind, "bind", "", "local address ranks, the rendezvous store and gossip listen on, where it differs from the advertised one (NAT, containers); default --advertise-addr")
 	fl.StringVar(&cfg.Iface, "iface", "", "network interface to advertise and to give gloo and NCCL (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, unless already set)")
-	fl.IntVar(&cfg.GPUs, "gpus", cfg.GPUs, "rank slots: GPUs, or processes on a CPU machine")
+	fl.IntVar(&cfg.GPUs, "gpus-per-node", cfg.GPUs, "this node's rank slots: GPUs, or processes on a CPU machine (launch --gpus-per-node asks for as many)")
+	fl.IntVar(&cfg.GPUs, "gpus", cfg.GPUs, "same as --gpus-per-node")
+	fl.MarkDeprecated("gpus", "use --gpus-per-node, as launch does")
 	fl.StringVar(&cfg.NVLinkDomain, "nvlink-domain", "", "name of the node's NVLink domain (default: the node alone)")
 	fl.StringVar(&cfg.FailureDomain, "failure-domain", "", "what fails with this node (a rack, a power feed): replicas of its checkpoints go to nodes of other domains first (default: its --nvlink-domain)")
 	fl.StringVar(&cfg.Gossip, "gossip", "", "address of this node's member of the failure-detection pool, TCP and UDP (default: --bind, a free port)")
 	fl.BoolVar(&cfg.Devices, "cuda", false, "set CUDA_VISIBLE_DEVICES to each rank's local index")
-	fl.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "where plan files and checkpoints go")
-	fl.StringVar(&cfg.CheckpointRoot, "checkpoint-local", "", "where this node keeps the checkpoints it holds for jobs without a shared --checkpoint-dir (its ranks' and replicas of its peers'); default /dev/shm/gpucoord-checkpoints/NAME when /dev/shm has 2 GiB free, else under --work-dir")
+	fl.StringVar(&cfg.WorkDir, "state-dir", cfg.WorkDir, "where the agent keeps its files: plan files, the ranks' logs, checkpoints when /dev/shm has no room (launch --workdir is where ranks start)")
+	fl.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "same as --state-dir")
+	fl.MarkDeprecated("work-dir", "use --state-dir (launch --workdir is where the ranks start)")
+	fl.StringVar(&cfg.CheckpointRoot, "checkpoint-local", "", "where this node keeps the checkpoints it holds for jobs without a shared --checkpoint-dir (its ranks' and replicas of its peers'); default /dev/shm/gpucoord-checkpoints/NAME when /dev/shm has 2 GiB free, else under --state-dir")
 	fl.DurationVar(&cfg.Grace, "grace", cfg.Grace, "time between SIGTERM and SIGKILL when ranks stop")
 	auth.register(cmd)
 	logs.register(cmd)

@@ -88,7 +88,7 @@ func (b *boxCluster) coordinator(t *testing.T, h *testcluster.Host, addr string,
 // until it has registered.
 func (b *boxCluster) worker(t *testing.T, h *testcluster.Host, gpus int, args ...string) *proc {
 	t.Helper()
-	p := b.run(t, h, append([]string{"worker", "--coordinator", b.coord, "--name", h.Name, "--gpus", strconv.Itoa(gpus), "--grace", "1s"}, args...)...)
+	p := b.run(t, h, append([]string{"worker", "--coordinator", b.coord, "--name", h.Name, "--gpus-per-node", strconv.Itoa(gpus), "--grace", "1s"}, args...)...)
 	p.waitLine(t, "msg=registered ", 30*time.Second)
 	return p
 }
@@ -411,7 +411,7 @@ func TestClusterAgentRestart(t *testing.T) {
 	if err := old.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	p := b.run(t, b.Host(2), "worker", "--coordinator", b.coord, "--name", "h2", "--gpus", "2")
+	p := b.run(t, b.Host(2), "worker", "--coordinator", b.coord, "--name", "h2", "--gpus-per-node", "2")
 	p.waitLine(t, "an earlier run of this node is still registered: waiting for its lease to end", time.Minute)
 	p.waitLine(t, "msg=registered", time.Minute)
 	if n := strings.Count(p.output(), "still registered"); n != 1 {

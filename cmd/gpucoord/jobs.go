@@ -30,6 +30,14 @@ func coordinatorsOf(ctx context.Context, coord string, auth *authFlags) ([]strin
 	return addrs, creds, err
 }
 
+// connectTimeouts gives cfg --connect-timeout: each coordinator has as
+// long to answer a connection, and a call at least as long to answer.
+func connectTimeouts(cfg *client.Config, d time.Duration) {
+	if d > 0 {
+		cfg.ConnectTimeout, cfg.CallTimeout = d, max(cfg.CallTimeout, d)
+	}
+}
+
 // dialCoordinators makes a client of the coordinators coord names, with
 // the credentials auth gives.
 func dialCoordinators(ctx context.Context, coord string, auth *authFlags) (*client.Client, credentials.TransportCredentials, error) {
@@ -39,6 +47,7 @@ func dialCoordinators(ctx context.Context, coord string, auth *authFlags) (*clie
 	}
 	cfg := client.DefaultConfig()
 	cfg.Coordinators, cfg.Credentials, cfg.Logger = addrs, creds, slog.New(slog.DiscardHandler)
+	connectTimeouts(cfg, auth.connectTimeout)
 	cl, err := client.New(cfg)
 	if err != nil {
 		return nil, nil, usageError(err)
@@ -72,7 +81,7 @@ coordinator knows the job.`,
 			case errors.Is(err, client.ErrNotFound):
 				return fmt.Errorf("no job %s: gpucoord status lists the jobs", args[0])
 			case err != nil:
-				return fmt.Errorf("coordinator %s: %s%s", coord, coordinatorSaid(err), plaintextHint(creds))
+				return callFailed(coord, err, creds)
 			case st.GetPhase() == pb.JobState_CANCELLED:
 				fmt.Fprintf(c.OutOrStdout(), "job %s cancelled\n", args[0])
 			default:
@@ -113,7 +122,7 @@ gpucoord cancel ends it.`,
 			if err != nil {
 				return err
 			}
-			f.addrs, f.creds, f.attach = addrs, creds, true
+			f.addrs, f.creds, f.attach, f.connectTimeout = addrs, creds, true, auth.connectTimeout
 			f.spec = &pb.JobSpec{Id: args[0]}
 			stdout, stderr := &lockedWriter{w: c.OutOrStdout()}, &lockedWriter{w: c.ErrOrStderr()}
 			f.out, f.progress = stdout, stdout

@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -176,6 +178,11 @@ func TestLaunchOutput(t *testing.T) {
 			t.Errorf("launch --output all exited %d; %q is not after the generation's line:\n%s", code, want, out)
 		}
 	}
+	// status fails over past a coordinator that refuses.
+	st := start(t, exe, "status", "--coordinator", "127.0.0.1:1,"+addr)
+	if code := st.wait(t, time.Minute); code != 0 || !strings.Contains(st.output(), "w0") {
+		t.Errorf("status past a refusing coordinator exited %d:\n%s", code, st.output())
+	}
 	code, out = launch("out0", "rank0", `echo hello $RANK`)
 	if code != 0 || !strings.Contains(out, "[w0 r0 tp0 pp0 dp0] hello 0\n") || strings.Contains(out, "hello 1") {
 		t.Errorf("launch --output rank0 exited %d, want rank 0's line alone:\n%s", code, out)
@@ -204,5 +211,64 @@ func TestLaunchOutput(t *testing.T) {
 	}
 	if code, out := launch("bad", "some", "true"); code != 2 || !strings.Contains(out, `--output "some": want all, rank0 or failed`) {
 		t.Errorf("launch --output some exited %d:\n%s", code, out)
+	}
+}
+
+// TestUnreachableCoordinators: every command that reaches coordinators
+// says in one line which did not answer and why (a port that takes
+// connections and never answers, within --connect-timeout; a refused
+// connection); worker tries again with growing pauses.
+func TestUnreachableCoordinators(t *testing.T) {
+	exe := buildBinary(t)
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, unread, until the test ends
+		}
+	}()
+	refused, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := refused.Addr().String()
+	refused.Close()
+	both := silent.Addr().String() + "," + dead
+	want := fmt.Sprintf("gpucoord: no coordinator answered at %s (no answer within 500ms), %s (connection refused)", silent.Addr(), dead)
+	for _, args := range [][]string{
+		{"status", "--coordinator", both},
+		{"cancel", "j", "--coordinator", both},
+		{"follow", "j", "--coordinator", both},
+		{"logs", "j", "--coordinator", both},
+		{"launch", "--coordinator", both, "--nodes", "1", "--gpus-per-node", "1", "--", "true"},
+	} {
+		p := start(t, exe, append([]string{args[0], "--connect-timeout", "500ms"}, args[1:]...)...)
+		code := p.wait(t, time.Minute)
+		out := strings.TrimSpace(p.output())
+		if code != 1 || strings.Count(out, "\n") != 0 || !strings.HasPrefix(out, want) {
+			t.Errorf("%s exited %d, want 1 and one line %q:\n%s", args[0], code, want, out)
+		}
+	}
+	w := start(t, exe, "worker", "--coordinator", dead, "--name", "w", "--gpus-per-node", "1", "--state-dir", t.TempDir())
+	var waits []time.Duration
+	for range 3 {
+		line := w.waitLine(t, "no coordinator answered at "+dead+" (connection refused)", time.Minute)
+		d, err := time.ParseDuration(line[strings.Index(line, "retry_in=")+len("retry_in="):])
+		if err != nil {
+			t.Fatalf("no retry_in in %q", line)
+		}
+		waits = append(waits, d)
+	}
+	// From 0.5s, doubling, with 20% jitter: each pause is longer than the
+	// one before.
+	if !slices.IsSorted(waits) || waits[0] < 400*time.Millisecond || waits[2] > 2400*time.Millisecond {
+		t.Errorf("worker's pauses %v, want growing from 0.5s", waits)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -455,7 +456,8 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 			return err
 		}
 	}
-	fl := &follower{addrs: addrs, creds: creds, spec: spec, out: stdout, progress: progress, json: f.json, detach: f.detach}
+	fl := &follower{addrs: addrs, creds: creds, connectTimeout: f.auth.connectTimeout, spec: spec, out: stdout, progress: progress,
+		json: f.json, detach: f.detach}
 	if !f.detach {
 		fl.output = newRankOutput(f.output, spec.Id, ranklog.NewClient(agents), rankLines(stdout, stderr, f.json), progress)
 	}
@@ -593,15 +595,16 @@ func (s *standalone) stop() {
 // follower submits a job through the client and prints its progress until
 // it ends.
 type follower struct {
-	addrs         []string
-	creds         credentials.TransportCredentials
-	spec          *pb.JobSpec
-	out, progress io.Writer
-	json          bool
-	attach        bool // follow a submitted job (gpucoord follow)
-	detach        bool // submit and return (launch --detach)
-	steps         int  // a native job's total steps
-	started       time.Time
+	addrs          []string
+	creds          credentials.TransportCredentials
+	connectTimeout time.Duration
+	spec           *pb.JobSpec
+	out, progress  io.Writer
+	json           bool
+	attach         bool // follow a submitted job (gpucoord follow)
+	detach         bool // submit and return (launch --detach)
+	steps          int  // a native job's total steps
+	started        time.Time
 	// output shows the ranks' lines; nil shows none.
 	output *rankOutput
 
@@ -621,6 +624,7 @@ func (f *follower) run(ctx context.Context) error {
 	f.started = time.Now()
 	cfg := client.DefaultConfig()
 	cfg.Coordinators, cfg.Credentials, cfg.OnFailover = f.addrs, f.creds, f.failover
+	connectTimeouts(cfg, f.connectTimeout)
 	cfg.Logger = slog.New(slog.DiscardHandler) // the moves are printed by failover
 	cl, err := client.New(cfg)
 	if err != nil {
@@ -666,7 +670,7 @@ func (f *follower) attachTo(ctx context.Context, cl *client.Client) error {
 	defer cancel()
 	resp, err := cl.Status(sctx)
 	if err != nil {
-		return fmt.Errorf("coordinator %s: %s%s", strings.Join(f.addrs, ","), coordinatorSaid(err), plaintextHint(f.creds))
+		return callFailed(strings.Join(f.addrs, ","), err, f.creds)
 	}
 	for _, j := range resp.Jobs {
 		if j.GetSpec().GetId() == f.spec.Id {
@@ -698,7 +702,7 @@ func (f *follower) submit(ctx context.Context, cl *client.Client) error {
 		case errors.Is(err, client.ErrInvalid), errors.Is(err, client.ErrExists):
 			return usageError(errors.New(coordinatorSaid(err)))
 		case errors.Is(err, client.ErrUnreachable):
-			return fmt.Errorf("no coordinator answered at %s: %s%s", strings.Join(f.addrs, ","), coordinatorSaid(err), plaintextHint(f.creds))
+			return callFailed(strings.Join(f.addrs, ","), err, f.creds)
 		}
 		return errors.New(coordinatorSaid(err))
 	}
@@ -780,6 +784,25 @@ func plaintextHint(creds credentials.TransportCredentials) string {
 		return ""
 	}
 	return " (without a join token this command speaks plaintext; a coordinator that serves TLS: give a join token with --token-file or GPUCOORD_TOKEN)"
+}
+
+// callFailed is the error of a command whose call to the coordinators
+// (addrs, comma-separated) failed: what each one met when none answered,
+// else what the one that answered said.
+func callFailed(addrs string, err error, creds credentials.TransportCredentials) error {
+	var ue *client.UnreachableError
+	if errors.As(err, &ue) {
+		hint := ""
+		for _, f := range ue.Faults {
+			// Nothing listens, or the name or route is wrong: no TLS
+			// question arises.
+			if !slices.Contains([]string{"connection refused", "no such host", "no route to host", "network is unreachable"}, f) {
+				hint = plaintextHint(creds)
+			}
+		}
+		return fmt.Errorf("%s%s", ue.Error(), hint)
+	}
+	return fmt.Errorf("coordinator %s: %s%s", addrs, coordinatorSaid(err), plaintextHint(creds))
 }
 
 // coordinatorSaid is the message of the coordinator's answer in err, or

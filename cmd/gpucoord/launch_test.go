@@ -249,7 +249,7 @@ func coordinatorProc(t *testing.T, exe string, args ...string) (*proc, string) {
 func workerProc(t *testing.T, exe, coords, name string, gpus int) (*proc, string) {
 	t.Helper()
 	dir := t.TempDir()
-	p := start(t, exe, "worker", "--coordinator", coords, "--name", name, "--gpus", strconv.Itoa(gpus), "--work-dir", dir, "--grace", "1s",
+	p := start(t, exe, "worker", "--coordinator", coords, "--name", name, "--gpus-per-node", strconv.Itoa(gpus), "--state-dir", dir, "--grace", "1s",
 		"--checkpoint-local", filepath.Join(dir, "held"))
 	p.waitLine(t, "msg=registered ", 30*time.Second)
 	return p, dir

@@ -304,7 +304,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 	for i := range n {
 		g.Go(func() error {
 			name := fmt.Sprintf("n%04d", i)
-			cc, err := pb.Dial(addr, nil)
+			cc, err := pb.Dial(addr, nil, 0)
 			if err != nil {
 				return err
 			}

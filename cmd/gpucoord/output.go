@@ -154,7 +154,7 @@ rank's lines.`,
 			defer cancel()
 			st, err := cl.Status(ctx)
 			if err != nil {
-				return fmt.Errorf("coordinator %s: %s%s", coord, coordinatorSaid(err), plaintextHint(creds))
+				return callFailed(coord, err, creds)
 			}
 			if !slices.ContainsFunc(st.Jobs, func(j *pb.JobStatus) bool { return j.GetSpec().GetId() == args[0] }) {
 				return fmt.Errorf("no job %s: gpucoord status lists the jobs", args[0])

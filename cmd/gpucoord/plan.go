@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -90,7 +91,7 @@ Exit status: 0 the plan fits, 3 it does not fit (printed in full with the reason
 	fl.IntVar(&f.cfg.VPP, "vpp", 0, "virtual pipeline stages per rank, above 1 only with --schedule interleaved (default 2 with interleaved, else 1)")
 	fl.IntVar(&f.cfg.Zero, "zero", 0, "ZeRO stage 0-3")
 	fl.IntVar(&f.cfg.MicroBatch, "micro-batch", 1, "micro-batch size in sequences")
-	fl.IntVar(&f.cfg.GlobalBatch, "global-batch", 0, "global batch in sequences (default: 4*pp micro-batches per replica; with --auto the world size)")
+	fl.IntVar(&f.cfg.GlobalBatch, "global-batch", 0, "global batch in sequences (default: the world size, one sequence per GPU, with --auto too)")
 	fl.StringVar(&f.schedule, "schedule", string(schedule.OneFOneB), "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1")
 	fl.StringVar(&f.recompute, "recompute", string(topology.RecomputeNone), "activation recomputation: none, selective, full")
 	fl.BoolVar(&f.cfg.SequenceParallel, "sequence-parallel", false, "split layer-norm and dropout activations across the TP group")
@@ -321,6 +322,9 @@ func runAuto(cmd *cobra.Command, f *planFlags, cl topology.Cluster, m topology.M
 	if err != nil {
 		return classify(err)
 	}
+	for i := range res.Top {
+		res.Top[i].Command = planCommand(cmd, res.Top[i].Plan.Config)
+	}
 	if f.json {
 		err = estimate.WriteSearchJSON(out, res)
 	} else {
@@ -337,6 +341,49 @@ func runAuto(cmd *cobra.Command, f *planFlags, cl topology.Cluster, m topology.M
 		return writeFile(f.svg, func(w io.Writer) error { return estimate.WriteSVG(w, best.Plan, best.Report) })
 	}
 	return nil
+}
+
+// layoutFlags are the flags of a plan's layout and training setup, which
+// a searched plan's command states from the plan itself.
+var layoutFlags = []string{"tp", "pp", "dp", "vpp", "zero", "micro-batch", "global-batch", "schedule", "recompute", "sequence-parallel"}
+
+// planCommand is the command line that plans c alone: the flags the user
+// gave (model, cluster and the rest) but the search's own, then every
+// setting of c's layout, those the search chose without showing them
+// (sequence parallelism, the global batch) included.
+func planCommand(cmd *cobra.Command, c topology.Config) string {
+	args := []string{"gpucoord", "plan"}
+	cmd.Flags().Visit(func(fl *pflag.Flag) {
+		switch {
+		case slices.Contains(layoutFlags, fl.Name) || slices.Contains([]string{"auto", "top", "json", "svg"}, fl.Name):
+		case fl.Value.Type() == "bool" && fl.Value.String() == "true":
+			args = append(args, "--"+fl.Name)
+		case fl.Value.Type() == "bool":
+			args = append(args, "--"+fl.Name+"=false")
+		default:
+			args = append(args, "--"+fl.Name, shellQuote(fl.Value.String()))
+		}
+	})
+	args = append(args, "--tp", strconv.Itoa(c.TP), "--pp", strconv.Itoa(c.PP))
+	if c.VPP > 1 {
+		args = append(args, "--vpp", strconv.Itoa(c.VPP))
+	}
+	args = append(args, "--zero", strconv.Itoa(c.Zero), "--micro-batch", strconv.Itoa(c.MicroBatch),
+		"--global-batch", strconv.Itoa(c.GlobalBatch), "--schedule", string(c.Schedule), "--recompute", string(c.Recompute))
+	if c.SequenceParallel {
+		args = append(args, "--sequence-parallel")
+	}
+	return strings.Join(args, " ")
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:=%+,@", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // writeFile creates path and fills it with write, reporting either error.

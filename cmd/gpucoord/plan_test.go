@@ -176,7 +176,9 @@ func TestPlanJSON(t *testing.T) {
 	if m.Total <= 0 || m.Total != m.Params+m.Grads+m.Optimizer+m.Activations+m.Transient+m.Other || doc.Memory.CapacityBytes != 79.18*(1<<30) {
 		t.Errorf("memory = %+v cap %g", m, doc.Memory.CapacityBytes)
 	}
-	if doc.Pipeline.Schedule != "1f1b" || doc.Pipeline.Microbatches != 16 || doc.Pipeline.BubbleFraction <= 0 {
+	// The default global batch is the world size: 16 sequences over dp 2,
+	// 8 micro-batches of 1 per replica.
+	if doc.Pipeline.Schedule != "1f1b" || doc.Pipeline.Microbatches != 8 || doc.Pipeline.BubbleFraction <= 0 {
 		t.Errorf("pipeline = %+v", doc.Pipeline)
 	}
 	if doc.Step.FLOPs <= 0 || doc.Step.Seconds <= 0 || doc.Step.TFLOPSPerGPU <= 0 {
@@ -315,5 +317,53 @@ func TestPlanHeadroomAndMFU(t *testing.T) {
 	}
 	if doc.Step.MFU == 0 || math.Abs(doc.Step.MFU-doc.Step.TFLOPS/989) > 1e-12 {
 		t.Errorf("mfu %v, want tflops %v / 989", doc.Step.MFU, doc.Step.TFLOPS)
+	}
+}
+
+// TestPlanAutoReproduces: every plan --auto ranks comes with the command
+// that plans it alone, and that command gives the same memory and step
+// time, hidden settings (sequence parallelism, the global batch) included;
+// a manual plan defaults the global batch as --auto does.
+func TestPlanAutoReproduces(t *testing.T) {
+	args := []string{"plan", "--model", "llama-70b", "--nodes", "8", "--headroom", "4GiB", "--flash-attention=false", "--auto", "--top", "3", "--json"}
+	out, code, err := runCLI(t, args...)
+	if code != 0 {
+		t.Fatalf("plan --auto exited %d: %v", code, err)
+	}
+	type plan struct {
+		Parallel topology.Config `json:"parallel"`
+		Memory   struct {
+			PerGPU struct{ Total float64 } `json:"per_gpu"`
+		} `json:"memory"`
+		Step struct{ Seconds float64 } `json:"step"`
+	}
+	var doc struct {
+		Plans []struct {
+			plan
+			Command string `json:"command"`
+		} `json:"plans"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil || len(doc.Plans) != 3 {
+		t.Fatalf("plan --auto --json: %v, %d plans\n%s", err, len(doc.Plans), out)
+	}
+	for i, p := range doc.Plans {
+		cmd := strings.Fields(p.Command)
+		if len(cmd) < 3 || cmd[0] != "gpucoord" || !strings.Contains(p.Command, "--flash-attention=false") || !strings.Contains(p.Command, "--headroom 4GiB") {
+			t.Fatalf("plan %d: command %q", i+1, p.Command)
+		}
+		one, code, err := runCLI(t, append(cmd[1:], "--json")...)
+		var got plan
+		if code != 0 || json.Unmarshal([]byte(one), &got) != nil {
+			t.Fatalf("%s exited %d: %v", p.Command, code, err)
+		}
+		if got.Memory.PerGPU.Total != p.Memory.PerGPU.Total || got.Step.Seconds != p.Step.Seconds || got.Parallel != p.Parallel {
+			t.Errorf("%s: %.0f bytes, %g s, %+v; --auto said %.0f bytes, %g s, %+v", p.Command, got.Memory.PerGPU.Total, got.Step.Seconds, got.Parallel,
+				p.Memory.PerGPU.Total, p.Step.Seconds, p.Parallel)
+		}
+	}
+	manual, _, _ := runCLI(t, "plan", "--model", "llama-70b", "--nodes", "8", "--tp", "8", "--pp", "4", "--json")
+	var m plan
+	if err := json.Unmarshal([]byte(manual), &m); err != nil || m.Parallel.GlobalBatch != 64 || doc.Plans[0].Parallel.GlobalBatch != 64 {
+		t.Errorf("global batch: manual %d, --auto %d; want the world size, 64, for both", m.Parallel.GlobalBatch, doc.Plans[0].Parallel.GlobalBatch)
 	}
 }

@@ -70,7 +70,7 @@ func recoveryRun(t *testing.T, fault string, oneHost bool) (detect, resume time.
 		co = b.coordinator(t, b.Host(1), b.local)
 		for i := range 4 {
 			name := "n" + strconv.Itoa(i+1)
-			workers = append(workers, b.worker(t, b.Host(2), 2, "--name", name, "--work-dir", filepath.Join("/tmp", name)))
+			workers = append(workers, b.worker(t, b.Host(2), 2, "--name", name, "--state-dir", filepath.Join("/tmp", name)))
 		}
 	} else {
 		co, workers = b.pool(t)

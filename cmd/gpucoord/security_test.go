@@ -179,7 +179,7 @@ func TestClusterStrangers(t *testing.T) {
 	if list.wait(t, time.Minute) != 0 || strings.Contains(list.output(), newTok.ID) || strings.Contains(list.output(), tok.Secret) {
 		t.Errorf("token list after the revocation:\n%s", list.output())
 	}
-	w := b.run(t, b.Host(5), "worker", "--coordinator", b.coord, "--name", "h5", "--gpus", "2", "--token-file", revokedFile)
+	w := b.run(t, b.Host(5), "worker", "--coordinator", b.coord, "--name", "h5", "--gpus-per-node", "2", "--token-file", revokedFile)
 	if code := w.wait(t, time.Minute); code == 0 || !strings.Contains(w.output(), "revoked, expired") {
 		t.Errorf("a worker with a revoked token exited %d:\n%s", code, w.output())
 	}

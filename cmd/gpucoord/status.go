@@ -41,7 +41,7 @@ gpucoord.status/1, docs/LAUNCH.md).`,
 			defer cancel()
 			resp, err := cl.Status(ctx)
 			if err != nil {
-				return fmt.Errorf("coordinator %s: %s%s", coord, coordinatorSaid(err), plaintextHint(creds))
+				return callFailed(coord, err, creds)
 			}
 			return printStatus(c.OutOrStdout(), resp, asJSON)
 		},

@@ -168,7 +168,7 @@ func strangerChecks(ctx context.Context, p strangerPlan, check func(string, erro
 		check("the coordinator's CA", err)
 		return
 	}
-	anon, err := pb.Dial(p.Coordinator, credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}))
+	anon, err := pb.Dial(p.Coordinator, credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}), 0)
 	if err == nil {
 		c := pb.NewCoordinatorClient(anon)
 		_, err := c.Status(ctx, &pb.StatusRequest{})
@@ -182,7 +182,7 @@ func strangerChecks(ctx context.Context, p strangerPlan, check func(string, erro
 		check("join with a made-up token", wantCode(err, codes.Unauthenticated))
 		anon.Close()
 	}
-	plain, err := pb.Dial(p.Coordinator, nil)
+	plain, err := pb.Dial(p.Coordinator, nil, 0)
 	if err == nil {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := pb.NewCoordinatorClient(plain).Status(cctx, &pb.StatusRequest{})
@@ -317,7 +317,7 @@ func nodeChecks(ctx context.Context, p strangerPlan, check func(string, error)) 
 		check("the node's credentials", err)
 		return
 	}
-	cc, err := pb.Dial(p.Coordinator, credentials.NewTLS(cfg))
+	cc, err := pb.Dial(p.Coordinator, credentials.NewTLS(cfg), 0)
 	if err != nil {
 		check("dial", err)
 		return

@@ -46,7 +46,7 @@ func (t *adminTarget) call(ctx context.Context, f func(context.Context, pb.Coord
 	}
 	var errs []error
 	for _, addr := range addrs {
-		cc, err := pb.Dial(addr, creds)
+		cc, err := pb.Dial(addr, creds, t.auth.connectTimeout)
 		if err != nil {
 			return err
 		}

@@ -159,7 +159,7 @@ func Join(ctx context.Context, addrs []string, tok pki.Token, id pki.Identity, t
 			mu.Lock()
 			ca, verifyErr = b, err
 			mu.Unlock()
-		})))
+		})), timeout)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
 			continue

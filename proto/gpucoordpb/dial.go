@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -11,18 +12,35 @@ import (
 
 // Dial returns a client connection to a coordinator over creds (nil:
 // plaintext, for a coordinator on loopback). It connects lazily; the first
-// call reports an unreachable address.
-func Dial(addr string, creds credentials.TransportCredentials) (*grpc.ClientConn, error) {
+// call reports an unreachable address. A connection attempt that has not
+// been answered (TCP, TLS and the HTTP/2 preface) within connectTimeout
+// fails (0: DefaultConnectTimeout), and attempts are spaced by an
+// exponential backoff with jitter of at most MaxReconnectDelay.
+func Dial(addr string, creds credentials.TransportCredentials, connectTimeout time.Duration) (*grpc.ClientConn, error) {
 	if creds == nil {
 		creds = insecure.NewCredentials()
 	}
+	if connectTimeout <= 0 {
+		connectTimeout = DefaultConnectTimeout
+	}
+	bo := backoff.DefaultConfig
+	bo.BaseDelay, bo.MaxDelay = 100*time.Millisecond, MaxReconnectDelay
 	return grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bo, MinConnectTimeout: connectTimeout}),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout, PermitWithoutStream: true}),
 		// A large job's assignment (about 36 bytes a member: 72 KB at
 		// 2,048 nodes) fits the first window: without this, every agent's
 		// first one waits a window update round trip behind gRPC's 64 KB.
 		grpc.WithInitialWindowSize(WindowSize), grpc.WithInitialConnWindowSize(WindowSize))
 }
+
+// DefaultConnectTimeout is how long a coordinator is given to answer a
+// connection by default (every command's --connect-timeout).
+const DefaultConnectTimeout = 10 * time.Second
+
+// MaxReconnectDelay bounds the pause between two connection attempts to a
+// coordinator, so that one that comes back is found within seconds.
+const MaxReconnectDelay = 5 * time.Second
 
 // KeepaliveTime and KeepaliveTimeout are both ends' gRPC keepalives: a
 // connection idle for KeepaliveTime is pinged, and one whose ping is not

@@ -185,7 +185,9 @@ func TestInFlightFromSchedule(t *testing.T) {
 // TestWorkedExample checks the worked example of docs/PLANNING.md, figures
 // computed by hand there: gpt-13b on 32 H100s, tp 8, pp 4, ZeRO 1.
 func TestWorkedExample(t *testing.T) {
-	p := plan(t, "dgx-h100", "gpt-13b", func(c *topology.Config) { c.TP, c.PP, c.Zero = 8, 4, 1 })
+	// The worked example of docs/PLANNING.md: a global batch of 16, 4p
+	// micro-batches.
+	p := plan(t, "dgx-h100", "gpt-13b", func(c *topology.Config) { c.TP, c.PP, c.Zero, c.GlobalBatch = 8, 4, 1, 16 })
 	r, err := Evaluate(p)
 	if err != nil {
 		t.Fatal(err)

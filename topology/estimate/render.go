@@ -175,6 +175,9 @@ type SearchPlan struct {
 	Traffic []Traffic `json:"traffic"`
 	// Fits reports whether the plan fits (always true for a ranked plan).
 	Fits bool `json:"fits"`
+	// Command plans this layout alone, every setting given (gpucoord plan
+	// ...); absent when the caller set none.
+	Command string `json:"command,omitempty"`
 }
 
 // SearchDocument is the JSON form of a SearchResult, the shape scripts read
@@ -199,7 +202,7 @@ func NewSearchDocument(res SearchResult) SearchDocument {
 	doc := SearchDocument{Candidates: res.Candidates, Fitting: res.Fitting, Why: res.Why, Fixed: res.Fixed, Plans: []SearchPlan{}}
 	for i, t := range res.Top {
 		doc.Plans = append(doc.Plans, SearchPlan{Rank: i + 1, Parallel: t.Plan.Config, Memory: t.Report.Memory,
-			Pipeline: t.Report.Pipeline, Step: t.Report.Step, Traffic: t.Report.Traffic, Fits: t.Report.Fits})
+			Pipeline: t.Report.Pipeline, Step: t.Report.Step, Traffic: t.Report.Traffic, Fits: t.Report.Fits, Command: t.Command})
 	}
 	return doc
 }
@@ -234,6 +237,15 @@ func WriteSearchText(w io.Writer, cl topology.Cluster, m topology.Model, res Sea
 		}
 		tw.Flush()
 		fmt.Fprintf(b, "\nwhy: %s\n", res.Why)
+		for i, t := range res.Top {
+			if t.Command == "" {
+				continue
+			}
+			if i == 0 {
+				b.WriteString("\neach plan alone, every setting given:\n")
+			}
+			fmt.Fprintf(b, "  %d  %s\n", i+1, t.Command)
+		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

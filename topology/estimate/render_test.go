@@ -45,7 +45,7 @@ func TestWriteTextGolden(t *testing.T) {
 	}
 	m, _ := topology.ModelPreset("gpt-13b")
 	cfg := topology.DefaultConfig()
-	cfg.TP, cfg.PP, cfg.Zero = 8, 4, 1
+	cfg.TP, cfg.PP, cfg.Zero, cfg.GlobalBatch = 8, 4, 1, 16
 	worked, err := topology.New(cl, m, cfg)
 	if err != nil {
 		t.Fatal(err)

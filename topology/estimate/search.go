@@ -10,8 +10,11 @@ import (
 
 // Ranked is one evaluated candidate of a search.
 type Ranked struct {
-	Plan   *topology.Plan
-	Report Report
+	// Command is the command line that plans this layout alone, for the
+	// caller to set (gpucoord plan fills it); rendered when not empty.
+	Command string
+	Plan    *topology.Plan
+	Report  Report
 
 	bound float64 // lowerBound of the step time
 	built built
