@@ -485,9 +485,9 @@ func TestMetricsAndSecrets(t *testing.T) {
 	s.Tp = 1
 	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
 	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
-	want := []string{"gpucoord_nodes 1", "gpucoord_nodes_busy 1", "gpucoord_leader 1", `gpucoord_job_generation{job="j"} 1`,
+	want := []string{"gpucoord_nodes 1", "gpucoord_nodes_busy 1", "gpucoord_leader 1", `gpucoord_job_generation{job_id="j"} 1`,
 		`gpucoord_jobs{phase="running"} 1`, "gpucoord_lease_renewal_interval_seconds_count", `gpucoord_etcd_requests_total{method="Txn"}`,
-		"# TYPE gpucoord_job_restarts_total counter", `gpucoord_job_restarts_total{job="j"} 0`, "go_goroutines", "process_resident_memory_bytes"}
+		"# TYPE gpucoord_job_restarts_total counter", `gpucoord_job_restarts_total{job_id="j"} 0`, "go_goroutines", "process_resident_memory_bytes"}
 	var body string
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -524,7 +524,7 @@ func TestMetricsAndSecrets(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if !strings.Contains(string(b), `job="j"`) && strings.Contains(string(b), `gpucoord_jobs{phase="cancelled"} 1`) {
+		if !strings.Contains(string(b), `job_id="j"`) && strings.Contains(string(b), `gpucoord_jobs{phase="cancelled"} 1`) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -759,7 +759,7 @@ func TestStragglers(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if want := `gpucoord_job_straggler_ratio{gpu="1",job="j",node="n1",rank="3"} 4.76`; !strings.Contains(string(body), want) {
+	if want := `gpucoord_job_straggler_ratio{gpu="1",job_id="j",node="n1",rank="3"} 4.76`; !strings.Contains(string(body), want) {
 		t.Errorf("metrics lack %q", want)
 	}
 

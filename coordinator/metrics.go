@@ -54,13 +54,13 @@ func newMetrics(s *server, leader func() bool, requests *requestCounter) *metric
 		busy:      d("nodes_busy", "Nodes running a job's generation."),
 		isLeader:  d("leader", "1 when this coordinator is the elected leader."),
 		jobs:      d("jobs", "Jobs by phase (pending, running, succeeded, failed, cancelled), ended ones among the last kept.", "phase"),
-		gen:       d("job_generation", "The job's current generation.", "job"),
-		step:      d("job_step", "The last step rank 0 reported.", "job"),
-		stepSecs:  d("job_step_seconds", "Wall time of the last reported step.", "job"),
-		restarts:  d("job_restarts_total", "Generations after the first (restarts) of a job not ended.", "job"),
-		hangs:     d("job_hangs_total", "Generations of a job not ended that ended because a rank hung (made no progress for the hang timeout).", "job"),
-		members:   d("job_members", "Nodes in the job's current generation.", "job"),
-		straggler: d("job_straggler_ratio", "A straggling rank's compute time over the median of its generation.", "job", "node", "rank", "gpu"),
+		gen:       d("job_generation", "The job's current generation.", "job_id"),
+		step:      d("job_step", "The last step rank 0 reported.", "job_id"),
+		stepSecs:  d("job_step_seconds", "Wall time of the last reported step.", "job_id"),
+		restarts:  d("job_restarts_total", "Generations after the first (restarts) of a job not ended.", "job_id"),
+		hangs:     d("job_hangs_total", "Generations of a job not ended that ended because a rank hung (made no progress for the hang timeout).", "job_id"),
+		members:   d("job_members", "Nodes in the job's current generation.", "job_id"),
+		straggler: d("job_straggler_ratio", "A straggling rank's compute time over the median of its generation.", "job_id", "node", "rank", "gpu"),
 	}
 }
 

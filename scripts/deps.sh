@@ -3,13 +3,15 @@
 # etcd-server (the external etcd of the control-plane tests) and
 # python3-torch (the torchrun DDP client under gpucoord launch) and
 # iptables (the cluster-in-a-box tests cut hosts off with it) and openssl
-# (s_client shows what a coordinator's port speaks).
+# (s_client shows what a coordinator's port speaks) and prometheus (it
+# scrapes a coordinator for the Grafana dashboard's test).
 set -euo pipefail
 need=()
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
 /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || need+=(python3-torch)
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptables)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+[ -x /usr/bin/prometheus ] || need+=(prometheus)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" = 0 ] || sudo=sudo
