@@ -676,6 +676,9 @@ func (f *follower) attachTo(ctx context.Context, cl *client.Client) error {
 		if j.GetSpec().GetId() == f.spec.Id {
 			f.spec = j.Spec
 			f.countSteps()
+			if f.json {
+				json.NewEncoder(f.out).Encode(launchEvent{Schema: launchSchema, Event: "following", Job: f.spec.Id})
+			}
 			return nil
 		}
 	}
@@ -712,7 +715,10 @@ func (f *follower) submit(ctx context.Context, cl *client.Client) error {
 	}
 	fmt.Fprintf(f.progress, "job %s submitted: %d node%s x %d ranks, tp %d pp %d, %s\n",
 		f.spec.Id, f.spec.Nodes, plural(int(f.spec.Nodes)), f.spec.GpusPerNode, f.spec.Tp, f.spec.Pp, what)
-	if f.detach {
+	switch {
+	case f.json:
+		json.NewEncoder(f.out).Encode(launchEvent{Schema: launchSchema, Event: "submitted", Job: f.spec.Id})
+	case f.detach:
 		fmt.Fprintln(f.out, f.spec.Id)
 	}
 	return nil
@@ -774,7 +780,9 @@ func (f *follower) cancel(cl *client.Client) error {
 	if st, _ := cl.Cancel(ctx, f.spec.Id, "launch interrupted"); pb.Terminal(st) {
 		return f.finish(st)
 	}
-	return &exitError{code: exitInterrupted, err: fmt.Errorf("job %s cancelled: launch interrupted", f.spec.Id)}
+	err := &exitError{code: exitInterrupted, err: fmt.Errorf("job %s cancelled: launch interrupted", f.spec.Id)}
+	f.end(phaseWord(pb.JobState_CANCELLED), "launch interrupted", err)
+	return err
 }
 
 // plaintextHint says, after a failure without credentials, that the
@@ -840,6 +848,10 @@ func (f *follower) show(ev *pb.JobEvent) error {
 			line += fmt.Sprintf(" (%s; starting over from step 1: no checkpoint was committed)", g.Reason)
 		}
 		fmt.Fprintln(f.progress, line)
+		if f.json {
+			l := jobLayout(f.spec, g)
+			json.NewEncoder(f.out).Encode(launchEvent{Event: "generation", Generation: generationOf(g), Layout: &l})
+		}
 		f.output.generation(g)
 		if g.Output != "" {
 			fmt.Fprintf(f.progress, "  %s of the rank that failed:\n%s\n", outputKind(g.Hangs > f.hangs), indent(g.Output, "    "))
@@ -854,8 +866,7 @@ func (f *follower) show(ev *pb.JobEvent) error {
 	if s := ev.Step; s != nil && s.Step > f.lastStep && (s.Generation == 0 || s.Generation == f.lastGen) {
 		f.lastStep, f.lastLoss = s.Step, s.Loss
 		if f.json {
-			json.NewEncoder(f.out).Encode(launchStep{StepResult: engine.StepResult{Step: int(s.Step), Loss: s.Loss, Seconds: s.Seconds,
-				SamplesPerSec: s.SamplesPerSec}, Generation: s.Generation, DP: int(s.Dp)})
+			json.NewEncoder(f.out).Encode(stepEvent{launchStep: *stepOf(s), Event: "step"})
 		} else {
 			fmt.Fprintf(f.out, "step %*d/%d  loss %.6f  %7.1f ms  (generation %d, %d node%s)\n",
 				len(fmt.Sprint(f.steps)), s.Step, f.steps, s.Loss, 1e3*s.Seconds, f.lastGen, f.lastNodes, plural(f.lastNodes))
@@ -863,7 +874,7 @@ func (f *follower) show(ev *pb.JobEvent) error {
 	}
 	if c := ev.Commit; c != nil && f.json && c.Step != f.lastCommit {
 		f.lastCommit = c.Step
-		json.NewEncoder(f.out).Encode(launchCommit{Committed: c.Step, Generation: c.Generation, Backup: c.Backup})
+		json.NewEncoder(f.out).Encode(commitEvent{launchCommit{Committed: c.Step, Generation: c.Generation, Backup: c.Backup}, "commit"})
 	}
 	if st := ev.State; st.GetPhase() == pb.JobState_PENDING && st.Reason != f.lastReason {
 		f.lastReason = st.Reason
@@ -872,24 +883,9 @@ func (f *follower) show(ev *pb.JobEvent) error {
 	return nil
 }
 
-// launchStep is a step line of launch --json: train --json's fields plus
-// the generation and the data-parallel degree that trained the step.
-type launchStep struct {
-	engine.StepResult
-	Generation int64 `json:"generation"`
-	DP         int   `json:"dp"`
-}
-
-// launchCommit is a line of launch --json for each commit: the step every
-// rank's checkpoint holds, with its copies in place.
-type launchCommit struct {
-	Committed  int64 `json:"committed"`
-	Generation int64 `json:"generation"`
-	Backup     bool  `json:"backup,omitempty"`
-}
-
 // finish turns the final state into launch's result.
 func (f *follower) finish(st *pb.JobState) error {
+	var err error
 	switch st.Phase {
 	case pb.JobState_SUCCEEDED:
 		if f.lastStep > 0 {
@@ -897,17 +893,33 @@ func (f *follower) finish(st *pb.JobState) error {
 		} else {
 			fmt.Fprintf(f.progress, "job %s succeeded in %s\n", f.spec.Id, since(f.started))
 		}
-		return nil
 	case pb.JobState_CANCELLED:
-		return &exitError{code: exitInterrupted, err: fmt.Errorf("job %s cancelled: %s", f.spec.Id, st.Reason)}
+		err = &exitError{code: exitInterrupted, err: fmt.Errorf("job %s cancelled: %s", f.spec.Id, st.Reason)}
+	default:
+		code := int(st.ExitCode)
+		if code == 0 {
+			code = exitFailure
+		}
+		e := fmt.Errorf("job %s failed: %s", f.spec.Id, st.Reason)
+		if st.Output != "" {
+			e = fmt.Errorf("%w\nlast output of rank %d on %s:\n%s", e, st.FailedRank, st.FailedNode, indent(st.Output, "  "))
+		}
+		err = &exitError{code: code, err: e}
 	}
-	code := int(st.ExitCode)
-	if code == 0 {
-		code = exitFailure
+	f.end(phaseWord(st.Phase), st.Reason, err)
+	return err
+}
+
+// end writes launch --json's last line: the job's phase and the status
+// launch exits with.
+func (f *follower) end(phase, reason string, err error) {
+	if !f.json {
+		return
 	}
-	err := fmt.Errorf("job %s failed: %s", f.spec.Id, st.Reason)
-	if st.Output != "" {
-		err = fmt.Errorf("%w\nlast output of rank %d on %s:\n%s", err, st.FailedRank, st.FailedNode, indent(st.Output, "  "))
+	code := int32(0)
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = int32(ee.code)
 	}
-	return &exitError{code: code, err: err}
+	json.NewEncoder(f.out).Encode(launchEvent{Event: "end", Job: f.spec.Id, Phase: phase, Reason: reason, ExitCode: &code})
 }

@@ -198,6 +198,49 @@ func TestLaunchStandaloneMatchesTrain(t *testing.T) {
 	if !strings.Contains(p.output(), "generation 1: 2 nodes (node0, node1), 8 ranks, tp 2 pp 2 dp 2") {
 		t.Errorf("no generation line in:\n%s", p.output())
 	}
+	// The JSON lines, schema gpucoord.launch/1: submitted first, the
+	// generation with the layout status and plan show, a line per step,
+	// and the end.
+	var events []map[string]any
+	for _, line := range strings.Split(p.output(), "\n") {
+		var ev map[string]any
+		if strings.HasPrefix(line, "{") && json.Unmarshal([]byte(line), &ev) == nil {
+			events = append(events, ev)
+		}
+	}
+	count := map[string]int{}
+	for _, ev := range events {
+		count[fmt.Sprint(ev["event"])]++
+	}
+	wantLayout := layoutJSON{Nodes: 2, GPUsPerNode: 4, World: 8, TP: 2, PP: 2, DP: 2, Schedule: "1f1b"}
+	switch {
+	case len(events) < 3 || events[0]["schema"] != launchSchema || events[0]["event"] != "submitted":
+		t.Errorf("the first JSON line is not launch's schema: %v", events)
+	case count["generation"] != 1 || count["step"] != len(want) || count["end"] != 1:
+		t.Errorf("events %v, want a generation, %d steps and an end", count, len(want))
+	case !sameJSON(t, events[1]["layout"], wantLayout) || events[len(events)-1]["phase"] != "succeeded" || events[len(events)-1]["exit_code"] != 0.0:
+		t.Errorf("generation %v, end %v; want layout %+v, succeeded with 0", events[1], events[len(events)-1], wantLayout)
+	}
+	// plan --json shows the layout the same way.
+	var doc struct {
+		Schema string
+		Layout any
+	}
+	out, _, _ := runCLI(t, "plan", "--model", "gpt-1.7b", "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2", "--json")
+	if json.Unmarshal([]byte(out), &doc) != nil || doc.Schema != planSchema || !sameJSON(t, doc.Layout, wantLayout) {
+		t.Errorf("plan --json: schema %q, layout %v; want %s and %+v", doc.Schema, doc.Layout, planSchema, wantLayout)
+	}
+}
+
+// sameJSON says whether decoded JSON v is what want encodes to.
+func sameJSON(t *testing.T, v, want any) bool {
+	t.Helper()
+	a, _ := json.Marshal(v)
+	var w any
+	b, _ := json.Marshal(want)
+	json.Unmarshal(b, &w)
+	b, _ = json.Marshal(w)
+	return string(a) == string(b)
 }
 
 // freePort returns a loopback port nobody listens on now.

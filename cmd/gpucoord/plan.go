@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -277,7 +278,7 @@ func writePlan(out io.Writer, f *planFlags, p *topology.Plan, r estimate.Report)
 		}
 	}
 	if f.json {
-		return estimate.WriteJSON(out, p, r)
+		return writeIndented(out, planJSON{Schema: planSchema, Layout: planLayout(p), Document: estimate.NewDocument(p, r)})
 	}
 	return estimate.WriteText(out, p, r)
 }
@@ -326,7 +327,7 @@ func runAuto(cmd *cobra.Command, f *planFlags, cl topology.Cluster, m topology.M
 		res.Top[i].Command = planCommand(cmd, res.Top[i].Plan.Config)
 	}
 	if f.json {
-		err = estimate.WriteSearchJSON(out, res)
+		err = writeIndented(out, planSearchJSON{Schema: planSearchSchema, SearchDocument: estimate.NewSearchDocument(res)})
 	} else {
 		err = estimate.WriteSearchText(out, cl, m, res)
 	}
@@ -384,6 +385,27 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// planJSON is plan --json: estimate's document of the plan, with the
+// schema and the layout every gpucoord JSON shares.
+type planJSON struct {
+	Schema string     `json:"schema"`
+	Layout layoutJSON `json:"layout"`
+	estimate.Document
+}
+
+// planSearchJSON is plan --auto --json.
+type planSearchJSON struct {
+	Schema string `json:"schema"`
+	estimate.SearchDocument
+}
+
+// writeIndented writes v as indented JSON.
+func writeIndented(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // writeFile creates path and fills it with write, reporting either error.

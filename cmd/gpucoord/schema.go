@@ -7,11 +7,21 @@ import (
 
 	"github.com/gpucoord/gpucoord/coordinator"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/topology"
+	"github.com/gpucoord/gpucoord/worker/engine"
 )
 
-// statusSchema names the shape of status --json (docs/LAUNCH.md, "status
-// --json"); a change that removes or retypes a field takes a new number.
-const statusSchema = "gpucoord.status/1"
+// The JSON that gpucoord prints for scripts shares one schema family
+// (docs/LAUNCH.md, "JSON output"): each document, or the first line of a
+// stream, names its schema; the objects they have in common (a layout, a
+// step, a phase) have one shape, defined here. A change that removes or
+// retypes a field takes a new number.
+const (
+	statusSchema     = "gpucoord.status/1"      // status --json
+	launchSchema     = "gpucoord.launch/1"      // launch --json, follow --json: JSON lines
+	planSchema       = "gpucoord.plan/1"        // plan --json
+	planSearchSchema = "gpucoord.plan-search/1" // plan --auto --json
+)
 
 // statusJSON is what status --json prints: numbers as JSON numbers, phases
 // spelled as the text output spells them, a job's layout as it runs, and
@@ -49,8 +59,8 @@ type jobJSON struct {
 	Failure       *failureJSON    `json:"failure,omitempty"`
 }
 
-// layoutJSON is the job's layout: as its current generation runs it, else
-// as it would run on --nodes.
+// layoutJSON is a layout: a job's as its current generation runs it, else
+// as it would run on --nodes (status, launch), or a plan's.
 type layoutJSON struct {
 	Nodes       int32  `json:"nodes"`
 	GPUsPerNode int32  `json:"gpus_per_node"`
@@ -60,6 +70,35 @@ type layoutJSON struct {
 	DP          int32  `json:"dp"`
 	Zero        int32  `json:"zero"`
 	Schedule    string `json:"schedule,omitempty"`
+}
+
+// jobLayout is spec's layout as generation g runs it (nil: as it would
+// run on spec's nodes).
+func jobLayout(spec *pb.JobSpec, g *pb.Generation) layoutJSON {
+	l := layoutJSON{Nodes: spec.GetNodes(), GPUsPerNode: spec.GetGpusPerNode(), TP: spec.GetTp(), PP: spec.GetPp(),
+		Zero: spec.GetZero(), Schedule: spec.GetSchedule()}
+	if g != nil {
+		l.Nodes, l.World, l.DP = int32(len(g.Members)), g.World, g.Dp
+	} else if sh, err := coordinator.Layout(spec, int(spec.GetNodes())); err == nil {
+		l.World, l.DP = int32(sh.World()), int32(sh.DP)
+	}
+	return l
+}
+
+// planLayout is plan p's layout.
+func planLayout(p *topology.Plan) layoutJSON {
+	c := p.Config
+	return layoutJSON{Nodes: int32(p.Cluster.Nodes), GPUsPerNode: int32(p.Cluster.GPUsPerNode), World: int32(p.World()),
+		TP: int32(c.TP), PP: int32(c.PP), DP: int32(c.DP), Zero: int32(c.Zero), Schedule: string(c.Schedule)}
+}
+
+// generationOf is g as status --json and launch --json show it.
+func generationOf(g *pb.Generation) *generationJSON {
+	gj := &generationJSON{Number: g.Number, ResumeStep: g.ResumeStep, Reason: g.Reason, Hangs: g.Hangs}
+	for _, m := range g.Members {
+		gj.Nodes = append(gj.Nodes, m.Node)
+	}
+	return gj
 }
 
 type generationJSON struct {
@@ -102,22 +141,12 @@ func writeStatusJSON(w io.Writer, s *pb.StatusResponse) error {
 	for _, j := range s.Jobs {
 		spec, st := j.Spec, j.State
 		x := jobJSON{ID: spec.GetId(), Phase: phaseWord(st.GetPhase()), Reason: st.GetReason(), Native: len(spec.GetCommand()) == 0,
-			Command: spec.GetCommand(), CommittedStep: j.CommittedStep,
-			Layout: layoutJSON{Nodes: spec.GetNodes(), GPUsPerNode: spec.GetGpusPerNode(), TP: spec.GetTp(), PP: spec.GetPp(),
-				Zero: spec.GetZero(), Schedule: spec.GetSchedule()}}
+			Command: spec.GetCommand(), CommittedStep: j.CommittedStep, Layout: jobLayout(spec, j.Generation)}
 		if g := j.Generation; g != nil {
-			x.Layout.Nodes, x.Layout.World, x.Layout.DP = int32(len(g.Members)), g.World, g.Dp
-			gj := &generationJSON{Number: g.Number, ResumeStep: g.ResumeStep, Reason: g.Reason, Hangs: g.Hangs}
-			for _, m := range g.Members {
-				gj.Nodes = append(gj.Nodes, m.Node)
-			}
-			x.Generation = gj
-		} else if l, err := coordinator.Layout(spec, int(spec.GetNodes())); err == nil {
-			x.Layout.World, x.Layout.DP = int32(l.World()), int32(l.DP)
+			x.Generation = generationOf(g)
 		}
 		if s := j.LastStep; s != nil {
-			x.Step = &launchStep{Generation: s.Generation, DP: int(s.Dp)}
-			x.Step.Step, x.Step.Loss, x.Step.Seconds, x.Step.SamplesPerSec = int(s.Step), s.Loss, s.Seconds, s.SamplesPerSec
+			x.Step = stepOf(s)
 		}
 		for _, m := range j.Members {
 			x.Members = append(x.Members, memberJSON{Node: m.Node, FirstRank: m.FirstRank, Ranks: m.Ranks, State: m.State})
@@ -133,4 +162,53 @@ func writeStatusJSON(w io.Writer, s *pb.StatusResponse) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
+}
+
+// launchStep is a step: rank 0's, as a line of launch --json (train
+// --json's fields plus the generation and the data-parallel degree that
+// trained it) and as status --json's job.step.
+type launchStep struct {
+	engine.StepResult
+	Generation int64 `json:"generation"`
+	DP         int   `json:"dp"`
+}
+
+func stepOf(s *pb.Step) *launchStep {
+	x := &launchStep{Generation: s.Generation, DP: int(s.Dp)}
+	x.Step, x.Loss, x.Seconds, x.SamplesPerSec = int(s.Step), s.Loss, s.Seconds, s.SamplesPerSec
+	return x
+}
+
+// launchCommit is the part of a commit line of launch --json that names
+// the step every rank's checkpoint holds, with its copies in place.
+type launchCommit struct {
+	Committed  int64 `json:"committed"`
+	Generation int64 `json:"generation"`
+	Backup     bool  `json:"backup,omitempty"`
+}
+
+// launchEvent is a line of launch --json (and follow --json) other than
+// a step's or a commit's: submitted (or following: the first line, with
+// the schema), generation, or end.
+type launchEvent struct {
+	Schema     string          `json:"schema,omitempty"`
+	Event      string          `json:"event"`
+	Job        string          `json:"job,omitempty"`
+	Generation *generationJSON `json:"generation,omitempty"`
+	Layout     *layoutJSON     `json:"layout,omitempty"`
+	Phase      string          `json:"phase,omitempty"` // end: as status spells it
+	Reason     string          `json:"reason,omitempty"`
+	ExitCode   *int32          `json:"exit_code,omitempty"`
+}
+
+// stepEvent and commitEvent are the lines of a step and of a commit: they
+// start {"step": and {"committed":, as train --json's step lines do.
+type stepEvent struct {
+	launchStep
+	Event string `json:"event"`
+}
+
+type commitEvent struct {
+	launchCommit
+	Event string `json:"event"`
 }
