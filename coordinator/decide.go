@@ -678,7 +678,11 @@ func hostIndex(hosts []string, n *pb.Node) int {
 
 // waitingFor says, in one line, what a pending job waits for.
 func waitingFor(v *view, spec *pb.JobSpec, free int) string {
-	s := fmt.Sprintf("waiting for nodes: %d of %d free with %d GPUs each (%d registered)", free, spec.Nodes, spec.GpusPerNode, len(v.nodes))
+	gpus := "GPUs"
+	if spec.GpusPerNode == 1 {
+		gpus = "GPU"
+	}
+	s := fmt.Sprintf("waiting for nodes: %d of %d free with %d %s each (%d registered)", free, spec.Nodes, spec.GpusPerNode, gpus, len(v.nodes))
 	if len(spec.Hosts) > 0 {
 		s += " among hosts " + strings.Join(spec.Hosts, ",")
 	}

@@ -96,8 +96,9 @@ peers (the native engine checkpoints every step and loses at most the step
 in flight; your program writes under GPUCOORD_CHECKPOINT_DIR/N and says
 "checkpoint N" on GPUCOORD_PROGRESS). docs/LAUNCH.md has the details.
 
-Prints one line per step (or per second for a program that reports none)
-and exits with the job's status: 0, or the first failing rank's exit code
+Prints one line per step of a native job, every rank's output behind its
+tag (--output), a line after 10s in which a program printed nothing, and
+exits with the job's status: 0, or the first failing rank's exit code
 with that rank named.`,
 		Example: `  gpucoord launch --standalone --nodes 2 --gpus-per-node 4 --tp 2 --pp 2 examples/jobs/mlp.yaml
   gpucoord launch --standalone --nodes 2 --gpus-per-node 2 -- /usr/bin/python3 examples/pytorch/ddp.py
@@ -607,6 +608,7 @@ type follower struct {
 	started        time.Time
 	// output shows the ranks' lines; nil shows none.
 	output *rankOutput
+	said   time.Time // when launch last printed a line of its own (guarded by mu)
 
 	// mu guards what show records: the ticker of a program's job reads it.
 	mu         sync.Mutex
@@ -622,6 +624,7 @@ type follower struct {
 
 func (f *follower) run(ctx context.Context) error {
 	f.started = time.Now()
+	f.said = f.started
 	cfg := client.DefaultConfig()
 	cfg.Coordinators, cfg.Credentials, cfg.OnFailover = f.addrs, f.creds, f.failover
 	connectTimeouts(cfg, f.connectTimeout)
@@ -725,7 +728,8 @@ func (f *follower) submit(ctx context.Context, cl *client.Client) error {
 }
 
 // follow follows the job to its end. While a program's job runs, a line
-// every second shows it is alive: a program reports no steps.
+// shows it is alive after every quietFor without a line from launch or
+// its ranks: a program reports no steps.
 func (f *follower) follow(ctx context.Context, cl *client.Client) (*pb.JobState, error) {
 	if len(f.spec.Command) > 0 {
 		tctx, cancel := context.WithCancel(ctx)
@@ -748,13 +752,20 @@ func (f *follower) follow(ctx context.Context, cl *client.Client) (*pb.JobState,
 	return cl.Follow(ctx, f.spec.Id, f.show)
 }
 
-// alive prints the running line of a program's job.
+// quietFor is how long a program's job may print nothing before launch
+// says it is still running.
+const quietFor = 10 * time.Second
+
+// alive prints the running line of a program's job after quietFor of
+// silence.
 func (f *follower) alive() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.state.GetPhase() == pb.JobState_RUNNING {
-		fmt.Fprintf(f.progress, "running %s: generation %d, %d node%s\n", since(f.started), f.lastGen, f.lastNodes, plural(f.lastNodes))
+	if f.state.GetPhase() != pb.JobState_RUNNING || time.Since(f.output.lastLine(f.said)) < quietFor {
+		return
 	}
+	fmt.Fprintf(f.progress, "running %s: generation %d, %d node%s\n", since(f.started), f.lastGen, f.lastNodes, plural(f.lastNodes))
+	f.said = time.Now()
 }
 
 // failover prints where following the job moves when a coordinator fails.
@@ -848,6 +859,7 @@ func (f *follower) show(ev *pb.JobEvent) error {
 			line += fmt.Sprintf(" (%s; starting over from step 1: no checkpoint was committed)", g.Reason)
 		}
 		fmt.Fprintln(f.progress, line)
+		f.said = time.Now()
 		if f.json {
 			l := jobLayout(f.spec, g)
 			json.NewEncoder(f.out).Encode(launchEvent{Event: "generation", Generation: generationOf(g), Layout: &l})

@@ -588,9 +588,11 @@ func TestLaunchInterrupted(t *testing.T) {
 	exe := buildBinary(t)
 	marker := fmt.Sprintf("GPUCOORD_TEST_MARK=%d", time.Now().UnixNano())
 	p := start(t, exe, "launch", "--standalone", "--nodes", "2", "--gpus-per-node", "2", "--env", marker, "--", "/bin/sleep", "600")
-	p.waitLine(t, "running ", time.Minute)
-	if n := len(processesWith(marker)); n != 4 {
-		t.Fatalf("%d ranks running, want 4", n)
+	p.waitLine(t, "generation 1:", time.Minute)
+	for deadline := time.Now().Add(time.Minute); len(processesWith(marker)) != 4; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d ranks running after a minute, want 4", len(processesWith(marker)))
+		}
 	}
 	p.cmd.Process.Signal(os.Interrupt)
 	if code := p.wait(t, 30*time.Second); code != exitInterrupted {

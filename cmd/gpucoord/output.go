@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -54,6 +55,8 @@ type rankOutput struct {
 	// w takes the ranks' lines, warn launch's own about them; each Write
 	// is one line, and safe for concurrent use.
 	w, warn io.Writer
+
+	last atomic.Int64 // when the last line came, Unix nanoseconds
 
 	ctx  context.Context
 	stop context.CancelFunc
@@ -100,12 +103,27 @@ func (o *rankOutput) generation(g *pb.Generation) {
 		o.wg.Add(1)
 		go func() {
 			defer o.wg.Done()
-			err := o.cl.Follow(ctx, m.CheckpointAddr, o.job, g.Number, rank, func(b []byte) { o.w.Write(b) })
+			err := o.cl.Follow(ctx, m.CheckpointAddr, o.job, g.Number, rank, func(b []byte) {
+				o.w.Write(b)
+				o.last.Store(time.Now().UnixNano())
+			})
 			if err != nil && ctx.Err() == nil {
 				fmt.Fprintf(o.warn, "the output of %s's ranks (generation %d) stopped: %v\n", m.Node, g.Number, err)
 			}
 		}()
 	}
+}
+
+// lastLine is when the ranks' last line was shown, or since when none
+// has been.
+func (o *rankOutput) lastLine(since time.Time) time.Time {
+	if o == nil {
+		return since
+	}
+	if at := time.Unix(0, o.last.Load()); at.After(since) {
+		return at
+	}
+	return since
 }
 
 // drain waits up to d for the readers to finish (the job ended: each ends
