@@ -45,8 +45,8 @@ for i in $(seq "$runs"); do
         --checkpoint-every 1 --checkpoint-dir "$d/ckpt" --steps 100000 --json examples/jobs/mlp.yaml 2>&1 | stamp >"$d/launch.out") & pids+=($!)
     until grep -q '{"step":20,' "$d/launch.out" 2>/dev/null; do sleep 0.02; done
     t0=$(date +%s%3N); kill -9 "$w1"
-    until grep -q '"generation":2,' "$d/launch.out" 2>/dev/null; do sleep 0.02; done
-    first=$(grep -m1 '"generation":2,' "$d/launch.out" | cut -d' ' -f1)
+    until grep -q '"generation":2,"dp":' "$d/launch.out" 2>/dev/null; do sleep 0.02; done
+    first=$(grep -m1 '"generation":2,"dp":' "$d/launch.out" | cut -d' ' -f1)
   fi
   det=$(grep -m1 -E 'node disconnected|failed its gossip' "$d/coord.log" | sed -E 's/^time=([^ ]+).*/\1/')
   gen=$(grep -m1 'new generation' "$d/coord.log" | sed -E 's/^time=([^ ]+).*/\1/')

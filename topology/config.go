@@ -58,7 +58,7 @@ type Config struct {
 	// MicroBatch is the micro-batch size in sequences.
 	MicroBatch int `json:"micro_batch"`
 	// GlobalBatch is the global batch in sequences; zero means
-	// DefaultGlobalBatch, one sequence per GPU.
+	// DefaultGlobalBatch, a micro-batch per GPU.
 	GlobalBatch int `json:"global_batch"`
 	// Schedule is the pipeline schedule.
 	Schedule schedule.Kind `json:"schedule"`

@@ -54,7 +54,7 @@ func New(cl Cluster, m Model, cfg Config) (*Plan, error) {
 		Schedule: cfg.Schedule, Virtual: cfg.VPP,
 		WorldName: fmt.Sprintf("world size %d (%s x %s)", world, plural(cl.Nodes, "node", "nodes"), plural(cl.GPUsPerNode, "GPU", "GPUs"))}
 	if spec.GlobalBatch == 0 {
-		spec.GlobalBatch = DefaultGlobalBatch(cl)
+		spec.GlobalBatch = DefaultGlobalBatch(cl, cfg.MicroBatch)
 	}
 	sh, err := NewShape(world, spec)
 	if err != nil {
@@ -136,6 +136,8 @@ func plural(n int, one, many string) string {
 }
 
 // DefaultGlobalBatch is the global batch a plan trains when none is given,
-// manual or searched alike: one sequence per GPU, the same for every
-// layout of the cluster, so that layouts are compared on the same work.
-func DefaultGlobalBatch(cl Cluster) int { return cl.World() }
+// manual or searched alike: a micro-batch of microBatch sequences per GPU
+// (the --micro-batch given; a search keeps it for every layout it tries),
+// the same for every layout of the cluster, so that layouts are compared
+// on the same work.
+func DefaultGlobalBatch(cl Cluster, microBatch int) int { return cl.World() * max(1, microBatch) }

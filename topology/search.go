@@ -75,7 +75,7 @@ func DefaultSearchSpace() SearchSpace {
 func Candidates(cl Cluster, m Model, base Config, space SearchSpace, visit func(*Plan) bool) int {
 	world := cl.World()
 	if base.GlobalBatch == 0 {
-		base.GlobalBatch = DefaultGlobalBatch(cl)
+		base.GlobalBatch = DefaultGlobalBatch(cl, base.MicroBatch)
 	}
 	n := 0
 	flat := base.Schedule

@@ -1024,6 +1024,9 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 			return cmd, nil
 		},
 	}
+	if native {
+		pcfg.Linger = ExitPreempted // its node's other ranks finish the checkpoint's step
+	}
 	log.Info("starting ranks", "first", me.FirstRank, "count", me.Ranks, "master", asg.Master)
 	err = localproc.Run[struct{}](ctx, pcfg, nil)
 	for _, w := range writers {

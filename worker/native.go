@@ -27,6 +27,11 @@ import (
 // finishes, then stop.
 const PreemptSignal = syscall.SIGUSR1
 
+// ExitPreempted is the exit status of a native rank that stopped after
+// the checkpoint its preemption asked for (EX_TEMPFAIL): its node's other
+// ranks are left to finish that step's collectives rather than stopped.
+const ExitPreempted = 75
+
 // ReadPlan reads the assignment a rank's GPUCOORD_PLAN names.
 func ReadPlan() (*pb.Assignment, error) {
 	path := os.Getenv(EnvPlan)

@@ -151,7 +151,7 @@ func killLastHost(t *testing.T, args []string) (time.Duration, int) {
 	p.waitLine(t, `{"step":35,`, time.Minute)
 	killed := time.Now()
 	b.Host(3).Kill()
-	p.waitLine(t, `"generation":2,`, time.Minute)
+	p.waitLine(t, `"generation":2,"dp":`, time.Minute)
 	resume := time.Since(killed)
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())

@@ -23,6 +23,7 @@ import (
 	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/worker"
+	"github.com/gpucoord/gpucoord/worker/engine"
 )
 
 func init() {
@@ -401,7 +402,11 @@ func newRankCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return worker.RunNativeRank(c.Context(), c.OutOrStdout(), c.ErrOrStderr())
+			err := worker.RunNativeRank(c.Context(), c.OutOrStdout(), c.ErrOrStderr())
+			if errors.Is(err, engine.ErrPreempted) {
+				return &exitError{code: worker.ExitPreempted, err: err}
+			}
+			return err
 		},
 	}
 }

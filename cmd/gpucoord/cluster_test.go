@@ -273,7 +273,7 @@ func TestClusterHostLost(t *testing.T) {
 			} else {
 				lost.Kill()
 			}
-			p.waitLine(t, `"generation":2,"dp":3}`, time.Minute)
+			p.waitLine(t, `"generation":2,"dp":3,`, time.Minute)
 			t.Logf("%s host: first step of generation 2 reported %s after the cut", name, time.Since(cut).Round(time.Millisecond))
 			if silent {
 				lost.Kill()
@@ -316,7 +316,7 @@ func TestClusterPartition(t *testing.T) {
 	workers[1].waitLine(t, "lease deadline passed with no coordinator renewing it: stopping ranks", 30*time.Second)
 	workers[1].waitLine(t, "ranks stopped", 30*time.Second)
 	gone := time.Since(cutAt)
-	p.waitLine(t, `"generation":2,"dp":3}`, time.Minute)
+	p.waitLine(t, `"generation":2,"dp":3,`, time.Minute)
 	resumed := time.Since(cutAt)
 	t.Logf("cut at 0: h3's ranks gone at %s (lease TTL %s + grace %s), generation 2's first step at %s",
 		gone.Round(time.Millisecond), ttl, grace, resumed.Round(time.Millisecond))

@@ -80,7 +80,7 @@ func heldKill(t *testing.T, victim string, at int) {
 	p.waitLine(t, fmt.Sprintf(`{"step":%d,`, at), time.Minute)
 	killed := time.Now()
 	b.hostNamed(t, name).Kill()
-	p.waitLine(t, `"generation":2,`, time.Minute)
+	p.waitLine(t, `"generation":2,"dp":`, time.Minute)
 	t.Logf("%s's host %s killed at step %d: first step of generation 2 reported %s after the kill",
 		victim, name, at, time.Since(killed).Round(time.Millisecond))
 	if code := p.wait(t, 3*time.Minute); code != 0 {

@@ -738,14 +738,14 @@ func TestElasticKillAndRejoin(t *testing.T) {
 	p.waitLine(t, `{"step":10,`, time.Minute)
 	killed := time.Now()
 	w1.cmd.Process.Kill()
-	p.waitLine(t, `"generation":2,"dp":1}`, 30*time.Second)
+	p.waitLine(t, `"generation":2,"dp":1,`, 30*time.Second)
 	resumed := time.Since(killed)
 	t.Logf("first step of generation 2 reported %s after the kill", resumed.Round(time.Millisecond))
 	if resumed > 5*time.Second {
 		t.Errorf("training resumed %s after the kill, want within 5s", resumed)
 	}
 	workerProc(t, exe, addr, "w1", 4)
-	p.waitLine(t, `"generation":3,"dp":2}`, time.Minute)
+	p.waitLine(t, `"generation":3,"dp":2,`, time.Minute)
 	if code := p.wait(t, 2*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d", code)
 	}

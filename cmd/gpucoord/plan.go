@@ -92,7 +92,7 @@ Exit status: 0 the plan fits, 3 it does not fit (printed in full with the reason
 	fl.IntVar(&f.cfg.VPP, "vpp", 0, "virtual pipeline stages per rank, above 1 only with --schedule interleaved (default 2 with interleaved, else 1)")
 	fl.IntVar(&f.cfg.Zero, "zero", 0, "ZeRO stage 0-3")
 	fl.IntVar(&f.cfg.MicroBatch, "micro-batch", 1, "micro-batch size in sequences")
-	fl.IntVar(&f.cfg.GlobalBatch, "global-batch", 0, "global batch in sequences (default: the world size, one sequence per GPU, with --auto too)")
+	fl.IntVar(&f.cfg.GlobalBatch, "global-batch", 0, "global batch in sequences (default: a --micro-batch per GPU, world size x --micro-batch, with --auto too)")
 	fl.StringVar(&f.schedule, "schedule", string(schedule.OneFOneB), "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1")
 	fl.StringVar(&f.recompute, "recompute", string(topology.RecomputeNone), "activation recomputation: none, selective, full")
 	fl.BoolVar(&f.cfg.SequenceParallel, "sequence-parallel", false, "split layer-norm and dropout activations across the TP group")

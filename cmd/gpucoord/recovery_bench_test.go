@@ -96,7 +96,7 @@ func recoveryRun(t *testing.T, fault string, oneHost bool) (detect, resume time.
 	}
 	co.waitLine(t, lost, time.Minute)
 	detect = time.Since(at)
-	p.waitLine(t, `"generation":2,`, time.Minute)
+	p.waitLine(t, `"generation":2,"dp":`, time.Minute)
 	resume = time.Since(at)
 	if fault == "partition" {
 		b.Host(3).Heal()

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -76,6 +77,12 @@ type Config struct {
 	// Started, if set, is called with each rank's process once it runs
 	// (for signals of the caller's own); it must not block.
 	Started func(rank int, p *os.Process)
+	// Linger is an exit code with which a rank leaves without stopping
+	// the others (0: none): a preempted native rank, whose node's other
+	// ranks may still be finishing the collective after the checkpoint
+	// they all wrote. Run then returns that rank's ExitError once every
+	// rank has ended, unless another failed.
+	Linger int
 }
 
 // ExitError is the failure of one rank: its global rank and how it ended.
@@ -156,6 +163,7 @@ func Run[T any](ctx context.Context, cfg Config, emit func(T) error) error {
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
+	var lingered atomic.Pointer[ExitError] // the first rank that left with cfg.Linger
 	for _, rank := range local {
 		cmd, err := cfg.Command(gctx, rank, store)
 		if err == nil {
@@ -192,6 +200,11 @@ func Run[T any](ctx context.Context, cfg Config, emit func(T) error) error {
 			at := time.Now()
 			// The rank is gone; take any process it left in its group with it.
 			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			var ee *exec.ExitError
+			if cfg.Linger != 0 && errors.As(err, &ee) && ee.ExitCode() == cfg.Linger {
+				lingered.CompareAndSwap(nil, &ExitError{Rank: rank, Err: err, At: at})
+				return readErr
+			}
 			if err != nil {
 				return &ExitError{Rank: rank, Err: err, At: at}
 			}
@@ -199,6 +212,9 @@ func Run[T any](ctx context.Context, cfg Config, emit func(T) error) error {
 		})
 	}
 	err := g.Wait()
+	if l := lingered.Load(); err == nil && l != nil {
+		return l
+	}
 	if err != nil && ctx.Err() != nil {
 		// Stopped ranks report "signal: terminated"; the reason is ctx's.
 		return context.Cause(ctx)

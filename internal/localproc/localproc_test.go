@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,6 +60,14 @@ func worker(mode string) int {
 	switch {
 	case mode == "die" && rank == size-1:
 		return 7
+	case mode == "linger" && rank == size-1:
+		return 75
+	case mode == "linger":
+		// Still finishing its work when the last rank leaves: left alone,
+		// it ends well and says so.
+		time.Sleep(300 * time.Millisecond)
+		os.WriteFile(filepath.Join(os.Getenv("LOCALPROC_TEST_DIR"), strconv.Itoa(rank)), nil, 0o644)
+		return 0
 	case mode == "term":
 		// Stop cleanly on SIGTERM, saying so.
 		sig := make(chan os.Signal, 1)
@@ -111,6 +120,25 @@ func TestRunRankFailureEndsWorld(t *testing.T) {
 	}
 	if d := time.Since(start); d > 30*time.Second {
 		t.Errorf("world took %s to end after a rank died", d)
+	}
+}
+
+// TestRunLinger: a rank that exits with Config.Linger's code leaves the
+// others running to their end; Run then reports it.
+func TestRunLinger(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("LOCALPROC_TEST_DIR", dir)
+	cfg := config(t, "linger", 3)
+	cfg.Linger = 75
+	err := Run(t.Context(), cfg, func(line) error { return nil })
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.Rank != 2 || ee.Code() != 75 {
+		t.Fatalf("err = %v, want rank 2's exit status 75", err)
+	}
+	for _, r := range []string{"0", "1"} {
+		if _, err := os.Stat(filepath.Join(dir, r)); err != nil {
+			t.Errorf("rank %s did not end on its own: %v", r, err)
+		}
 	}
 }
 
