@@ -299,8 +299,11 @@ func newWorkerCmd() *cobra.Command {
 		Long: `worker registers this node with the coordinators (the first that answers;
 the others when it fails), keeps its lease alive, and starts one process
 per local rank when a job's generation includes the node: the native engine,
-or the job's command with torchrun's environment. Rank output is streamed
-here, each line tagged [node rRANK tpT ppP dpD]. Ranks are stopped with
+or the job's command with torchrun's environment. Rank output is printed
+here, each line tagged [node rRANK tpT ppP dpD], and kept for launch (which
+reads it from the agent's node server, with the checkpoints it holds) and
+for gpucoord logs (the latest 2 MiB of each rank, under --state-dir/.logs).
+Ranks are stopped with
 SIGTERM, then SIGKILL after --grace, when the job ends, when the agent is
 told to stop (SIGINT/SIGTERM) or when no coordinator has renewed the node's
 lease for its TTL; they die with the agent even when it is killed.

@@ -84,13 +84,27 @@ func TestMain(m *testing.M) {
 		os.Exit(strangerMain())
 	}
 	// Standalone launches log to the cache directory: the tests' own,
-	// removed at the end.
+	// removed at the end. Go's build cache stays where it is (it lives
+	// under the same directory by default): buildBinary's builds reuse
+	// what compiling the tests left there instead of starting cold.
+	if os.Getenv("GOCACHE") == "" {
+		if dir, err := os.UserCacheDir(); err == nil {
+			os.Setenv("GOCACHE", filepath.Join(dir, "go-build"))
+		}
+	}
 	cache, err := os.MkdirTemp("", "gpucoord-test-cache-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	os.Setenv("XDG_CACHE_HOME", cache)
+	// A race-enabled process sleeps a second at exit (GORACE
+	// atexit_sleep_ms, 1000 by default) so that late reports can be
+	// printed; the tests start hundreds of such processes (a race found
+	// is still reported, and fails its process with status 66).
+	if os.Getenv("GORACE") == "" {
+		os.Setenv("GORACE", "atexit_sleep_ms=0")
+	}
 	code := m.Run()
 	for _, dir := range []string{binDir, fakeNCCLDir, cache} {
 		if dir != "" {
