@@ -118,7 +118,7 @@ func (f *authFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.tls.Cert, "tls-cert", "", "this identity's certificate under --tls-ca (subject: CN=name, OU=role)")
 	fl.StringVar(&f.tls.Key, "tls-key", "", "the key of --tls-cert")
 	fl.StringVar(&f.dir, "credentials-dir", join.DefaultDir(), "where the certificate a token buys is kept (0600 files)")
-	fl.DurationVar(&f.connectTimeout, "connect-timeout", pb.DefaultConnectTimeout, "how long a coordinator is given to answer a connection before the next is tried (and, when none answers, before giving up or, for worker, trying again later)")
+	fl.DurationVar(&f.connectTimeout, "connect-timeout", pb.DefaultConnectTimeout, "how long each coordinator has to answer a connection before the next is tried")
 }
 
 // config resolves the flags into a join configuration for id.
