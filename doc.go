@@ -41,13 +41,19 @@
 //     reports how they end; also the native-engine rank started by it.
 //   - worker/engine: a native Go training engine running the schedules with
 //     tensor-parallel layers and ZeRO-sharded Adam.
+//   - worker/ckpt and worker/ranklog: what a node's agent holds and serves
+//     on its node server: its ranks' checkpoints and peers' replicas (to
+//     nodes), and what its ranks print (to launch and gpucoord logs).
+//   - internal/backoff: the exponential backoff with jitter of every retry
+//     loop that reaches coordinators.
 //   - client: the Go API of the coordinators (submit, follow a job with
 //     failover and resume from a revision, cancel, status) that launch and
 //     status are built on.
 //   - cmd/gpucoord: the command line; flags and wiring only.
 //
 // Imports point one way: proto, topology and schedule at the bottom, then
-// sharding and collectives, then worker, coordinator and client (worker
-// and coordinator never import each other: they meet in proto), then cmd.
+// sharding and collectives, then client, then worker and coordinator
+// (which never import each other: they meet in proto; worker uses client
+// only to describe an unreachable coordinator), then cmd.
 // docs/ARCHITECTURE.md draws the map.
 package gpucoord
