@@ -186,7 +186,15 @@ type Agent struct {
 	ckptAddr string       // where peers and clients reach the node server
 	// output keeps what the ranks print, for launch and gpucoord logs.
 	output *ranklog.Store
+	// ready is closed once a coordinator has registered the node and its
+	// stream has delivered the first assignment: the node can take a job.
+	ready     chan struct{}
+	readyOnce sync.Once
 }
+
+// Ready is closed once the node is registered and watching: a job
+// submitted from then on can have it at once.
+func (a *Agent) Ready() <-chan struct{} { return a.ready }
 
 // New returns an agent; Run starts it.
 func New(cfg *Config) (*Agent, error) {
@@ -216,7 +224,7 @@ func New(cfg *Config) (*Agent, error) {
 	log = log.With("component", "agent", "node", cfg.Name)
 	// Job names never start with a dot: .logs is no job's directory.
 	output := ranklog.New(filepath.Join(cfg.WorkDir, ".logs", cfg.Name), cfg.Name, ranklog.DefaultLimits, log)
-	return &Agent{cfg: cfg, net: nw, instance: hex.EncodeToString(id[:]), renewed: make(chan struct{}, 1),
+	return &Agent{cfg: cfg, net: nw, instance: hex.EncodeToString(id[:]), renewed: make(chan struct{}, 1), ready: make(chan struct{}),
 		log: log, output: output}, nil
 }
 
@@ -505,6 +513,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 			return answered || status.Code(err) == codes.NotFound, err
 		}
 		answered = true
+		a.readyOnce.Do(func() { close(a.ready) })
 		if asg.LeaseTtlMs > 0 {
 			a.renew(time.Now().Add(time.Duration(asg.LeaseTtlMs) * time.Millisecond))
 		}

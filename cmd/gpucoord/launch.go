@@ -444,6 +444,9 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 			return err
 		}
 		defer cl.stop()
+		if err := cl.ready(ctx); err != nil {
+			return err
+		}
 		addrs = []string{cl.addr}
 	}
 	var creds credentials.TransportCredentials
@@ -502,6 +505,27 @@ type standalone struct {
 	stopAll func() // stops the agents, then the coordinator, and waits
 	tmp     string
 	held    string // the agents' checkpoints, maybe outside tmp (/dev/shm)
+	agents  []*worker.Agent
+	failed  <-chan struct{} // closed when an agent (or the coordinator) has stopped
+	err     func() error    // why, once failed is closed
+}
+
+// ready waits until every agent is registered and watching, so that the
+// job has its nodes at once rather than printing them come in.
+func (s *standalone) ready(ctx context.Context) error {
+	timeout := time.After(30 * time.Second)
+	for _, a := range s.agents {
+		select {
+		case <-a.Ready():
+		case <-s.failed:
+			return fmt.Errorf("standalone cluster: %w", s.err())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timeout:
+			return errors.New("standalone cluster: its agents did not register within 30s (gpucoord launch -v shows their logs)")
+		}
+	}
+	return nil
 }
 
 // standaloneLog opens where a standalone cluster logs: stderr when
@@ -566,6 +590,7 @@ func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, logs 
 		cancelCo()
 		cg.Wait()
 	}
+	var agents []*worker.Agent
 	for n := range nodes {
 		wc := worker.DefaultConfig()
 		wc.Coordinators, wc.Name, wc.Host, wc.GPUs = []string{co.Addr()}, fmt.Sprintf("node%d", n), "127.0.0.1", gpus
@@ -581,8 +606,10 @@ func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, logs 
 			return nil, err
 		}
 		g.Go(func() error { return a.Run(gctx) })
+		agents = append(agents, a)
 	}
-	return &standalone{addr: co.Addr(), stopAll: stop, tmp: tmp, held: held}, nil
+	return &standalone{addr: co.Addr(), stopAll: stop, tmp: tmp, held: held, agents: agents, failed: gctx.Done(),
+		err: func() error { return cmp.Or(context.Cause(gctx), errors.New("stopped")) }}, nil
 }
 
 // stop tears the cluster down: agents stop their ranks and leave, the
@@ -716,8 +743,8 @@ func (f *follower) submit(ctx context.Context, cl *client.Client) error {
 	if len(f.spec.Command) > 0 {
 		what = strings.Join(f.spec.Command, " ")
 	}
-	fmt.Fprintf(f.progress, "job %s submitted: %d node%s x %d ranks, tp %d pp %d, %s\n",
-		f.spec.Id, f.spec.Nodes, plural(int(f.spec.Nodes)), f.spec.GpusPerNode, f.spec.Tp, f.spec.Pp, what)
+	fmt.Fprintf(f.progress, "job %s submitted: %d node%s x %d rank%s, tp %d pp %d, %s\n",
+		f.spec.Id, f.spec.Nodes, plural(int(f.spec.Nodes)), f.spec.GpusPerNode, plural(int(f.spec.GpusPerNode)), f.spec.Tp, f.spec.Pp, what)
 	switch {
 	case f.json:
 		json.NewEncoder(f.out).Encode(launchEvent{Schema: launchSchema, Event: "submitted", Job: f.spec.Id})
