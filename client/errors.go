@@ -3,6 +3,7 @@ package client
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -67,6 +68,22 @@ func (e *UnreachableError) Is(target error) bool { return target == ErrUnreachab
 // Unwrap returns the last coordinator's error.
 func (e *UnreachableError) Unwrap() error { return e.Last }
 
+// NothingListens says whether every coordinator's fault was of the
+// network (refused, unresolved, unroutable): none took the connection, so
+// no TLS question arises.
+func (e *UnreachableError) NothingListens() bool {
+	for _, f := range e.Faults {
+		if !slices.Contains(networkFaults, f) {
+			return false
+		}
+	}
+	return true
+}
+
+// networkFaults are the faults Describe names as they are: the connection
+// was not taken.
+var networkFaults = []string{"connection refused", "no such host", "no route to host", "network is unreachable"}
+
 // Describe says in a few words why a call to a coordinator failed: a
 // connection refused, a name that does not resolve, no answer within the
 // timeout, a TLS failure, or the coordinator's own message.
@@ -76,7 +93,7 @@ func Describe(err error, connectTimeout time.Duration) string {
 
 func describe(st *status.Status, connectTimeout, callTimeout time.Duration) string {
 	msg := st.Message()
-	for _, short := range []string{"connection refused", "no such host", "no route to host", "network is unreachable"} {
+	for _, short := range networkFaults {
 		if strings.Contains(msg, short) {
 			return short
 		}

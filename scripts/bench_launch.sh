@@ -12,8 +12,8 @@
 # Debian's torch 1.13 torchrun fails on Python 3.11 before it starts a
 # worker (Std.from_str("0") returns None because Python 3.11's IntFlag no
 # longer iterates zero and multi-bit members); the torchrun runs here go
-# through a two-line wrapper that fixes that function and then calls
-# torch.distributed.run.main unchanged.
+# through scripts/torchrun_debian.py, which fixes that function and then
+# calls torch.distributed.run.main unchanged.
 set -euo pipefail
 runs=${1:-10}
 ranks=${2:-4}
@@ -21,14 +21,7 @@ cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 go build -o "$tmp/gpucoord" ./cmd/gpucoord
-cat > "$tmp/torchrun.py" <<'PY'
-import sys
-from torch.distributed.elastic.multiprocessing import api
-_orig = api.Std.from_str.__func__
-api.Std.from_str = classmethod(lambda cls, vm: cls(int(vm)) if vm.isdigit() else _orig(cls, vm))
-from torch.distributed.run import main
-sys.exit(main())
-PY
+cp scripts/torchrun_debian.py "$tmp/torchrun.py"
 prog='date +%s%N > "$BENCH_DIR/$RANK"'
 now() { date +%s%N; }
 measure() { # name, then the command

@@ -2,24 +2,17 @@
 # Rank output through the launcher: 4 ranks each print LINES lines (default
 # 100000, about 34 bytes each), shown behind their tags by gpucoord launch
 # --standalone (--output all, and --output failed for the cost of starting
-# alone) and by torchrun --tee 3 (Debian's torch 1.13; see
-# scripts/bench_launch.sh for the wrapper that lets it start on Python
-# 3.11). Each prints the wall and CPU seconds (bash's time) of RUNS runs,
-# alternating, and how many lines reached the launcher's output.
+# alone) and by torchrun --tee 3 (Debian's torch 1.13, through
+# scripts/torchrun_debian.py so that it starts on Python 3.11). Each prints
+# the wall and CPU seconds (bash's time) of RUNS runs, alternating, and how
+# many lines reached the launcher's output.
 set -euo pipefail
 runs=${1:-5} lines=${2:-100000}
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 go build -o "$tmp/gpucoord" ./cmd/gpucoord
-cat > "$tmp/torchrun.py" <<'PY'
-import sys
-from torch.distributed.elastic.multiprocessing import api
-_orig = api.Std.from_str.__func__
-api.Std.from_str = classmethod(lambda cls, vm: cls(int(vm)) if vm.isdigit() else _orig(cls, vm))
-from torch.distributed.run import main
-sys.exit(main())
-PY
+cp scripts/torchrun_debian.py "$tmp/torchrun.py"
 cat > "$tmp/rank.sh" <<SH
 #!/bin/sh
 seq 1 $lines | sed "s/^/rank \$RANK says line /"

@@ -21,14 +21,7 @@ tmp=$(mktemp -d)
 cleanup() { pkill -9 -f "$tmp/torchrun.py" 2>/dev/null || true; pkill -9 -f "examples/pytorch/elastic.py" 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
 cd "$(dirname "$0")/.."
-cat > "$tmp/torchrun.py" <<'PY'
-import sys
-from torch.distributed.elastic.multiprocessing import api
-_orig = api.Std.from_str.__func__
-api.Std.from_str = classmethod(lambda cls, vm: cls(int(vm)) if vm.isdigit() else _orig(cls, vm))
-from torch.distributed.run import main
-sys.exit(main())
-PY
+cp scripts/torchrun_debian.py "$tmp/torchrun.py"
 stamp() { while IFS= read -r l; do echo "$(date +%s%3N) $l"; done; }
 for i in $(seq "$runs"); do
   d=$tmp/run$i; mkdir -p "$d"

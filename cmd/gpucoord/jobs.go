@@ -74,9 +74,7 @@ coordinator knows the job.`,
 				return err
 			}
 			defer cl.Close()
-			ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
-			defer cancel()
-			st, err := cl.Cancel(ctx, args[0], reason)
+			st, err := cl.Cancel(c.Context(), args[0], reason) // bounded by the client, as status's
 			switch {
 			case errors.Is(err, client.ErrNotFound):
 				return fmt.Errorf("no job %s: gpucoord status lists the jobs", args[0])

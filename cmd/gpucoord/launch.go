@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -696,9 +695,7 @@ func (f *follower) run(ctx context.Context) error {
 
 // attachTo reads the spec of the job to follow from the coordinators.
 func (f *follower) attachTo(ctx context.Context, cl *client.Client) error {
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	resp, err := cl.Status(sctx)
+	resp, err := cl.Status(ctx) // bounded by the client, as status's
 	if err != nil {
 		return callFailed(strings.Join(f.addrs, ","), err, f.creds)
 	}
@@ -838,15 +835,10 @@ func plaintextHint(creds credentials.TransportCredentials) string {
 func callFailed(addrs string, err error, creds credentials.TransportCredentials) error {
 	var ue *client.UnreachableError
 	if errors.As(err, &ue) {
-		hint := ""
-		for _, f := range ue.Faults {
-			// Nothing listens, or the name or route is wrong: no TLS
-			// question arises.
-			if !slices.Contains([]string{"connection refused", "no such host", "no route to host", "network is unreachable"}, f) {
-				hint = plaintextHint(creds)
-			}
+		if ue.NothingListens() {
+			return ue
 		}
-		return fmt.Errorf("%s%s", ue.Error(), hint)
+		return fmt.Errorf("%s%s", ue.Error(), plaintextHint(creds))
 	}
 	return fmt.Errorf("coordinator %s: %s%s", addrs, coordinatorSaid(err), plaintextHint(creds))
 }

@@ -62,12 +62,14 @@ type rankOutput struct {
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 	mu   sync.Mutex
-	gens map[int64]context.CancelFunc // the followers of each generation
+	// gen is the newest generation read, stopGen stops its readers.
+	gen     int64
+	stopGen context.CancelFunc
 }
 
 func newRankOutput(mode, job string, cl *ranklog.Client, w, warn io.Writer) *rankOutput {
 	ctx, stop := context.WithCancel(context.Background())
-	return &rankOutput{mode: mode, job: job, cl: cl, w: w, warn: warn, ctx: ctx, stop: stop, gens: map[int64]context.CancelFunc{}}
+	return &rankOutput{mode: mode, job: job, cl: cl, w: w, warn: warn, ctx: ctx, stop: stop}
 }
 
 // generation starts reading g's output, and gives the earlier
@@ -78,16 +80,14 @@ func (o *rankOutput) generation(g *pb.Generation) {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if _, ok := o.gens[g.Number]; ok {
+	if g.Number <= o.gen {
 		return
 	}
-	for n, stop := range o.gens {
-		if n < g.Number {
-			time.AfterFunc(drainFor, stop)
-		}
+	if o.stopGen != nil {
+		time.AfterFunc(drainFor, o.stopGen)
 	}
 	ctx, stop := context.WithCancel(o.ctx)
-	o.gens[g.Number] = stop
+	o.gen, o.stopGen = g.Number, stop
 	for _, m := range g.Members {
 		rank := -1
 		if o.mode == outputRank0 {

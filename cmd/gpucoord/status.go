@@ -1,11 +1,9 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -37,9 +35,9 @@ gpucoord.status/1, docs/LAUNCH.md).`,
 				return err
 			}
 			defer cl.Close()
-			ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
-			defer cancel()
-			resp, err := cl.Status(ctx)
+			// The client bounds the call: each coordinator has
+			// --connect-timeout, a few passes over them at most.
+			resp, err := cl.Status(c.Context())
 			if err != nil {
 				return callFailed(coord, err, creds)
 			}

@@ -101,7 +101,7 @@ func NewClient(tc *tls.Config) *Client {
 	if tc == nil {
 		scheme = "http"
 	}
-	tr := &http.Transport{TLSClientConfig: tc, ResponseHeaderTimeout: 10 * time.Second, ForceAttemptHTTP2: false}
+	tr := &http.Transport{TLSClientConfig: tc, ResponseHeaderTimeout: 10 * time.Second}
 	return &Client{http: &http.Client{Transport: tr}, scheme: scheme}
 }
 

@@ -64,7 +64,7 @@ type jobLog struct {
 	lines []line // recent lines, oldest first
 	first int64  // seq of lines[0]; the next line gets first+len(lines)
 	bytes int
-	// started is the seq of the first line of each generation; ended
+	// started is the seq of the first line of each generation; stopped
 	// holds the generations whose ranks on this node have all stopped.
 	started map[int64]int64
 	stopped map[int64]bool
@@ -105,12 +105,12 @@ func (j *jobLog) changed() {
 }
 
 // Line records a line rank printed in generation gen of job: text is the
-// line as shown, its tag and newline included.
+// line as shown, its tag and newline included. The Store keeps text: the
+// caller must not change it after.
 func (s *Store) Line(job string, gen int64, rank int, text []byte) {
 	if s.lim.LineBytes > 0 && len(text) > s.lim.LineBytes {
 		text = append(slices.Clip(text[:s.lim.LineBytes-4]), "…\n"...)
 	}
-	text = slices.Clone(text)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	j := s.job(job)
@@ -180,11 +180,16 @@ func (s *Store) End(job string, gen int64) {
 	defer s.mu.Unlock()
 	j := s.job(job)
 	j.stopped[gen] = true
+	j.closeFiles()
+	j.changed()
+}
+
+// closeFiles closes the rank logs open for writing.
+func (j *jobLog) closeFiles() {
 	for r, f := range j.files {
 		f.Close()
 		delete(j.files, r)
 	}
-	j.changed()
 }
 
 // Keep says that the jobs not in live have ended: their followers end once
@@ -198,10 +203,7 @@ func (s *Store) Keep(live []string) {
 			continue
 		}
 		j.ended = true
-		for r, f := range j.files {
-			f.Close()
-			delete(j.files, r)
-		}
+		j.closeFiles()
 		j.changed()
 		s.over = append(s.over, name)
 	}
@@ -264,12 +266,9 @@ type batch struct {
 func (s *Store) read(job string, gen int64, rank int, cursor int64) batch {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	j, ok := s.jobs[job]
-	if !ok {
-		// Asked before the node heard of the job: the follower waits for
-		// its first line.
-		j = s.job(job)
-	}
+	// Asked before the node heard of the job, the follower waits for its
+	// first line.
+	j := s.job(job)
 	b := batch{wake: j.wake, job: j}
 	if cursor == 0 {
 		if start, ok := j.started[gen]; ok {
