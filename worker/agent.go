@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"maps"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -97,6 +96,9 @@ type Config struct {
 	// (its ranks' and its peers' replicas) for jobs without a shared
 	// checkpoint directory; empty means CheckpointRoot(Name, WorkDir).
 	CheckpointRoot string
+	// Checkpoints bounds what the node server takes from peers and how
+	// long a replica may take (zero fields: ckpt.DefaultLimits').
+	Checkpoints ckpt.Limits
 	// Output receives every rank's output, each line behind its rank's tag.
 	Output io.Writer
 	// Grace is how long ranks have between SIGTERM and SIGKILL.
@@ -121,7 +123,7 @@ type Config struct {
 func DefaultConfig() *Config {
 	host, _ := os.Hostname()
 	return &Config{Name: host, GPUs: 1, Grace: localproc.DefaultGrace, Retry: 500 * time.Millisecond, TimesEvery: time.Second,
-		ConnectTimeout: pb.DefaultConnectTimeout, WorkDir: filepath.Join(os.TempDir(), "gpucoord-worker"), Output: os.Stdout}
+		ConnectTimeout: pb.DefaultConnectTimeout, Checkpoints: ckpt.DefaultLimits, WorkDir: filepath.Join(os.TempDir(), "gpucoord-worker"), Output: os.Stdout}
 }
 
 // MaxRetry bounds the pause between two passes over coordinators that
@@ -146,7 +148,7 @@ func (c *Config) Validate() error {
 	case c.Retry <= 0 || c.TimesEvery <= 0:
 		return fmt.Errorf("retry %s and times window %s must be positive", c.Retry, c.TimesEvery)
 	}
-	return nil
+	return c.Checkpoints.Validate()
 }
 
 // ErrRefused marks a coordinator's refusal that retrying cannot fix: a
@@ -339,6 +341,7 @@ func (a *Agent) serveNode(ctx context.Context, peer *pki.Credentials) (<-chan st
 		}
 	}
 	a.holder = ckpt.New(root, a.cfg.Name, server, client, a.log)
+	a.holder.SetLimits(a.cfg.Checkpoints)
 	if peer == nil && !net.ParseIP(a.net.Bind).IsLoopback() {
 		a.log.Warn("no credentials: neither checkpoints nor rank output are served off loopback (jobs need a shared --checkpoint-dir)")
 		close(done)
@@ -349,9 +352,7 @@ func (a *Agent) serveNode(ctx context.Context, peer *pki.Credentials) (<-chan st
 		return nil, fmt.Errorf("worker: node server: %w", err)
 	}
 	a.ckptAddr = net.JoinHostPort(a.net.Host, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
-	mux := http.NewServeMux()
-	a.holder.Handle(mux)
-	a.output.Handle(mux)
+	mux := nodeMux(a.holder, a.output)
 	go func() {
 		defer close(done)
 		if err := ckpt.Serve(ctx, ln, server, mux, a.log); err != nil {
@@ -521,6 +522,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		a.revision = max(a.revision, asg.Revision)
 		a.mu.Unlock()
 		if !asg.Renewal {
+			a.sawAssignment(asg)
 			a.setPoolKeys(asg.GossipKeys)
 			run.apply(ctx, asg)
 			a.dropHeld(asg.LiveJobs)

@@ -99,7 +99,7 @@ func (a *Agent) gatherOne(ctx context.Context, asg *pb.Assignment, c *pb.Copies,
 			errs = append(errs, fmt.Errorf("%s: not alive when the generation was made", h))
 			continue
 		}
-		n, err := a.holder.Fetch(ctx, addr, job, c.Node, step)
+		n, err := a.holder.Fetch(ctx, ckpt.Peer{Name: h, Addr: addr}, job, c.Node, asg.Generation.GetNumber(), step)
 		if err == nil {
 			*bytes += n
 			return nil
@@ -218,13 +218,19 @@ func (c *checkpoints) run(ctx context.Context, done <-chan struct{}, grace time.
 }
 
 // store replicates this node's files of step to its peers (when the agents
-// hold them), copies them to the backup tier when the step is one, and
-// reports the node's stored steps.
+// hold them: the step is sealed first, every local rank having written
+// it), copies them to the backup tier when the step is one, and reports
+// the node's stored steps. Each replica has its deadline
+// (ckpt.Limits.ReplicaTimeout): a peer that does not take it fails the
+// step, not the ranks waiting for it.
 func (c *checkpoints) store(ctx context.Context, step int64) error {
 	a, asg := c.a, c.asg
 	spec := asg.Spec
 	x := &pb.StoredStep{Step: step}
 	if held(asg) && a.holder != nil {
+		if err := a.holder.Seal(asg.Job, asg.Generation.GetNumber(), step); err != nil {
+			return err
+		}
 		copies := int(spec.GetCheckpointReplicas())
 		if copies == 0 {
 			copies = DefaultReplicas
@@ -243,7 +249,7 @@ func (c *checkpoints) store(ctx context.Context, step int64) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				n, err := a.holder.Send(ctx, addrs[p], asg.Job, asg.Generation.GetNumber(), step)
+				n, err := a.holder.Send(ctx, ckpt.Peer{Name: p, Addr: addrs[p]}, asg.Job, asg.Generation.GetNumber(), step)
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {

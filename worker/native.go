@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -122,6 +123,11 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 			return err
 		}
 		cfg.WaitStored = func(ctx context.Context, steps int) error { return prog.WaitStored(ctx, int64(steps)) }
+		// While it waits the rank says it is alive, well within the job's
+		// own hang timeout.
+		if ms := asg.Spec.GetHangTimeoutMs(); ms > 0 {
+			prog.HeartbeatEvery = min(progress.DefaultHeartbeatEvery, time.Duration(ms)*time.Millisecond/4)
+		}
 	}
 	// The agent sends SIGUSR1 when its node is told to leave: every rank
 	// then checkpoints the step in progress and this one stops.

@@ -293,6 +293,7 @@ func newWorkerCmd() *cobra.Command {
 	var coords string
 	var auth authFlags
 	var logs logFlags
+	var stepMiB int64
 	cmd := &cobra.Command{
 		Use:   "worker --coordinator ADDR[,ADDR...] [flags]",
 		Short: "Run a node's worker agent: register, watch for work, run and supervise the ranks",
@@ -337,6 +338,7 @@ names (a build without the race detector under a race-enabled agent).`,
 				return usageError(err)
 			}
 			cfg.Token, cfg.TLS, cfg.CredentialsDir, cfg.ConnectTimeout = jc.Token, jc.Files, jc.Dir, auth.connectTimeout
+			cfg.Checkpoints.MaxStepBytes = stepMiB << 20
 			exe, err := rankExecutable()
 			if err != nil {
 				return err
@@ -369,6 +371,8 @@ names (a build without the race detector under a race-enabled agent).`,
 	fl.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "same as --state-dir")
 	fl.MarkDeprecated("work-dir", "use --state-dir (launch --workdir is where the ranks start)")
 	fl.StringVar(&cfg.CheckpointRoot, "checkpoint-local", "", "where this node keeps the checkpoints it holds for jobs without a shared --checkpoint-dir (its ranks' and replicas of its peers'); default /dev/shm/gpucoord-checkpoints/NAME when /dev/shm has 2 GiB free, else under --state-dir")
+	fl.Int64Var(&stepMiB, "checkpoint-max-step-mib", cfg.Checkpoints.MaxStepBytes>>20, "the largest step of a peer's checkpoint files this node takes as a replica or fetches, in MiB (raised to twice this node's own largest step); set it above the largest step any node writes")
+	fl.DurationVar(&cfg.Checkpoints.ReplicaTimeout, "replica-timeout", cfg.Checkpoints.ReplicaTimeout, "how long one replica of a step may take, sent or fetched, plus a second per 64 MiB of it: a peer that takes longer fails the step (its ranks are told failed N), not the job")
 	fl.DurationVar(&cfg.Grace, "grace", cfg.Grace, "time between SIGTERM and SIGKILL when ranks stop")
 	auth.register(cmd)
 	logs.register(cmd)

@@ -23,6 +23,7 @@ func BenchmarkReplicate(b *testing.B) {
 		c := credentials(b, ca, caPEM, pki.Identity{Role: pki.RoleNode, Name: n})
 		nodes[n] = startNode(b, n, &c)
 		nodes[n].h.Begin("j", 1, 0)
+		nodes[n].h.Saw("j", 1, []string{"a", "b", "c"})
 	}
 	const file = 16 << 20
 	body := bytes.Repeat([]byte{0x5a}, file)
@@ -35,7 +36,10 @@ func BenchmarkReplicate(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	send := func() error { _, err := nodes["a"].h.Send(b.Context(), nodes["b"].addr, "j", 1, 1); return err }
+	if err := nodes["a"].h.Seal("j", 1, 1); err != nil {
+		b.Fatal(err)
+	}
+	send := func() error { _, err := nodes["a"].h.Send(b.Context(), nodes["b"].peer("b"), "j", 1, 1); return err }
 	if err := send(); err != nil {
 		b.Fatal(err)
 	}
@@ -58,7 +62,7 @@ func BenchmarkReplicate(b *testing.B) {
 	b.Run("fetch", func(b *testing.B) {
 		b.SetBytes(4 * file)
 		for b.Loop() {
-			if _, err := nodes["c"].h.Fetch(b.Context(), nodes["b"].addr, "j", "a", 1); err != nil {
+			if _, err := nodes["c"].h.Fetch(b.Context(), nodes["b"].peer("b"), "j", "a", 1, 1); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -5,18 +5,34 @@
 //
 // Under a Holder's root, a job's files are:
 //
+//	<job>/.generation              the job's newest generation heard of, with
+//	                               its members: whom the node server serves
 //	<job>/own/<step>/...           what this node's ranks wrote for step (their
 //	                               GPUCOORD_CHECKPOINT_DIR is <job>/own), and,
 //	                               after a restore, what they gathered
 //	<job>/peers/<node>/<step>/...  a replica of node's files of step
+//	.../<step>/.whole              the step is whole (Has): sealed once every
+//	                               local rank wrote it, or placed by its one
+//	                               rename
 //
 // A step's files move as one tar stream whose last entry lists every
-// file's SHA-256; a receiver places nothing it has not checked.
+// file's SHA-256; a receiver places nothing it has not checked. A step
+// that comes in is staged in a directory of its own (fsynced when the root
+// is on a disk), marked whole and renamed into place once, so a crash
+// leaves either the step or nothing that counts.
+//
+// # Who is served
+//
+// Over TLS the node server (Handle) serves a job's steps to the members of
+// the job's newest generation the node heard of (Saw) and takes a replica
+// only of the caller's own files, for that generation, up to a cap
+// (Limits). Send and Fetch accept only a peer whose certificate names the
+// node they meant, and give up after a deadline.
 //
 // # Concurrency
 //
 // A Holder's methods are safe for concurrent use; a job's steps are
-// replaced by rename, so a reader sees a step whole or not at all.
+// placed by rename, so a reader sees a step whole or not at all.
 package ckpt
 
 import (
@@ -42,11 +58,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
+
+// maxStepFiles bounds the files of one step stream.
+const maxStepFiles = 1 << 16
 
 // sumsEntry is the last entry of a step's tar stream: "<sha256>  <name>"
 // lines, one per file.
@@ -60,9 +79,21 @@ type Holder struct {
 	client *http.Client
 	scheme string
 	server *tls.Config
+	// clientTLS dials peers (nil: plaintext); clientFor checks their names.
+	clientTLS *tls.Config
+	lim       Limits
 
-	mu   sync.Mutex
-	gens map[string]int64 // a job's newest generation here: older ones' replicas are refused
+	seenMu      sync.Mutex
+	seen        map[string]seen // each job's newest generation heard of (Saw)
+	seenChanged chan struct{}   // closed and replaced at each Saw
+
+	peerMu      sync.Mutex
+	peerClients map[string]*http.Client // by peer name (clientFor)
+
+	placeMu  sync.Mutex   // serialises placing steps (place)
+	ownMax   atomic.Int64 // the largest own step sealed, for the cap
+	diskOnce sync.Once
+	onDisk   bool // the root is on a disk: steps are fsynced (durable)
 }
 
 // New returns the holder of node's checkpoints under root. server and
@@ -72,14 +103,14 @@ func New(root, node string, server, client *tls.Config, log *slog.Logger) *Holde
 	if log == nil {
 		log = slog.Default()
 	}
-	tr := &http.Transport{TLSClientConfig: client, MaxIdleConnsPerHost: 4, IdleConnTimeout: time.Minute,
-		DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext}
+	tr := peerTransport(client)
 	scheme := "https"
 	if client == nil {
 		scheme = "http"
 	}
 	return &Holder{root: root, node: node, log: log.With("component", "checkpoints"), server: server,
-		client: &http.Client{Transport: tr}, scheme: scheme, gens: map[string]int64{}}
+		client: &http.Client{Transport: tr}, scheme: scheme, clientTLS: client, lim: DefaultLimits,
+		seen: map[string]seen{}, seenChanged: make(chan struct{}), peerClients: map[string]*http.Client{}}
 }
 
 // Root is the holder's directory.
@@ -103,11 +134,10 @@ func (h *Holder) stepDir(job, src string, step int64) string {
 // step resume: steps after resume were never committed (or belong to a
 // generation that failed) and are removed, here and in the replicas this
 // node holds, so that a step's files are only ever the new generation's.
-// Replicas of an older generation are refused from now on.
+// What a crash left half-placed goes too. (Which generations' replicas
+// are taken is what the node heard of, Saw.)
 func (h *Holder) Begin(job string, gen, resume int64) error {
-	h.mu.Lock()
-	h.gens[job] = max(h.gens[job], gen)
-	h.mu.Unlock()
+	h.sweep(job)
 	if err := os.MkdirAll(h.Own(job), 0o755); err != nil {
 		return fmt.Errorf("checkpoint directory: %w", err)
 	}
@@ -182,66 +212,124 @@ func (h *Holder) Jobs() []string {
 
 // Remove deletes everything of job.
 func (h *Holder) Remove(job string) error {
-	h.mu.Lock()
-	delete(h.gens, job)
-	h.mu.Unlock()
+	h.forget(job)
 	return os.RemoveAll(filepath.Join(h.root, job))
-}
-
-// Has reports whether src's files of step are on this node.
-func (h *Holder) Has(job, src string, step int64) bool {
-	fi, err := os.Stat(h.stepDir(job, src, step))
-	return err == nil && fi.IsDir()
 }
 
 // ---- moving steps ----
 
-// Send streams src's files of step to a peer at addr, which keeps them as
-// its replica; gen is the sender's generation.
-func (h *Holder) Send(ctx context.Context, addr, job string, gen, step int64) (int64, error) {
+// Send streams this node's files of step (sealed: Seal) to peer, which
+// keeps them as its replica; gen is the sender's generation. The peer's
+// certificate must name it, and the whole replica must be placed within
+// Limits.ReplicaTimeout plus a second per 64 MiB of the step.
+func (h *Holder) Send(ctx context.Context, peer Peer, job string, gen, step int64) (int64, error) {
 	dir := h.stepDir(job, h.node, step)
+	if !h.Has(job, h.node, step) {
+		return 0, fmt.Errorf("replicating step %d to %s: %w", step, peer.Name, ErrNotWhole)
+	}
+	size, err := dirBytes(dir)
+	if err != nil {
+		return 0, fmt.Errorf("replicating step %d to %s: %w", step, peer.Name, err)
+	}
+	deadline := h.lim.replicaDeadline(size)
+	ctx, cancel := context.WithTimeoutCause(ctx, deadline, fmt.Errorf("no replica placed within %s", deadline))
+	defer cancel()
 	pr, pw := io.Pipe()
 	var n countWriter
 	go func() { pw.CloseWithError(writeTar(ctx, io.MultiWriter(pw, &n), dir)) }()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, h.url(addr, job, h.node, step, gen), pr)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, h.url(peer.Addr, job, h.node, step, gen), pr)
 	if err != nil {
 		pr.Close()
 		return 0, err
 	}
-	resp, err := h.client.Do(req)
+	resp, err := h.clientFor(peer.Name).Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("replicating step %d to %s: %w", step, addr, err)
+		if cause := context.Cause(ctx); ctx.Err() != nil && cause != ctx.Err() {
+			err = cause
+		}
+		return 0, fmt.Errorf("replicating step %d to %s (%s): %w", step, peer.Name, peer.Addr, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusNoContent {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return 0, fmt.Errorf("replicating step %d to %s: %s: %s", step, addr, resp.Status, strings.TrimSpace(string(msg)))
+		return 0, fmt.Errorf("replicating step %d to %s (%s): %s: %s", step, peer.Name, peer.Addr, resp.Status, strings.TrimSpace(string(msg)))
 	}
 	return int64(n), nil
 }
 
-// Fetch copies src's files of step from the peer at addr into this node's
-// own directory of step (Own(job)/step), next to what is there.
-func (h *Holder) Fetch(ctx context.Context, addr, job, src string, step int64) (int64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.url(addr, job, src, step, 0), nil)
+// stepBytesHeader, on a step served, is the size of its files: the
+// fetcher's deadline grows with it.
+const stepBytesHeader = "Gpucoord-Step-Bytes"
+
+// Fetch copies src's files of step from peer (whose certificate must name
+// it) into this node's own directory of step (Own(job)/step), next to
+// what is there; gen is the fetcher's generation. The stream is staged,
+// checked, fsynced on a disk root and placed with one rename as a replica
+// of src held here (as this node's own step when src is this node), then
+// linked into Own(job)/step. It must end within Limits.ReplicaTimeout plus
+// a second per 64 MiB of the step, and be no larger than the cap.
+func (h *Holder) Fetch(ctx context.Context, peer Peer, job, src string, gen, step int64) (int64, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	expire := func(d time.Duration) func() {
+		return func() { cancel(fmt.Errorf("step %d not fetched from %s within %s", step, peer.Name, d)) }
+	}
+	timer := time.AfterFunc(h.lim.ReplicaTimeout, expire(h.lim.ReplicaTimeout))
+	defer timer.Stop()
+	fail := func(err error) (int64, error) {
+		if cause := context.Cause(ctx); ctx.Err() != nil && cause != nil {
+			err = cause
+		}
+		return 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.url(peer.Addr, job, src, step, gen), nil)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := h.client.Do(req)
+	resp, err := h.clientFor(peer.Name).Do(req)
 	if err != nil {
-		return 0, err
+		return fail(err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return 0, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(msg)))
 	}
+	limit := h.stepCap()
+	if size, err := strconv.ParseInt(resp.Header.Get(stepBytesHeader), 10, 64); err == nil && size >= 0 {
+		if size > limit {
+			return 0, fmt.Errorf("step %d of node %s is %d bytes: %w (%d bytes)", step, src, size, ErrTooLarge, limit)
+		}
+		d := h.lim.replicaDeadline(size)
+		timer.Stop()
+		timer = time.AfterFunc(d, expire(d))
+	}
 	var n countWriter
-	dst := h.stepDir(job, h.node, step)
-	if err := readTar(io.TeeReader(resp.Body, &n), dst); err != nil {
+	dst := h.stepDir(job, src, step)
+	staged, err := stage(filepath.Dir(dst))
+	if err != nil {
 		return 0, err
 	}
-	return int64(n), nil
+	defer os.RemoveAll(staged)
+	if err := readTar(io.TeeReader(resp.Body, &n), staged, limit); err != nil {
+		return fail(err)
+	}
+	own := h.stepDir(job, h.node, step)
+	if src == h.node {
+		if _, err := os.Stat(own); errors.Is(err, fs.ErrNotExist) {
+			return int64(n), h.place(staged, own, gen)
+		}
+		// Others' files were gathered here first: this node's go next to
+		// them, and the step is whole once they all are.
+		if err := linkTree(staged, own); err != nil {
+			return 0, err
+		}
+		return int64(n), h.markWhole(own, gen)
+	}
+	if err := h.place(staged, dst, gen); err != nil {
+		return 0, err
+	}
+	return int64(n), linkTree(dst, own)
 }
 
 // CopyLocal copies src's files of step, held on this node as a replica
@@ -291,18 +379,23 @@ func (h *Holder) url(addr, job, src string, step, gen int64) string {
 // ---- serving ----
 
 // Serve answers peers on ln until ctx ends: GET a step of a node's files
-// that this node holds, PUT a replica of the caller's own files. Plaintext
-// is served only on a loopback listener.
+// that this node holds, to the members of the job's newest generation it
+// heard of (Saw), PUT a replica of the caller's own files for that
+// generation. Plaintext is served only on a loopback listener.
 func (h *Holder) Serve(ctx context.Context, ln net.Listener) error {
 	mux := http.NewServeMux()
 	h.Handle(mux)
 	return Serve(ctx, ln, h.server, mux, h.log)
 }
 
-// Handle serves the checkpoints h holds on mux, to nodes alone:
+// Handle serves the checkpoints h holds on mux, to the job's nodes alone:
 //
-//	GET /v1/jobs/{job}/nodes/{node}/steps/{step}  a step of node's files
-//	PUT /v1/jobs/{job}/nodes/{node}/steps/{step}  a replica of the caller's
+//	GET /v1/jobs/{job}/nodes/{node}/steps/{step}?generation=G
+//	    a whole step of node's files, to a member of the job's newest
+//	    generation heard of (G, when newer, is waited for)
+//	PUT /v1/jobs/{job}/nodes/{node}/steps/{step}?generation=G
+//	    a replica of the caller's own files, from a member of generation G,
+//	    the job's newest here; at most the cap (Limits.MaxStepBytes)
 func (h *Holder) Handle(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/jobs/{job}/nodes/{node}/steps/{step}", h.get)
 	mux.HandleFunc("PUT /v1/jobs/{job}/nodes/{node}/steps/{step}", h.put)
@@ -336,21 +429,6 @@ func Serve(ctx context.Context, ln net.Listener, server *tls.Config, handler htt
 	return err
 }
 
-// fromNode checks that a request over TLS comes from a node (the node
-// server also answers users' clients, for rank output): its identity, or
-// false after answering 403.
-func (h *Holder) fromNode(w http.ResponseWriter, r *http.Request) (pki.Identity, bool) {
-	if h.server == nil {
-		return pki.Identity{}, true
-	}
-	id, err := pki.PeerIdentity(r.TLS)
-	if err != nil || id.Role != pki.RoleNode {
-		http.Error(w, fmt.Sprintf("checkpoints are served to nodes alone, not to %s", id), http.StatusForbidden)
-		return id, false
-	}
-	return id, true
-}
-
 // target reads and checks a request's job, node and step.
 func (h *Holder) target(w http.ResponseWriter, r *http.Request) (job, node string, step int64, ok bool) {
 	job, node = r.PathValue("job"), r.PathValue("node")
@@ -371,15 +449,26 @@ func (h *Holder) get(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if _, ok := h.fromNode(w, r); !ok {
+	caller, authed, ok := h.callerNode(w, r)
+	if !ok {
 		return
 	}
+	gen, _ := strconv.ParseInt(r.URL.Query().Get("generation"), 10, 64)
+	if authed {
+		if err := h.allowGet(r.Context(), job, caller, gen); err != nil {
+			http.Error(w, err.Error(), http.StatusForbidden)
+			return
+		}
+	}
 	dir := h.stepDir(job, src, step)
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+	size, err := dirBytes(dir)
+	if !h.Has(job, src, step) || err != nil {
 		http.Error(w, fmt.Sprintf("node %s holds no files of node %s for step %d of job %s", h.node, src, step, job), http.StatusNotFound)
 		return
 	}
+	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(h.lim.replicaDeadline(size)))
 	w.Header().Set("Content-Type", "application/x-tar")
+	w.Header().Set(stepBytesHeader, strconv.FormatInt(size, 10))
 	w.WriteHeader(http.StatusOK)
 	if err := writeTar(r.Context(), w, dir); err != nil {
 		// The stream ends without its checksums: the reader fails.
@@ -388,53 +477,67 @@ func (h *Holder) get(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// put takes a replica of the caller's own files for a generation it is
+// in, no larger than the cap, within the replica deadline of the cap.
 func (h *Holder) put(w http.ResponseWriter, r *http.Request) {
 	job, src, step, ok := h.target(w, r)
 	if !ok {
 		return
 	}
-	id, ok := h.fromNode(w, r)
+	caller, authed, ok := h.callerNode(w, r)
 	if !ok {
 		return
 	}
-	if h.server != nil && id.Name != src {
-		http.Error(w, fmt.Sprintf("a node sends only its own files (%s is not %s)", id.Name, src), http.StatusForbidden)
+	if authed && caller != src {
+		http.Error(w, fmt.Sprintf("a node sends only its own files (%s is not %s)", caller, src), http.StatusForbidden)
 		return
 	}
 	if src == h.node {
 		http.Error(w, "a node does not replicate to itself", http.StatusBadRequest)
 		return
 	}
-	gen, _ := strconv.ParseInt(r.URL.Query().Get("generation"), 10, 64)
-	h.mu.Lock()
-	newest := h.gens[job]
-	h.mu.Unlock()
-	if gen < newest {
-		http.Error(w, fmt.Sprintf("generation %d of job %s is over here (generation %d runs)", gen, job, newest), http.StatusConflict)
+	gen, err := strconv.ParseInt(r.URL.Query().Get("generation"), 10, 64)
+	if err != nil || gen < 1 {
+		http.Error(w, "bad generation", http.StatusBadRequest)
 		return
 	}
+	if authed {
+		if code, err := h.allowPut(r.Context(), job, caller, gen); err != nil {
+			http.Error(w, err.Error(), code)
+			return
+		}
+	} else {
+		h.seenMu.Lock()
+		s, _ := h.newestLocked(job)
+		h.seenMu.Unlock()
+		if gen < s.Number {
+			http.Error(w, fmt.Sprintf("generation %d of job %s is over here (generation %d runs)", gen, job, s.Number), http.StatusConflict)
+			return
+		}
+	}
+	limit := h.stepCap()
+	http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.lim.replicaDeadline(limit)))
+	body := http.MaxBytesReader(w, r.Body, limit+limit/64+1<<20) // the stream's headers and padding
 	dst := h.stepDir(job, src, step)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	tmp, err := os.MkdirTemp(filepath.Dir(dst), ".in-")
+	staged, err := stage(filepath.Dir(dst))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	defer os.RemoveAll(tmp)
-	if err := readTar(r.Body, tmp); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+	defer os.RemoveAll(staged)
+	if err := readTar(body, staged, limit); err != nil {
+		code := http.StatusBadRequest
+		var tooLarge *http.MaxBytesError
+		if errors.Is(err, ErrTooLarge) || errors.As(err, &tooLarge) {
+			code = http.StatusRequestEntityTooLarge
+		}
+		http.Error(w, err.Error(), code)
 		return
 	}
-	old := tmp + ".old"
-	os.Rename(dst, old) // absent the first time
-	if err := os.Rename(tmp, dst); err != nil {
+	if err := h.place(staged, dst, gen); err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	os.RemoveAll(old)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -515,8 +618,9 @@ func writeTar(ctx context.Context, w io.Writer, dir string) error {
 // readTar places the files of a stream writeTar wrote under dst, each
 // written to a temporary file and renamed once the stream's checksums
 // have confirmed it: a stream cut short, or a file that does not match,
-// places nothing.
-func readTar(r io.Reader, dst string) error {
+// places nothing. Files of more than limit bytes in all are refused
+// (ErrTooLarge) at the header that crosses it, before its bytes are read.
+func readTar(r io.Reader, dst string, limit int64) error {
 	tr := tar.NewReader(bufio.NewReaderSize(r, 1<<20))
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return err
@@ -529,6 +633,7 @@ func readTar(r io.Reader, dst string) error {
 	}()
 	seen := map[string]bool{}
 	buf := make([]byte, 1<<20)
+	var total int64
 	for {
 		hdr, err := tr.Next()
 		if err != nil {
@@ -558,6 +663,13 @@ func readTar(r io.Reader, dst string) error {
 			return fmt.Errorf("checkpoint stream: refusing entry %q", hdr.Name)
 		}
 		seen[name] = true
+		if len(files) >= maxStepFiles {
+			return fmt.Errorf("checkpoint stream: more than %d files: %w", maxStepFiles, ErrTooLarge)
+		}
+		if hdr.Size > limit-total {
+			return fmt.Errorf("checkpoint stream: %s: %w (%d bytes)", hdr.Name, ErrTooLarge, limit)
+		}
+		total += hdr.Size
 		final := filepath.Join(dst, name)
 		if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
 			return err

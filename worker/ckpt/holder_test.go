@@ -76,6 +76,9 @@ func startNode(t testing.TB, name string, c *pki.Credentials) *node {
 	return &node{h: h, addr: ln.Addr().String()}
 }
 
+// peer is n as the peer named name.
+func (n *node) peer(name string) Peer { return Peer{Name: name, Addr: n.addr} }
+
 func writeFiles(t *testing.T, dir string, files map[string]string) {
 	t.Helper()
 	for name, body := range files {
@@ -116,13 +119,19 @@ func TestReplicateAndGather(t *testing.T) {
 		if err := nodes[n].h.Begin("job1", 1, 0); err != nil {
 			t.Fatal(err)
 		}
+		if err := nodes[n].h.Saw("job1", 1, []string{"a", "b", "c"}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ctx := t.Context()
 	big := strings.Repeat("x", 3<<20)
 	aFiles := map[string]string{"tp0/shard-0.bin": big, "tp1/shard-0.bin": "small", "__0_0.distcp": "dcp"}
 	writeFiles(t, filepath.Join(nodes["a"].h.Own("job1"), "7"), aFiles)
 	writeFiles(t, filepath.Join(nodes["a"].h.Own("job1"), "7", ".from-a"), map[string]string{"x": "marker"})
-	n, err := nodes["a"].h.Send(ctx, nodes["b"].addr, "job1", 1, 7)
+	if err := nodes["a"].h.Seal("job1", 1, 7); err != nil {
+		t.Fatal(err)
+	}
+	n, err := nodes["a"].h.Send(ctx, nodes["b"].peer("b"), "job1", 1, 7)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +142,7 @@ func TestReplicateAndGather(t *testing.T) {
 		t.Fatal("b holds no replica of a's step 7")
 	}
 	writeFiles(t, filepath.Join(nodes["c"].h.Own("job1"), "7"), map[string]string{"__2_0.distcp": "c's"})
-	if _, err := nodes["c"].h.Fetch(ctx, nodes["b"].addr, "job1", "a", 7); err != nil {
+	if _, err := nodes["c"].h.Fetch(ctx, nodes["b"].peer("b"), "job1", "a", 1, 7); err != nil {
 		t.Fatal(err)
 	}
 	got := readFiles(t, filepath.Join(nodes["c"].h.Own("job1"), "7"))
@@ -145,20 +154,20 @@ func TestReplicateAndGather(t *testing.T) {
 		t.Errorf("c's step 7 holds %d files, want %d: %v", len(got), len(want), keys(got))
 	}
 	// Nobody holds step 8; a node sends only its own files.
-	if _, err := nodes["c"].h.Fetch(ctx, nodes["b"].addr, "job1", "a", 8); err == nil || !strings.Contains(err.Error(), "404") {
+	if _, err := nodes["c"].h.Fetch(ctx, nodes["b"].peer("b"), "job1", "a", 1, 8); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("fetch of a missing step: %v", err)
 	}
 	req := nodes["c"].h.url(nodes["b"].addr, "job1", "a", 7, 1)
 	r, _ := newPut(ctx, req, "junk")
-	resp, err := nodes["c"].h.client.Do(r)
+	resp, err := nodes["c"].h.clientFor("b").Do(r)
 	if err != nil || resp.StatusCode != 403 {
 		t.Errorf("c putting a's files: %v %v", resp.StatusCode, err)
 	} else {
 		resp.Body.Close()
 	}
 	// A replica of an older generation than b runs is refused.
-	nodes["b"].h.Begin("job1", 3, 7)
-	if _, err := nodes["a"].h.Send(ctx, nodes["b"].addr, "job1", 2, 7); err == nil || !strings.Contains(err.Error(), "409") {
+	nodes["b"].h.Saw("job1", 3, []string{"a", "b", "c"})
+	if _, err := nodes["a"].h.Send(ctx, nodes["b"].peer("b"), "job1", 2, 7); err == nil || !strings.Contains(err.Error(), "409") {
 		t.Errorf("old generation's replica: %v", err)
 	}
 }
@@ -189,12 +198,12 @@ func TestStrangers(t *testing.T) {
 			t.Fatal(err)
 		}
 		h := New(t.TempDir(), "a", srv, cli, nil)
-		if _, err := h.Fetch(t.Context(), b.addr, "job1", "b", 1); err == nil {
+		if _, err := h.Fetch(t.Context(), b.peer("b"), "job1", "b", 1, 1); err == nil {
 			t.Errorf("%s fetched b's files", name)
 		}
 	}
 	plain := New(t.TempDir(), "a", nil, nil, nil)
-	if _, err := plain.Fetch(t.Context(), b.addr, "job1", "b", 1); err == nil {
+	if _, err := plain.Fetch(t.Context(), b.peer("b"), "job1", "b", 1, 1); err == nil {
 		t.Error("plaintext fetch from a TLS holder worked")
 	}
 	ln, err := net.Listen("tcp", "0.0.0.0:0")
@@ -217,7 +226,7 @@ func TestStreamChecked(t *testing.T) {
 	}
 	whole := buf.Bytes()
 	dst := t.TempDir()
-	if err := readTar(bytes.NewReader(whole), dst); err != nil {
+	if err := readTar(bytes.NewReader(whole), dst, 1<<20); err != nil {
 		t.Fatal(err)
 	}
 	if got := readFiles(t, dst); len(got) != 2 || got["a/b"] != "hello" {
@@ -228,7 +237,7 @@ func TestStreamChecked(t *testing.T) {
 		"flipped": flip(whole, bytes.Index(whole, []byte("hello"))),
 	} {
 		dst := t.TempDir()
-		if err := readTar(bytes.NewReader(stream), dst); err == nil {
+		if err := readTar(bytes.NewReader(stream), dst, 1<<20); err == nil {
 			t.Errorf("%s stream accepted", name)
 		}
 		if got := readFiles(t, dst); len(got) != 0 {

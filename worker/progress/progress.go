@@ -15,7 +15,10 @@
 // its copies are in place and reported, "failed N" when they could not be
 // (the agent gave up on that step; a later one may still be stored). The
 // native engine waits for "stored N" before it trains past step N+1, so
-// that a failure loses at most the step in flight.
+// that a failure loses at most the step in flight; while it waits it
+// says "heartbeat" (Writer.WaitStored), so that a slow replication is not
+// taken for a hung rank. The agent gives each replica a deadline, so the
+// answer comes.
 //
 // A line is at most MaxLine bytes. A rank may connect any number of times
 // (a forked helper, a reconnect after a crash of the agent's reader); a
@@ -30,6 +33,7 @@ package progress
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -307,6 +311,11 @@ func (l *Listener) Close() error {
 // and, after Acks, reads its answers. Its methods are safe for concurrent
 // use; with no GPUCOORD_PROGRESS they do nothing.
 type Writer struct {
+	// HeartbeatEvery is how often WaitStored says "heartbeat" while it
+	// waits (it says one when it starts waiting); 0 means
+	// DefaultHeartbeatEvery. Set it before the first WaitStored.
+	HeartbeatEvery time.Duration
+
 	mu sync.Mutex
 	c  net.Conn
 
@@ -369,13 +378,20 @@ func (w *Writer) readAnswers() {
 	w.amu.Unlock()
 }
 
+// DefaultHeartbeatEvery is how often a rank waiting for its agent says
+// it is alive: well within the shortest derived hang timeout (30 s).
+const DefaultHeartbeatEvery = time.Second
+
 // WaitStored waits until the agent has answered the checkpoint of step
 // (stored or failed), the connection has ended, or ctx ends (its error).
-// Without a connection it returns at once.
+// While it waits it says "heartbeat" at once and every HeartbeatEvery: the
+// rank is alive, its agent is busy. Without a connection it returns at
+// once.
 func (w *Writer) WaitStored(ctx context.Context, step int64) error {
 	if w.c == nil {
 		return nil
 	}
+	var tick <-chan time.Time
 	for {
 		w.amu.Lock()
 		done, answer := w.acked >= step || w.gone, w.answer
@@ -383,8 +399,16 @@ func (w *Writer) WaitStored(ctx context.Context, step int64) error {
 		if done {
 			return nil
 		}
+		if tick == nil {
+			t := time.NewTicker(cmp.Or(w.HeartbeatEvery, DefaultHeartbeatEvery))
+			defer t.Stop()
+			tick = t.C
+			w.Heartbeat()
+		}
 		select {
 		case <-answer:
+		case <-tick:
+			w.Heartbeat()
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -213,3 +213,48 @@ func TestWriterWithoutAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWaitStoredHeartbeats: a rank waiting for its agent's answer says
+// "heartbeat" when it starts waiting and every HeartbeatEvery after: here
+// the agent answers only after three, so WaitStored returns only if they
+// came.
+func TestWaitStoredHeartbeats(t *testing.T) {
+	beats := make(chan struct{}, 16)
+	checkpoints := make(chan int64, 1)
+	l, err := Listen(t.TempDir(), []int{0}, nil, func(rank int, e Event, _ time.Time) {
+		switch e.Kind {
+		case Heartbeat:
+			select {
+			case beats <- struct{}{}:
+			default:
+			}
+		case Checkpoint:
+			checkpoints <- e.Step
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	t.Setenv(EnvPath, l.Path(0))
+	w, err := Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	w.HeartbeatEvery = time.Millisecond
+	if err := w.Acks(); err != nil {
+		t.Fatal(err)
+	}
+	w.Checkpoint(1)
+	<-checkpoints
+	go func() {
+		for range 3 {
+			<-beats
+		}
+		l.Stored(0, 1, true)
+	}()
+	if err := w.WaitStored(t.Context(), 1); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -13,10 +13,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpucoord/gpucoord/internal/pki"
 	"github.com/gpucoord/gpucoord/worker/ckpt"
 )
 
-// Handle serves s on mux:
+// Handle serves s on mux, to users' clients and admins (over TLS, the
+// caller's certificate must carry one of those roles: a node's is refused
+// with 403; in plaintext, which an agent serves on loopback only, anyone):
 //
 //	GET /v1/jobs/{job}/output?generation=N[&rank=R]
 //	    generation N's lines as they come, until it ends on this node
@@ -24,13 +27,33 @@ import (
 //	    the rank's log file (every rank's this node holds, by rank)
 //
 // rank is a global rank; without it every rank of the node is shown.
+// Reading creates nothing: a follower of a job the node has not heard of
+// waits for its first line without a record of it.
 func (s *Store) Handle(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/jobs/{job}/output", s.serveOutput)
 	mux.HandleFunc("GET /v1/jobs/{job}/logs", s.serveLogs)
 }
 
-// target reads a request's job and rank (-1: all).
+// fromUser checks that a request over TLS comes from a user's client or
+// an admin, answering 403 when not.
+func fromUser(w http.ResponseWriter, r *http.Request) bool {
+	if r.TLS == nil {
+		return true
+	}
+	id, err := pki.PeerIdentity(r.TLS)
+	if err != nil || id.Role != pki.RoleClient && id.Role != pki.RoleAdmin {
+		http.Error(w, fmt.Sprintf("rank output is served to clients and admins, not to %s", id), http.StatusForbidden)
+		return false
+	}
+	return true
+}
+
+// target reads a request's job and rank (-1: all), once the caller is
+// one that may read them.
 func target(w http.ResponseWriter, r *http.Request) (job string, rank int, ok bool) {
+	if !fromUser(w, r) {
+		return "", 0, false
+	}
 	job, rank = r.PathValue("job"), -1
 	if !ckpt.SafeName(job) {
 		http.Error(w, "bad job name", http.StatusBadRequest)

@@ -50,6 +50,9 @@ type Store struct {
 
 	mu   sync.Mutex
 	jobs map[string]*jobLog
+	// added is closed and replaced when a job is first recorded, for the
+	// followers of jobs not heard of yet.
+	added chan struct{}
 	// over lists the jobs that ended, oldest first: their lines stay for
 	// the followers that come late (a job that ends within a second of
 	// starting), up to keepOver jobs.
@@ -85,7 +88,7 @@ type line struct {
 // New returns a Store keeping its log files under dir (one directory per
 // job), for the node named node.
 func New(dir, node string, lim Limits, log *slog.Logger) *Store {
-	return &Store{dir: dir, node: node, lim: lim, log: log, jobs: map[string]*jobLog{}}
+	return &Store{dir: dir, node: node, lim: lim, log: log, jobs: map[string]*jobLog{}, added: make(chan struct{})}
 }
 
 // job returns job's output, created empty when new. s.mu is held.
@@ -95,6 +98,8 @@ func (s *Store) job(job string) *jobLog {
 		j = &jobLog{first: 1, started: map[int64]int64{}, stopped: map[int64]bool{}, wake: make(chan struct{}),
 			files: map[int]*os.File{}, sizes: map[int]int64{}}
 		s.jobs[job] = j
+		close(s.added)
+		s.added = make(chan struct{})
 	}
 	return j
 }
@@ -267,8 +272,11 @@ func (s *Store) read(job string, gen int64, rank int, cursor int64) batch {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Asked before the node heard of the job, the follower waits for its
-	// first line.
-	j := s.job(job)
+	// first line, with no record of the job made for it.
+	j := s.jobs[job]
+	if j == nil {
+		return batch{wake: s.added}
+	}
 	b := batch{wake: j.wake, job: j}
 	if cursor == 0 {
 		if start, ok := j.started[gen]; ok {
@@ -318,7 +326,7 @@ func (s *Store) follow(w io.Writer, flush func(), job string, gen int64, rank in
 		case <-stop:
 			return nil
 		case <-b.wake:
-			if s.forgotten(job, b.job) {
+			if b.job != nil && s.forgotten(job, b.job) {
 				// The job was forgotten (Keep): its last lines were read
 				// above, or are gone with it.
 				return nil

@@ -1,0 +1,38 @@
+package worker
+
+import (
+	"net/http"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/worker/ckpt"
+	"github.com/gpucoord/gpucoord/worker/ranklog"
+)
+
+// nodeMux is the node server's handler: the checkpoints h holds, to the
+// nodes of their jobs (ckpt.Holder.Handle), and what the ranks print, to
+// users' clients and admins (ranklog.Store.Handle).
+func nodeMux(h *ckpt.Holder, output *ranklog.Store) *http.ServeMux {
+	mux := http.NewServeMux()
+	h.Handle(mux)
+	output.Handle(mux)
+	return mux
+}
+
+// sawAssignment tells the holder, as soon as an assignment arrives, of
+// the generation it names and its members: the node server serves the
+// job's checkpoints to them, and takes their replicas of that generation,
+// from now on. Peers that heard of it first wait for it a little
+// (ckpt.Limits.PeerWait).
+func (a *Agent) sawAssignment(asg *pb.Assignment) {
+	g := asg.GetGeneration()
+	if a.holder == nil || asg.GetJob() == "" || g == nil || asg.Spec == nil || !held(asg) {
+		return
+	}
+	names := make([]string, len(g.Members))
+	for i, m := range g.Members {
+		names[i] = m.Node
+	}
+	if err := a.holder.Saw(asg.Job, g.GetNumber(), names); err != nil {
+		a.log.Warn("recording the job's generation for the node server", "job", asg.Job, "generation", g.GetNumber(), "err", err)
+	}
+}
