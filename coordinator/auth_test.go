@@ -152,14 +152,18 @@ func TestAuthority(t *testing.T) {
 			n1First = m.FirstRank
 		}
 	}
-	exit := func(from string, rank int32) *pb.ReportRequest {
-		return &pb.ReportRequest{Job: "j", Generation: g.Number, Node: from, Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: rank, Code: 1}}}
+	exit := func(from string, lease int64, rank int32) *pb.ReportRequest {
+		return &pb.ReportRequest{Job: "j", Generation: g.Number, Node: from, LeaseId: lease, Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: rank, Code: 1}}}
 	}
-	_, err = n0.Report(t.Context(), exit("n1", n1First))
+	_, err = n0.Report(t.Context(), exit("n1", lease1, n1First))
 	code("n0 reports as n1", err, codes.PermissionDenied)
-	_, err = n0.Report(t.Context(), exit("n0", n1First))
+	_, err = n0.Report(t.Context(), exit("n0", lease0, n1First))
 	code("n0 reports n1's rank", err, codes.PermissionDenied)
-	_, err = n0.Report(t.Context(), &pb.ReportRequest{Job: "j", Generation: g.Number + 5, Node: "n0", Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: 0}}})
+	_, err = n0.Report(t.Context(), exit("n0", 0, 0))
+	code("n0 reports without its lease", err, codes.InvalidArgument)
+	_, err = n0.Report(t.Context(), exit("n0", lease1, 0))
+	code("n0 reports with n1's lease", err, codes.PermissionDenied)
+	_, err = n0.Report(t.Context(), &pb.ReportRequest{Job: "j", Generation: g.Number + 5, Node: "n0", LeaseId: lease0, Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: 0}}})
 	code("a report of a generation that is not current", err, codes.FailedPrecondition)
 	if js, err := user.Status(t.Context(), &pb.StatusRequest{}); err != nil || len(js.Jobs) != 1 || js.Jobs[0].State.GetPhase() != pb.JobState_RUNNING {
 		t.Fatalf("after refused reports, status = %v, %v: want job j running", js, err)

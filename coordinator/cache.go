@@ -46,6 +46,9 @@ type cache struct {
 	// candidates are the election's keys: the one created first leads.
 	candidates map[string]candidate
 	holder     map[string]string // node -> the running job whose generation holds it
+	// holds is each node's holds key: the unfinished job whose generation
+	// has it, as etcd's transactions decided.
+	holds map[string]string
 	// assigned is each running job's assignment, and encoded its wire
 	// form, made once per change for every stream; empty is a node's
 	// without a job. assignRev is the revision of the last change.
@@ -164,16 +167,33 @@ func (c *cache) listAndWatch(ctx context.Context) error {
 		if err := wr.Err(); err != nil {
 			return err
 		}
-		c.apply(wr.Header.Revision, wr.Events)
+		c.apply(viewRev(wr), wr.Events)
 	}
 	return errors.New("watch closed")
+}
+
+// viewRev is the revision the view is at once wr is applied: that of its
+// last event. Not the response's header: while a watch catches up, etcd
+// sends the events in batches whose header carries the store's newest
+// revision, ahead of the events delivered so far. A progress
+// notification (no events) is sent only once the watch has caught up,
+// and its header is the revision reached; any other response without
+// events moves nothing (0).
+func viewRev(wr clientv3.WatchResponse) int64 {
+	if n := len(wr.Events); n > 0 {
+		return wr.Events[n-1].Kv.ModRevision
+	}
+	if wr.IsProgressNotify() {
+		return wr.Header.Revision
+	}
+	return 0
 }
 
 // reset replaces the view with a listing at rev.
 func (c *cache) reset(rev int64, kvs []*mvccpb.KeyValue) {
 	c.mu.Lock()
 	c.nodes, c.conns, c.nodePol, c.jobs = map[string]nodeEntry{}, map[string]string{}, map[string]nodePolicy{}, map[string]*jobEntry{}
-	c.candidates = map[string]candidate{}
+	c.candidates, c.holds = map[string]candidate{}, map[string]string{}
 	for _, kv := range kvs {
 		c.put(kv)
 	}
@@ -208,6 +228,8 @@ func (c *cache) apply(rev int64, evs []*clientv3.Event) {
 		case strings.HasPrefix(key, c.k.leader()+"/"):
 		case key == c.k.gossipKey():
 			assign = true
+		case strings.HasPrefix(key, c.k.holdsAll()):
+			pool, assign = true, true
 		default:
 			pool = pool || strings.HasPrefix(key, c.k.nodes()) || strings.HasPrefix(key, c.k.conns()) || strings.HasPrefix(key, c.k.nodePolicies())
 		}
@@ -273,7 +295,7 @@ func (c *cache) ids() []string {
 // finish moves the view to rev and wakes whoever waits for it; when assign,
 // an assignment may have changed.
 func (c *cache) finish(rev int64, assign bool) {
-	c.rev = rev
+	c.rev = max(c.rev, rev)
 	if assign {
 		c.assignRev = rev
 		c.reindex()
@@ -298,8 +320,12 @@ func (c *cache) reindex() {
 		if j.spec == nil || j.gen == nil || j.state.GetPhase() != pb.JobState_RUNNING {
 			continue
 		}
+		// A node runs the job its holds key names, whatever another job's
+		// generation says (etcd's transactions keep them from disagreeing).
 		for _, m := range j.gen.Members {
-			c.holder[m.Node] = id
+			if c.holds[m.Node] == id {
+				c.holder[m.Node] = id
+			}
 		}
 		boot := j.boots[j.gen.Number]
 		a := &pb.Assignment{Job: id, Spec: j.spec, Generation: j.gen, Master: boot.GetMaster(), Probe: boot.GetProbe(),
@@ -351,6 +377,8 @@ func (c *cache) put(kv *mvccpb.KeyValue) {
 		c.nodes[strings.TrimPrefix(key, c.k.nodes())] = nodeEntry{node: n, created: kv.CreateRevision, lease: kv.Lease}
 	case strings.HasPrefix(key, c.k.conns()):
 		c.conns[strings.TrimPrefix(key, c.k.conns())] = string(kv.Value)
+	case strings.HasPrefix(key, c.k.holdsAll()):
+		c.holds[strings.TrimPrefix(key, c.k.holdsAll())] = string(kv.Value)
 	case strings.HasPrefix(key, c.k.nodePolicies()):
 		var p nodePolicy
 		bad(decodeJSON(kv.Value, &p))
@@ -499,7 +527,16 @@ func (c *cache) nextCommit(job string, g *pb.Generation) (*pb.Step, int64, int64
 	if !due {
 		return nil, committed, e.commitRv
 	}
-	return commitOf(g, e.stored, e.commit), committed, e.commitRv
+	next := commitOf(g, e.stored, e.commit)
+	// Each holder by the run of its agent registered now, which stored the
+	// files: one that registers again later holds none of them.
+	for _, cp := range next.GetCopies() {
+		cp.Instances = make([]string, len(cp.Holders))
+		for i, h := range cp.Holders {
+			cp.Instances[i] = c.nodes[h].node.GetInstance()
+		}
+	}
+	return next, committed, e.commitRv
 }
 
 // genAndName splits "exits/<gen>/<rank>" or "times/<gen>/<node>".
@@ -521,6 +558,8 @@ func (c *cache) del(key string) {
 		delete(c.nodes, strings.TrimPrefix(key, c.k.nodes()))
 	case strings.HasPrefix(key, c.k.conns()):
 		delete(c.conns, strings.TrimPrefix(key, c.k.conns()))
+	case strings.HasPrefix(key, c.k.holdsAll()):
+		delete(c.holds, strings.TrimPrefix(key, c.k.holdsAll()))
 	case strings.HasPrefix(key, c.k.nodePolicies()):
 		delete(c.nodePol, strings.TrimPrefix(key, c.k.nodePolicies()))
 	default:
@@ -538,6 +577,62 @@ func (c *cache) del(key string) {
 			j.stragglers = nil
 		case field == "policy":
 			j.policy = jobPolicy{}
+		case field == "commit":
+			j.commit, j.commitRv = nil, 0
+		case strings.HasPrefix(field, "bootstrap/"):
+			if g, err := strconv.ParseInt(strings.TrimPrefix(field, "bootstrap/"), 10, 64); err == nil {
+				delete(j.boots, g)
+			}
+		case strings.HasPrefix(field, "exits/"), strings.HasPrefix(field, "times/"):
+			// A replaced generation's keys, deleted by a later generation.
+			if g, name, ok := genAndName(field); ok && strings.HasPrefix(field, "exits/") {
+				if r, err := strconv.Atoi(name); err == nil {
+					delete(j.exits[g], int32(r))
+				}
+				if len(j.exits[g]) == 0 {
+					delete(j.exits, g)
+				}
+			} else if ok {
+				delete(j.times[g], name)
+				if len(j.times[g]) == 0 {
+					delete(j.times, g)
+				}
+			}
+		}
+	}
+}
+
+// sync brings the view to etcd's revision at the call, or ctx ends: every
+// write made before the call is in the view when it returns. The revision
+// is a one-key read's header; the watch, once it has delivered every event
+// up to it, says so in a progress notification it is asked for (etcd
+// sends one only to a watch that has caught up). Nothing under the prefix
+// is read or sorted.
+func (c *cache) sync(ctx context.Context) error {
+	resp, err := c.cli.Get(ctx, c.k.leader(), clientv3.WithCountOnly())
+	if err != nil {
+		return err
+	}
+	rev := resp.Header.Revision
+	ask := time.NewTicker(50 * time.Millisecond)
+	defer ask.Stop()
+	for {
+		c.mu.RLock()
+		at, ch := c.rev, c.advanced
+		c.mu.RUnlock()
+		if at >= rev {
+			return nil
+		}
+		// The watch's stream is the one of the same metadata (listAndWatch
+		// requires a leader).
+		if err := c.cli.RequestProgress(clientv3.WithRequireLeader(ctx)); err != nil && ctx.Err() == nil {
+			c.log.Debug("asking the watch for its progress", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		case <-ask.C:
 		}
 	}
 }
@@ -557,6 +652,15 @@ func (c *cache) waitRev(ctx context.Context, rev int64) error {
 		case <-ch:
 		}
 	}
+}
+
+// nodeLease is node's lease and its agent's instance as the view holds
+// them; false when the node is not registered in the view.
+func (c *cache) nodeLease(node string) (int64, string, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e, ok := c.nodes[node]
+	return e.lease, e.node.GetInstance(), ok
 }
 
 // assignment returns what node should run now (the generation of the
@@ -591,14 +695,7 @@ func (c *cache) view(id string) (*view, bool) {
 	for name, p := range c.nodePol {
 		v.nodePolicy[name] = p
 	}
-	for jid, o := range c.jobs {
-		if o.spec == nil || o.gen == nil || pb.Terminal(o.state) {
-			continue
-		}
-		for _, m := range o.gen.Members {
-			v.busy[m.Node] = jid
-		}
-	}
+	maps.Copy(v.busy, c.holds)
 	return v, true
 }
 
@@ -606,7 +703,7 @@ func (c *cache) view(id string) (*view, bool) {
 // bootstrap, exits (in the order they were written) and times.
 func (e *jobEntry) job() *job {
 	j := &job{spec: e.spec, state: e.state, stateRev: e.stateRev, gen: e.gen, genRev: e.genRev, policy: e.policy,
-		step: e.step, commit: e.commit, backup: e.backup, created: e.created, exits: map[int32]*pb.RankExit{}, times: map[string]*pb.TimesHistory{}}
+		step: e.step, commit: e.commit, commitRev: e.commitRv, backup: e.backup, created: e.created, exits: map[int32]*pb.RankExit{}, times: map[string]*pb.TimesHistory{}}
 	if j.state == nil {
 		j.state = &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1}
 	}

@@ -505,25 +505,39 @@ func minNodes(spec *pb.JobSpec) int {
 // restorePoint is where a new generation of j starts from: its last
 // committed step, with who holds each node's files of it when the agents
 // hold the checkpoints; the job's backup tier when no live, connected node
-// holds some node's files of the commit; the beginning before any commit.
-// lost, when not empty, says why the job cannot go on: the commit is gone
-// with every node that held part of it, and no backup has an older step.
+// holds some node's files of the commit (or the commit is a backup step a
+// generation resumed from); the beginning before any commit. A holder is
+// alive when the run of its agent that stored the files (Copies.instances)
+// is registered and connected: a node whose agent restarted since holds
+// nothing. lost, when not empty, says why the job cannot go on: the commit
+// is gone with every node that held part of it, and no backup has an older
+// step.
 func restorePoint(v *view) (resume int64, copies []*pb.Copies, fromBackup bool, lost string) {
 	j := v.job
 	if j.commit == nil {
 		return 0, nil, false, ""
 	}
+	if j.commit.BackupOnly {
+		return j.commit.Step, nil, true, ""
+	}
+	holds := func(c *pb.Copies, i int) *pb.Node {
+		n := v.nodes[c.Holders[i]]
+		if n == nil || !v.connected[n.Name] || i < len(c.Instances) && c.Instances[i] != "" && n.Instance != c.Instances[i] {
+			return nil
+		}
+		return n
+	}
 	for _, c := range j.commit.Copies {
-		alive := slices.ContainsFunc(c.Holders, func(h string) bool { return v.nodes[h] != nil && v.connected[h] })
-		if alive {
-			// Where each holder serves its files, member of the next
-			// generation or not.
-			x := &pb.Copies{Node: c.Node, Holders: c.Holders, Addrs: make([]string, len(c.Holders))}
-			for i, h := range c.Holders {
-				if n := v.nodes[h]; n != nil && v.connected[h] {
-					x.Addrs[i] = n.CheckpointAddr
-				}
+		x := &pb.Copies{Node: c.Node, Holders: c.Holders, Addrs: make([]string, len(c.Holders)), Instances: c.Instances}
+		alive := false
+		for i := range c.Holders {
+			// Where each live holder serves its files, member of the next
+			// generation or not; "" for one that is gone.
+			if n := holds(c, i); n != nil {
+				x.Addrs[i], alive = n.CheckpointAddr, true
 			}
+		}
+		if alive {
 			copies = append(copies, x)
 			continue
 		}

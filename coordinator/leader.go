@@ -8,6 +8,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // campaign runs for leadership until ctx ends, and leads while elected. A
@@ -87,7 +89,10 @@ type leader struct {
 	now         func() time.Time
 }
 
-// run leads until ctx ends or this coordinator is deposed.
+// run leads until ctx ends or this coordinator is deposed. It acts only
+// once its cache holds etcd as it was when it won: every write of the
+// leader before it is in the view (leadership begins at a revision, not at
+// a moment).
 func (l *leader) run(ctx context.Context) error {
 	q := newQueue(l.now)
 	l.cache.setNotify(func(ids []string, _ bool) {
@@ -96,7 +101,12 @@ func (l *leader) run(ctx context.Context) error {
 		}
 	})
 	defer l.cache.setNotify(nil)
-	if err := l.cache.waitRev(ctx, 1); err != nil {
+	// Still leading after the election: etcd's revision now is at or
+	// after the one this coordinator won at.
+	if _, _, err := l.txn(ctx, nil); err != nil {
+		return err
+	}
+	if err := l.cache.sync(ctx); err != nil {
 		return err
 	}
 	for _, j := range l.cache.jobsNow() {
@@ -154,8 +164,10 @@ func (l *leader) reconcile(ctx context.Context, q *queue, id string, p policy) e
 		l.hooks.afterApply(id, &d)
 	}
 	if !ok {
-		// Someone wrote the job since the view (a report, a cancel): the
-		// cache brings that write, and its event this job back.
+		// Someone wrote the job since the view (a report, a cancel), or
+		// another job took one of the nodes: the cache brings that write,
+		// and this job is looked at again.
+		q.retry(id)
 		return nil
 	}
 	if d.msg != "" {
@@ -171,15 +183,25 @@ func (l *leader) reconcile(ctx context.Context, q *queue, id string, p policy) e
 
 // apply writes d in one transaction, on the condition that this
 // coordinator still leads and the job's state and generation are as the
-// view saw them. It reports the revision written and whether it was.
+// view saw them; a new generation also on its commit and its nodes'
+// holds keys (generationTxn). A job that ends releases its nodes in the
+// same transaction. It reports the revision written and whether it was.
 func (l *leader) apply(ctx context.Context, v *view, d *decision) (int64, bool, error) {
 	id := v.job.spec.Id
 	var ops []clientv3.Op
+	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(l.k.state(id)), "=", v.job.stateRev),
+		clientv3.Compare(clientv3.ModRevision(l.k.generation(id)), "=", v.job.genRev),
+	}
 	if d.state != nil {
 		ops = append(ops, clientv3.OpPut(l.k.state(id), encode(d.state)))
+		if pb.Terminal(d.state) && d.gen == nil {
+			ops = append(ops, releaseOps(l.k, id, v.job.gen, nil)...)
+		}
 	}
 	if d.gen != nil {
-		ops = append(ops, clientv3.OpPut(l.k.generation(id), encode(d.gen)))
+		gcmps, gops := generationTxn(l.k, v.job, d.gen)
+		cmps, ops = append(cmps, gcmps...), append(ops, gops...)
 	}
 	if d.stragglers != nil {
 		ops = append(ops, clientv3.OpPut(l.k.stragglers(id), encode(d.stragglers)))
@@ -190,9 +212,63 @@ func (l *leader) apply(ctx context.Context, v *view, d *decision) (int64, bool, 
 	for node, np := range d.strikes {
 		ops = append(ops, clientv3.OpPut(l.k.nodePolicy(node), encodeJSON(np)))
 	}
-	return l.txn(ctx, ops,
-		clientv3.Compare(clientv3.ModRevision(l.k.state(id)), "=", v.job.stateRev),
-		clientv3.Compare(clientv3.ModRevision(l.k.generation(id)), "=", v.job.genRev))
+	return l.txn(ctx, ops, cmps...)
+}
+
+// generationTxn is what the transaction that writes j's next generation
+// next compares and writes besides it, so that what spans objects is
+// etcd's to keep, not the cache's:
+//   - the commit is the one the view saw (a commit written since would be
+//     passed over, and its later steps deleted by every holder's Begin);
+//     a generation that resumes from the backup tier writes that step as
+//     the commit, so that the commit never names steps the holders drop;
+//   - each node is free (no holds key) or already this job's, and becomes
+//     this job's; members left out are released: no node is in two
+//     unfinished jobs' generations;
+//   - the keys of the generation before the previous one (its exits,
+//     times and bootstrap) are deleted: a job's state stays bounded.
+func generationTxn(k keys, j *job, next *pb.Generation) ([]clientv3.Cmp, []clientv3.Op) {
+	id := j.spec.Id
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.commit(id)), "=", j.commitRev)}
+	ops := []clientv3.Op{clientv3.OpPut(k.generation(id), encode(next))}
+	if next.FromBackup && j.backup != nil {
+		c := &pb.Step{Step: next.ResumeStep, Generation: j.backup.Generation, Dp: j.backup.Dp, Checkpointed: true, Backup: true, BackupOnly: true}
+		ops = append(ops, clientv3.OpPut(k.commit(id), encode(c)))
+	}
+	ours := map[string]bool{}
+	for _, m := range j.gen.GetMembers() {
+		ours[m.Node] = true
+	}
+	keep := map[string]bool{}
+	for _, m := range next.Members {
+		keep[m.Node] = true
+		if ours[m.Node] {
+			cmps = append(cmps, clientv3.Compare(clientv3.Value(k.holds(m.Node)), "=", id))
+		} else {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k.holds(m.Node)), "=", 0))
+		}
+		ops = append(ops, clientv3.OpPut(k.holds(m.Node), id))
+	}
+	ops = append(ops, releaseOps(k, id, j.gen, keep)...)
+	if old := next.Number - 2; old >= 1 {
+		ops = append(ops, clientv3.OpDelete(k.exits(id, old), clientv3.WithPrefix()),
+			clientv3.OpDelete(k.timesOf(id, old), clientv3.WithPrefix()),
+			clientv3.OpDelete(k.bootstrap(id, old)))
+	}
+	return cmps, ops
+}
+
+// releaseOps delete the holds keys of g's members but those in keep, each
+// only while it names job: nothing releases another job's node.
+func releaseOps(k keys, job string, g *pb.Generation, keep map[string]bool) []clientv3.Op {
+	var ops []clientv3.Op
+	for _, m := range g.GetMembers() {
+		if !keep[m.Node] {
+			ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(k.holds(m.Node)), "=", job)},
+				[]clientv3.Op{clientv3.OpDelete(k.holds(m.Node))}, nil))
+		}
+	}
+	return ops
 }
 
 // txn commits ops if this coordinator leads and every cmp holds. It

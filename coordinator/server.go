@@ -166,12 +166,60 @@ func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 	return &pb.RegisterResponse{LeaseId: int64(lease.ID), TtlSeconds: ttl, Gossip: s.gossipFor(ctx)}, nil
 }
 
+// catchUp waits, a third of a lease at most, for the view to reach the
+// revision an agent's last assignment came from, so that a stream never
+// goes back in time. A view that does not get there in time ends the
+// stream (Unavailable: the agent tries another coordinator while its
+// lease holds); a revision ahead of etcd's own is another etcd cluster's
+// (OutOfRange: the agent watches afresh).
+func (s *server) catchUp(ctx context.Context, rev int64) error {
+	wctx, cancel := context.WithTimeout(ctx, s.cfg.LeaseTTL/3)
+	err := s.cache.waitRev(wctx, rev)
+	cancel()
+	if err == nil || ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	resp, gerr := s.cli.Get(ctx, string(s.k), clientv3.WithCountOnly())
+	if gerr != nil {
+		return etcdErr(gerr)
+	}
+	if resp.Header.Revision < rev {
+		return status.Errorf(codes.OutOfRange, "revision %d is ahead of etcd's %d: another etcd cluster; watch afresh", rev, resp.Header.Revision)
+	}
+	return status.Errorf(codes.Unavailable, "this coordinator's view of etcd is behind revision %d: try another", rev)
+}
+
 // validNodeName refuses a name no node may have.
 func validNodeName(name string) error {
 	if name == "" || len(name) > 253 || strings.ContainsAny(name, "/ \t\r\n,=+<>#;\"\\") || strings.HasPrefix(name, coordinatorMember) {
 		return status.Errorf(codes.InvalidArgument, "node name %q: want 1 to 253 characters without '/', spaces or any of ,=+<>#;\"\\, not starting with %q", name, coordinatorMember)
 	}
 	return nil
+}
+
+// leaseHolder is the instance of node's agent when lease is the node's
+// lease now: from the cache when it agrees, else from etcd (the cache may
+// not have the registration yet). A lease that is not the node's is
+// refused (NotFound when the node is not registered).
+func (s *server) leaseHolder(ctx context.Context, node string, lease clientv3.LeaseID) (string, error) {
+	if have, instance, ok := s.cache.nodeLease(node); ok && have == int64(lease) {
+		return instance, nil
+	}
+	resp, err := s.cli.Get(ctx, s.k.node(node))
+	if err != nil {
+		return "", etcdErr(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", status.Errorf(codes.NotFound, "node %q is not registered: register again", node)
+	}
+	if clientv3.LeaseID(resp.Kvs[0].Lease) != lease {
+		return "", status.Errorf(codes.PermissionDenied, "lease %x is not node %q's", int64(lease), node)
+	}
+	n := &pb.Node{}
+	if err := decode(resp.Kvs[0].Value, n); err != nil {
+		return "", status.Errorf(codes.Internal, "node %s: %v", node, err)
+	}
+	return n.Instance, nil
 }
 
 // ownLease refuses a lease that is not node's: its key's lease in etcd.
@@ -216,8 +264,16 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "node %q: renewing lease %x: %v", node, req.GetLeaseId(), err)
 	}
-	if err := s.cache.waitRev(ctx, req.GetFromRevision()); err != nil {
-		return status.FromContextError(err).Err()
+	// The lease is kept alive from here on, before any wait: a view that
+	// is slow to catch up costs the stream, never the node's lease.
+	kctx, stopKeep := context.WithCancel(ctx)
+	defer stopKeep()
+	renewals, err := s.cli.KeepAlive(kctx, lease)
+	if err != nil {
+		return etcdErr(err)
+	}
+	if err := s.catchUp(ctx, req.GetFromRevision()); err != nil {
+		return err
 	}
 	id := fmt.Sprintf("%s/%d", s.cfg.Name, s.streams.Add(1))
 	if _, err := s.cli.Put(ctx, s.k.conn(node), id, clientv3.WithLease(lease)); err != nil {
@@ -241,12 +297,6 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			}
 		}()
 	}()
-	kctx, stopKeep := context.WithCancel(ctx)
-	defer stopKeep()
-	renewals, err := s.cli.KeepAlive(kctx, lease)
-	if err != nil {
-		return etcdErr(err)
-	}
 	a, _, changed := s.cache.assignment(node)
 	if s.hooks.watchRead != nil {
 		s.hooks.watchRead(node)
@@ -362,9 +412,18 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 // the node must be a member of the job's generation gen, and run the rank
 // an exit names; a bootstrap comes from rank 0's node alone. (Steps and
 // stored checkpoints come from any member.)
+//
+// A report carries the node's lease (required with TLS): it must be the
+// node's lease now, and the run of the agent that holds it the member's
+// (Member.instance). A node whose lease ended, or that registered again,
+// is not the member any more, whatever its certificate: what its ranks
+// still do reaches nothing.
 func (s *server) ownRanks(ctx context.Context, req *pb.ReportRequest) error {
-	if !s.secure {
+	if !s.secure && req.GetLeaseId() == 0 {
 		return nil
+	}
+	if req.GetLeaseId() == 0 {
+		return status.Errorf(codes.InvalidArgument, "report from node %q without its lease", req.GetNode())
 	}
 	g, _ := s.cache.generation(req.GetJob())
 	if g == nil || g.Number != req.GetGeneration() {
@@ -384,6 +443,13 @@ func (s *server) ownRanks(ctx context.Context, req *pb.ReportRequest) error {
 	}
 	if m == nil {
 		return status.Errorf(codes.PermissionDenied, "node %q is not a member of job %s generation %d", req.GetNode(), req.GetJob(), g.Number)
+	}
+	instance, err := s.leaseHolder(ctx, req.GetNode(), clientv3.LeaseID(req.GetLeaseId()))
+	if err != nil {
+		return err
+	}
+	if m.Instance != "" && instance != m.Instance {
+		return status.Errorf(codes.PermissionDenied, "node %q registered again since job %s generation %d was made: it is not that member any more", req.GetNode(), req.GetJob(), g.Number)
 	}
 	switch k := req.Kind.(type) {
 	case *pb.ReportRequest_Bootstrap:
@@ -503,12 +569,14 @@ func (s *server) Follow(req *pb.FollowRequest, stream grpc.ServerStreamingServer
 	if !ok {
 		// Submitted through another coordinator a moment ago, perhaps:
 		// catch up with etcd before saying no.
-		resp, err := s.cli.Get(ctx, s.k.spec(id), clientv3.WithCountOnly())
+		resp, err := s.cli.Get(ctx, s.k.spec(id), clientv3.WithKeysOnly())
 		if err != nil {
 			return etcdErr(err)
 		}
-		if resp.Count > 0 {
-			if err := s.cache.waitRev(ctx, resp.Header.Revision); err != nil {
+		if len(resp.Kvs) > 0 {
+			// The spec's own revision: the watch brings it (a write outside
+			// the prefix would not move the view).
+			if err := s.cache.waitRev(ctx, resp.Kvs[0].ModRevision); err != nil {
 				return status.FromContextError(err).Err()
 			}
 			j, rev, ok = s.cache.jobOf(id)
@@ -611,7 +679,7 @@ func (s *server) Cancel(ctx context.Context, req *pb.CancelRequest) (*pb.CancelR
 	}
 	for {
 		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(s.k.spec(id)), ">", 0)).
-			Then(clientv3.OpGet(s.k.state(id))).Commit()
+			Then(clientv3.OpGet(s.k.state(id)), clientv3.OpGet(s.k.generation(id))).Commit()
 		if err != nil {
 			return nil, etcdErr(err)
 		}
@@ -628,11 +696,22 @@ func (s *server) Cancel(ctx context.Context, req *pb.CancelRequest) (*pb.CancelR
 		if pb.Terminal(cur) {
 			return &pb.CancelResponse{State: cur}, nil
 		}
+		// The job's nodes are released with its end, in one transaction
+		// on the generation that holds them.
+		var gen *pb.Generation
+		genRev := int64(0)
+		if kvs := resp.Responses[1].GetResponseRange().GetKvs(); len(kvs) == 1 {
+			if gen, err = decodeGeneration(kvs[0].Value); err != nil {
+				return nil, status.Errorf(codes.Internal, "job %s: generation: %v", id, err)
+			}
+			genRev = kvs[0].ModRevision
+		}
 		if s.hooks.cancelRead != nil {
 			s.hooks.cancelRead(id)
 		}
-		w, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.state(id)), "=", rev)).
-			Then(clientv3.OpPut(s.k.state(id), encode(st))).Commit()
+		w, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.state(id)), "=", rev),
+			clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", genRev)).
+			Then(append([]clientv3.Op{clientv3.OpPut(s.k.state(id), encode(st))}, releaseOps(s.k, id, gen, nil)...)...).Commit()
 		if err != nil {
 			return nil, etcdErr(err)
 		}
@@ -646,19 +725,13 @@ func (s *server) Cancel(ctx context.Context, req *pb.CancelRequest) (*pb.CancelR
 // Status implements pb.CoordinatorServer, from the cache.
 func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusResponse, error) {
 	// Status shows every key written before the call (a node that has just
-	// registered, a job just submitted): the cache first catches up to the
-	// newest write under the prefix. (Not etcd's revision: writes outside
-	// the prefix never reach the cache's watch.)
-	newest, err := s.cli.Get(ctx, string(s.k), append(clientv3.WithLastRev(), clientv3.WithPrefix())...)
-	if err != nil {
+	// registered, a job just submitted): the cache first catches up with
+	// etcd.
+	if err := s.cache.sync(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(err).Err()
+		}
 		return nil, etcdErr(err)
-	}
-	rev := int64(1)
-	if len(newest.Kvs) == 1 {
-		rev = newest.Kvs[0].ModRevision
-	}
-	if err := s.cache.waitRev(ctx, rev); err != nil {
-		return nil, status.FromContextError(err).Err()
 	}
 	nodes, connected, leader, _ := s.cache.pool()
 	jobs := s.cache.jobsNow()
@@ -764,7 +837,8 @@ func (s *server) reportStored(ctx context.Context, id string, gen int64, node st
 			ops = append(ops, clientv3.OpPut(s.k.backup(id), encode(c)))
 		}
 		cresp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", rev),
-			clientv3.Compare(clientv3.ModRevision(s.k.commit(id)), "=", prevRev)).Then(ops...).Commit()
+			clientv3.Compare(clientv3.ModRevision(s.k.commit(id)), "=", prevRev)).Then(ops...).
+			Else(clientv3.OpGet(s.k.generation(id), clientv3.WithKeysOnly()), clientv3.OpGet(s.k.commit(id), clientv3.WithKeysOnly())).Commit()
 		if err != nil {
 			return 0, etcdErr(err)
 		}
@@ -773,8 +847,15 @@ func (s *server) reportStored(ctx context.Context, id string, gen int64, node st
 			return c.Step, nil
 		}
 		// Another report committed, or a new generation began: look again
-		// once the view has it.
-		if err := s.cache.waitRev(ctx, cresp.Header.Revision); err != nil {
+		// once the view has the write that did (the keys' own revisions:
+		// the watch brings them).
+		var newer int64
+		for _, r := range cresp.Responses {
+			for _, kv := range r.GetResponseRange().GetKvs() {
+				newer = max(newer, kv.ModRevision)
+			}
+		}
+		if err := s.cache.waitRev(ctx, newer); err != nil {
 			return 0, status.FromContextError(err).Err()
 		}
 		g, rev = s.cache.generation(id)

@@ -28,6 +28,9 @@ import (
 //	jobs/<id>/stragglers               Stragglers of the current generation
 //	jobs/<id>/policy                   jobPolicy: the leader's timers for the job (JSON)
 //	conns/<node>                       the node's open Watch stream, leased with the node
+//	holds/<node>                       the id of the unfinished job whose generation has the node:
+//	                                   written and compared in the transaction of every generation,
+//	                                   deleted in the one that ends the job (one job per node, by etcd)
 //	policy/nodes/<node>                nodePolicy: strikes and cooldown (JSON), kept across registrations
 //	leader                             the election (etcd concurrency package)
 //	coordinators/<name>                a coordinator's gossip address, leased
@@ -54,6 +57,8 @@ func (k keys) times(id string, gen int64, coordinator string) string {
 func (k keys) stragglers(id string) string    { return k.job(id) + "stragglers" }
 func (k keys) policy(id string) string        { return k.job(id) + "policy" }
 func (k keys) conns() string                  { return string(k) + "conns/" }
+func (k keys) holdsAll() string               { return string(k) + "holds/" }
+func (k keys) holds(node string) string       { return k.holdsAll() + node }
 func (k keys) conn(node string) string        { return k.conns() + node }
 func (k keys) nodePolicies() string           { return string(k) + "policy/nodes/" }
 func (k keys) nodePolicy(node string) string  { return k.nodePolicies() + node }
@@ -66,6 +71,9 @@ func (k keys) coordinators() string           { return string(k) + "coordinators
 func (k keys) coordinator(name string) string { return k.coordinators() + name }
 func (k keys) bootstrap(id string, gen int64) string {
 	return k.job(id) + "bootstrap/" + strconv.FormatInt(gen, 10)
+}
+func (k keys) timesOf(id string, gen int64) string {
+	return k.job(id) + "times/" + strconv.FormatInt(gen, 10) + "/"
 }
 func (k keys) exits(id string, gen int64) string {
 	return k.job(id) + "exits/" + strconv.FormatInt(gen, 10) + "/"
@@ -169,6 +177,7 @@ type job struct {
 	boot      *pb.Bootstrap // of the current generation; nil until reported
 	step      *pb.Step
 	commit    *pb.Step               // last committed step; nil before the first
+	commitRev int64                  // mod revision of the commit key; 0 when it does not exist
 	backup    *pb.Step               // last committed step in the backup tier; nil if none
 	exits     map[int32]*pb.RankExit // of the current generation
 	exitOrder []int32                // ranks in the order their exits were written

@@ -410,12 +410,44 @@ func (a *Agent) sessions(ctx context.Context, conns []*grpc.ClientConn, run *run
 			a.log.Warn(ue.Error(), "retry_in", wait.Round(time.Millisecond))
 		}
 		answered = false
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
-		}
+		a.pause(ctx, wait)
 	}
 	return nil
+}
+
+// pause waits d between two passes over the coordinators, or less: it
+// ends as soon as a coordinator that did not take a connection during the
+// pause takes one (a network cut that healed, a coordinator restarted), so
+// that a pause grown long during an outage does not outlast it.
+func (a *Agent) pause(ctx context.Context, d time.Duration) {
+	end := time.NewTimer(d)
+	defer end.Stop()
+	tick := time.NewTicker(a.cfg.Retry)
+	defer tick.Stop()
+	down := map[string]bool{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-end.C:
+			return
+		case <-tick.C:
+		}
+		for _, addr := range a.cfg.Coordinators {
+			dctx, cancel := context.WithTimeout(ctx, a.cfg.Retry)
+			c, err := (&net.Dialer{}).DialContext(dctx, "tcp", addr)
+			cancel()
+			if err != nil {
+				down[addr] = true
+				continue
+			}
+			c.Close()
+			if down[addr] {
+				a.log.Info("a coordinator takes connections again: trying now", "addr", addr)
+				return
+			}
+		}
+	}
 }
 
 // renew moves the lease deadline to d, when it is later.
@@ -486,7 +518,9 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		answered = true
 		lease = resp.LeaseId
 		a.mu.Lock()
-		a.lease = lease
+		// A new registration watches afresh: the revision seen belongs to
+		// the lease that ended (perhaps of an etcd cluster since replaced).
+		a.lease, a.revision = lease, 0
 		a.mu.Unlock()
 		a.renew(sent.Add(time.Duration(resp.TtlSeconds) * time.Second))
 		a.log.Info("registered", "gpus", a.cfg.GPUs, "host", a.net.Host, "bind", a.net.Bind, "iface", a.net.Iface)
@@ -505,10 +539,17 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	for {
 		asg, err := stream.Recv()
 		if err != nil {
-			if status.Code(err) == codes.NotFound {
+			switch status.Code(err) {
+			case codes.NotFound:
 				// The lease expired while we were away: register anew.
 				a.mu.Lock()
 				a.lease = 0
+				a.mu.Unlock()
+			case codes.OutOfRange:
+				// The revision seen is ahead of etcd's: another etcd
+				// cluster (restored, or replaced). Watch afresh.
+				a.mu.Lock()
+				a.revision = 0
 				a.mu.Unlock()
 			}
 			return answered || status.Code(err) == codes.NotFound, err
@@ -647,6 +688,7 @@ func (a *Agent) reportResp(ctx context.Context, r *pb.ReportRequest) (*pb.Report
 	for {
 		a.mu.Lock()
 		client := a.client
+		r.LeaseId = a.lease // the lease now: a report is fenced by it
 		a.mu.Unlock()
 		// A call is bounded: one sent to a coordinator that was then cut
 		// off, or lost etcd, is tried again through the current one.

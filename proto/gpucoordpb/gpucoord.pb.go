@@ -1045,7 +1045,11 @@ type Copies struct {
 	// addrs, in a generation's checkpoint, are the holders' checkpoint
 	// addresses (Node.checkpoint_addr), holder by holder: a holder need not
 	// be a member of the generation that gathers from it.
-	Addrs         []string `protobuf:"bytes,3,rep,name=addrs,proto3" json:"addrs,omitempty"`
+	Addrs []string `protobuf:"bytes,3,rep,name=addrs,proto3" json:"addrs,omitempty"`
+	// instances are the holders' agent runs (Node.instance) when the commit
+	// was written, holder by holder: a holder that registered again since
+	// (a restarted agent, an empty /dev/shm) holds nothing of the commit.
+	Instances     []string `protobuf:"bytes,4,rep,name=instances,proto3" json:"instances,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1097,6 +1101,13 @@ func (x *Copies) GetHolders() []string {
 func (x *Copies) GetAddrs() []string {
 	if x != nil {
 		return x.Addrs
+	}
+	return nil
+}
+
+func (x *Copies) GetInstances() []string {
+	if x != nil {
+		return x.Instances
 	}
 	return nil
 }
@@ -1330,7 +1341,11 @@ type Step struct {
 	// (empty with a shared checkpoint_dir).
 	Copies []*Copies `protobuf:"bytes,8,rep,name=copies,proto3" json:"copies,omitempty"`
 	// backup, on a commit, says the step is also in checkpoint_backup.
-	Backup        bool `protobuf:"varint,9,opt,name=backup,proto3" json:"backup,omitempty"`
+	Backup bool `protobuf:"varint,9,opt,name=backup,proto3" json:"backup,omitempty"`
+	// backup_only, on a commit, says the step is in checkpoint_backup alone:
+	// a generation resumed from the backup tier, and its holders dropped
+	// every later step.
+	BackupOnly    bool `protobuf:"varint,10,opt,name=backup_only,json=backupOnly,proto3" json:"backup_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1424,6 +1439,13 @@ func (x *Step) GetCopies() []*Copies {
 func (x *Step) GetBackup() bool {
 	if x != nil {
 		return x.Backup
+	}
+	return false
+}
+
+func (x *Step) GetBackupOnly() bool {
+	if x != nil {
+		return x.BackupOnly
 	}
 	return false
 }
@@ -2042,6 +2064,11 @@ type ReportRequest struct {
 	Job        string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
 	Generation int64                  `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
 	Node       string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// lease_id is the reporting node's lease (RegisterResponse.lease_id): a
+	// report is refused unless it is the node's lease now and the node's run
+	// is the generation's member (a node lost, or registered again, reports
+	// nothing for the generation it was in).
+	LeaseId int64 `protobuf:"varint,9,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// Types that are valid to be assigned to Kind:
 	//
 	//	*ReportRequest_Bootstrap
@@ -2103,6 +2130,13 @@ func (x *ReportRequest) GetNode() string {
 		return x.Node
 	}
 	return ""
+}
+
+func (x *ReportRequest) GetLeaseId() int64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
 }
 
 func (x *ReportRequest) GetKind() isReportRequest_Kind {
@@ -3737,11 +3771,12 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"fromBackup\x12\x14\n" +
 	"\x05hangs\x18\n" +
 	" \x01(\x05R\x05hangs\x12\x16\n" +
-	"\x06output\x18\v \x01(\tR\x06output\"L\n" +
+	"\x06output\x18\v \x01(\tR\x06output\"j\n" +
 	"\x06Copies\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aholders\x18\x02 \x03(\tR\aholders\x12\x14\n" +
-	"\x05addrs\x18\x03 \x03(\tR\x05addrs\"\xe8\x02\n" +
+	"\x05addrs\x18\x03 \x03(\tR\x05addrs\x12\x1c\n" +
+	"\tinstances\x18\x04 \x03(\tR\tinstances\"\xe8\x02\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -3763,7 +3798,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x02 \x01(\tR\x05probe\x12!\n" +
-	"\fstore_secret\x18\x03 \x01(\fR\vstoreSecret\"\x89\x02\n" +
+	"\fstore_secret\x18\x03 \x01(\fR\vstoreSecret\"\xaa\x02\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x12\n" +
 	"\x04loss\x18\x02 \x01(\x01R\x04loss\x12\x18\n" +
@@ -3775,7 +3810,10 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"generation\x12\x0e\n" +
 	"\x02dp\x18\a \x01(\x05R\x02dp\x12+\n" +
 	"\x06copies\x18\b \x03(\v2\x13.gpucoord.v1.CopiesR\x06copies\x12\x16\n" +
-	"\x06backup\x18\t \x01(\bR\x06backup\"7\n" +
+	"\x06backup\x18\t \x01(\bR\x06backup\x12\x1f\n" +
+	"\vbackup_only\x18\n" +
+	" \x01(\bR\n" +
+	"backupOnly\"7\n" +
 	"\x06Stored\x12-\n" +
 	"\x05steps\x18\x01 \x03(\v2\x17.gpucoord.v1.StoredStepR\x05steps\"r\n" +
 	"\n" +
@@ -3824,13 +3862,14 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +
 	"generation\x12,\n" +
-	"\x05ranks\x18\x02 \x03(\v2\x16.gpucoord.v1.StragglerR\x05ranks\"\xca\x02\n" +
+	"\x05ranks\x18\x02 \x03(\v2\x16.gpucoord.v1.StragglerR\x05ranks\"\xe5\x02\n" +
 	"\rReportRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x03R\n" +
 	"generation\x12\x12\n" +
-	"\x04node\x18\x03 \x01(\tR\x04node\x126\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x19\n" +
+	"\blease_id\x18\t \x01(\x03R\aleaseId\x126\n" +
 	"\tbootstrap\x18\x04 \x01(\v2\x16.gpucoord.v1.BootstrapH\x00R\tbootstrap\x12'\n" +
 	"\x04step\x18\x05 \x01(\v2\x11.gpucoord.v1.StepH\x00R\x04step\x12+\n" +
 	"\x04exit\x18\x06 \x01(\v2\x15.gpucoord.v1.RankExitH\x00R\x04exit\x12.\n" +
