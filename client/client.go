@@ -124,8 +124,11 @@ func (c *Client) Status(ctx context.Context) (*pb.StatusResponse, error) {
 // revision changed (a generation and its state) as one event.
 // When the history from that revision is compacted, it follows again from the job as it is
 // now (reported to Config.OnFailover with ErrCompacted): the events in
-// between are not delivered. It gives up with ErrUnreachable when no event
-// has come for Config.FollowTimeout and a stream breaks, and stops at once
+// between are not delivered. It gives up with ErrUnreachable when streams
+// have kept failing for Config.FollowTimeout (counted from the first
+// failure in a row; a stream that opens starts the count again: a quiet
+// job's follower rides out a failover however long the job has been
+// quiet), and stops at once
 // on a refusal every coordinator would give (an *Error wrapping
 // ErrNotFound or ErrUnauthenticated).
 //
@@ -136,8 +139,10 @@ func (c *Client) Follow(ctx context.Context, job string, fn func(*pb.JobEvent) e
 	if c.closed.Load() {
 		return nil, ErrClosed
 	}
-	f := &follow{job: job, fn: fn, contact: time.Now()}
+	f := &follow{job: job, fn: fn}
 	for i := c.first(); ; i = (i + 1) % len(c.rpcs) {
+		attempt := time.Now()
+		f.opened = false
 		end, broke, err := c.followAt(ctx, i, f)
 		switch {
 		case ctx.Err() != nil:
@@ -154,7 +159,16 @@ func (c *Client) Follow(ctx context.Context, job string, fn func(*pb.JobEvent) e
 			continue
 		case refusal(broke.Status.Code()):
 			return nil, broke
-		case time.Since(f.contact) > c.cfg.FollowTimeout:
+		}
+		if f.failing.IsZero() {
+			// The first failure in a row: of this attempt, or of a stream
+			// that was open until now.
+			f.failing = attempt
+			if f.opened {
+				f.failing = time.Now()
+			}
+		}
+		if time.Since(f.failing) > c.cfg.FollowTimeout {
 			return nil, fmt.Errorf("%w for %s at %s: %w", ErrUnreachable, c.cfg.FollowTimeout, strings.Join(c.cfg.Coordinators, ","), broke)
 		}
 		c.failover("Follow", broke)
@@ -170,7 +184,8 @@ type follow struct {
 	fn      func(*pb.JobEvent) error
 	rev     int64        // where the next stream starts; 0 is now
 	state   *pb.JobState // the job's state as last reported
-	contact time.Time    // when the last event came
+	failing time.Time    // when the streams began to fail, in a row; zero while one is open
+	opened  bool         // the current stream opened
 }
 
 // followAt reads one Follow stream from coordinator i. It returns the
@@ -183,6 +198,15 @@ func (c *Client) followAt(ctx context.Context, i int, f *follow) (*pb.JobState, 
 	if err != nil {
 		return nil, c.errorAt(i, err), nil
 	}
+	// The coordinator answers with the stream's headers once it has taken
+	// the job (a job that does not exist ends the stream without them).
+	md, err := stream.Header()
+	if err != nil {
+		return nil, c.errorAt(i, err), nil
+	}
+	if len(md.Get(pb.FollowOpen)) > 0 {
+		f.failing, f.opened = time.Time{}, true
+	}
 	for {
 		ev, err := stream.Recv()
 		if err == io.EOF {
@@ -193,7 +217,7 @@ func (c *Client) followAt(ctx context.Context, i int, f *follow) (*pb.JobState, 
 			return nil, c.errorAt(i, err), nil
 		}
 		c.last.Store(int64(i))
-		f.contact, f.rev = time.Now(), ev.Revision+1
+		f.failing, f.rev = time.Time{}, ev.Revision+1
 		if ev.State != nil {
 			f.state = ev.State
 		}

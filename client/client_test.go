@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -500,6 +501,37 @@ func TestFollowEnds(t *testing.T) {
 				t.Errorf("Follow went on to the next coordinator (%d streams)", n)
 			}
 		})
+	}
+}
+
+// TestFollowQuietFailover: a stream that opened and stayed quiet for
+// longer than FollowTimeout, then broke (its coordinator failed over), is
+// followed at the next coordinator: the give-up clock runs from the first
+// failure in a row, not from the last event.
+func TestFollowQuietFailover(t *testing.T) {
+	const timeout = 50 * time.Millisecond
+	quiet := func(_ *pb.FollowRequest, stream grpc.ServerStreamingServer[pb.JobEvent]) error {
+		if err := stream.SendHeader(metadata.Pairs(pb.FollowOpen, "1")); err != nil {
+			return err
+		}
+		// The job is quiet for longer than the follower's timeout: the
+		// time passing is what the test is about.
+		time.Sleep(3 * timeout)
+		return status.Error(codes.Unavailable, "coordinator stopped")
+	}
+	ends := func(_ *pb.FollowRequest, stream grpc.ServerStreamingServer[pb.JobEvent]) error {
+		if err := stream.SendHeader(metadata.Pairs(pb.FollowOpen, "1")); err != nil {
+			return err
+		}
+		return send(stream, &pb.JobEvent{State: succeeded, Revision: 9})
+	}
+	a, b := &fake{follows: []followScript{quiet}}, &fake{follows: []followScript{ends}}
+	addrA, _ := serve(t, a)
+	addrB, _ := serve(t, b)
+	c, _ := newClient(t, []string{addrA, addrB}, func(cfg *client.Config) { cfg.FollowTimeout = timeout })
+	st, _, err := follow(t, t.Context(), c, nil)
+	if err != nil || st.GetPhase() != pb.JobState_SUCCEEDED {
+		t.Fatalf("Follow = %v, %v: want the job's end from the second coordinator", st, err)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -584,6 +585,9 @@ func (s *server) Follow(req *pb.FollowRequest, stream grpc.ServerStreamingServer
 	}
 	if !ok {
 		return status.Errorf(codes.NotFound, "no job %q", id)
+	}
+	if err := stream.SendHeader(metadata.Pairs(pb.FollowOpen, "1")); err != nil {
+		return err
 	}
 	from := req.GetFromRevision()
 	if from == 0 {

@@ -65,3 +65,8 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2, PermitWithoutStream: true}),
 	}
 }
+
+// FollowOpen is the header a coordinator sends on a Follow stream once it
+// has taken the job: the stream is open, though no event may come for a
+// while (a quiet job followed from a revision).
+const FollowOpen = "gpucoord-follow-open"
