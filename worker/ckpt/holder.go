@@ -67,6 +67,10 @@ import (
 // maxStepFiles bounds the files of one step stream.
 const maxStepFiles = 1 << 16
 
+// streamSlack is what a step stream carries beyond its files' bytes, at
+// most: a header and padding per file, and the checksums entry.
+const streamSlack = maxStepFiles*1024 + 17<<20
+
 // sumsEntry is the last entry of a step's tar stream: "<sha256>  <name>"
 // lines, one per file.
 const sumsEntry = ".sha256"
@@ -275,7 +279,7 @@ func (h *Holder) Fetch(ctx context.Context, peer Peer, job, src string, gen, ste
 		return func() { cancel(fmt.Errorf("step %d not fetched from %s within %s", step, peer.Name, d)) }
 	}
 	timer := time.AfterFunc(h.lim.ReplicaTimeout, expire(h.lim.ReplicaTimeout))
-	defer timer.Stop()
+	defer func() { timer.Stop() }() // the one running at the end
 	fail := func(err error) (int64, error) {
 		if cause := context.Cause(ctx); ctx.Err() != nil && cause != nil {
 			err = cause
@@ -517,7 +521,7 @@ func (h *Holder) put(w http.ResponseWriter, r *http.Request) {
 	}
 	limit := h.stepCap()
 	http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.lim.replicaDeadline(limit)))
-	body := http.MaxBytesReader(w, r.Body, limit+limit/64+1<<20) // the stream's headers and padding
+	body := http.MaxBytesReader(w, r.Body, limit+streamSlack)
 	dst := h.stepDir(job, src, step)
 	staged, err := stage(filepath.Dir(dst))
 	if err != nil {
