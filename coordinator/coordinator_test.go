@@ -359,6 +359,12 @@ func TestRefusals(t *testing.T) {
 	if _, err := c.Register(t.Context(), &pb.RegisterRequest{Node: old}); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("other protocol: err = %v", err)
 	}
+	for _, name := range []string{"..", ".logs", "a/b", "checkpoints", "coordinator:A"} {
+		_, err := c.Register(t.Context(), &pb.RegisterRequest{Node: node(name, 1)})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), pb.NodeNameRule) {
+			t.Errorf("node name %q: err = %v, want InvalidArgument saying %q", name, err, pb.NodeNameRule)
+		}
+	}
 	agent(t, c, node("n0", 1))
 	if _, err := c.Register(t.Context(), &pb.RegisterRequest{Node: node("n0", 1)}); status.Code(err) != codes.AlreadyExists {
 		t.Errorf("name in use: err = %v", err)

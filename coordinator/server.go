@@ -190,10 +190,12 @@ func (s *server) catchUp(ctx context.Context, rev int64) error {
 	return status.Errorf(codes.Unavailable, "this coordinator's view of etcd is behind revision %d: try another", rev)
 }
 
-// validNodeName refuses a name no node may have.
+// validNodeName refuses a name no node may have: pb.CheckNodeName's rule,
+// which also keeps a node's gossip member from passing for a
+// coordinator's (coordinatorMember).
 func validNodeName(name string) error {
-	if name == "" || len(name) > 253 || strings.ContainsAny(name, "/ \t\r\n,=+<>#;\"\\") || strings.HasPrefix(name, coordinatorMember) {
-		return status.Errorf(codes.InvalidArgument, "node name %q: want 1 to 253 characters without '/', spaces or any of ,=+<>#;\"\\, not starting with %q", name, coordinatorMember)
+	if err := pb.CheckNodeName(name); err != nil || strings.HasPrefix(name, coordinatorMember) {
+		return status.Errorf(codes.InvalidArgument, "node name %q: %s", name, pb.NodeNameRule)
 	}
 	return nil
 }

@@ -32,8 +32,8 @@ func ValidateSpecWith(j *pb.JobSpec, name func(field string) string) error {
 	}
 	nodes := j.GetNodes()
 	switch {
-	case j.GetId() == "" || strings.ContainsAny(j.GetId(), "/ \t\n"):
-		return fmt.Errorf("%s %q: want a non-empty id without '/' or spaces", name("id"), j.GetId())
+	case pb.CheckJobID(j.GetId()) != nil:
+		return fmt.Errorf("%s %q: %s", name("id"), j.GetId(), pb.JobIDRule)
 	case nodes < 1:
 		return fmt.Errorf("%s %d: want at least 1", name("nodes"), nodes)
 	case j.GetMaxNodes() != 0 && j.GetMaxNodes() < nodes:

@@ -38,8 +38,11 @@ func TestValidateSpec(t *testing.T) {
 			s.Workdir, s.Env = "/home/u", map[string]string{"A": "1"}
 			return s
 		}, ""},
-		{"empty id", func() *pb.JobSpec { s := program(); s.Id = ""; return s }, `id "": want a non-empty id`},
-		{"id with a slash", func() *pb.JobSpec { s := program(); s.Id = "a/b"; return s }, `id "a/b"`},
+		{"empty id", func() *pb.JobSpec { s := program(); s.Id = ""; return s }, `id "": ` + pb.JobIDRule},
+		{"id with a slash", func() *pb.JobSpec { s := program(); s.Id = "a/b"; return s }, `id "a/b": ` + pb.JobIDRule},
+		{"id ..", func() *pb.JobSpec { s := program(); s.Id = ".."; return s }, `id "..": want 1 to 63 of the characters`},
+		{"id .logs", func() *pb.JobSpec { s := program(); s.Id = ".logs"; return s }, `id ".logs": ` + pb.JobIDRule},
+		{"id checkpoints", func() *pb.JobSpec { s := program(); s.Id = "checkpoints"; return s }, `id "checkpoints": ` + pb.JobIDRule},
 		{"no nodes", func() *pb.JobSpec { s := program(); s.Nodes = 0; return s }, "nodes 0: want at least 1"},
 		{"max_nodes below nodes", func() *pb.JobSpec { s := program(); s.MaxNodes = 1; return s }, "max_nodes 1 is below nodes 2"},
 		{"no GPUs", func() *pb.JobSpec { s := program(); s.GpusPerNode = 0; return s }, "gpus_per_node 0: want at least 1"},

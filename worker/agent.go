@@ -135,8 +135,8 @@ func (c *Config) Validate() error {
 	switch {
 	case len(c.Coordinators) == 0:
 		return errors.New("no coordinator address")
-	case c.Name == "":
-		return errors.New("no node name")
+	case pb.CheckNodeName(c.Name) != nil:
+		return fmt.Errorf("--name %q: %s", c.Name, pb.NodeNameRule)
 	case c.GPUs < 1:
 		return fmt.Errorf("gpus %d: want at least 1", c.GPUs)
 	case len(c.NativeCommand) == 0:
@@ -756,6 +756,12 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 		}
 	}
 	if asg.Job == "" {
+		return
+	}
+	if err := pb.CheckJobID(asg.Job); err != nil {
+		// Every path of a job is named by its id: a coordinator that
+		// sends one no job may have gets nothing run, or removed.
+		r.agent.log.Error("assignment refused", "err", err)
 		return
 	}
 	if r.cur == nil && asg.Job == r.started.job && asg.Generation.GetNumber() <= r.started.gen {

@@ -202,20 +202,26 @@ func (h *Holder) Prune(job string, keep int, committed int64) {
 	}
 }
 
-// Jobs lists the jobs this node holds files of.
+// Jobs lists the jobs this node holds files of: the directories of its
+// root named as a job may be (gpucoordpb.CheckJobID).
 func (h *Holder) Jobs() []string {
 	entries, _ := os.ReadDir(h.root)
 	var jobs []string
 	for _, e := range entries {
-		if e.IsDir() {
+		if e.IsDir() && pb.CheckJobID(e.Name()) == nil {
 			jobs = append(jobs, e.Name())
 		}
 	}
 	return jobs
 }
 
-// Remove deletes everything of job.
+// Remove deletes everything of job; a name no job may have
+// (gpucoordpb.CheckJobID) is refused, so that nothing outside a job's
+// directory goes.
 func (h *Holder) Remove(job string) error {
+	if err := pb.CheckJobID(job); err != nil {
+		return err
+	}
 	h.forget(job)
 	return os.RemoveAll(filepath.Join(h.root, job))
 }
@@ -545,11 +551,11 @@ func (h *Holder) put(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// SafeName says whether s, a job or node name, is usable as one path
-// element.
-func SafeName(s string) bool {
-	return s != "" && len(s) <= 253 && s != "." && s != ".." && !strings.ContainsAny(s, "/\\\x00") && !strings.HasPrefix(s, ".")
-}
+// SafeName says whether s is a job id or a node name: gpucoord's one rule
+// of names (gpucoordpb.CheckNodeName, of which job ids are a shorter
+// case), one path element, never hidden, never a directory gpucoord keeps
+// for itself.
+func SafeName(s string) bool { return pb.CheckNodeName(s) == nil }
 
 // ---- the tar stream ----
 

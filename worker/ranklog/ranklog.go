@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // Limits bound what a Store keeps.
@@ -236,8 +238,8 @@ func (s *Store) Keep(live []string) {
 	}
 	sort.Slice(dirs, func(a, b int) bool { return dirs[a].mod.After(dirs[b].mod) })
 	for _, d := range dirs[min(s.lim.Jobs, len(dirs)):] {
-		if slices.Contains(live, d.name) {
-			continue
+		if slices.Contains(live, d.name) || pb.CheckJobID(d.name) != nil {
+			continue // not a job's: nothing of gpucoord's
 		}
 		if err := os.RemoveAll(filepath.Join(s.dir, d.name)); err != nil {
 			s.log.Warn("removing an old job's logs", "job", d.name, "err", err)

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+)
+
+// userFiles puts a user's files in each of dirs (a file, and a directory
+// with a file in it, named as a job or a node might be) and returns a
+// check that they are all still there, unchanged.
+func userFiles(t *testing.T, dirs ...string) (check func(when string)) {
+	t.Helper()
+	files := map[string]string{}
+	for _, d := range dirs {
+		for _, name := range []string{"KEEP.txt", "datasets/train.bin", "w0/notes.txt"} {
+			p := filepath.Join(d, name)
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, []byte("the user's "+p), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			files[p] = "the user's " + p
+		}
+	}
+	return func(when string) {
+		t.Helper()
+		for p, want := range files {
+			if b, err := os.ReadFile(p); err != nil || string(b) != want {
+				t.Errorf("%s: the user's file %s: %q, %v", when, p, b, err)
+			}
+		}
+	}
+}
+
+// TestLaunchBadJobID: a job id that is not one path element of safe
+// characters, or that names a directory the agent keeps for itself, is a
+// one-line usage error (exit 2) saying what a job id may be, against a
+// coordinator and standalone, and nothing is submitted or removed: a
+// user's files beside the agent's --state-dir (where STATE/../NODE was a
+// job's directory of the id "..") and inside it survive, as they do a good
+// job run after. A node name is held to the same rule.
+func TestLaunchBadJobID(t *testing.T) {
+	exe := buildBinary(t)
+	_, addr := coordinatorProc(t, exe)
+	base := t.TempDir()
+	state := filepath.Join(base, "state")
+	check := userFiles(t, base, state)
+	w := start(t, exe, "worker", "--coordinator", addr, "--name", "w0", "--gpus-per-node", "1", "--state-dir", state, "--grace", "1s",
+		"--checkpoint-local", filepath.Join(base, "held"))
+	w.waitLine(t, "msg=registered ", 30*time.Second)
+	for _, id := range []string{"..", ".", ".logs", "checkpoints", "logs", "jobs", "gpucoord", "../w0", "a/b", "-rf", strings.Repeat("x", 64)} {
+		for _, mode := range [][]string{{"--coordinator", addr}, {"--standalone"}} {
+			args := append(append([]string{"launch"}, mode...), "--nodes", "1", "--gpus-per-node", "1", "--job-id", id, "--", "true")
+			p := start(t, exe, args...)
+			code := p.wait(t, time.Minute)
+			out := strings.TrimSpace(p.output())
+			if code != exitUsage || strings.Contains(out, "\n") || !strings.Contains(out, "--job-id") || !strings.Contains(out, pb.JobIDRule) {
+				t.Errorf("launch %s --job-id %q exited %d, want %d with one line saying what a job id may be:\n%s", mode[0], id, code, exitUsage, out)
+			}
+		}
+	}
+	check("after the bad job ids")
+	for _, name := range []string{"..", ".logs", "checkpoints"} {
+		p := start(t, exe, "worker", "--coordinator", addr, "--name", name, "--state-dir", state)
+		code := p.wait(t, time.Minute)
+		if out := strings.TrimSpace(p.output()); code != exitUsage || strings.Contains(out, "\n") || !strings.Contains(out, pb.NodeNameRule) {
+			t.Errorf("worker --name %q exited %d, want %d with one line saying what a node name may be:\n%s", name, code, exitUsage, out)
+		}
+	}
+	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "1", "--gpus-per-node", "1", "--job-id", "good", "--", "true")
+	if code := p.wait(t, time.Minute); code != 0 {
+		t.Fatalf("launch --job-id good exited %d:\n%s", code, p.output())
+	}
+	w.waitLine(t, `msg="job files removed"`, time.Minute)
+	check("after a good job")
+}
