@@ -123,11 +123,11 @@ func TestNodeServerOutsider(t *testing.T) {
 	zc := ranklog.NewClient(z.client)
 	defer zc.Close()
 	var logs bytes.Buffer
-	if err := zc.Logs(ctx, b.addr, "j", -1, &logs); err == nil || !strings.Contains(err.Error(), "403") {
+	if err := zc.Logs(ctx, "b", b.addr, "j", -1, &logs); err == nil || !strings.Contains(err.Error(), "403") {
 		t.Errorf("z reading j's logs on b: %v (%q), want 403", err, logs.String())
 	}
 	var lines []string
-	if err := zc.Follow(ctx, b.addr, "j", 1, -1, func(l []byte) { lines = append(lines, string(l)) }); err == nil || !strings.Contains(err.Error(), "403") {
+	if err := zc.Follow(ctx, "b", b.addr, "j", 1, -1, func(l []byte) { lines = append(lines, string(l)) }); err == nil || !strings.Contains(err.Error(), "403") {
 		t.Errorf("z following j's output on b: %v (%q), want 403", err, lines)
 	}
 
@@ -141,7 +141,7 @@ func TestNodeServerOutsider(t *testing.T) {
 	uc := ranklog.NewClient(user)
 	defer uc.Close()
 	logs.Reset()
-	if err := uc.Logs(ctx, b.addr, "j", -1, &logs); err != nil || !strings.Contains(logs.String(), "loss 0.25") {
+	if err := uc.Logs(ctx, "b", b.addr, "j", -1, &logs); err != nil || !strings.Contains(logs.String(), "loss 0.25") {
 		t.Errorf("a user reading j's logs: %v %q", err, logs.String())
 	}
 }

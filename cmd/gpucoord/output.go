@@ -103,7 +103,7 @@ func (o *rankOutput) generation(g *pb.Generation) {
 		o.wg.Add(1)
 		go func() {
 			defer o.wg.Done()
-			err := o.cl.Follow(ctx, m.CheckpointAddr, o.job, g.Number, rank, func(b []byte) {
+			err := o.cl.Follow(ctx, m.Node, m.CheckpointAddr, o.job, g.Number, rank, func(b []byte) {
 				o.w.Write(b)
 				o.last.Store(time.Now().UnixNano())
 			})
@@ -208,7 +208,7 @@ func printLogs(ctx context.Context, w, warn io.Writer, agents *ranklog.Client, n
 			continue
 		}
 		g.Go(func() error {
-			errs[i] = agents.Logs(ctx, addr, job, rank, &got[i])
+			errs[i] = agents.Logs(ctx, n.GetNode().GetName(), addr, job, rank, &got[i])
 			return nil
 		})
 	}

@@ -193,7 +193,17 @@ func (h *Holder) clientFor(peer string) *http.Client {
 		}
 		clear(h.peerClients)
 	}
-	tc := h.clientTLS.Clone()
+	c := &http.Client{Transport: peerTransport(NamedTLS(h.clientTLS, peer))}
+	h.peerClients[peer] = c
+	return c
+}
+
+// NamedTLS is tc (a node server's client side: pki.PeerTLS's or
+// pki.AgentTLS's) accepting only the certificate of the node named node:
+// its handshake fails with ErrWrongPeer at another node's server. Pool
+// connections per node name with it, never per address alone.
+func NamedTLS(tc *tls.Config, node string) *tls.Config {
+	tc = tc.Clone()
 	verify := tc.VerifyConnection
 	tc.VerifyConnection = func(cs tls.ConnectionState) error {
 		if verify != nil {
@@ -205,14 +215,12 @@ func (h *Holder) clientFor(peer string) *http.Client {
 		if err != nil {
 			return err
 		}
-		if id.Role != pki.RoleNode || id.Name != peer {
-			return fmt.Errorf("%w: the certificate at this address is %s's, not node %s's", ErrWrongPeer, id, peer)
+		if id.Role != pki.RoleNode || id.Name != node {
+			return fmt.Errorf("%w: the certificate at this address is %s's, not node %s's", ErrWrongPeer, id, node)
 		}
 		return nil
 	}
-	c := &http.Client{Transport: peerTransport(tc)}
-	h.peerClients[peer] = c
-	return c
+	return tc
 }
 
 // peerTransport is the transport to node servers, over TLS with tc (nil:

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gpucoord/gpucoord/internal/pki"
@@ -111,10 +112,15 @@ func (s *Store) serveLogs(w http.ResponseWriter, r *http.Request) {
 // job (or of the rank).
 var ErrNone = errors.New("no log here")
 
-// Client reads the output nodes serve.
+// Client reads the output nodes serve. Over TLS it accepts, at each
+// address, only the certificate of the node it names there
+// (ckpt.NamedTLS). Its methods are safe for concurrent use.
 type Client struct {
-	http   *http.Client
+	tc     *tls.Config
 	scheme string
+
+	mu     sync.Mutex
+	byNode map[string]*http.Client // plaintext: one, under ""
 }
 
 // NewClient reads over mutual TLS with tc, or in plaintext when tc is nil
@@ -124,24 +130,48 @@ func NewClient(tc *tls.Config) *Client {
 	if tc == nil {
 		scheme = "http"
 	}
-	tr := &http.Transport{TLSClientConfig: tc, ResponseHeaderTimeout: 10 * time.Second}
-	return &Client{http: &http.Client{Transport: tr}, scheme: scheme}
+	return &Client{tc: tc, scheme: scheme, byNode: map[string]*http.Client{}}
+}
+
+// forNode is the HTTP client for node's server.
+func (c *Client) forNode(node string) *http.Client {
+	if c.tc == nil {
+		node = ""
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if hc := c.byNode[node]; hc != nil {
+		return hc
+	}
+	var tc *tls.Config
+	if c.tc != nil {
+		tc = ckpt.NamedTLS(c.tc, node)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ResponseHeaderTimeout: 10 * time.Second}}
+	c.byNode[node] = hc
+	return hc
 }
 
 // Close drops the client's idle connections.
-func (c *Client) Close() { c.http.CloseIdleConnections() }
+func (c *Client) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, hc := range c.byNode {
+		hc.CloseIdleConnections()
+	}
+}
 
 func (c *Client) url(addr, job, what string, q url.Values) string {
 	u := url.URL{Scheme: c.scheme, Host: addr, Path: "/v1/jobs/" + job + "/" + what, RawQuery: q.Encode()}
 	return u.String()
 }
 
-func (c *Client) get(ctx context.Context, u string) (*http.Response, error) {
+func (c *Client) get(ctx context.Context, node, u string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.http.Do(req)
+	resp, err := c.forNode(node).Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -156,15 +186,15 @@ func (c *Client) get(ctx context.Context, u string) (*http.Response, error) {
 	return resp, nil
 }
 
-// Follow hands each line generation gen's ranks on the node at addr print
+// Follow hands each line generation gen's ranks on node, at addr, print
 // (rank's alone when rank >= 0) to line, until the generation ends there
 // or ctx ends.
-func (c *Client) Follow(ctx context.Context, addr, job string, gen int64, rank int, line func([]byte)) error {
+func (c *Client) Follow(ctx context.Context, node, addr, job string, gen int64, rank int, line func([]byte)) error {
 	q := url.Values{"generation": {strconv.FormatInt(gen, 10)}}
 	if rank >= 0 {
 		q.Set("rank", strconv.Itoa(rank))
 	}
-	resp, err := c.get(ctx, c.url(addr, job, "output", q))
+	resp, err := c.get(ctx, node, c.url(addr, job, "output", q))
 	if err != nil {
 		return err
 	}
@@ -185,13 +215,13 @@ func (c *Client) Follow(ctx context.Context, addr, job string, gen int64, rank i
 }
 
 // Logs copies the log files of job's ranks (rank's alone when rank >= 0)
-// the node at addr holds to w; ErrNone when it holds none.
-func (c *Client) Logs(ctx context.Context, addr, job string, rank int, w io.Writer) error {
+// node, at addr, holds to w; ErrNone when it holds none.
+func (c *Client) Logs(ctx context.Context, node, addr, job string, rank int, w io.Writer) error {
 	q := url.Values{}
 	if rank >= 0 {
 		q.Set("rank", strconv.Itoa(rank))
 	}
-	resp, err := c.get(ctx, c.url(addr, job, "logs", q))
+	resp, err := c.get(ctx, node, c.url(addr, job, "logs", q))
 	if err != nil {
 		return err
 	}

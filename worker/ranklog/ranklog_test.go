@@ -37,7 +37,7 @@ type follower struct {
 func follow(ctx context.Context, c *Client, addr, job string, gen int64, rank int) *follower {
 	f := &follower{done: make(chan error, 1)}
 	go func() {
-		f.done <- c.Follow(ctx, addr, job, gen, rank, func(b []byte) {
+		f.done <- c.Follow(ctx, "n1", addr, job, gen, rank, func(b []byte) {
 			f.mu.Lock()
 			f.lines = append(f.lines, string(b))
 			f.mu.Unlock()
@@ -141,7 +141,7 @@ func TestLogs(t *testing.T) {
 	}
 	s.Line("j", 2, 0, tagged(0, strings.Repeat("x", 100)))
 	var b strings.Builder
-	if err := c.Logs(t.Context(), addr, "j", 1, &b); err != nil {
+	if err := c.Logs(t.Context(), "n1", addr, "j", 1, &b); err != nil {
 		t.Fatal(err)
 	}
 	got := b.String()
@@ -149,7 +149,7 @@ func TestLogs(t *testing.T) {
 		t.Errorf("rank 1's log: %d bytes, not the latest lines within 400:\n%s", len(got), got)
 	}
 	b.Reset()
-	if err := c.Logs(t.Context(), addr, "j", -1, &b); err != nil {
+	if err := c.Logs(t.Context(), "n1", addr, "j", -1, &b); err != nil {
 		t.Fatal(err)
 	}
 	if long := "[n1 r0] " + strings.Repeat("x", 28) + "…\n"; !strings.HasPrefix(b.String(), long) || !strings.HasSuffix(b.String(), got) {
@@ -159,7 +159,7 @@ func TestLogs(t *testing.T) {
 		job  string
 		rank int
 	}{{"k", -1}, {"j", 7}} {
-		if err := c.Logs(t.Context(), addr, q.job, q.rank, &b); !errors.Is(err, ErrNone) {
+		if err := c.Logs(t.Context(), "n1", addr, q.job, q.rank, &b); !errors.Is(err, ErrNone) {
 			t.Errorf("logs of job %s rank %d: %v, want ErrNone", q.job, q.rank, err)
 		}
 	}

@@ -3,6 +3,7 @@ package ranklog
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -80,22 +81,43 @@ func TestServedToUsers(t *testing.T) {
 	s.End("j", 1)
 	ctx := t.Context()
 	var out bytes.Buffer
-	if err := clients[node].Logs(ctx, addr, "j", -1, &out); err == nil || !strings.Contains(err.Error(), "403") {
+	if err := clients[node].Logs(ctx, "n1", addr, "j", -1, &out); err == nil || !strings.Contains(err.Error(), "403") {
 		t.Errorf("a node reading logs: %v (%q), want 403", err, out.String())
 	}
 	var lines []string
-	if err := clients[node].Follow(ctx, addr, "j", 1, -1, func(b []byte) { lines = append(lines, string(b)) }); err == nil || !strings.Contains(err.Error(), "403") {
+	if err := clients[node].Follow(ctx, "n1", addr, "j", 1, -1, func(b []byte) { lines = append(lines, string(b)) }); err == nil || !strings.Contains(err.Error(), "403") {
 		t.Errorf("a node following output: %v (%q), want 403", err, lines)
 	}
 	for _, id := range []pki.Identity{user, admin} {
 		out.Reset()
-		if err := clients[id].Logs(ctx, addr, "j", -1, &out); err != nil || !strings.Contains(out.String(), "secret loss") {
+		if err := clients[id].Logs(ctx, "n1", addr, "j", -1, &out); err != nil || !strings.Contains(out.String(), "secret loss") {
 			t.Errorf("%s reading logs: %v %q", id, err, out.String())
 		}
 		lines = nil
-		if err := clients[id].Follow(ctx, addr, "j", 1, -1, func(b []byte) { lines = append(lines, string(b)) }); err != nil || len(lines) != 1 {
+		if err := clients[id].Follow(ctx, "n1", addr, "j", 1, -1, func(b []byte) { lines = append(lines, string(b)) }); err != nil || len(lines) != 1 {
 			t.Errorf("%s following output: %v %q", id, err, lines)
 		}
+	}
+}
+
+// TestNodeNamed: a user's client asking for node n2's output and logs at
+// an address where n1 serves (with n1's own certificate) refuses the
+// handshake (ckpt.ErrWrongPeer): what it shows as n2's comes from n2.
+func TestNodeNamed(t *testing.T) {
+	user := pki.Identity{Role: pki.RoleClient, Name: "me@here"}
+	s, addr, clients := tlsStore(t, user)
+	s.Line("j", 1, 0, tagged(0, "n1's line"))
+	s.End("j", 1)
+	var out bytes.Buffer
+	if err := clients[user].Logs(t.Context(), "n2", addr, "j", -1, &out); !errors.Is(err, ckpt.ErrWrongPeer) {
+		t.Errorf("n2's logs from n1: %v (%q), want %v", err, out.String(), ckpt.ErrWrongPeer)
+	}
+	var lines []string
+	if err := clients[user].Follow(t.Context(), "n2", addr, "j", 1, -1, func(b []byte) { lines = append(lines, string(b)) }); !errors.Is(err, ckpt.ErrWrongPeer) {
+		t.Errorf("n2's output from n1: %v (%q), want %v", err, lines, ckpt.ErrWrongPeer)
+	}
+	if err := clients[user].Logs(t.Context(), "n1", addr, "j", -1, &out); err != nil || !strings.Contains(out.String(), "n1's line") {
+		t.Errorf("n1's logs from n1: %v %q", err, out.String())
 	}
 }
 
