@@ -51,8 +51,10 @@ func rss(t *testing.T, pid int) int64 {
 // of 16 MiB, calls the coordinator without a certificate and with a
 // made-up token, and sends garbage to every port. Then one of the job's
 // own nodes, with its certificate, reports for the other node's rank,
-// registers and leaves as it, and submits and cancels jobs. Each is
-// refused; the job ends with no second generation and the losses of a
+// registers and leaves as it, and submits and cancels jobs; and a node
+// outside the job, with its own certificate, asks a member's node server
+// for the job's checkpoints, output and logs and sends it a 512 MiB
+// replica. Each is refused; the job ends with no second generation and the losses of a
 // single process; the store's agent grows by less than 64 MiB. The
 // coordinator's port shows its certificate to openssl s_client, the
 // pool's key rotates under the running job, and a token revoked on the
@@ -131,6 +133,18 @@ func TestClusterStrangers(t *testing.T) {
 	creds := filepath.Join("/tmp/home/.local/state/gpucoord/credentials", tok.CAHash[:16], "node-h2")
 	stranger(b.Host(2), strangerPlan{Coordinator: b.coord, Creds: creds, Job: job.ID, Generation: job.Generation.Number,
 		Self: "h2", OtherNode: "h3", OtherRank: ranks["h3"]})
+
+	// A node of the cluster outside the job, with its own certificate,
+	// asks h2's node server for the job's checkpoints, output and logs, and
+	// sends it a 512 MiB replica: each is refused.
+	b.worker(t, b.Host(4), 2)
+	nodeServer := regexp.MustCompile(`msg="node server" .*addr=(\S+)`).FindStringSubmatch(workers["h2"].output())
+	if nodeServer == nil {
+		t.Fatalf("no node server address in h2's output:\n%s", workers["h2"].output())
+	}
+	st = b.statusOf(t)
+	stranger(b.Host(4), strangerPlan{Coordinator: b.coord, Creds: filepath.Join(filepath.Dir(creds), "node-h4"), Job: job.ID,
+		Generation: job.Generation.Number, Self: "h4", OtherNode: "h2", NodeServer: nodeServer[1], Step: st.Jobs[0].CommittedStep})
 
 	// The pool's key rotates while the job runs: each step reaches both
 	// agents before the next, and no node is lost.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	"github.com/gpucoord/gpucoord/internal/gossip"
 	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/worker/ckpt"
 )
 
 // The stranger is this test binary run on a host of a test cluster with
@@ -53,6 +55,11 @@ type strangerPlan struct {
 	Self       string
 	OtherNode  string
 	OtherRank  int32
+	// NodeServer is OtherNode's node server, Step a step it holds of Job:
+	// with Creds, Self is a node outside the job, and only the node
+	// server is tried.
+	NodeServer string
+	Step       int64
 }
 
 // strangerMain runs the plan in the environment and returns the exit
@@ -74,9 +81,12 @@ func strangerMain() int {
 		}
 		fmt.Printf("stranger: refused: %s\n", what)
 	}
-	if p.Creds != "" {
+	switch {
+	case p.Creds != "" && p.NodeServer != "":
+		nodeServerChecks(ctx, p, check)
+	case p.Creds != "":
 		nodeChecks(ctx, p, check)
-	} else {
+	default:
 		strangerChecks(ctx, p, check)
 	}
 	if len(failed) > 0 {
@@ -341,4 +351,75 @@ func nodeChecks(ctx context.Context, p strangerPlan, check func(string, error)) 
 	check("leave as "+p.OtherNode, wantCode(err, codes.PermissionDenied))
 	_, err = cl.CreateToken(ctx, &pb.CreateTokenRequest{Roles: []string{pki.RoleAdmin}})
 	check("a node creates a token", wantCode(err, codes.PermissionDenied))
+}
+
+// nodeServerChecks: a node outside the job, with its own certificate of
+// the cluster, asks a member's node server for the job's checkpoint files,
+// its ranks' output and their logs (403 each), and sends it a 512 MiB
+// "replica" of a step of its own, which is refused before the server has
+// read more than a few MiB of it.
+func nodeServerChecks(ctx context.Context, p strangerPlan, check func(string, error)) {
+	c, err := pki.LoadDir(p.Creds)
+	if err != nil {
+		check("the node's credentials", err)
+		return
+	}
+	_, cli, err := pki.PeerTLS(c)
+	if err != nil {
+		check("the node's credentials", err)
+		return
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: ckpt.NamedTLS(cli, p.OtherNode)}}
+	defer hc.CloseIdleConnections()
+	base := "https://" + p.NodeServer + "/v1/jobs/" + p.Job
+	forbidden := func(method, url string, body io.Reader) error {
+		req, err := http.NewRequestWithContext(ctx, method, url, body)
+		if err != nil {
+			return err
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		got, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if resp.StatusCode != http.StatusForbidden {
+			return fmt.Errorf("%s (%d bytes)", resp.Status, len(got))
+		}
+		return nil
+	}
+	for _, src := range []string{p.OtherNode, p.Self} {
+		check(fmt.Sprintf("%s's checkpoint of step %d from %s", src, p.Step, p.OtherNode),
+			forbidden(http.MethodGet, fmt.Sprintf("%s/nodes/%s/steps/%d?generation=%d", base, src, p.Step, p.Generation), nil))
+	}
+	check("the ranks' output on "+p.OtherNode, forbidden(http.MethodGet, fmt.Sprintf("%s/output?generation=%d", base, p.Generation), nil))
+	check("the ranks' logs on "+p.OtherNode, forbidden(http.MethodGet, base+"/logs", nil))
+	var sent countingReader
+	sent.r = io.LimitReader(zeroReader{}, 512<<20)
+	err = forbidden(http.MethodPut, fmt.Sprintf("%s/nodes/%s/steps/%d?generation=%d", base, p.Self, p.Step+1, p.Generation), &sent)
+	if err != nil && sent.n < 64<<20 {
+		err = nil // the server hung up first: refused too
+	}
+	if err == nil && sent.n >= 64<<20 {
+		err = fmt.Errorf("the server read %d MiB before refusing", sent.n>>20)
+	}
+	check(fmt.Sprintf("a 512 MiB replica to %s (%d MiB sent)", p.OtherNode, sent.n>>20), err)
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(b []byte) (int, error) {
+	clear(b)
+	return len(b), nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n += int64(n)
+	return n, err
 }
