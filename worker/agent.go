@@ -101,6 +101,10 @@ type Config struct {
 	Checkpoints ckpt.Limits
 	// Output receives every rank's output, each line behind its rank's tag.
 	Output io.Writer
+	// RankEnv names variables of the agent's environment its ranks inherit
+	// beyond InheritedEnv (NAME, or PREFIX* for every name starting with
+	// PREFIX); none of gpucoord's own (GPUCOORD_*) is ever passed.
+	RankEnv []string
 	// Grace is how long ranks have between SIGTERM and SIGKILL.
 	Grace time.Duration
 	// Retry is the first pause before the coordinators are tried again
@@ -147,6 +151,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--connect-timeout %s: want a positive duration", c.ConnectTimeout)
 	case c.Retry <= 0 || c.TimesEvery <= 0:
 		return fmt.Errorf("retry %s and times window %s must be positive", c.Retry, c.TimesEvery)
+	}
+	for _, p := range c.RankEnv {
+		if err := CheckRankEnv(p); err != nil {
+			return err
+		}
 	}
 	return c.Checkpoints.Validate()
 }
@@ -1067,7 +1076,9 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 			}
 			env = append(env, progressEnv(pl, rank))
 			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-			cmd.Env = append(os.Environ(), env...)
+			// The agent's own environment (its join token among it) stays
+			// with the agent: a rank inherits only what programs need.
+			cmd.Env = append(inheritedEnv(os.Environ(), a.cfg.RankEnv), env...)
 			if !native {
 				cmd.Dir = asg.Spec.GetWorkdir()
 			}

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 
+	"github.com/gpucoord/gpucoord/collectives/nccl"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/topology"
 )
@@ -33,6 +36,75 @@ type NodeEnv struct {
 	Network
 	// Devices adds CUDA_VISIBLE_DEVICES with the local rank.
 	Devices bool
+}
+
+// InheritedEnv lists the variables of the agent's own environment that its
+// ranks inherit: what a program needs to find its tools, libraries, locale
+// and temporary space, and the settings an operator gives CUDA, NCCL,
+// gloo, PyTorch, Python and the math libraries. A name ending in '*'
+// stands for every variable that starts with what comes before it.
+// Nothing else of the agent's environment reaches a rank: not its join
+// token (GPUCOORD_TOKEN), nor any variable the agent reads for itself.
+// Worker flag --rank-env adds names (Config.RankEnv); a job's own
+// variables (its spec's env) are always set.
+var InheritedEnv = []string{
+	"PATH", "HOME", "USER", "LOGNAME", "SHELL", "HOSTNAME", "TERM", "TZ", "LANG", "LANGUAGE", "LC_*", "TMPDIR",
+	"LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHON*", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
+	"XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
+	"CUDA_*", "NVIDIA_*", "NCCL_*", "GLOO_*", "UCX_*", "FI_*", "TORCH*", "OMP_*", "MKL_*", "KMP_*", "OPENBLAS_*",
+	"GOMAXPROCS", "GOMEMLIMIT", "GOGC", "GODEBUG", "GOTRACEBACK", "GORACE",
+	nccl.EnvNCCLLibrary, nccl.EnvCUDARTLibrary, // read by native ranks, which load NCCL
+	"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR",
+}
+
+// agentOnlyPrefix marks the variables gpucoord reads for itself: none
+// reaches a rank from the agent's environment, whatever --rank-env says,
+// but for the libraries a native rank loads (InheritedEnv names them).
+const agentOnlyPrefix = "GPUCOORD_"
+
+// matchEnv reports whether the variable name is one of patterns (NAME, or
+// PREFIX* for every name starting with PREFIX).
+func matchEnv(name string, patterns []string) bool {
+	for _, p := range patterns {
+		if pre, ok := strings.CutSuffix(p, "*"); ok && strings.HasPrefix(name, pre) || p == name {
+			return true
+		}
+	}
+	return false
+}
+
+// inheritedEnv is the part of environ (KEY=VALUE, as os.Environ gives it)
+// a rank inherits: InheritedEnv's variables and extra's, never one the
+// agent reads for itself but the libraries InheritedEnv names.
+func inheritedEnv(environ, extra []string) []string {
+	var out []string
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case k == "":
+		case matchEnv(k, InheritedEnv) && (!strings.HasPrefix(k, agentOnlyPrefix) || slices.Contains(InheritedEnv, k)):
+			out = append(out, kv)
+		case matchEnv(k, extra) && !strings.HasPrefix(k, agentOnlyPrefix):
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// CheckRankEnv refuses a --rank-env pattern that cannot work: empty, with
+// '=', a '*' anywhere but at its end, or one that would pass the agent's
+// own variables (GPUCOORD_*) by name or by a prefix of theirs. "*" alone,
+// every variable but gpucoord's own, is for an agent whose environment is
+// its user's (launch --standalone).
+func CheckRankEnv(p string) error {
+	if p == "*" {
+		return nil
+	}
+	pre, star := strings.CutSuffix(p, "*")
+	if pre == "" || strings.ContainsAny(pre, "=*\x00") || star && strings.HasPrefix(agentOnlyPrefix, pre) || strings.HasPrefix(pre, agentOnlyPrefix) {
+		return fmt.Errorf("--rank-env %q: want a variable name, or a prefix ending in '*', that names none of gpucoord's own (%s*)", p, agentOnlyPrefix)
+	}
+	return nil
 }
 
 // socketIfaceVars are the variables that tell gloo and NCCL which

@@ -38,3 +38,50 @@ func TestRankEnvDevices(t *testing.T) {
 		t.Error("a node outside the generation got an environment")
 	}
 }
+
+// TestInheritedEnv: a rank inherits what programs need of its agent's
+// environment and nothing the agent was given for itself: not the join
+// token, nor any GPUCOORD_ variable but the libraries a native rank
+// loads, whatever --rank-env says.
+func TestInheritedEnv(t *testing.T) {
+	environ := []string{"PATH=/usr/bin", "HOME=/home/u", "LANG=C.UTF-8", "LC_ALL=C", "TMPDIR=/scratch", "LD_LIBRARY_PATH=/opt/cuda/lib",
+		"PYTHONPATH=/src", "CUDA_HOME=/opt/cuda", "NCCL_DEBUG=INFO", "GLOO_SOCKET_IFNAME=ib0", "TORCH_HOME=/cache", "OMP_NUM_THREADS=4",
+		"GPUCOORD_NCCL_LIBRARY=/opt/nccl.so", "GPUCOORD_CUDART_LIBRARY=/opt/cudart.so",
+		"GPUCOORD_TOKEN=gct1.abc.secret.hash", "GPUCOORD_RANK_EXECUTABLE=/bin/x", "GPUCOORD_STORE_SECRET=00", "ETCD_PASSWORD=pw",
+		"AWS_SECRET_ACCESS_KEY=k", "SSH_AUTH_SOCK=/tmp/ssh", "XDG_STATE_HOME=/home/u/.local/state", "MY_DATA=/d", "MY_OTHER=1", "=odd"}
+	tests := []struct {
+		name  string
+		extra []string
+		want  []string
+	}{
+		{"default", nil, []string{"PATH=/usr/bin", "HOME=/home/u", "LANG=C.UTF-8", "LC_ALL=C", "TMPDIR=/scratch", "LD_LIBRARY_PATH=/opt/cuda/lib",
+			"PYTHONPATH=/src", "CUDA_HOME=/opt/cuda", "NCCL_DEBUG=INFO", "GLOO_SOCKET_IFNAME=ib0", "TORCH_HOME=/cache", "OMP_NUM_THREADS=4",
+			"GPUCOORD_NCCL_LIBRARY=/opt/nccl.so", "GPUCOORD_CUDART_LIBRARY=/opt/cudart.so"}},
+		{"--rank-env MY_DATA", []string{"MY_DATA"}, []string{"MY_DATA=/d"}},
+		{"--rank-env MY_*", []string{"MY_*"}, []string{"MY_DATA=/d", "MY_OTHER=1"}},
+		{"standalone: all but gpucoord's own", []string{"*"}, []string{"ETCD_PASSWORD=pw", "AWS_SECRET_ACCESS_KEY=k", "SSH_AUTH_SOCK=/tmp/ssh",
+			"XDG_STATE_HOME=/home/u/.local/state", "MY_DATA=/d", "MY_OTHER=1"}},
+	}
+	for _, tc := range tests {
+		got := inheritedEnv(environ, tc.extra)
+		want := tc.want
+		if tc.extra != nil {
+			want = append(slices.Clone(tests[0].want), tc.want...)
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s:\n got %v\nwant %v", tc.name, got, want)
+		}
+	}
+	for _, p := range []string{"MY_DATA", "MY_*", "HF_*", "*"} {
+		if err := CheckRankEnv(p); err != nil {
+			t.Errorf("--rank-env %q: %v", p, err)
+		}
+	}
+	for _, p := range []string{"", "GPUCOORD_TOKEN", "GPUCOORD_*", "GPU*", "G*", "A=B", "A*B", "**"} {
+		if err := CheckRankEnv(p); err == nil {
+			t.Errorf("--rank-env %q accepted", p)
+		}
+	}
+}

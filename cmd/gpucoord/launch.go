@@ -597,6 +597,10 @@ func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, logs 
 		// the agents, in order after its own lines.
 		wc.NativeCommand, wc.WorkDir, wc.Output, wc.Logger, wc.Version = []string{exe, rankCmd}, tmp+"/work", io.Discard, log, buildVersion()
 		wc.CheckpointRoot = filepath.Join(held, wc.Name)
+		// The agents run as launch's user, for launch alone: the ranks
+		// inherit its environment, as torchrun's do, but gpucoord's own
+		// variables (a join token among them).
+		wc.RankEnv = []string{"*"}
 		a, err := worker.New(wc)
 		if err != nil {
 			stop()

@@ -80,3 +80,78 @@ func TestLaunchBadJobID(t *testing.T) {
 	w.waitLine(t, `msg="job files removed"`, time.Minute)
 	check("after a good job")
 }
+
+// TestRankEnvNoToken: an agent given its join token in GPUCOORD_TOKEN, as
+// the docs allow, and other things of its own (an ssh agent, cloud keys)
+// starts ranks that see none of them: a rank's environment is torchrun's
+// and gpucoord's contract, the job's --env, and what programs need of the
+// agent's (PATH, NCCL_*, ...), plus what --rank-env names. The same holds
+// for launch --standalone, whose ranks otherwise inherit launch's
+// environment.
+func TestRankEnvNoToken(t *testing.T) {
+	exe := buildBinary(t)
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	_, addr := coordinatorProc(t, exe, "--token-file", tokenFile)
+	tok, err := os.ReadFile(tokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := strings.TrimSpace(string(tok))
+	own := []string{"GPUCOORD_TOKEN=" + token, "XDG_STATE_HOME=" + filepath.Join(dir, "creds"), "SSH_AUTH_SOCK=/tmp/agent.sock",
+		"AWS_SECRET_ACCESS_KEY=not-for-ranks", "NCCL_DEBUG=WARN", "MY_DATA=/data/set"}
+	w := startEnv(t, own, exe, "worker", "--coordinator", addr, "--name", "w0", "--gpus-per-node", "2", "--state-dir", filepath.Join(dir, "state"),
+		"--grace", "1s", "--rank-env", "MY_DATA")
+	w.waitLine(t, "msg=registered ", 30*time.Second)
+	script := `env | sed "s/^/ENV$RANK /"`
+	clientEnv := []string{"GPUCOORD_TOKEN=" + token, "XDG_STATE_HOME=" + filepath.Join(dir, "client")}
+	p := startEnv(t, clientEnv, exe, "launch", "--coordinator", addr, "--nodes", "1", "--gpus-per-node", "2", "--job-id", "envs",
+		"--env", "JOBVAR=mine", "--", "/bin/sh", "-c", script)
+	if code := p.wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	sa := startEnv(t, append(own, "GPUCOORD_TOKEN=gct1.standalone.secret.x"), exe, "launch", "--standalone", "--nodes", "1", "--gpus-per-node", "2",
+		"--env", "JOBVAR=mine", "--", "/bin/sh", "-c", script)
+	if code := sa.wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("launch --standalone exited %d:\n%s", code, sa.output())
+	}
+	for name, out := range map[string]string{"cluster": p.output(), "standalone": sa.output()} {
+		for _, r := range []string{"0", "1"} {
+			env := map[string]string{}
+			for _, line := range strings.Split(out, "\n") {
+				if _, kv, ok := strings.Cut(line, "ENV"+r+" "); ok {
+					k, v, _ := strings.Cut(kv, "=")
+					env[k] = v
+				}
+			}
+			if len(env) == 0 {
+				t.Fatalf("%s: rank %s printed no environment:\n%s", name, r, out)
+			}
+			for k, v := range env {
+				if strings.Contains(v, "gct1.") || strings.HasPrefix(k, "GPUCOORD_TOKEN") {
+					t.Errorf("%s: rank %s has %s=%s", name, r, k, v)
+				}
+			}
+			want := map[string]string{"RANK": r, "JOBVAR": "mine", "NCCL_DEBUG": "WARN", "MY_DATA": "/data/set", "PATH": os.Getenv("PATH")}
+			gone := []string{"GPUCOORD_TOKEN", "SSH_AUTH_SOCK", "AWS_SECRET_ACCESS_KEY", "XDG_STATE_HOME", "GPUCOORD_RANK_EXECUTABLE"}
+			if name == "standalone" {
+				// launch's own user's environment, but gpucoord's variables.
+				want["SSH_AUTH_SOCK"], want["AWS_SECRET_ACCESS_KEY"] = "/tmp/agent.sock", "not-for-ranks"
+				gone = []string{"GPUCOORD_TOKEN", "GPUCOORD_RANK_EXECUTABLE"}
+			}
+			for k, v := range want {
+				if env[k] != v {
+					t.Errorf("%s: rank %s has %s=%q, want %q", name, r, k, env[k], v)
+				}
+			}
+			for _, k := range gone {
+				if v, ok := env[k]; ok {
+					t.Errorf("%s: rank %s has %s=%s", name, r, k, v)
+				}
+			}
+		}
+	}
+	if strings.Contains(w.output(), "gct1.") {
+		t.Errorf("the agent's output shows the token:\n%s", w.output())
+	}
+}
