@@ -90,11 +90,15 @@ type Config struct {
 	// NativeCommand is the argv that runs one rank of a native-engine job
 	// from its environment (RunNativeRank): this binary's hidden command.
 	NativeCommand []string
-	// WorkDir holds each generation's plan file and checkpoint directory.
+	// WorkDir (--state-dir) holds the agent's files, in WorkDir/gpucoord
+	// (OwnDir): each generation's plan file, the ranks' logs, and held
+	// checkpoints when /dev/shm has no room.
 	WorkDir string
-	// CheckpointRoot is where the agent keeps the checkpoints it holds
-	// (its ranks' and its peers' replicas) for jobs without a shared
-	// checkpoint directory; empty means CheckpointRoot(Name, WorkDir).
+	// CheckpointRoot (--checkpoint-local) is the directory under which the
+	// agent keeps the checkpoints it holds (its ranks' and its peers'
+	// replicas) for jobs without a shared checkpoint directory, in
+	// CheckpointRoot/gpucoord/checkpoints/Name; empty means /dev/shm when
+	// it has room, else WorkDir (the function CheckpointRoot).
 	CheckpointRoot string
 	// Checkpoints bounds what the node server takes from peers and how
 	// long a replica may take (zero fields: ckpt.DefaultLimits').
@@ -233,8 +237,8 @@ func New(cfg *Config) (*Agent, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	log = log.With("component", "agent", "node", cfg.Name)
-	// Job names never start with a dot: .logs is no job's directory.
-	output := ranklog.New(filepath.Join(cfg.WorkDir, ".logs", cfg.Name), cfg.Name, ranklog.DefaultLimits, log)
+	output := ranklog.New(logsDir(cfg.Name, cfg.WorkDir), cfg.Name, ranklog.DefaultLimits, log)
+	clearJobDirs(cfg.WorkDir, cfg.Name, log)
 	return &Agent{cfg: cfg, net: nw, instance: hex.EncodeToString(id[:]), renewed: make(chan struct{}, 1), ready: make(chan struct{}),
 		log: log, output: output}, nil
 }
@@ -338,10 +342,7 @@ func (a *Agent) credentials(ctx context.Context) (creds credentials.TransportCre
 // when the server has stopped after ctx ends.
 func (a *Agent) serveNode(ctx context.Context, peer *pki.Credentials) (<-chan struct{}, error) {
 	done := make(chan struct{})
-	root := a.cfg.CheckpointRoot
-	if root == "" {
-		root = CheckpointRoot(a.cfg.Name, a.cfg.WorkDir)
-	}
+	root := CheckpointRoot(a.cfg.Name, a.cfg.CheckpointRoot, a.cfg.WorkDir)
 	var server, client *tls.Config
 	if peer != nil {
 		var err error
@@ -581,20 +582,50 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	}
 }
 
-// jobDir is where this agent keeps a job's plan files and, without a
-// shared checkpoint directory, its ranks' GPUCOORD_CHECKPOINT_DIR: under
-// the node's name, so agents sharing a work directory never share it.
-func (a *Agent) jobDir(job string) string { return filepath.Join(a.cfg.WorkDir, job, a.cfg.Name) }
+// jobDir is where this agent keeps a job's plan files and error files,
+// in the work directory's own (OwnDir): under the node's name, so agents
+// sharing a work directory never share it.
+func (a *Agent) jobDir(job string) string {
+	return filepath.Join(jobsDir(a.cfg.WorkDir), job, a.cfg.Name)
+}
 
 // removeJobDir removes this agent's directory of job, and the job's
-// directory when no other agent's is left in it.
+// directory when no other agent's is left in it; never anything of a name
+// no job may have.
 func (a *Agent) removeJobDir(job string) {
+	if err := pb.CheckJobID(job); err != nil {
+		a.log.Error("not removing the job's files", "err", err)
+		return
+	}
 	if err := os.RemoveAll(a.jobDir(job)); err != nil {
 		a.log.Warn("removing the job's files", "job", job, "err", err)
 		return
 	}
-	os.Remove(filepath.Join(a.cfg.WorkDir, job)) // fails, as it should, while not empty
+	os.Remove(filepath.Join(jobsDir(a.cfg.WorkDir), job)) // fails, as it should, while not empty
 	a.log.Info("job files removed", "job", job, "dir", a.jobDir(job))
+}
+
+// clearJobDirs removes what an earlier run of the agent named node left
+// of its jobs (a plan file of a generation it was killed in): no rank runs
+// yet, and a generation is never started twice on a node.
+func clearJobDirs(workDir, node string, log *slog.Logger) {
+	entries, _ := os.ReadDir(jobsDir(workDir))
+	for _, e := range entries {
+		job := e.Name()
+		if pb.CheckJobID(job) != nil {
+			continue
+		}
+		dir := filepath.Join(jobsDir(workDir), job, node)
+		if _, err := os.Lstat(dir); err != nil {
+			continue
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			log.Warn("removing an earlier run's job files", "job", job, "err", err)
+			continue
+		}
+		os.Remove(filepath.Join(jobsDir(workDir), job)) // fails, as it should, while not empty
+		log.Info("an earlier run's job files removed", "job", job, "dir", dir)
+	}
 }
 
 // dropHeld removes the checkpoints this node holds of jobs that ended:
@@ -922,7 +953,7 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 				a.reportExit(ctx, asg, &pb.RankExit{Rank: 0, Code: 1, Error: err.Error()})
 				return
 			}
-			defer os.Remove(filepath.Join(probeDir, boot.Probe))
+			defer os.Remove(filepath.Join(Owned(probeDir), boot.Probe))
 		}
 		if err := a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
 			Kind: &pb.ReportRequest_Bootstrap{Bootstrap: boot}}); err != nil {
@@ -958,8 +989,10 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 	// Without a shared directory the agents hold the checkpoints: the
 	// ranks write under this node's own directory, after the resume
 	// step's files are gathered there.
-	ckptDir := shared
-	if held(asg) {
+	var ckptDir string
+	if shared != "" {
+		ckptDir = SharedCheckpointDir(shared, asg.Job)
+	} else {
 		ckptDir = a.holder.Own(asg.Job)
 		err := a.holder.Begin(asg.Job, asg.Generation.GetNumber(), asg.Generation.GetResumeStep())
 		if err == nil {

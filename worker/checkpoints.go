@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
@@ -27,17 +25,6 @@ const (
 	shmMinFree = 2 << 30
 )
 
-// CheckpointRoot is where an agent named node keeps held checkpoints by
-// default: /dev/shm when it has shmMinFree free (memory is where a
-// checkpoint every step costs least), else under workDir.
-func CheckpointRoot(node, workDir string) string {
-	var st syscall.Statfs_t
-	if syscall.Statfs("/dev/shm", &st) == nil && uint64(st.Bavail)*uint64(st.Bsize) >= shmMinFree {
-		return filepath.Join("/dev/shm", "gpucoord-checkpoints", node)
-	}
-	return filepath.Join(workDir, "checkpoints", node)
-}
-
 // held reports whether the agents hold asg's checkpoints (no shared
 // directory).
 func held(asg *pb.Assignment) bool { return asg.Spec.GetCheckpointDir() == "" }
@@ -54,7 +41,7 @@ func (a *Agent) restore(ctx context.Context, asg *pb.Assignment) error {
 	}
 	start := time.Now()
 	if g.GetFromBackup() {
-		if err := a.holder.FromBackup(job, step, asg.Spec.GetCheckpointBackup()); err != nil {
+		if err := a.holder.FromBackup(job, step, SharedCheckpointDir(asg.Spec.GetCheckpointBackup(), job)); err != nil {
 			return fmt.Errorf("restoring step %d from the backup tier: %w", step, err)
 		}
 		a.log.Info("restored from the backup tier", "job", job, "step", step, "took", time.Since(start).Round(time.Millisecond))
@@ -266,6 +253,7 @@ func (c *checkpoints) store(ctx context.Context, step int64) error {
 		c.log.Debug("replicated", "step", step, "peers", peers, "bytes", sent, "took", time.Since(start))
 	}
 	if dir := spec.GetCheckpointBackup(); dir != "" && spec.GetBackupEvery() > 0 && step%int64(spec.GetBackupEvery()) == 0 {
+		dir = SharedCheckpointDir(dir, asg.Job)
 		var err error
 		if held(asg) && a.holder != nil {
 			err = a.holder.ToBackup(asg.Job, step, dir)
@@ -310,6 +298,7 @@ func (c *checkpoints) committed(step int64) {
 		c.a.holder.Prune(c.asg.Job, keep, step)
 	}
 	if dir := spec.GetCheckpointBackup(); dir != "" {
+		dir = SharedCheckpointDir(dir, c.asg.Job)
 		if me, _ := member(c.asg, c.a.cfg.Name); me != nil && me.FirstRank == 0 {
 			ckpt.PruneBackup(dir, keep, step)
 		}

@@ -73,8 +73,10 @@ func NativeConfig(asg *pb.Assignment) (*engine.Config, error) {
 	// hold the checkpoints, in the node-local directory the agent gathered
 	// it into (the rank's GPUCOORD_CHECKPOINT_DIR), where ranks checkpoint
 	// every step unless the job says otherwise.
-	cfg.CheckpointDir, cfg.CheckpointEvery = spec.GetCheckpointDir(), int(spec.GetCheckpointEvery())
-	if cfg.CheckpointDir == "" {
+	cfg.CheckpointEvery = int(spec.GetCheckpointEvery())
+	if dir := spec.GetCheckpointDir(); dir != "" {
+		cfg.CheckpointDir = SharedCheckpointDir(dir, asg.Job)
+	} else {
 		if cfg.CheckpointDir = os.Getenv(EnvCheckpointDir); cfg.CheckpointDir == "" {
 			return nil, fmt.Errorf("%s is not set: the agent holds this job's checkpoints", EnvCheckpointDir)
 		}

@@ -17,18 +17,19 @@ import (
 )
 
 // writeProbe writes the probe of asg's generation into the shared
-// checkpoint directory dir: a file whose name is also its content, random,
-// so that no earlier run's file passes for it. It returns the name.
+// checkpoint directory dir, in its directory of gpucoord's own (Owned): a
+// file whose name is also its content, random, so that no earlier run's
+// file passes for it. It returns the name.
 func writeProbe(dir string, asg *pb.Assignment) (string, error) {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", err
 	}
 	name := fmt.Sprintf(".gpucoord-probe-%s-gen%d-%s", asg.Job, asg.Generation.GetNumber(), hex.EncodeToString(b[:]))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := mkOwned(dir); err != nil {
 		return "", fmt.Errorf("checkpoint directory %s: %w", dir, err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, name), []byte(name), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(Owned(dir), name), []byte(name), 0o644); err != nil {
 		return "", fmt.Errorf("checkpoint directory %s: %w", dir, err)
 	}
 	return name, nil
@@ -43,7 +44,7 @@ func readProbe(dir, probe, writer, node string) error {
 	if probe == "" || strings.ContainsAny(probe, "/\\") {
 		return fmt.Errorf("checkpoint directory %s: the coordinator sent no valid probe (%q)", dir, probe)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, probe))
+	b, err := os.ReadFile(filepath.Join(Owned(dir), probe))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return notShared("cannot find")

@@ -303,7 +303,10 @@ per local rank when a job's generation includes the node: the native engine,
 or the job's command with torchrun's environment. Rank output is printed
 here, each line tagged [node rRANK tpT ppP dpD], and kept for launch (which
 reads it from the agent's node server, with the checkpoints it holds) and
-for gpucoord logs (the latest 2 MiB of each rank, under --state-dir/.logs).
+for gpucoord logs (the latest 2 MiB of each rank, under --state-dir/gpucoord/logs).
+The agent writes only in a directory "gpucoord" of --state-dir and
+--checkpoint-local, and removes nothing outside it: a directory that holds
+other files can be given.
 Ranks are stopped with
 SIGTERM, then SIGKILL after --grace, when the job ends, when the agent is
 told to stop (SIGINT/SIGTERM) or when no coordinator has renewed the node's
@@ -367,10 +370,10 @@ names (a build without the race detector under a race-enabled agent).`,
 	fl.StringVar(&cfg.FailureDomain, "failure-domain", "", "what fails with this node (a rack, a power feed): replicas of its checkpoints go to nodes of other domains first (default: its --nvlink-domain)")
 	fl.StringVar(&cfg.Gossip, "gossip", "", "address of this node's member of the failure-detection pool, TCP and UDP (default: --bind, a free port)")
 	fl.BoolVar(&cfg.Devices, "cuda", false, "set CUDA_VISIBLE_DEVICES to each rank's local index")
-	fl.StringVar(&cfg.WorkDir, "state-dir", cfg.WorkDir, "where the agent keeps its files: plan files, the ranks' logs, checkpoints when /dev/shm has no room (launch --workdir is where ranks start)")
+	fl.StringVar(&cfg.WorkDir, "state-dir", cfg.WorkDir, "where the agent keeps its files, in DIR/gpucoord: plan files, the ranks' logs, checkpoints when /dev/shm has no room (launch --workdir is where ranks start)")
 	fl.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "same as --state-dir")
 	fl.MarkDeprecated("work-dir", "use --state-dir (launch --workdir is where the ranks start)")
-	fl.StringVar(&cfg.CheckpointRoot, "checkpoint-local", "", "where this node keeps the checkpoints it holds for jobs without a shared --checkpoint-dir (its ranks' and replicas of its peers'); default /dev/shm/gpucoord-checkpoints/NAME when /dev/shm has 2 GiB free, else under --state-dir")
+	fl.StringVar(&cfg.CheckpointRoot, "checkpoint-local", "", "where this node keeps the checkpoints it holds for jobs without a shared --checkpoint-dir (its ranks' and replicas of its peers'), in DIR/gpucoord/checkpoints/NAME; default /dev/shm when it has 2 GiB free, else --state-dir")
 	fl.Int64Var(&stepMiB, "checkpoint-max-step-mib", cfg.Checkpoints.MaxStepBytes>>20, "the largest step of a peer's checkpoint files this node takes as a replica or fetches, in MiB (raised to twice this node's own largest step); set it above the largest step any node writes")
 	fl.DurationVar(&cfg.Checkpoints.ReplicaTimeout, "replica-timeout", cfg.Checkpoints.ReplicaTimeout, "how long one replica of a step may take, sent or fetched, plus a second per 64 MiB of it: a peer that takes longer fails the step (its ranks are told failed N), not the job")
 	fl.DurationVar(&cfg.Grace, "grace", cfg.Grace, "time between SIGTERM and SIGKILL when ranks stop")

@@ -184,8 +184,8 @@ func TestClusterCheckpointDirNotShared(t *testing.T) {
 		t.Errorf("%d steps, want 20", n)
 	}
 	// Of the checkpoints of steps 5, 10, 15 and 20, the last two are kept
-	// (--keep-checkpoints 2 by default).
-	if kept, _ := filepath.Glob(filepath.Join(b.Shared(), "tp0-of-1", "chunk0-of-1", "step-*")); len(kept) != 2 ||
+	// (--keep-checkpoints 2 by default), in the job's own directory.
+	if kept, _ := filepath.Glob(filepath.Join(b.Shared(), "gpucoord", "job-*", "tp0-of-1", "chunk0-of-1", "step-*")); len(kept) != 2 ||
 		filepath.Base(kept[0]) != filepath.Base(sharding.StepDir("", 15)) || filepath.Base(kept[1]) != filepath.Base(sharding.StepDir("", 20)) {
 		t.Errorf("checkpoints kept: %v, want steps 15 and 20", kept)
 	}

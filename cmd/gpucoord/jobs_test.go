@@ -82,7 +82,7 @@ func TestLaunchDetachFollowCancel(t *testing.T) {
 func TestLaunchHangupCancels(t *testing.T) {
 	exe := buildBinary(t)
 	shm := func() []string {
-		m, _ := filepath.Glob("/dev/shm/gpucoord-checkpoints/gpucoord-standalone-*")
+		m, _ := filepath.Glob("/dev/shm/gpucoord/checkpoints/gpucoord-standalone-*")
 		return m
 	}
 	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGINT} {

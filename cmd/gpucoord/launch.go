@@ -573,9 +573,10 @@ func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, logs 
 		return nil, err
 	}
 	// The agents hold the checkpoints of jobs without a --checkpoint-dir
-	// in memory where there is room, each under its own directory, all
-	// removed with the cluster.
-	held := worker.CheckpointRoot(filepath.Base(tmp), tmp)
+	// in memory where there is room, in a directory of this cluster's
+	// (named as the temporary directory is), removed with it; each agent
+	// keeps its own under it.
+	held := worker.CheckpointRoot(filepath.Base(tmp), "", tmp)
 	// The agents stop first (they leave the pool while the coordinator
 	// still answers), then the coordinator.
 	cctx, cancelCo := context.WithCancel(ctx)
@@ -596,7 +597,7 @@ func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, logs 
 		// launch shows the ranks' output as it does a cluster's: read from
 		// the agents, in order after its own lines.
 		wc.NativeCommand, wc.WorkDir, wc.Output, wc.Logger, wc.Version = []string{exe, rankCmd}, tmp+"/work", io.Discard, log, buildVersion()
-		wc.CheckpointRoot = filepath.Join(held, wc.Name)
+		wc.CheckpointRoot = held
 		// The agents run as launch's user, for launch alone: the ranks
 		// inherit its environment, as torchrun's do, but gpucoord's own
 		// variables (a join token among them).

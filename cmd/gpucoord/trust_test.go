@@ -3,7 +3,9 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -153,5 +155,116 @@ func TestRankEnvNoToken(t *testing.T) {
 	}
 	if strings.Contains(w.output(), "gct1.") {
 		t.Errorf("the agent's output shows the token:\n%s", w.output())
+	}
+}
+
+// entries lists the names in dir.
+func entries(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// TestUserFilesSurvive: every directory a user names (worker --state-dir
+// and --checkpoint-local, launch --checkpoint-dir, --checkpoint-backup
+// and --workdir) already holds a user's files, among them directories
+// named as a job or a node might be; jobs with held checkpoints and a
+// backup tier, with a shared directory, a cancelled one, one whose node
+// is killed (SIGKILL) and whose agent starts again, and a last one run on
+// two agents. Every user's file is still there after them, and gpucoord
+// wrote only in a directory "gpucoord" of each (none in --workdir). The
+// old agent took every directory of --checkpoint-local for a job's and
+// removed datasets/ when a job's held files were dropped.
+func TestUserFilesSurvive(t *testing.T) {
+	exe := buildBinary(t)
+	_, addr := coordinatorProc(t, exe)
+	base := t.TempDir()
+	dir := func(name string) string { return filepath.Join(base, name) }
+	named := []string{dir("state0"), dir("state1"), dir("local0"), dir("local1"), dir("shared"), dir("backup"), dir("workdir")}
+	check := userFiles(t, named...)
+	// A user's directory named as the shared directory's steps were.
+	if err := os.MkdirAll(filepath.Join(dir("shared"), "tp0-of-1", "chunk0-of-1", "step-1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	worker := func(n string) *proc {
+		t.Helper()
+		w := start(t, exe, "worker", "--coordinator", addr, "--name", "w"+n, "--gpus-per-node", "2", "--grace", "1s",
+			"--state-dir", dir("state"+n), "--checkpoint-local", dir("local"+n))
+		w.waitLine(t, "msg=registered ", 30*time.Second)
+		return w
+	}
+	w0, w1 := worker("0"), worker("1")
+	launch := func(want int, args ...string) *proc {
+		t.Helper()
+		p := start(t, exe, append([]string{"launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "2"}, args...)...)
+		if want >= 0 {
+			if code := p.wait(t, 2*time.Minute); code != want {
+				t.Fatalf("launch %v exited %d, want %d:\n%s", args, code, want, p.output())
+			}
+		}
+		return p
+	}
+	const job = "../../examples/jobs/mlp.yaml"
+	launch(0, "--pp", "2", "--job-id", "held1", "--steps", "6", "--checkpoint-backup", dir("backup"), "--backup-every", "1", job)
+	check("after a job with held checkpoints and a backup tier")
+	launch(0, "--pp", "2", "--job-id", "shared1", "--steps", "6", "--checkpoint-dir", dir("shared"), "--checkpoint-every", "1", job)
+	check("after a job with a shared checkpoint directory")
+
+	p := launch(-1, "--job-id", "cancelled", "--workdir", dir("workdir"), "--", "/bin/sh", "-c", "echo started; exec sleep 600")
+	p.waitLine(t, "started", time.Minute)
+	p.cmd.Process.Signal(os.Interrupt)
+	if code := p.wait(t, time.Minute); code != exitInterrupted {
+		t.Fatalf("cancelled launch exited %d:\n%s", code, p.output())
+	}
+	check("after a cancelled job")
+
+	p = launch(-1, "--pp", "2", "--job-id", "crashed", "--steps", "1000000", job)
+	p.waitLine(t, "step       3/1000000 ", time.Minute)
+	w1.cmd.Process.Signal(syscall.SIGKILL)
+	if code := p.wait(t, time.Minute); code == 0 {
+		t.Fatalf("launch succeeded with its node killed:\n%s", p.output())
+	}
+	w1 = worker("1")
+	launch(0, "--job-id", "zzz", "--", "true")
+	// Each agent drops the held files of zzz, the last in its directory's
+	// order, once the job has ended: everything before is done.
+	for _, w := range []*proc{w0, w1} {
+		for !strings.Contains(w.waitLine(t, `msg="checkpoints of an ended job removed"`, time.Minute), "job=zzz") {
+		}
+	}
+	check("after a killed agent started again, and a last job")
+
+	// The killed run's plan files went when its agent started again.
+	for _, n := range []string{"0", "1"} {
+		if left := entries(t, filepath.Join(dir("state"+n), "gpucoord", "jobs")); len(left) != 0 {
+			t.Errorf("w%s keeps the files of jobs %v", n, left)
+		}
+	}
+	user := []string{"KEEP.txt", "datasets", "w0"}
+	for _, d := range named {
+		want := append(slices.Clone(user), "gpucoord")
+		switch d {
+		case dir("workdir"):
+			want = user
+		case dir("shared"):
+			want = append(want, "tp0-of-1")
+		}
+		slices.Sort(want)
+		if got := entries(t, d); !slices.Equal(got, want) {
+			t.Errorf("%s holds %v, want %v: gpucoord writes only in gpucoord/", d, got, want)
+		}
+	}
+	// What a shared directory and a backup tier keep is the job's.
+	for _, d := range []string{filepath.Join(dir("shared"), "gpucoord", "shared1"), filepath.Join(dir("backup"), "gpucoord", "held1")} {
+		if len(entries(t, d)) == 0 {
+			t.Errorf("%s is empty", d)
+		}
 	}
 }
