@@ -31,8 +31,8 @@ test: deps ## Run every test with the race detector (installs what the tests nee
 	$(GO) test -race -count=1 -timeout 14m $(PKGS)
 
 .PHONY: stress
-stress: ## Kill or preempt an agent at 40 random steps of an elastic job, and kill a host of a job with held checkpoints at 20 (minutes; needs root; not part of make test)
-	GPUCOORD_STRESS=1 $(GO) test -count=1 -timeout 30m -run 'TestElasticStress|TestClusterHeldStress' -v ./cmd/gpucoord
+stress: ## Kill or preempt an agent at 40 random steps of an elastic job, kill a host of a job with held checkpoints at 20, cut a job's host off at 40 (shared and held checkpoints) and freeze an agent 20 times, measuring the overlap of generations (an hour; needs root; not part of make test)
+	GPUCOORD_STRESS=1 $(GO) test -count=1 -timeout 90m -run 'TestElasticStress|TestClusterHeldStress|TestClusterPartitionStress|TestWorkerFrozenStress' -v ./cmd/gpucoord
 
 .PHONY: bench-recovery
 bench-recovery: ## Detection and recovery times after a node loss, across hosts (network namespaces) and on one host; needs root

@@ -49,6 +49,8 @@ type cache struct {
 	// holds is each node's holds key: the unfinished job whose generation
 	// has it, as etcd's transactions decided.
 	holds map[string]string
+	// fences are revoked nodes' latest deadlines, by node.
+	fences map[string]fence
 	// assigned is each running job's assignment, and encoded its wire
 	// form, made once per change for every stream; empty is a node's
 	// without a job. assignRev is the revision of the last change.
@@ -88,7 +90,10 @@ type jobEntry struct {
 	step     *pb.Step
 	commit   *pb.Step
 	commitRv int64 // the commit's mod revision
-	backup   *pb.Step
+	open     int64 // the newest generation opened
+	// stopped is, by node, the generation below which it runs no rank.
+	stopped map[string]int64
+	backup  *pb.Step
 	// stored is each node's Stored record, and storedN how many records
 	// hold each (generation, step): a commit is looked for only when a
 	// step's count reaches the members', so a report costs no read of
@@ -193,7 +198,7 @@ func viewRev(wr clientv3.WatchResponse) int64 {
 func (c *cache) reset(rev int64, kvs []*mvccpb.KeyValue) {
 	c.mu.Lock()
 	c.nodes, c.conns, c.nodePol, c.jobs = map[string]nodeEntry{}, map[string]string{}, map[string]nodePolicy{}, map[string]*jobEntry{}
-	c.candidates, c.holds = map[string]candidate{}, map[string]string{}
+	c.candidates, c.holds, c.fences = map[string]candidate{}, map[string]string{}, map[string]fence{}
 	for _, kv := range kvs {
 		c.put(kv)
 	}
@@ -224,12 +229,14 @@ func (c *cache) apply(rev int64, evs []*clientv3.Event) {
 			if affectsDecision(field) {
 				dirty[id] = true
 			}
-			assign = assign || field == "spec" || field == "state" || field == "generation" || strings.HasPrefix(field, "bootstrap/")
+			assign = assign || field == "spec" || field == "state" || field == "generation" || field == "open" || strings.HasPrefix(field, "bootstrap/")
 		case strings.HasPrefix(key, c.k.leader()+"/"):
 		case key == c.k.gossipKey():
 			assign = true
 		case strings.HasPrefix(key, c.k.holdsAll()):
 			pool, assign = true, true
+		case strings.HasPrefix(key, c.k.fences()):
+			pool = true
 		default:
 			pool = pool || strings.HasPrefix(key, c.k.nodes()) || strings.HasPrefix(key, c.k.conns()) || strings.HasPrefix(key, c.k.nodePolicies())
 		}
@@ -275,7 +282,8 @@ func (c *cache) gossipKeys() keyring {
 // grow-back waits for a commit, which arrives with its progress.
 func affectsDecision(field string) bool {
 	switch {
-	case field == "spec", field == "state", field == "generation", field == "commit", field == "backup", strings.HasPrefix(field, "exits/"):
+	case field == "spec", field == "state", field == "generation", field == "commit", field == "backup", field == "open",
+		strings.HasPrefix(field, "exits/"), strings.HasPrefix(field, "stopped/"):
 		return true
 	}
 	return false
@@ -328,7 +336,7 @@ func (c *cache) reindex() {
 			}
 		}
 		boot := j.boots[j.gen.Number]
-		a := &pb.Assignment{Job: id, Spec: j.spec, Generation: j.gen, Master: boot.GetMaster(), Probe: boot.GetProbe(),
+		a := &pb.Assignment{Job: id, Spec: j.spec, Generation: j.gen, Open: j.open >= j.gen.Number, Master: boot.GetMaster(), Probe: boot.GetProbe(),
 			StoreSecret: boot.GetStoreSecret(), Revision: c.assignRev, GossipKeys: keys, LiveJobs: live}
 		c.assigned[id], c.encoded[id] = a, mustMarshal(a)
 	}
@@ -379,6 +387,10 @@ func (c *cache) put(kv *mvccpb.KeyValue) {
 		c.conns[strings.TrimPrefix(key, c.k.conns())] = string(kv.Value)
 	case strings.HasPrefix(key, c.k.holdsAll()):
 		c.holds[strings.TrimPrefix(key, c.k.holdsAll())] = string(kv.Value)
+	case strings.HasPrefix(key, c.k.fences()):
+		var f fence
+		bad(decodeJSON(kv.Value, &f))
+		c.fences[strings.TrimPrefix(key, c.k.fences())] = f
 	case strings.HasPrefix(key, c.k.nodePolicies()):
 		var p nodePolicy
 		bad(decodeJSON(kv.Value, &p))
@@ -429,6 +441,20 @@ func (c *cache) putJob(j *jobEntry, field string, kv *mvccpb.KeyValue, bad func(
 		s := &pb.Step{}
 		bad(decode(kv.Value, s))
 		j.commit, j.commitRv = s, kv.ModRevision
+	case field == "open":
+		n, err := strconv.ParseInt(string(kv.Value), 10, 64)
+		bad(err)
+		j.open = n
+	case strings.HasPrefix(field, "stopped/"):
+		s := &pb.Stopped{}
+		if err := decode(kv.Value, s); err != nil {
+			bad(err)
+			return
+		}
+		if j.stopped == nil {
+			j.stopped = map[string]int64{}
+		}
+		j.stopped[strings.TrimPrefix(field, "stopped/")] = s.Below
 	case strings.HasPrefix(field, "stored/"):
 		r := &pb.Stored{}
 		if err := decode(kv.Value, r); err != nil {
@@ -560,6 +586,8 @@ func (c *cache) del(key string) {
 		delete(c.conns, strings.TrimPrefix(key, c.k.conns()))
 	case strings.HasPrefix(key, c.k.holdsAll()):
 		delete(c.holds, strings.TrimPrefix(key, c.k.holdsAll()))
+	case strings.HasPrefix(key, c.k.fences()):
+		delete(c.fences, strings.TrimPrefix(key, c.k.fences()))
 	case strings.HasPrefix(key, c.k.nodePolicies()):
 		delete(c.nodePol, strings.TrimPrefix(key, c.k.nodePolicies()))
 	default:
@@ -579,6 +607,8 @@ func (c *cache) del(key string) {
 			j.policy = jobPolicy{}
 		case field == "commit":
 			j.commit, j.commitRv = nil, 0
+		case strings.HasPrefix(field, "stopped/"):
+			delete(j.stopped, strings.TrimPrefix(field, "stopped/"))
 		case strings.HasPrefix(field, "bootstrap/"):
 			if g, err := strconv.ParseInt(strings.TrimPrefix(field, "bootstrap/"), 10, 64); err == nil {
 				delete(j.boots, g)
@@ -696,6 +726,7 @@ func (c *cache) view(id string) (*view, bool) {
 		v.nodePolicy[name] = p
 	}
 	maps.Copy(v.busy, c.holds)
+	v.fences = maps.Clone(c.fences)
 	return v, true
 }
 
@@ -703,7 +734,7 @@ func (c *cache) view(id string) (*view, bool) {
 // bootstrap, exits (in the order they were written) and times.
 func (e *jobEntry) job() *job {
 	j := &job{spec: e.spec, state: e.state, stateRev: e.stateRev, gen: e.gen, genRev: e.genRev, policy: e.policy,
-		step: e.step, commit: e.commit, commitRev: e.commitRv, backup: e.backup, created: e.created, exits: map[int32]*pb.RankExit{}, times: map[string]*pb.TimesHistory{}}
+		step: e.step, commit: e.commit, commitRev: e.commitRv, open: e.open, stopped: maps.Clone(e.stopped), backup: e.backup, created: e.created, exits: map[int32]*pb.RankExit{}, times: map[string]*pb.TimesHistory{}}
 	if j.state == nil {
 		j.state = &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1}
 	}

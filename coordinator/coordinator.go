@@ -72,6 +72,14 @@ type Config struct {
 	// before it decides the cause, so that a node lost at the same moment
 	// (whose peers failed because it vanished) is named as the cause.
 	FailureSettle time.Duration
+	// FenceMargin is how long after a node's lease has surely run out (its
+	// key gone, or the lease's remaining time when it was revoked) its
+	// ranks of an earlier generation count as stopped: the agent's own
+	// deadline may run this late (its clock is mapped onto the
+	// coordinator's by the renewals, and the ranks are killed once it
+	// passes), and coordinators' clocks may differ by this much. No
+	// generation of the job opens before (docs/ARCHITECTURE.md, "Fencing").
+	FenceMargin time.Duration
 	// StableFor is how long a node must have been registered, without
 	// losing its lease, before a running job takes it in (a rejoining or
 	// replacement node); a flapping node does not thrash the job.
@@ -104,6 +112,7 @@ func DefaultConfig() *Config {
 		LeaseTTL:         5 * time.Second,
 		ElectionTTL:      5 * time.Second,
 		FailureSettle:    time.Second,
+		FenceMargin:      time.Second,
 		StableFor:        2 * time.Second,
 		StragglerFactor:  2,
 		StragglerWindows: 3,
@@ -122,6 +131,8 @@ func (c *Config) Validate() error {
 		return errorf(ErrInvalid, "lease TTL %s: want whole seconds, at least 2s (etcd's lease granularity)", c.LeaseTTL)
 	case c.ElectionTTL < 2*time.Second || c.ElectionTTL%time.Second != 0:
 		return errorf(ErrInvalid, "election TTL %s: want whole seconds, at least 2s", c.ElectionTTL)
+	case c.FenceMargin < 0:
+		return errorf(ErrInvalid, "fence margin %s: must not be negative", c.FenceMargin)
 	case c.StableFor < 0:
 		return errorf(ErrInvalid, "stable-for %s: want 0 or more", c.StableFor)
 	case c.KeepJobs < 0:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -118,10 +119,25 @@ func watch(t *testing.T, c pb.CoordinatorClient, name string, lease, from int64)
 	ch := make(chan *pb.Assignment, 16)
 	go func() {
 		defer close(ch)
+		// As an agent does, the node says when it runs nothing of a
+		// generation below its assignment's (Stopped): this one runs no
+		// ranks at all.
+		var job string
+		stopped := func(job string, below int64) {
+			c.Report(ctx, &pb.ReportRequest{Job: job, Node: name, LeaseId: lease, Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: below}}})
+		}
 		for {
 			a, err := stream.Recv()
 			if err != nil {
 				return
+			}
+			if !a.Renewal {
+				if job != "" && a.Job != job {
+					stopped(job, math.MaxInt64)
+				}
+				if job = a.Job; job != "" {
+					stopped(job, a.Generation.GetNumber())
+				}
 			}
 			ch <- a
 		}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
@@ -24,11 +26,15 @@ type view struct {
 	// job's too), that job.
 	busy       map[string]string
 	nodePolicy map[string]nodePolicy
+	// fences are the latest deadlines revoked nodes' agents may have (a
+	// revocation ends a lease before the agent's own deadline), by node.
+	fences map[string]fence
 }
 
 // policy is the part of Config that decide reads.
 type policy struct {
 	FailureSettle    time.Duration
+	FenceMargin      time.Duration
 	StableFor        time.Duration
 	StragglerFactor  float64
 	StragglerWindows int
@@ -38,7 +44,7 @@ type policy struct {
 }
 
 func (c *Config) policy() policy {
-	return policy{FailureSettle: c.FailureSettle, StableFor: c.StableFor, StragglerFactor: c.StragglerFactor,
+	return policy{FailureSettle: c.FailureSettle, FenceMargin: c.FenceMargin, StableFor: c.StableFor, StragglerFactor: c.StragglerFactor,
 		StragglerWindows: c.StragglerWindows, Recheck: c.Tick}
 }
 
@@ -49,7 +55,10 @@ type decision struct {
 	state      *pb.JobState   // the job's new state; nil: unchanged
 	gen        *pb.Generation // the next generation; nil: none
 	stragglers *pb.Stragglers // nil: unchanged
-	policy     *jobPolicy     // the job's new timers; nil: unchanged
+	// open is the generation number whose ranks may now start (every rank
+	// of an earlier generation is stopped); 0: unchanged.
+	open   int64
+	policy *jobPolicy // the job's new timers; nil: unchanged
 	// strikes are the nodes struck, with their policy after the strike.
 	strikes map[string]nodePolicy
 	// msg and args are the log line of what happened; "" for nothing worth
@@ -63,7 +72,7 @@ type decision struct {
 
 // writes reports whether d changes anything in etcd.
 func (d *decision) writes() bool {
-	return d.state != nil || d.gen != nil || d.stragglers != nil || d.policy != nil || len(d.strikes) > 0
+	return d.state != nil || d.gen != nil || d.stragglers != nil || d.policy != nil || len(d.strikes) > 0 || d.open != 0
 }
 
 // wake makes d look again at t at the latest.
@@ -123,7 +132,7 @@ func at(ms int64) time.Time { return time.UnixMilli(ms) }
 
 // stateIf is st when it differs from the job's current state, else nil.
 func stateIf(j *job, st *pb.JobState) *pb.JobState {
-	if encode(st) == encode(j.state) {
+	if proto.Equal(st, j.state) {
 		return nil
 	}
 	return st
@@ -154,7 +163,7 @@ func rendezvous(v *view, now time.Time) decision {
 			d.wake(now, deadline)
 		}
 		d.state = stateIf(j, &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1, Reason: waitingFor(v, spec, len(free))})
-		if pol != j.policy {
+		if !pol.equal(j.policy) {
 			d.policy = &pol
 		}
 		return d
@@ -164,7 +173,7 @@ func rendezvous(v *view, now time.Time) decision {
 	}
 	if call := at(pol.EnoughSince).Add(time.Duration(spec.LastCallMs) * time.Millisecond); len(free) < most && now.Before(call) {
 		d.wake(now, call) // last call: wait a little for more
-		if pol != j.policy {
+		if !pol.equal(j.policy) {
 			d.policy = &pol
 		}
 		return d
@@ -179,6 +188,7 @@ func rendezvous(v *view, now time.Time) decision {
 	}
 	layout, _ := Layout(spec, n)
 	d.gen = buildGeneration(spec, 1, free[:n], layout.DP, 0, "")
+	d.open = 1 // no earlier generation to wait for
 	d.state = &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1}
 	d.policy = &jobPolicy{}
 	d.log(false, "generation frozen", "job", spec.Id, "generation", 1, "nodes", memberNames(d.gen), "world", d.gen.World,
@@ -191,6 +201,32 @@ func rendezvous(v *view, now time.Time) decision {
 // pause or the end.
 func running(v *view, now time.Time, p policy) decision {
 	j := v.job
+	if j.open < j.gen.Number {
+		pol := j.policy
+		ok, until, waiting := fenced(v, now, p, &pol)
+		var d decision
+		if !pol.equal(j.policy) {
+			d.policy = &pol
+		}
+		if ok {
+			d.open = j.gen.Number
+			d.log(false, "generation opened", "job", j.spec.Id, "generation", j.gen.Number)
+			return d
+		}
+		if !until.IsZero() {
+			d.wake(now, until)
+		}
+		// A member of this generation lost before it opened is acted on
+		// below; nothing else is, until the generation runs.
+		lost := false
+		for _, m := range j.gen.Members {
+			lost = lost || v.member(m) == nil
+		}
+		if !lost {
+			d.log(false, "generation waits for earlier ranks to stop", "job", j.spec.Id, "generation", j.gen.Number, "nodes", strings.Join(waiting, ","))
+			return d
+		}
+	}
 	var lost []string
 	for _, m := range j.gen.Members {
 		if v.member(m) == nil {
@@ -230,7 +266,7 @@ func running(v *view, now time.Time, p policy) decision {
 	}
 	if settle := at(pol.FailedSince).Add(p.FailureSettle); len(lost) == 0 && now.Before(settle) {
 		d.wake(now, settle) // give a node loss behind this failure time to show
-		if pol != j.policy {
+		if !pol.equal(j.policy) {
 			d.policy = &pol
 		}
 		return d
@@ -347,7 +383,7 @@ func resumePaused(v *view, now time.Time, p policy) decision {
 		}
 		d.wake(now, deadline)
 	}
-	if pol != j.policy {
+	if !pol.equal(j.policy) {
 		d.policy = &pol
 	}
 	return d
@@ -419,7 +455,7 @@ func stragglers(v *view, now time.Time, p policy) decision {
 		}
 	}
 	slices.SortFunc(found.Ranks, func(a, b *pb.Straggler) int { return int(a.Rank - b.Rank) })
-	if (len(found.Ranks) > 0 || j.stragglers != nil) && encode(found) != encode(j.stragglers) {
+	if (len(found.Ranks) > 0 || j.stragglers != nil) && !proto.Equal(found, j.stragglers) {
 		d.stragglers = found
 		if len(found.Ranks) > 0 {
 			s := found.Ranks[0]
@@ -652,10 +688,66 @@ func nextGeneration(v *view, nodes []*pb.Node, why string, now time.Time) decisi
 	}
 	gen := buildGeneration(j.spec, j.gen.Number+1, nodes, layout.DP, resume, why)
 	gen.Checkpoint, gen.FromBackup, gen.Hangs = copies, fromBackup, j.gen.GetHangs()
+	// The ranks that may still run: the generation's, once it opened;
+	// else those it was waiting for.
+	if j.open >= j.gen.Number {
+		gen.Stopping = j.gen.Members
+	} else {
+		gen.Stopping = j.gen.Stopping
+	}
 	d := decision{gen: gen, policy: &jobPolicy{},
 		state: &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1, Reason: fmt.Sprintf("generation %d: %s; resuming after step %d", gen.Number, why, resume)}}
+	if len(gen.Stopping) == 0 {
+		d.open = gen.Number
+	}
 	d.log(true, "new generation", "job", j.spec.Id, "generation", gen.Number, "nodes", len(nodes), "dp", gen.Dp, "resume", resume, "why", why)
 	return d
+}
+
+// fenced says whether every rank of an earlier generation of v's job that
+// may have run is surely stopped, so that the current generation may open
+// (no two generations' ranks of a job run at once). A node of the
+// generation's stopping set is done when it has reported so (Stopped),
+// when it registered again as another run (its agent's end took its ranks
+// with it), or, its lease ended, FenceMargin after the latest its own
+// deadline can be: when its key was first seen gone, or the lease's time
+// left when a coordinator revoked it (fences). Else the job waits: for a
+// report, or until when. pol gains the times nodes were first seen gone.
+func fenced(v *view, now time.Time, p policy, pol *jobPolicy) (ok bool, until time.Time, waiting []string) {
+	j := v.job
+	ok = true
+	for _, s := range j.gen.Stopping {
+		if j.stopped[s.Node] >= j.gen.Number {
+			continue
+		}
+		if n := v.nodes[s.Node]; n != nil {
+			if s.Instance != "" && n.Instance != s.Instance {
+				continue // another run: the one that ran ranks has ended, and they with it
+			}
+			ok, waiting = false, append(waiting, s.Node) // it reports, or its lease ends
+			continue
+		}
+		since, seen := pol.GoneSince[s.Node]
+		if !seen {
+			since = ms(now)
+			pol.GoneSince = maps.Clone(pol.GoneSince)
+			if pol.GoneSince == nil {
+				pol.GoneSince = map[string]int64{}
+			}
+			pol.GoneSince[s.Node] = since
+		}
+		t := at(since)
+		if f, ok := v.fences[s.Node]; ok && (s.Instance == "" || f.Instance == s.Instance) && at(f.UntilMs).After(t) {
+			t = at(f.UntilMs)
+		}
+		if t = t.Add(p.FenceMargin); now.Before(t) {
+			ok, waiting = false, append(waiting, s.Node)
+			if until.IsZero() || t.Before(until) {
+				until = t
+			}
+		}
+	}
+	return ok, until, waiting
 }
 
 // freeNodes lists the connected nodes no job holds that a job may

@@ -51,6 +51,7 @@ func runningOn(j *job, g int64, nodes ...string) *job {
 		panic(err)
 	}
 	j.gen = buildGeneration(j.spec, g, ns, l.DP, 0, "")
+	j.open = g // running: every earlier rank stopped
 	j.state = &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1}
 	return j
 }
@@ -112,7 +113,7 @@ func check(t *testing.T, d decision, w want) {
 			t.Errorf("strikes of %s = %d, want %d", n, d.strikes[n].Strikes, k)
 		}
 	}
-	if w.policy != nil && (d.policy == nil || *d.policy != *w.policy) {
+	if w.policy != nil && (d.policy == nil || !d.policy.equal(*w.policy)) {
 		t.Errorf("policy = %+v, want %+v", d.policy, *w.policy)
 	}
 	if d.after != w.after {
@@ -664,5 +665,100 @@ func TestMemberDomains(t *testing.T) {
 	}
 	if want := "[a=rack1 b=nvl0 c=]"; fmt.Sprint(got) != want {
 		t.Errorf("domains %v, want %s", got, want)
+	}
+}
+
+// TestDecideFence: a generation opens only once every rank of an earlier
+// generation that may have run is surely stopped: its node said so, or
+// registered again as another run, or its lease ended FenceMargin before
+// (and a revoked lease's time left has passed).
+func TestDecideFence(t *testing.T) {
+	p := testPolicy
+	p.FenceMargin = time.Second
+	// Generation 2 on n0 and n2, made after generation 1 on n0 and n1
+	// opened: n0's and n1's ranks of generation 1 may still run.
+	waiting := func(edit func(j *job, v *view)) *view {
+		j := runningOn(pending(2, nil), 2, "n0", "n2")
+		j.open = 1
+		j.gen.Stopping = []*pb.Member{{Node: "n0", Instance: "n0-1"}, {Node: "n1", Instance: "n1-1"}}
+		j.stopped = map[string]int64{}
+		v := pool(j, "n0", "n2") // n1's lease has ended
+		v.fences = map[string]fence{}
+		if edit != nil {
+			edit(j, v)
+		}
+		return v
+	}
+	tests := []struct {
+		name     string
+		v        *view
+		wantOpen bool
+		after    time.Duration
+		goneAt   int64 // GoneSince of n1 written; 0: none
+	}{
+		{name: "n0 has not said, n1 just seen gone", v: waiting(nil), after: time.Second, goneAt: ms(t0)},
+		{name: "n0 said, n1 gone a margin ago", wantOpen: true, v: waiting(func(j *job, v *view) {
+			j.stopped["n0"] = 2
+			j.policy.GoneSince = map[string]int64{"n1": ms(t0.Add(-time.Second))}
+		})},
+		{name: "n0 said of generation 1 only", v: waiting(func(j *job, v *view) {
+			j.stopped["n0"] = 1
+			j.policy.GoneSince = map[string]int64{"n1": ms(t0.Add(-time.Second))}
+		})},
+		{name: "n1 revoked with 3s left", after: 3500 * time.Millisecond, v: waiting(func(j *job, v *view) {
+			j.stopped["n0"] = 2
+			j.policy.GoneSince = map[string]int64{"n1": ms(t0.Add(-5 * time.Second))}
+			v.fences["n1"] = fence{Instance: "n1-1", UntilMs: ms(t0.Add(2500 * time.Millisecond))}
+		})},
+		{name: "an earlier run's fence counts for nothing", wantOpen: true, v: waiting(func(j *job, v *view) {
+			j.stopped["n0"] = 2
+			j.policy.GoneSince = map[string]int64{"n1": ms(t0.Add(-5 * time.Second))}
+			v.fences["n1"] = fence{Instance: "n1-0", UntilMs: ms(t0.Add(time.Hour))}
+		})},
+		{name: "n0 registered again as another run", wantOpen: true, v: waiting(func(j *job, v *view) {
+			v.nodes["n0"] = &pb.Node{Name: "n0", Gpus: 4, Instance: "n0-2"}
+			j.policy.GoneSince = map[string]int64{"n1": ms(t0.Add(-time.Second))}
+		})},
+		{name: "n0 disconnected, lease alive: waits", v: waiting(func(j *job, v *view) {
+			delete(v.connected, "n0")
+			j.policy.GoneSince = map[string]int64{"n1": ms(t0.Add(-time.Second))}
+		})},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := decide(tc.v, t0, p)
+			if got := d.open == 2; got != tc.wantOpen {
+				t.Fatalf("opened %v (open %d), want %v", got, d.open, tc.wantOpen)
+			}
+			if d.gen != nil || d.state != nil {
+				t.Fatalf("wrote generation %v, state %v: want only the gate", d.gen, d.state)
+			}
+			if d.after != tc.after {
+				t.Errorf("after = %s, want %s", d.after, tc.after)
+			}
+			if tc.goneAt != 0 && (d.policy == nil || d.policy.GoneSince["n1"] != tc.goneAt) {
+				t.Errorf("policy = %+v, want n1 gone at %d", d.policy, tc.goneAt)
+			}
+		})
+	}
+
+	// A member of the waiting generation lost: the next generation waits
+	// for the same ranks (its predecessor never ran any).
+	v := waiting(func(j *job, v *view) { j.spec.MinNodes = 1 })
+	delete(v.nodes, "n2")
+	d := decide(v, t0.Add(10*time.Second), p)
+	if d.gen == nil || d.gen.Number != 3 || d.open != 0 {
+		t.Fatalf("after losing n2 before opening: generation %v, open %d; want generation 3, not open", d.gen, d.open)
+	}
+	if got := memberNames(&pb.Generation{Members: d.gen.Stopping}); got != "n0,n1" {
+		t.Errorf("generation 3 waits for %s, want n0,n1 (generation 2 never opened)", got)
+	}
+	// An opened generation's successor waits for its members.
+	j := runningOn(pending(2, nil), 1, "n0", "n1")
+	j.spec.MinNodes = 1
+	v = pool(j, "n0") // n1 lost
+	d = decide(v, t0, p)
+	if d.gen == nil || memberNames(&pb.Generation{Members: d.gen.Stopping}) != "n0,n1" || d.open != 0 {
+		t.Fatalf("after generation 1 ran: generation %v, open %d; want one waiting for n0,n1", d.gen, d.open)
 	}
 }

@@ -75,7 +75,22 @@ func (c *Coordinator) revokeMember(ctx context.Context, member string) error {
 		c.log.Info("gossip: an earlier run of a node was declared dead; the node has registered again", "node", name, "dead", instance, "registered", n.GetInstance())
 		return nil
 	}
-	if _, err := c.etcd.Client.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
+	// The agent may run its ranks until its own deadline, which the
+	// revocation does not move: the latest it can be, the lease's time
+	// left now (etcd rounds it up), goes to etcd first, for the leader's
+	// fence (fenced) to wait out.
+	lease := clientv3.LeaseID(resp.Kvs[0].Lease)
+	ttl, err := c.etcd.Client.TimeToLive(ctx, lease)
+	if err != nil {
+		return err
+	}
+	if ttl.TTL > 0 {
+		f := fence{Instance: instance, UntilMs: time.Now().Add(time.Duration(ttl.TTL) * time.Second).UnixMilli()}
+		if _, err := c.etcd.Client.Put(ctx, keys(c.cfg.Prefix).fence(name), encodeJSON(f)); err != nil {
+			return err
+		}
+	}
+	if _, err := c.etcd.Client.Revoke(ctx, lease); err != nil {
 		return err
 	}
 	c.log.Warn("node failed its gossip probes: removed from the pool", "node", name)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -202,6 +203,9 @@ func (l *leader) apply(ctx context.Context, v *view, d *decision) (int64, bool, 
 	if d.gen != nil {
 		gcmps, gops := generationTxn(l.k, v.job, d.gen)
 		cmps, ops = append(cmps, gcmps...), append(ops, gops...)
+	}
+	if d.open != 0 {
+		ops = append(ops, clientv3.OpPut(l.k.open(id), strconv.FormatInt(d.open, 10)))
 	}
 	if d.stragglers != nil {
 		ops = append(ops, clientv3.OpPut(l.k.stragglers(id), encode(d.stragglers)))

@@ -260,6 +260,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	if err := s.ownLease(ctx, node, lease); err != nil {
 		return err
 	}
+	renewed := time.Now() // the renewal is no older than this
 	first, err := s.cli.KeepAliveOnce(ctx, lease)
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return status.Errorf(codes.NotFound, "node %q: lease %x is gone: register again", node, req.GetLeaseId())
@@ -304,10 +305,10 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	if s.hooks.watchRead != nil {
 		s.hooks.watchRead(node)
 	}
-	if err := stream.Send(withTTL(a, first.TTL*1000)); err != nil {
+	if err := stream.Send(withTTL(a, first.TTL*1000, renewed)); err != nil {
 		return err
 	}
-	last, renewed := a, time.Now()
+	last := a
 	// The client renews every third of the TTL: two thirds without a
 	// renewal means this coordinator cannot reach etcd for it, and the
 	// agent should move to one that can before the lease runs out.
@@ -335,7 +336,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 				s.keepalive(now.Sub(renewed).Seconds())
 			}
 			renewed = now
-			if err := stream.Send(&pb.Assignment{Renewal: true, LeaseTtlMs: r.TTL * 1000, Revision: last.Revision}); err != nil {
+			if err := stream.Send(&pb.Assignment{Renewal: true, LeaseTtlMs: r.TTL * 1000, SentUnixNanos: now.UnixNano(), Revision: last.Revision}); err != nil {
 				return err
 			}
 		case <-changed:
@@ -355,17 +356,18 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 // sameAssignment reports whether a and b run the same thing (revisions
 // aside). Spec and generation are the cache's: shared while unchanged.
 func sameAssignment(a, b *pb.Assignment) bool {
-	return a.Job == b.Job && a.Master == b.Master && a.Probe == b.Probe && (a.Generation == b.Generation || proto.Equal(a.Generation, b.Generation)) &&
+	return a.Job == b.Job && a.Open == b.Open && a.Master == b.Master && a.Probe == b.Probe && (a.Generation == b.Generation || proto.Equal(a.Generation, b.Generation)) &&
 		slices.EqualFunc(a.GossipKeys, b.GossipKeys, bytes.Equal) && slices.Equal(a.LiveJobs, b.LiveJobs)
 }
 
-// withTTL is a with the lease renewal of ttlMs, or a itself for none.
-func withTTL(a *pb.Assignment, ttlMs int64) *pb.Assignment {
+// withTTL is a with the lease renewal of ttlMs made at sent, or a itself
+// for none.
+func withTTL(a *pb.Assignment, ttlMs int64, sent time.Time) *pb.Assignment {
 	if ttlMs == 0 {
 		return a
 	}
 	a = proto.Clone(a).(*pb.Assignment)
-	a.LeaseTtlMs = ttlMs
+	a.LeaseTtlMs, a.SentUnixNanos = ttlMs, sent.UnixNano()
 	return a
 }
 
@@ -377,6 +379,9 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 	}
 	if err := s.asNode(ctx, req.GetNode()); err != nil {
 		return nil, err
+	}
+	if k, ok := req.Kind.(*pb.ReportRequest_Stopped); ok {
+		return s.reportStopped(ctx, req, k.Stopped)
 	}
 	if err := s.ownRanks(ctx, req); err != nil {
 		return nil, err
@@ -409,6 +414,53 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 		return nil, etcdErr(err)
 	}
 	return &pb.ReportResponse{Committed: s.cache.committed(id)}, nil
+}
+
+// reportStopped records that a node runs no rank of the job below a
+// generation (Stopped): the leader opens a generation once every node that
+// may still run earlier ranks has said so, or is surely fenced. The node
+// speaks only for itself, with its lease now; a report of any job that
+// exists is taken (a node that ran an earlier generation need not be in
+// the current one).
+func (s *server) reportStopped(ctx context.Context, req *pb.ReportRequest, st *pb.Stopped) (*pb.ReportResponse, error) {
+	node, id := req.GetNode(), req.GetJob()
+	if node == "" || st.GetBelow() < 1 {
+		return nil, status.Error(codes.InvalidArgument, "stopped: want a node and a generation of at least 1")
+	}
+	if s.secure || req.GetLeaseId() != 0 {
+		if _, err := s.leaseHolder(ctx, node, clientv3.LeaseID(req.GetLeaseId())); err != nil {
+			return nil, err
+		}
+	}
+	// Only a job that exists gets the key, and only a larger value: a
+	// report that arrives late never undoes a newer one.
+	key := s.k.stopped(id, node)
+	for range 8 {
+		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(s.k.spec(id)), ">", 0)).
+			Then(clientv3.OpGet(key)).Commit()
+		if err != nil {
+			return nil, etcdErr(err)
+		}
+		if !resp.Succeeded {
+			return nil, status.Errorf(codes.NotFound, "no job %q", id)
+		}
+		rev := int64(0)
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
+			old := &pb.Stopped{}
+			if decode(kvs[0].Value, old) == nil && old.Below >= st.Below {
+				return &pb.ReportResponse{Committed: s.cache.committed(id)}, nil
+			}
+			rev = kvs[0].ModRevision
+		}
+		w, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(clientv3.OpPut(key, encode(st))).Commit()
+		if err != nil {
+			return nil, etcdErr(err)
+		}
+		if w.Succeeded {
+			return &pb.ReportResponse{Committed: s.cache.committed(id)}, nil
+		}
+	}
+	return nil, status.Errorf(codes.Aborted, "job %s: stopped report of %s kept conflicting", id, node)
 }
 
 // ownRanks refuses a report about ranks the reporting node does not run:

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strconv"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -28,6 +29,9 @@ import (
 //	jobs/<id>/stragglers               Stragglers of the current generation
 //	jobs/<id>/policy                   jobPolicy: the leader's timers for the job (JSON)
 //	conns/<node>                       the node's open Watch stream, leased with the node
+//	jobs/<id>/open                     the newest generation whose ranks may start (decimal)
+//	jobs/<id>/stopped/<node>           Stopped: the generation below which the node runs no rank
+//	fences/<node>                      fence: a revoked node's run and its latest deadline (JSON)
 //	holds/<node>                       the id of the unfinished job whose generation has the node:
 //	                                   written and compared in the transaction of every generation,
 //	                                   deleted in the one that ends the job (one job per node, by etcd)
@@ -58,6 +62,11 @@ func (k keys) stragglers(id string) string    { return k.job(id) + "stragglers" 
 func (k keys) policy(id string) string        { return k.job(id) + "policy" }
 func (k keys) conns() string                  { return string(k) + "conns/" }
 func (k keys) holdsAll() string               { return string(k) + "holds/" }
+func (k keys) fences() string                 { return string(k) + "fences/" }
+func (k keys) fence(node string) string       { return k.fences() + node }
+func (k keys) open(id string) string          { return k.job(id) + "open" }
+func (k keys) stoppedAll(id string) string    { return k.job(id) + "stopped/" }
+func (k keys) stopped(id, node string) string { return k.stoppedAll(id) + node }
 func (k keys) holds(node string) string       { return k.holdsAll() + node }
 func (k keys) conn(node string) string        { return k.conns() + node }
 func (k keys) nodePolicies() string           { return string(k) + "policy/nodes/" }
@@ -156,6 +165,18 @@ type jobPolicy struct {
 	// FailedSince is when a failure of the current generation was first
 	// seen: its cause is settled FailureSettle later.
 	FailedSince int64 `json:"failed_since_ms,omitempty"`
+	// GoneSince is, for each node of the current generation's stopping
+	// set, when its lease was first seen ended: its ranks count as stopped
+	// FenceMargin later.
+	GoneSince map[string]int64 `json:"gone_since_ms,omitempty"`
+}
+
+// fence is a revoked node's record: the run of its agent (gossip's
+// instance) and the latest its deadline can be, on the revoking
+// coordinator's clock, since its lease was renewed last.
+type fence struct {
+	Instance string `json:"instance"`
+	UntilMs  int64  `json:"until_ms"`
 }
 
 // nodePolicy is what the leader holds against a node, kept across its
@@ -176,8 +197,12 @@ type job struct {
 	genRev    int64
 	boot      *pb.Bootstrap // of the current generation; nil until reported
 	step      *pb.Step
-	commit    *pb.Step               // last committed step; nil before the first
-	commitRev int64                  // mod revision of the commit key; 0 when it does not exist
+	commit    *pb.Step // last committed step; nil before the first
+	commitRev int64    // mod revision of the commit key; 0 when it does not exist
+	// open is the newest generation opened (Assignment.open); stopped, by
+	// node, the generation below which the node runs no rank (Stopped).
+	open      int64
+	stopped   map[string]int64
 	backup    *pb.Step               // last committed step in the backup tier; nil if none
 	exits     map[int32]*pb.RankExit // of the current generation
 	exitOrder []int32                // ranks in the order their exits were written
@@ -191,3 +216,8 @@ type job struct {
 
 // terminal reports whether the job has ended.
 func (j *job) terminal() bool { return pb.Terminal(j.state) }
+
+// equal reports whether p and o are the same timers.
+func (p jobPolicy) equal(o jobPolicy) bool {
+	return p.PendingSince == o.PendingSince && p.EnoughSince == o.EnoughSince && p.FailedSince == o.FailedSince && maps.Equal(p.GoneSince, o.GoneSince)
+}

@@ -573,9 +573,12 @@ func CheckKeep(keep int) error {
 // Prune removes all but the newest keep committed steps under root (those
 // with a manifest), and the incomplete step directories older than the
 // oldest kept (what a crash mid-write left). Incomplete steps newer than
-// that are left alone: they may be being written. keep must pass
+// that are left alone: they may be being written. Nothing at or after
+// floor is removed either (0: no floor): the step a coordinator recorded
+// as the job's commit, which a generation that replaces this one may be
+// restoring however many steps this one has written since. keep must pass
 // CheckKeep; 0 keeps everything. It returns the steps removed.
-func Prune(ctx context.Context, root string, keep int) ([]int64, error) {
+func Prune(ctx context.Context, root string, keep int, floor int64) ([]int64, error) {
 	if err := CheckKeep(keep); err != nil {
 		return nil, fmt.Errorf("sharding: keep %d checkpoints: %w", keep, err)
 	}
@@ -599,6 +602,9 @@ func Prune(ctx context.Context, root string, keep int) ([]int64, error) {
 		return nil, nil
 	}
 	oldest := committed[max(0, len(committed)-keep)]
+	if floor > 0 {
+		oldest = min(oldest, floor)
+	}
 	var removed []int64
 	for _, step := range steps {
 		if step >= oldest {

@@ -603,7 +603,8 @@ func killedWriterChild(t *testing.T, root, at string) {
 
 // TestPrune: the newest keep committed steps stay, older ones go, and so
 // do incomplete steps older than the oldest kept; an incomplete step newer
-// than that (being written) and other entries are left alone.
+// than that (being written), the floor and every later step, and other
+// entries are left alone.
 func TestPrune(t *testing.T) {
 	p, _ := NewPartition(vecTensors(100), 2, nil)
 	uncommitted := func(root string, step int64) {
@@ -616,17 +617,21 @@ func TestPrune(t *testing.T) {
 	}
 	tests := []struct {
 		keep        int
+		floor       int64 // the commit a coordinator recorded: kept with what follows
 		wantRemoved []int64
 		wantLeft    []int64
 	}{
 		{keep: 0, wantLeft: []int64{3, 5, 6, 7, 8, 9}},
+		{keep: 2, floor: 6, wantRemoved: []int64{3, 5}, wantLeft: []int64{6, 7, 8, 9}},
+		{keep: 2, floor: 5, wantRemoved: []int64{3}, wantLeft: []int64{5, 6, 7, 8, 9}},
+		{keep: 2, floor: 8, wantRemoved: []int64{3, 5, 6}, wantLeft: []int64{7, 8, 9}},
 		{keep: 2, wantRemoved: []int64{3, 5, 6}, wantLeft: []int64{7, 8, 9}},
 		{keep: 3, wantRemoved: []int64{3, 5}, wantLeft: []int64{6, 7, 8, 9}},
 		{keep: 4, wantRemoved: []int64{3}, wantLeft: []int64{5, 6, 7, 8, 9}},
 		{keep: 9, wantRemoved: []int64{3}, wantLeft: []int64{5, 6, 7, 8, 9}},
 	}
 	for _, tc := range tests {
-		t.Run(fmt.Sprintf("keep %d", tc.keep), func(t *testing.T) {
+		t.Run(fmt.Sprintf("keep %d floor %d", tc.keep, tc.floor), func(t *testing.T) {
 			root := t.TempDir()
 			uncommitted(root, 3) // a crash's leftover
 			for _, s := range []int64{5, 6, 7, 8} {
@@ -634,7 +639,7 @@ func TestPrune(t *testing.T) {
 			}
 			uncommitted(root, 9) // being written
 			os.Mkdir(filepath.Join(root, "notes"), 0o755)
-			removed, err := Prune(t.Context(), root, tc.keep)
+			removed, err := Prune(t.Context(), root, tc.keep, tc.floor)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -653,7 +658,7 @@ func TestPrune(t *testing.T) {
 			}
 		})
 	}
-	if _, err := Prune(t.Context(), t.TempDir(), 1); err == nil {
+	if _, err := Prune(t.Context(), t.TempDir(), 1, 0); err == nil {
 		t.Error("keep 1 accepted")
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -20,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -87,6 +89,11 @@ type Config struct {
 	Gossip string
 	// Devices sets CUDA_VISIBLE_DEVICES to each rank's local index.
 	Devices bool
+	// FenceCommand is the argv of the node's fence watchdog
+	// (RunFenceWatchdog on its stdin): a process beside the agent that
+	// kills the ranks once the lease deadline passes, should the agent be
+	// frozen. Empty: the agent alone fences its ranks.
+	FenceCommand []string
 	// NativeCommand is the argv that runs one rank of a native-engine job
 	// from its environment (RunNativeRank): this binary's hidden command.
 	NativeCommand []string
@@ -192,10 +199,18 @@ type Agent struct {
 	// revision is the newest view of etcd an assignment came from: a stream
 	// opened on another coordinator starts no earlier.
 	revision int64
-	deadline time.Time     // when the lease runs out unless renewed: the ranks' right to run
-	renewed  chan struct{} // poked at every renewal, for the fence
-	pool     *gossip.Pool  // nil until the first registration
-	poolKeys [][]byte      // the pool's keys in use
+	deadline time.Time // when the lease runs out unless renewed: the ranks' right to run
+	dog      *fenceDog // the fence watchdog; nil without FenceCommand
+	// reported is the job and generation of the assignment whose Stopped
+	// report was sent last (the session goroutine's alone).
+	reported struct {
+		job string
+		gen int64
+	}
+	renewed  chan struct{}  // poked at every renewal, for the fence
+	bg       sync.WaitGroup // reports sent in the background
+	pool     *gossip.Pool   // nil until the first registration
+	poolKeys [][]byte       // the pool's keys in use
 
 	holder   *ckpt.Holder // the checkpoints this node holds; set by Run
 	ckptAddr string       // where peers and clients reach the node server
@@ -271,6 +286,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer cc.Close()
 		conns[i] = cc
 	}
+	dog, err := startFenceDog(a.cfg.FenceCommand, os.Stderr)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	a.dog = dog
+	defer func() {
+		if err := dog.stop(); err != nil {
+			a.log.Warn("fence watchdog", "err", err)
+		}
+	}()
 	run := &runner{agent: a}
 	defer run.stop()
 	// The sessions outlive ctx by the preemption: the Watch stream keeps
@@ -282,7 +307,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { ended <- a.sessions(sctx, conns, run) }()
 	fenced := make(chan struct{})
 	go func() { defer close(fenced); a.fence(sctx, run) }()
-	defer func() { stopSessions(); <-fenced }()
+	defer func() { stopSessions(); <-fenced; a.bg.Wait() }()
 	select {
 	case <-ctx.Done():
 		run.preempt(a.cfg.Grace)
@@ -381,6 +406,7 @@ func (a *Agent) sessions(ctx context.Context, conns []*grpc.ClientConn, run *run
 	failed := 0         // passes in a row in which no coordinator answered
 	answered := false   // a coordinator answered in this pass
 	faults := make([]string, len(conns))
+	down := map[string]bool{} // coordinators that took no connection in a pause since one last answered
 	for i := 0; ctx.Err() == nil; i = (i + 1) % len(conns) {
 		client := pb.NewCoordinatorClient(conns[i])
 		ok, err := a.session(ctx, client, run)
@@ -419,8 +445,11 @@ func (a *Agent) sessions(ctx context.Context, conns []*grpc.ClientConn, run *run
 			ue := &gpclient.UnreachableError{Addrs: a.cfg.Coordinators, Faults: faults}
 			a.log.Warn(ue.Error(), "retry_in", wait.Round(time.Millisecond))
 		}
+		if answered {
+			clear(down)
+		}
 		answered = false
-		a.pause(ctx, wait)
+		a.pause(ctx, wait, conns, down)
 	}
 	return nil
 }
@@ -428,13 +457,17 @@ func (a *Agent) sessions(ctx context.Context, conns []*grpc.ClientConn, run *run
 // pause waits d between two passes over the coordinators, or less: it
 // ends as soon as a coordinator that did not take a connection during the
 // pause takes one (a network cut that healed, a coordinator restarted), so
-// that a pause grown long during an outage does not outlast it.
-func (a *Agent) pause(ctx context.Context, d time.Duration) {
+// that a pause grown long during an outage does not outlast it. gRPC's
+// own reconnection backoff is then reset too: the next attempt connects at
+// once.
+//
+// down holds the coordinators seen refusing connections during this pause
+// or one before it since a coordinator last answered.
+func (a *Agent) pause(ctx context.Context, d time.Duration, conns []*grpc.ClientConn, down map[string]bool) {
 	end := time.NewTimer(d)
 	defer end.Stop()
 	tick := time.NewTicker(a.cfg.Retry)
 	defer tick.Stop()
-	down := map[string]bool{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -454,19 +487,27 @@ func (a *Agent) pause(ctx context.Context, d time.Duration) {
 			c.Close()
 			if down[addr] {
 				a.log.Info("a coordinator takes connections again: trying now", "addr", addr)
+				for _, cc := range conns {
+					cc.ResetConnectBackoff()
+				}
 				return
 			}
 		}
 	}
 }
 
-// renew moves the lease deadline to d, when it is later.
+// renew moves the lease deadline to d, when it is later, and tells the
+// fence watchdog.
 func (a *Agent) renew(d time.Time) {
 	a.mu.Lock()
-	if d.After(a.deadline) {
+	later := d.After(a.deadline)
+	if later {
 		a.deadline = d
 	}
 	a.mu.Unlock()
+	if later {
+		a.dog.deadline(d)
+	}
 	select {
 	case a.renewed <- struct{}{}:
 	default:
@@ -504,6 +545,7 @@ func (a *Agent) fence(ctx context.Context, run *runner) {
 // answered says whether the coordinator answered (registered the node or
 // opened the stream), the error why the session ended.
 func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *runner) (answered bool, err error) {
+	var clock leaseClock // this stream's coordinator's clock, mapped onto ours
 	a.mu.Lock()
 	lease := a.lease
 	a.mu.Unlock()
@@ -567,7 +609,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		answered = true
 		a.readyOnce.Do(func() { close(a.ready) })
 		if asg.LeaseTtlMs > 0 {
-			a.renew(time.Now().Add(time.Duration(asg.LeaseTtlMs) * time.Millisecond))
+			a.renew(clock.deadline(asg, time.Now()))
 		}
 		a.mu.Lock()
 		a.revision = max(a.revision, asg.Revision)
@@ -576,6 +618,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 			a.sawAssignment(asg)
 			a.setPoolKeys(asg.GossipKeys)
 			run.apply(ctx, asg)
+			a.stopped(ctx, asg)
 			a.dropHeld(asg.LiveJobs)
 			a.output.Keep(asg.LiveJobs)
 		}
@@ -645,6 +688,38 @@ func (a *Agent) dropHeld(live []string) {
 			continue
 		}
 		a.log.Info("checkpoints of an ended job removed", "job", job)
+	}
+}
+
+// stopped tells the coordinators, once apply has stopped what ran before
+// (it waits for the ranks to exit), that this node runs no rank of the
+// assigned job below the assigned generation, and none at all of the job
+// it was assigned before (Stopped): a generation opens once every node
+// that may still run earlier ranks has said so. A generation already open
+// waits for nobody. The reports are sent in the background, tried again
+// while no coordinator answers.
+func (a *Agent) stopped(ctx context.Context, asg *pb.Assignment) {
+	job, gen := asg.Job, asg.Generation.GetNumber()
+	last := a.reported
+	if last.job == job && last.gen == gen {
+		return
+	}
+	a.reported.job, a.reported.gen = job, gen
+	send := func(job string, below int64) {
+		a.bg.Add(1)
+		go func() {
+			defer a.bg.Done()
+			_, err := a.reportResp(ctx, &pb.ReportRequest{Job: job, Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: below}}})
+			if err != nil && ctx.Err() == nil {
+				a.log.Warn("reporting the ranks stopped", "job", job, "below", below, "err", err)
+			}
+		}()
+	}
+	if last.job != "" && last.job != job {
+		send(last.job, math.MaxInt64)
+	}
+	if job != "" && !asg.Open {
+		send(job, gen)
 	}
 }
 
@@ -815,6 +890,9 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 		}
 		return
 	}
+	if !asg.Open {
+		return // earlier ranks of the job may still run elsewhere: not yet
+	}
 	r.cur = proto.Clone(asg).(*pb.Assignment)
 	r.started.job, r.started.gen = asg.Job, asg.Generation.GetNumber()
 	// The ranks outlive the agent's context: when the agent is told to
@@ -832,10 +910,12 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 			r.mu.Lock()
 			r.procs[rank] = p
 			r.mu.Unlock()
+			r.agent.dog.started(p.Pid) // its own process group
 		},
 	}
 	go func(a *pb.Assignment, masters <-chan *pb.Bootstrap, done chan struct{}) {
 		defer close(done)
+		defer r.agent.dog.clear() // every rank has exited
 		r.agent.run(rctx, a, masters, hooks)
 	}(r.cur, r.masters, r.done)
 }
@@ -882,6 +962,13 @@ func (r *runner) fence() {
 	if r.cur != nil {
 		r.fenced = r.cur
 	}
+	// At once, with no grace: the lease is over, and what the ranks would
+	// still write may already be another generation's.
+	r.mu.Lock()
+	for _, p := range r.procs {
+		syscall.Kill(-p.Pid, syscall.SIGKILL)
+	}
+	r.mu.Unlock()
 	r.stopLocked()
 }
 
@@ -1075,6 +1162,7 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 			pl.Stored(r, step, stored)
 		}
 	}
+	cp.tell = pl.Committed
 	ranksDone := make(chan struct{})
 	go cp.run(ctx, ranksDone, a.cfg.Grace)
 	tctx, stopTimes := context.WithCancel(ctx)

@@ -110,6 +110,9 @@ type checkpoints struct {
 	// ack answers the local ranks that asked (progress's "acks"): the
 	// agent is done with their checkpoint of step, stored or not.
 	ack func(step int64, stored bool)
+	// tell tells the local ranks of each newer commit (they prune nothing
+	// at or after it).
+	tell func(step int64)
 
 	mu       sync.Mutex
 	written  map[int]int64    // each local rank's newest "checkpoint N"
@@ -289,6 +292,9 @@ func (c *checkpoints) committed(step int64) {
 	c.commit = step
 	c.stored = slices.DeleteFunc(c.stored, func(x *pb.StoredStep) bool { return x.Step <= step })
 	c.mu.Unlock()
+	if c.tell != nil {
+		c.tell(step)
+	}
 	spec := c.asg.Spec
 	keep := int(spec.GetKeepCheckpoints())
 	if keep == 0 {

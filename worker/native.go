@@ -118,12 +118,16 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 	defer prog.Close()
 	cfg.Checkpointed = func(steps int) { prog.Checkpoint(int64(steps)) }
+	// The agent answers each checkpoint once stored, and tells of each
+	// commit: a rank prunes nothing at or after the last it heard of (a
+	// rank cut off from its coordinators hears of none).
+	if err := prog.Acks(); err != nil {
+		return err
+	}
+	prog.SetCommitted(asg.Generation.GetResumeStep())
+	cfg.Committed = prog.Committed
 	if cfg.LocalCheckpoints {
-		// The agent answers each checkpoint once stored: a rank trains at
-		// most one step past the last stored one.
-		if err := prog.Acks(); err != nil {
-			return err
-		}
+		// A rank trains at most one step past the last stored one.
 		cfg.WaitStored = func(ctx context.Context, steps int) error { return prog.WaitStored(ctx, int64(steps)) }
 		// While it waits the rank says it is alive, well within the job's
 		// own hang timeout.

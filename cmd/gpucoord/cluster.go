@@ -27,7 +27,7 @@ import (
 )
 
 func init() {
-	subcommands = append(subcommands, newCoordinatorCmd, newWorkerCmd, newRankCmd, newVersionCmd)
+	subcommands = append(subcommands, newCoordinatorCmd, newWorkerCmd, newRankCmd, newFenceCmd, newVersionCmd)
 }
 
 // version is the build version: set with -ldflags "-X main.version=...",
@@ -267,6 +267,7 @@ On loopback without either, the service is plaintext.`,
 	fl.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus metrics on HOST:PORT, at http://HOST:PORT/metrics (e.g. 127.0.0.1:9400)")
 	fl.IntVar(&cfg.KeepJobs, "keep-jobs", cfg.KeepJobs, "ended jobs kept in etcd for status; older ones are deleted")
 	fl.DurationVar(&cfg.StableFor, "stable-for", cfg.StableFor, "how long a node must stay registered before a running job takes it in (doubled per strike)")
+	fl.DurationVar(&cfg.FenceMargin, "fence-margin", cfg.FenceMargin, "how long after a lost node's lease has ended its ranks count as stopped, before the job's next generation starts (covers its agent's clock and the kill)")
 	fl.DurationVar(&cfg.Etcd.DialTimeout, "etcd-dial-timeout", cfg.Etcd.DialTimeout, "how long to wait for etcd to answer at start")
 	fl.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "a node's lease: how long a silent node stays in the pool")
 	fl.DurationVar(&cfg.ElectionTTL, "election-ttl", cfg.ElectionTTL, "the leader's session: how soon a standby takes over")
@@ -346,7 +347,7 @@ names (a build without the race detector under a race-enabled agent).`,
 			if err != nil {
 				return err
 			}
-			cfg.NativeCommand = []string{exe, rankCmd}
+			cfg.NativeCommand, cfg.FenceCommand = []string{exe, rankCmd}, []string{exe, fenceCmd}
 			cfg.Output, cfg.Version = c.OutOrStdout(), buildVersion()
 			a, err := worker.New(cfg)
 			if err != nil {
@@ -418,6 +419,22 @@ func newRankCmd() *cobra.Command {
 				return &exitError{code: worker.ExitPreempted, err: err}
 			}
 			return err
+		},
+	}
+}
+
+// fenceCmd is the hidden command an agent starts as its fence watchdog.
+const fenceCmd = "fence"
+
+func newFenceCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:    fenceCmd,
+		Short:  "The fence watchdog beside a worker agent: kills its ranks when the lease deadline passes (not for direct use)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			// Only the agent ends it: by closing its stdin, or by dying.
+			return worker.RunFenceWatchdog(context.Background(), c.InOrStdin(), c.ErrOrStderr())
 		},
 	}
 }

@@ -596,7 +596,8 @@ func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, logs 
 		wc.Coordinators, wc.Name, wc.Host, wc.GPUs = []string{co.Addr()}, fmt.Sprintf("node%d", n), "127.0.0.1", gpus
 		// launch shows the ranks' output as it does a cluster's: read from
 		// the agents, in order after its own lines.
-		wc.NativeCommand, wc.WorkDir, wc.Output, wc.Logger, wc.Version = []string{exe, rankCmd}, tmp+"/work", io.Discard, log, buildVersion()
+		wc.NativeCommand, wc.FenceCommand = []string{exe, rankCmd}, []string{exe, fenceCmd}
+		wc.WorkDir, wc.Output, wc.Logger, wc.Version = tmp+"/work", io.Discard, log, buildVersion()
 		wc.CheckpointRoot = held
 		// The agents run as launch's user, for launch alone: the ranks
 		// inherit its environment, as torchrun's do, but gpucoord's own

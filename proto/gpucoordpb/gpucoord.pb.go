@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29, 0}
 }
 
 // Node is one machine in the pool.
@@ -924,7 +924,14 @@ type Generation struct {
 	Hangs int32 `protobuf:"varint,10,opt,name=hangs,proto3" json:"hangs,omitempty"`
 	// output is what the rank whose failure made this generation last
 	// printed: a traceback's tail, or a hung rank's stacks.
-	Output        string `protobuf:"bytes,11,opt,name=output,proto3" json:"output,omitempty"`
+	Output string `protobuf:"bytes,11,opt,name=output,proto3" json:"output,omitempty"`
+	// stopping are the nodes whose ranks of an earlier generation may still
+	// run (the previous generation's members, or, when that generation
+	// never opened, its own stopping nodes): the generation opens
+	// (Assignment.open) once each has reported them stopped (Stopped), has
+	// registered again as another run, or lost its lease long enough ago
+	// that its own deadline, and the fence margin, have passed.
+	Stopping      []*Member `protobuf:"bytes,12,rep,name=stopping,proto3" json:"stopping,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1036,6 +1043,13 @@ func (x *Generation) GetOutput() string {
 	return ""
 }
 
+func (x *Generation) GetStopping() []*Member {
+	if x != nil {
+		return x.Stopping
+	}
+	return nil
+}
+
 // Copies says which nodes hold the files one node's ranks wrote for a
 // step: the writer itself first, then its replicas.
 type Copies struct {
@@ -1128,10 +1142,14 @@ type Assignment struct {
 	// the job has no shared checkpoint directory or one node.
 	Probe string `protobuf:"bytes,5,opt,name=probe,proto3" json:"probe,omitempty"`
 	// lease_ttl_ms, when set, says the coordinator has just renewed the
-	// node's lease for this long: the agent's deadline to stop its ranks is
-	// the time it received this plus lease_ttl_ms. The stream repeats the
-	// assignment with it at every renewal.
-	LeaseTtlMs int64 `protobuf:"varint,6,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	// node's lease for this long, at sent_unix_nanos on its clock: the
+	// agent's deadline to stop its ranks is that time, on the agent's clock,
+	// plus lease_ttl_ms (the agent maps the coordinator's clock onto its own
+	// by the smallest difference it has seen on the stream, so that a
+	// renewal read late, after a pause, counts from when it was sent). The
+	// stream repeats the assignment with it at every renewal.
+	LeaseTtlMs    int64 `protobuf:"varint,6,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	SentUnixNanos int64 `protobuf:"varint,13,opt,name=sent_unix_nanos,json=sentUnixNanos,proto3" json:"sent_unix_nanos,omitempty"`
 	// revision is the etcd revision of the coordinator's view this
 	// assignment was read from.
 	Revision int64 `protobuf:"varint,7,opt,name=revision,proto3" json:"revision,omitempty"`
@@ -1147,7 +1165,11 @@ type Assignment struct {
 	// checkpoints it holds of these (a paused job resumes from them, a job
 	// that went on without the node may still gather from it) and removes
 	// those of any other.
-	LiveJobs      []string `protobuf:"bytes,11,rep,name=live_jobs,json=liveJobs,proto3" json:"live_jobs,omitempty"`
+	LiveJobs []string `protobuf:"bytes,11,rep,name=live_jobs,json=liveJobs,proto3" json:"live_jobs,omitempty"`
+	// open says the generation's ranks may start: every rank of an earlier
+	// generation of the job is stopped (Generation.stopping). Until then the
+	// node only stops what it ran before.
+	Open          bool `protobuf:"varint,12,opt,name=open,proto3" json:"open,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1224,6 +1246,13 @@ func (x *Assignment) GetLeaseTtlMs() int64 {
 	return 0
 }
 
+func (x *Assignment) GetSentUnixNanos() int64 {
+	if x != nil {
+		return x.SentUnixNanos
+	}
+	return 0
+}
+
 func (x *Assignment) GetRevision() int64 {
 	if x != nil {
 		return x.Revision
@@ -1257,6 +1286,13 @@ func (x *Assignment) GetLiveJobs() []string {
 		return x.LiveJobs
 	}
 	return nil
+}
+
+func (x *Assignment) GetOpen() bool {
+	if x != nil {
+		return x.Open
+	}
+	return false
 }
 
 // Bootstrap is rank 0's node's report that the generation can start: the
@@ -2076,6 +2112,7 @@ type ReportRequest struct {
 	//	*ReportRequest_Exit
 	//	*ReportRequest_Times
 	//	*ReportRequest_Stored
+	//	*ReportRequest_Stopped
 	Kind          isReportRequest_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2191,6 +2228,15 @@ func (x *ReportRequest) GetStored() *Stored {
 	return nil
 }
 
+func (x *ReportRequest) GetStopped() *Stopped {
+	if x != nil {
+		if x, ok := x.Kind.(*ReportRequest_Stopped); ok {
+			return x.Stopped
+		}
+	}
+	return nil
+}
+
 type isReportRequest_Kind interface {
 	isReportRequest_Kind()
 }
@@ -2215,6 +2261,10 @@ type ReportRequest_Stored struct {
 	Stored *Stored `protobuf:"bytes,8,opt,name=stored,proto3,oneof"`
 }
 
+type ReportRequest_Stopped struct {
+	Stopped *Stopped `protobuf:"bytes,10,opt,name=stopped,proto3,oneof"`
+}
+
 func (*ReportRequest_Bootstrap) isReportRequest_Kind() {}
 
 func (*ReportRequest_Step) isReportRequest_Kind() {}
@@ -2224,6 +2274,56 @@ func (*ReportRequest_Exit) isReportRequest_Kind() {}
 func (*ReportRequest_Times) isReportRequest_Kind() {}
 
 func (*ReportRequest_Stored) isReportRequest_Kind() {}
+
+func (*ReportRequest_Stopped) isReportRequest_Kind() {}
+
+// Stopped says the reporting node runs no rank of the job of a generation
+// below `below`, and will never start one: its ranks of earlier
+// generations have exited. below is the generation of the node's
+// assignment for the job, or the largest int64 once the node has none.
+type Stopped struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Below         int64                  `protobuf:"varint,1,opt,name=below,proto3" json:"below,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Stopped) Reset() {
+	*x = Stopped{}
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Stopped) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Stopped) ProtoMessage() {}
+
+func (x *Stopped) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Stopped.ProtoReflect.Descriptor instead.
+func (*Stopped) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *Stopped) GetBelow() int64 {
+	if x != nil {
+		return x.Below
+	}
+	return 0
+}
 
 type ReportResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2236,7 +2336,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2248,7 +2348,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2261,7 +2361,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReportResponse) GetCommitted() int64 {
@@ -2281,7 +2381,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2293,7 +2393,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2306,7 +2406,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -2331,7 +2431,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2343,7 +2443,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2356,7 +2456,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
 }
 
 type SubmitRequest struct {
@@ -2368,7 +2468,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +2480,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +2493,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -2411,7 +2511,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2423,7 +2523,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2436,7 +2536,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
 }
 
 // JobState is where a job stands.
@@ -2462,7 +2562,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2474,7 +2574,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2487,7 +2587,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -2559,7 +2659,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2571,7 +2671,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2584,7 +2684,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -2622,7 +2722,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2634,7 +2734,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2647,7 +2747,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -2695,7 +2795,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2707,7 +2807,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2720,7 +2820,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -2748,7 +2848,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2760,7 +2860,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2773,7 +2873,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CancelResponse) GetState() *JobState {
@@ -2791,7 +2891,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2803,7 +2903,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2816,7 +2916,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
 }
 
 type NodeStatus struct {
@@ -2830,7 +2930,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2842,7 +2942,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2855,7 +2955,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -2890,7 +2990,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2902,7 +3002,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2915,7 +3015,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -2983,7 +3083,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3095,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3108,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -3051,7 +3151,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3063,7 +3163,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3076,7 +3176,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -3117,7 +3217,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3129,7 +3229,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3142,7 +3242,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -3184,7 +3284,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3196,7 +3296,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3209,7 +3309,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -3239,7 +3339,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3251,7 +3351,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3264,7 +3364,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -3299,7 +3399,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3311,7 +3411,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3324,7 +3424,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -3356,7 +3456,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3368,7 +3468,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3381,7 +3481,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -3427,7 +3527,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3439,7 +3539,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3452,7 +3552,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
 }
 
 type ListTokensResponse struct {
@@ -3464,7 +3564,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3476,7 +3576,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3489,7 +3589,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3508,7 +3608,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3520,7 +3620,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3533,7 +3633,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -3551,7 +3651,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3563,7 +3663,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3576,7 +3676,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
 }
 
 type GossipKeysRequest struct {
@@ -3591,7 +3691,7 @@ type GossipKeysRequest struct {
 
 func (x *GossipKeysRequest) Reset() {
 	*x = GossipKeysRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3603,7 +3703,7 @@ func (x *GossipKeysRequest) String() string {
 func (*GossipKeysRequest) ProtoMessage() {}
 
 func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3616,7 +3716,7 @@ func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeysRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GossipKeysRequest) GetAction() string {
@@ -3637,7 +3737,7 @@ type GossipKeysResponse struct {
 
 func (x *GossipKeysResponse) Reset() {
 	*x = GossipKeysResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3649,7 +3749,7 @@ func (x *GossipKeysResponse) String() string {
 func (*GossipKeysResponse) ProtoMessage() {}
 
 func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3662,7 +3762,7 @@ func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeysResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GossipKeysResponse) GetFingerprints() []string {
@@ -3753,7 +3853,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x05ranks\x18\x04 \x01(\x05R\x05ranks\x12\x1a\n" +
 	"\binstance\x18\x05 \x01(\tR\binstance\x12'\n" +
 	"\x0fcheckpoint_addr\x18\x06 \x01(\tR\x0echeckpointAddr\x12\x16\n" +
-	"\x06domain\x18\a \x01(\tR\x06domain\"\xc8\x02\n" +
+	"\x06domain\x18\a \x01(\tR\x06domain\"\xf9\x02\n" +
 	"\n" +
 	"Generation\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
@@ -3771,12 +3871,13 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"fromBackup\x12\x14\n" +
 	"\x05hangs\x18\n" +
 	" \x01(\x05R\x05hangs\x12\x16\n" +
-	"\x06output\x18\v \x01(\tR\x06output\"j\n" +
+	"\x06output\x18\v \x01(\tR\x06output\x12/\n" +
+	"\bstopping\x18\f \x03(\v2\x13.gpucoord.v1.MemberR\bstopping\"j\n" +
 	"\x06Copies\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aholders\x18\x02 \x03(\tR\aholders\x12\x14\n" +
 	"\x05addrs\x18\x03 \x03(\tR\x05addrs\x12\x1c\n" +
-	"\tinstances\x18\x04 \x03(\tR\tinstances\"\xe8\x02\n" +
+	"\tinstances\x18\x04 \x03(\tR\tinstances\"\xa4\x03\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -3787,14 +3888,16 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x06master\x18\x04 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x05 \x01(\tR\x05probe\x12 \n" +
 	"\flease_ttl_ms\x18\x06 \x01(\x03R\n" +
-	"leaseTtlMs\x12\x1a\n" +
+	"leaseTtlMs\x12&\n" +
+	"\x0fsent_unix_nanos\x18\r \x01(\x03R\rsentUnixNanos\x12\x1a\n" +
 	"\brevision\x18\a \x01(\x03R\brevision\x12\x18\n" +
 	"\arenewal\x18\b \x01(\bR\arenewal\x12!\n" +
 	"\fstore_secret\x18\t \x01(\fR\vstoreSecret\x12\x1f\n" +
 	"\vgossip_keys\x18\n" +
 	" \x03(\fR\n" +
 	"gossipKeys\x12\x1b\n" +
-	"\tlive_jobs\x18\v \x03(\tR\bliveJobs\"\\\n" +
+	"\tlive_jobs\x18\v \x03(\tR\bliveJobs\x12\x12\n" +
+	"\x04open\x18\f \x01(\bR\x04open\"\\\n" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x02 \x01(\tR\x05probe\x12!\n" +
@@ -3862,7 +3965,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +
 	"generation\x12,\n" +
-	"\x05ranks\x18\x02 \x03(\v2\x16.gpucoord.v1.StragglerR\x05ranks\"\xe5\x02\n" +
+	"\x05ranks\x18\x02 \x03(\v2\x16.gpucoord.v1.StragglerR\x05ranks\"\x97\x03\n" +
 	"\rReportRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -3874,8 +3977,12 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x04step\x18\x05 \x01(\v2\x11.gpucoord.v1.StepH\x00R\x04step\x12+\n" +
 	"\x04exit\x18\x06 \x01(\v2\x15.gpucoord.v1.RankExitH\x00R\x04exit\x12.\n" +
 	"\x05times\x18\a \x01(\v2\x16.gpucoord.v1.RankTimesH\x00R\x05times\x12-\n" +
-	"\x06stored\x18\b \x01(\v2\x13.gpucoord.v1.StoredH\x00R\x06storedB\x06\n" +
-	"\x04kind\".\n" +
+	"\x06stored\x18\b \x01(\v2\x13.gpucoord.v1.StoredH\x00R\x06stored\x120\n" +
+	"\astopped\x18\n" +
+	" \x01(\v2\x14.gpucoord.v1.StoppedH\x00R\astoppedB\x06\n" +
+	"\x04kind\"\x1f\n" +
+	"\aStopped\x12\x14\n" +
+	"\x05below\x18\x01 \x01(\x03R\x05below\".\n" +
 	"\x0eReportResponse\x12\x1c\n" +
 	"\tcommitted\x18\x01 \x01(\x03R\tcommitted\"=\n" +
 	"\fLeaveRequest\x12\x12\n" +
@@ -4011,7 +4118,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),                // 1: gpucoord.v1.Node
@@ -4037,105 +4144,108 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*Straggler)(nil),           // 21: gpucoord.v1.Straggler
 	(*Stragglers)(nil),          // 22: gpucoord.v1.Stragglers
 	(*ReportRequest)(nil),       // 23: gpucoord.v1.ReportRequest
-	(*ReportResponse)(nil),      // 24: gpucoord.v1.ReportResponse
-	(*LeaveRequest)(nil),        // 25: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),       // 26: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),       // 27: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),      // 28: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),            // 29: gpucoord.v1.JobState
-	(*FollowRequest)(nil),       // 30: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),            // 31: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),       // 32: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),      // 33: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),       // 34: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),          // 35: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),           // 36: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),        // 37: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),      // 38: gpucoord.v1.StatusResponse
-	(*JoinRequest)(nil),         // 39: gpucoord.v1.JoinRequest
-	(*JoinResponse)(nil),        // 40: gpucoord.v1.JoinResponse
-	(*CreateTokenRequest)(nil),  // 41: gpucoord.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil), // 42: gpucoord.v1.CreateTokenResponse
-	(*TokenInfo)(nil),           // 43: gpucoord.v1.TokenInfo
-	(*ListTokensRequest)(nil),   // 44: gpucoord.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),  // 45: gpucoord.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),  // 46: gpucoord.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil), // 47: gpucoord.v1.RevokeTokenResponse
-	(*GossipKeysRequest)(nil),   // 48: gpucoord.v1.GossipKeysRequest
-	(*GossipKeysResponse)(nil),  // 49: gpucoord.v1.GossipKeysResponse
-	nil,                         // 50: gpucoord.v1.JobSpec.EnvEntry
-	nil,                         // 51: gpucoord.v1.TimesBatch.NodesEntry
+	(*Stopped)(nil),             // 24: gpucoord.v1.Stopped
+	(*ReportResponse)(nil),      // 25: gpucoord.v1.ReportResponse
+	(*LeaveRequest)(nil),        // 26: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),       // 27: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),       // 28: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),      // 29: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),            // 30: gpucoord.v1.JobState
+	(*FollowRequest)(nil),       // 31: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),            // 32: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),       // 33: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),      // 34: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),       // 35: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),          // 36: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),           // 37: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),        // 38: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),      // 39: gpucoord.v1.StatusResponse
+	(*JoinRequest)(nil),         // 40: gpucoord.v1.JoinRequest
+	(*JoinResponse)(nil),        // 41: gpucoord.v1.JoinResponse
+	(*CreateTokenRequest)(nil),  // 42: gpucoord.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil), // 43: gpucoord.v1.CreateTokenResponse
+	(*TokenInfo)(nil),           // 44: gpucoord.v1.TokenInfo
+	(*ListTokensRequest)(nil),   // 45: gpucoord.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),  // 46: gpucoord.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),  // 47: gpucoord.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil), // 48: gpucoord.v1.RevokeTokenResponse
+	(*GossipKeysRequest)(nil),   // 49: gpucoord.v1.GossipKeysRequest
+	(*GossipKeysResponse)(nil),  // 50: gpucoord.v1.GossipKeysResponse
+	nil,                         // 51: gpucoord.v1.JobSpec.EnvEntry
+	nil,                         // 52: gpucoord.v1.TimesBatch.NodesEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	50, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	51, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
 	7,  // 3: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
 	9,  // 4: gpucoord.v1.Generation.checkpoint:type_name -> gpucoord.v1.Copies
-	6,  // 5: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
-	8,  // 6: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
-	9,  // 7: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
-	14, // 8: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
-	16, // 9: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
-	20, // 10: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
-	17, // 11: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
-	51, // 12: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
-	21, // 13: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
-	11, // 14: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
-	12, // 15: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
-	15, // 16: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
-	17, // 17: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
-	13, // 18: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
-	6,  // 19: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 20: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	29, // 21: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	8,  // 22: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	12, // 23: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	12, // 24: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
-	29, // 25: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 26: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	6,  // 27: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	29, // 28: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	8,  // 29: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	12, // 30: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	37, // 31: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	21, // 32: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	35, // 33: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	36, // 34: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	43, // 35: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	43, // 36: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	18, // 37: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
-	39, // 38: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	41, // 39: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	44, // 40: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	46, // 41: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	48, // 42: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 43: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 44: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	23, // 45: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	25, // 46: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	27, // 47: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	30, // 48: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	32, // 49: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	34, // 50: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	40, // 51: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	42, // 52: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	45, // 53: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	47, // 54: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	49, // 55: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 56: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	10, // 57: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	24, // 58: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	26, // 59: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	28, // 60: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	31, // 61: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	33, // 62: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	38, // 63: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	51, // [51:64] is the sub-list for method output_type
-	38, // [38:51] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	7,  // 5: gpucoord.v1.Generation.stopping:type_name -> gpucoord.v1.Member
+	6,  // 6: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
+	8,  // 7: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
+	9,  // 8: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
+	14, // 9: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
+	16, // 10: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
+	20, // 11: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
+	17, // 12: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
+	52, // 13: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
+	21, // 14: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
+	11, // 15: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
+	12, // 16: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
+	15, // 17: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
+	17, // 18: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
+	13, // 19: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
+	24, // 20: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
+	6,  // 21: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 22: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	30, // 23: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	8,  // 24: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	12, // 25: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	12, // 26: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
+	30, // 27: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 28: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	6,  // 29: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	30, // 30: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	8,  // 31: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	12, // 32: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	38, // 33: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	21, // 34: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	36, // 35: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	37, // 36: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	44, // 37: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	44, // 38: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	18, // 39: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
+	40, // 40: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	42, // 41: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	45, // 42: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	47, // 43: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	49, // 44: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 45: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 46: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	23, // 47: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	26, // 48: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	28, // 49: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	31, // 50: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	33, // 51: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	35, // 52: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	41, // 53: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	43, // 54: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	46, // 55: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	48, // 56: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	50, // 57: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 58: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	10, // 59: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	25, // 60: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	27, // 61: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	29, // 62: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	32, // 63: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	34, // 64: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	39, // 65: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	53, // [53:66] is the sub-list for method output_type
+	40, // [40:53] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -4149,6 +4259,7 @@ func file_proto_gpucoord_proto_init() {
 		(*ReportRequest_Exit)(nil),
 		(*ReportRequest_Times)(nil),
 		(*ReportRequest_Stored)(nil),
+		(*ReportRequest_Stopped)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -4156,7 +4267,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   51,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -67,7 +67,11 @@ func (r *Rank) Checkpoint(ctx context.Context, root string, steps int) error {
 			if err := sharding.Commit(ctx, croot, int64(steps), cs.part, infos); err != nil {
 				return fmt.Errorf("engine: checkpoint of step %d: %w", steps, err)
 			}
-			if _, err := sharding.Prune(ctx, croot, r.cfg.KeepCheckpoints); err != nil {
+			var floor int64
+			if r.cfg.Committed != nil {
+				floor = max(r.cfg.Committed(), 1) // at least the start: never a step a commit may name
+			}
+			if _, err := sharding.Prune(ctx, croot, r.cfg.KeepCheckpoints, floor); err != nil {
 				return fmt.Errorf("engine: checkpoint of step %d: %w", steps, err)
 			}
 		}

@@ -72,6 +72,11 @@ type Config struct {
 	// CheckpointDir: after each commit older ones are removed
 	// (sharding.Prune). 0 keeps every one; otherwise at least 2.
 	KeepCheckpoints int
+	// Committed, when set, is the job's newest commit as the rank has
+	// heard of it: pruning keeps it and every later step (see
+	// sharding.Prune's floor). Nil: no floor (a run without a
+	// coordinator).
+	Committed func() int64
 	// Generation, when above 0, fences the checkpoints: world rank 0 raises
 	// CheckpointDir's fence to it before the first step, and every
 	// checkpoint write first checks that no later generation has started

@@ -18,7 +18,11 @@
 // that a failure loses at most the step in flight; while it waits it
 // says "heartbeat" (Writer.WaitStored), so that a slow replication is not
 // taken for a hung rank. The agent gives each replica a deadline, so the
-// answer comes.
+// answer comes. Such a connection also gets "committed N" whenever the
+// agent hears of a newer commit of the job: a rank that prunes its own
+// checkpoints keeps step N and every later one (a rank cut off from its
+// coordinators hears of none, so it never removes what a generation that
+// replaces it may restore).
 //
 // A line is at most MaxLine bytes. A rank may connect any number of times
 // (a forked helper, a reconnect after a crash of the agent's reader); a
@@ -45,6 +49,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -194,6 +199,24 @@ func (l *Listener) Stored(rank int, step int64, ok bool) {
 	}
 }
 
+// Committed tells every connection that asked for answers that step is the
+// job's last commit.
+func (l *Listener) Committed(step int64) {
+	line := []byte(fmt.Sprintf("committed %d\n", step))
+	l.mu.Lock()
+	var cs []net.Conn
+	for c, r := range l.conns {
+		if r >= 0 {
+			cs = append(cs, c)
+		}
+	}
+	l.mu.Unlock()
+	for _, c := range cs {
+		c.SetWriteDeadline(time.Now().Add(ackTimeout))
+		c.Write(line)
+	}
+}
+
 // Listen makes a private directory under parent (the system's temporary
 // directory when empty: a socket path must be short) with a socket for each
 // rank, and serves them until Close.
@@ -320,10 +343,11 @@ type Writer struct {
 	c  net.Conn
 
 	// The answers read, once Acks has started reading them.
-	amu    sync.Mutex
-	acked  int64         // the newest step answered
-	answer chan struct{} // closed and replaced at each answer
-	gone   bool          // the connection ended
+	amu       sync.Mutex
+	acked     int64         // the newest step answered
+	committed atomic.Int64  // the job's newest commit heard of
+	answer    chan struct{} // closed and replaced at each answer
+	gone      bool          // the connection ended
 }
 
 // Dial connects to the socket GPUCOORD_PROGRESS names; a Writer that does
@@ -357,11 +381,16 @@ func (w *Writer) readAnswers() {
 	r := bufio.NewScanner(w.c)
 	for r.Scan() {
 		f := strings.Fields(r.Text())
-		if len(f) != 2 || f[0] != "stored" && f[0] != "failed" {
+		if len(f) != 2 || f[0] != "stored" && f[0] != "failed" && f[0] != "committed" {
 			continue
 		}
 		n, err := strconv.ParseInt(f[1], 10, 64)
 		if err != nil {
+			continue
+		}
+		if f[0] == "committed" {
+			for old := w.committed.Load(); n > old && !w.committed.CompareAndSwap(old, n); old = w.committed.Load() {
+			}
 			continue
 		}
 		w.amu.Lock()
@@ -424,6 +453,17 @@ func (w *Writer) Step(n int64, values ...KV) error {
 		fmt.Fprintf(&b, " %s=%s", kv.Key, strconv.FormatFloat(kv.Value, 'g', -1, 64))
 	}
 	return w.line(b.String())
+}
+
+// Committed is the job's newest commit the agent has told of (after
+// Acks), or since when the rank's generation resumed (SetCommitted).
+func (w *Writer) Committed() int64 { return w.committed.Load() }
+
+// SetCommitted sets what Committed says before the agent has told of a
+// commit: the step the rank's generation resumed after.
+func (w *Writer) SetCommitted(step int64) {
+	for old := w.committed.Load(); step > old && !w.committed.CompareAndSwap(old, step); old = w.committed.Load() {
+	}
 }
 
 // Checkpoint says the rank has written its files of step n.

@@ -258,3 +258,45 @@ func TestWaitStoredHeartbeats(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCommitted: a connection that asked for answers hears of every newer
+// commit; an older one, or the generation's own start, never lowers it.
+func TestCommitted(t *testing.T) {
+	checkpoints := make(chan int64, 1)
+	l, err := Listen(t.TempDir(), []int{0}, nil, func(rank int, e Event, _ time.Time) {
+		if e.Kind == Checkpoint {
+			checkpoints <- e.Step
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	t.Setenv(EnvPath, l.Path(0))
+	w, err := Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Acks(); err != nil {
+		t.Fatal(err)
+	}
+	w.SetCommitted(4) // the generation resumed after step 4
+	// The agent reads "acks" before the checkpoint line on the same
+	// connection: once it has the checkpoint, it answers this connection.
+	w.Checkpoint(5)
+	<-checkpoints
+	l.Committed(7)
+	l.Committed(6)
+	l.Stored(0, 5, true)
+	if err := w.WaitStored(t.Context(), 5); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.Committed(); got != 7 {
+		t.Errorf("committed = %d, want 7 (the newest heard of)", got)
+	}
+	w.SetCommitted(5)
+	if got := w.Committed(); got != 7 {
+		t.Errorf("committed = %d after SetCommitted(5), want 7", got)
+	}
+}

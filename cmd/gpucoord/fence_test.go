@@ -1,0 +1,268 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpucoord/gpucoord/internal/testcluster"
+)
+
+// Fencing: a node lost by silence (cut off, or its agent frozen) may run
+// its ranks until its lease ends on its own clock; no generation of the
+// job opens before, so no two generations' ranks of a job are ever alive
+// at once. These tests watch every rank process of the machine (the hosts
+// of the cluster in a box share its process table) and measure how long
+// ranks of two generations of the job were alive together: zero.
+
+// overlapWatch samples, every period, the generation of every live rank
+// process of one job (its environment's TORCHELASTIC_RUN_ID and
+// GPUCOORD_GENERATION), and keeps the longest run of samples that saw
+// two generations alive at once.
+type overlapWatch struct {
+	job  string
+	stop chan struct{}
+	done chan struct{}
+
+	mu      sync.Mutex
+	samples int
+	gens    map[int64]bool // every generation seen alive
+	worst   time.Duration  // longest span with two generations alive
+	since   time.Time      // start of the current span; zero outside one
+	seen    string         // the generations of the worst span's first sample
+}
+
+const overlapPeriod = 20 * time.Millisecond
+
+func watchOverlap(t *testing.T, job string) *overlapWatch {
+	t.Helper()
+	o := &overlapWatch{job: job, stop: make(chan struct{}), done: make(chan struct{}), gens: map[int64]bool{}}
+	go o.run()
+	t.Cleanup(o.end)
+	return o
+}
+
+func (o *overlapWatch) run() {
+	defer close(o.done)
+	tick := time.NewTicker(overlapPeriod)
+	defer tick.Stop()
+	for {
+		select {
+		case <-o.stop:
+			return
+		case <-tick.C:
+		}
+		alive := rankGenerations(o.job)
+		now := time.Now()
+		o.mu.Lock()
+		o.samples++
+		for g := range alive {
+			o.gens[g] = true
+		}
+		if len(alive) > 1 {
+			if o.since.IsZero() {
+				o.since = now
+			}
+			if d := now.Sub(o.since) + overlapPeriod; d > o.worst {
+				o.worst, o.seen = d, fmt.Sprint(slices.Sorted(maps.Keys(alive)))
+			}
+		} else {
+			o.since = time.Time{}
+		}
+		o.mu.Unlock()
+	}
+}
+
+func (o *overlapWatch) end() {
+	select {
+	case <-o.stop:
+	default:
+		close(o.stop)
+	}
+	<-o.done
+}
+
+// result stops the watch and returns the longest overlap, the generations
+// seen alive and the number of samples.
+func (o *overlapWatch) result() (time.Duration, []int64, int, string) {
+	o.end()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.worst, slices.Sorted(maps.Keys(o.gens)), o.samples, o.seen
+}
+
+// rankGenerations reads /proc: the generations of job's live rank
+// processes.
+func rankGenerations(job string) map[int64]bool {
+	out := map[int64]bool{}
+	ents, _ := os.ReadDir("/proc")
+	want := []byte("TORCHELASTIC_RUN_ID=" + job + "\x00")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(env, want) {
+			continue
+		}
+		for _, kv := range bytes.Split(env, []byte{0}) {
+			if v, ok := bytes.CutPrefix(kv, []byte("GPUCOORD_GENERATION=")); ok {
+				if g, err := strconv.ParseInt(string(v), 10, 64); err == nil {
+					out[g] = true
+				}
+			}
+		}
+	}
+	return out
+}
+
+// checkNoOverlap fails the test when ranks of two generations were seen
+// alive at once, and when fewer than two generations ran at all.
+func checkNoOverlap(t *testing.T, o *overlapWatch) {
+	t.Helper()
+	worst, gens, samples, seen := o.result()
+	t.Logf("overlap of two generations' ranks: %s (%d samples every %s; generations alive: %v)", worst, samples, overlapPeriod, gens)
+	if worst > 0 {
+		t.Errorf("ranks of generations %s were alive at once for %s", seen, worst)
+	}
+	if len(gens) < 2 {
+		t.Errorf("generations %v ran: want the job's first and the one after the fault", gens)
+	}
+}
+
+// TestClusterPartitionFenced: a job's host is cut off (iptables DROP) at a
+// random step; the job goes on on a spare; the cut-off host's ranks stop
+// before the next generation's start, with the checkpoints in a shared
+// directory (a 1-node job, as the issue that found two generations at once
+// ran it) and held by the agents (2 nodes, a spare). Once the cut heals,
+// the agent registers again at once, though its pause between attempts
+// grew during the cut.
+func TestClusterPartitionFenced(t *testing.T) {
+	t.Run("shared checkpoints", func(t *testing.T) { partitionFenced(t, false, 5+rand.IntN(30)) })
+	t.Run("held checkpoints", func(t *testing.T) { partitionFenced(t, true, 5+rand.IntN(30)) })
+}
+
+// TestClusterPartitionStress is TestClusterPartitionFenced at 20 random
+// steps each (make stress).
+func TestClusterPartitionStress(t *testing.T) {
+	if os.Getenv("GPUCOORD_STRESS") == "" {
+		t.Skip("set GPUCOORD_STRESS=1 (make stress) to run the 20 cuts of each kind")
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range 40 {
+		held, at := i%2 == 1, 2+rng.IntN(50)
+		t.Run(fmt.Sprintf("held-%v-at-%d", held, at), func(t *testing.T) { partitionFenced(t, held, at) })
+	}
+}
+
+func partitionFenced(t *testing.T, held bool, at int) {
+	const steps = 60
+	hosts, nodes := 3, 1
+	if held {
+		hosts, nodes = 4, 2
+	}
+	b := newBoxCluster(t, testcluster.Config{Hosts: hosts, Shared: !held})
+	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	b.coordinator(t, b.Host(1), b.local)
+	var workers []*proc
+	for _, h := range b.Hosts()[1:] {
+		workers = append(workers, b.worker(t, h, 2))
+	}
+	job := fmt.Sprintf("fence-%v-%d", held, at)
+	args := []string{"launch", "--coordinator", b.local, "--job-id", job, "--nodes", strconv.Itoa(nodes), "--gpus-per-node", "2", "--tp", "2",
+		"--min-nodes", "1", "--max-nodes", strconv.Itoa(nodes), "--max-restarts", "3", "--checkpoint-every", "1", "--steps", strconv.Itoa(steps), "--json"}
+	if !held {
+		args = append(args, "--checkpoint-dir", b.Shared())
+	}
+	o := watchOverlap(t, job)
+	p := b.run(t, b.Host(1), append(args, b.job)...)
+	m := genNodes.FindStringSubmatch(p.waitLine(t, "generation 1:", time.Minute))
+	if m == nil {
+		t.Fatalf("no nodes in the generation line:\n%s", p.output())
+	}
+	victim := strings.Split(m[1], ", ")[0]
+	p.waitLine(t, fmt.Sprintf(`{"step":%d,`, at), time.Minute)
+	h := b.hostNamed(t, victim)
+	h.Cut()
+	cut := time.Now()
+	p.waitLine(t, `"generation":2,"dp":`, time.Minute)
+	t.Logf("%s cut off at step %d: generation 2's first step %s later", victim, at, time.Since(cut).Round(time.Millisecond))
+	// The cut lasts long enough for the agent's pause between attempts to
+	// grow past the time it takes to register.
+	var w *proc
+	for i, x := range b.Hosts()[1:] {
+		if x == h {
+			w = workers[i]
+		}
+	}
+	w.waitLine(t, "no coordinator answered", time.Minute)
+	for range 3 {
+		w.waitLine(t, "no coordinator answered", time.Minute)
+	}
+	h.Heal()
+	healed := time.Now()
+	w.waitLine(t, "msg=registered ", time.Minute)
+	again := time.Since(healed)
+	t.Logf("%s registered again %s after the heal", victim, again.Round(time.Millisecond))
+	if again > 10*time.Second {
+		t.Errorf("%s registered again %s after the heal: its pause outlasted the cut", victim, again.Round(time.Millisecond))
+	}
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	sameLosses(t, losses(t, p.output()), want)
+	checkNoOverlap(t, o)
+}
+
+// TestWorkerFrozenFenced: an agent stopped with SIGSTOP for longer than
+// its lease cannot stop its ranks; its fence watchdog does, before the job
+// goes on without the node, and no two generations' ranks are alive at
+// once.
+func TestWorkerFrozenFenced(t *testing.T) { frozenFenced(t) }
+
+// TestWorkerFrozenStress is TestWorkerFrozenFenced 20 times (make stress).
+func TestWorkerFrozenStress(t *testing.T) {
+	if os.Getenv("GPUCOORD_STRESS") == "" {
+		t.Skip("set GPUCOORD_STRESS=1 (make stress) to freeze an agent 20 times")
+	}
+	for i := range 20 {
+		t.Run(strconv.Itoa(i), frozenFenced)
+	}
+}
+
+func frozenFenced(t *testing.T) {
+	exe := buildBinary(t)
+	_, addr := coordinatorProc(t, exe)
+	workerProc(t, exe, addr, "w0", 2)
+	w1, dir1 := workerProc(t, exe, addr, "w1", 2)
+	o := watchOverlap(t, "frozen")
+	p := start(t, exe, "launch", "--coordinator", addr, "--job-id", "frozen", "--nodes", "2", "--gpus-per-node", "2", "--pp", "2",
+		"--min-nodes", "1", "--max-restarts", "2", "--steps", "1000000", "../../examples/jobs/mlp.yaml")
+	p.waitLine(t, "step       2/1000000 ", time.Minute)
+	if n := len(processesWith("GPUCOORD_PLAN=" + dir1 + "/")); n != 2 {
+		t.Fatalf("%d ranks of w1 running, want 2", n)
+	}
+	frozen := time.Now()
+	w1.cmd.Process.Signal(syscall.SIGSTOP)
+	defer w1.cmd.Process.Signal(syscall.SIGCONT)
+	p.waitLine(t, "generation 2:", time.Minute)
+	p.waitLine(t, "step ", time.Minute) // generation 2 trains
+	t.Logf("generation 2 trains %s after SIGSTOP", time.Since(frozen).Round(time.Millisecond))
+	if left := processesWith("GPUCOORD_PLAN=" + dir1 + "/"); len(left) != 0 {
+		t.Errorf("ranks %v of the frozen agent outlived its lease", left)
+	}
+	checkNoOverlap(t, o)
+	w1.cmd.Process.Signal(syscall.SIGCONT)
+	p.cmd.Process.Signal(syscall.SIGINT)
+	p.wait(t, time.Minute)
+}
