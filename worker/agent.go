@@ -112,6 +112,11 @@ type Config struct {
 	Checkpoints ckpt.Limits
 	// Output receives every rank's output, each line behind its rank's tag.
 	Output io.Writer
+	// RankUser, when set, is the user (a name or a uid) the ranks run as:
+	// another than the agent's, which must then run as root. The ranks can
+	// then reach neither the node's key, the agent's environment, its
+	// ranks' logs, nor other jobs' held checkpoints (docs/SECURITY.md).
+	RankUser string
 	// RankEnv names variables of the agent's environment its ranks inherit
 	// beyond InheritedEnv (NAME, or PREFIX* for every name starting with
 	// PREFIX); none of gpucoord's own (GPUCOORD_*) is ever passed.
@@ -216,6 +221,8 @@ type Agent struct {
 	ckptAddr string       // where peers and clients reach the node server
 	// output keeps what the ranks print, for launch and gpucoord logs.
 	output *ranklog.Store
+	// rankUser is the user ranks run as; nil: the agent's.
+	rankUser *rankUser
 	// ready is closed once a coordinator has registered the node and its
 	// stream has delivered the first assignment: the node can take a job.
 	ready     chan struct{}
@@ -252,10 +259,21 @@ func New(cfg *Config) (*Agent, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	log = log.With("component", "agent", "node", cfg.Name)
+	ru, err := lookupRankUser(cfg.RankUser)
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	if ru != nil {
+		// The ranks' logs are the agent's to serve, not other ranks' to read.
+		logs := filepath.Dir(logsDir(cfg.Name, cfg.WorkDir))
+		if err := errors.Join(os.MkdirAll(logs, 0o755), os.Chmod(logs, 0o700)); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+	}
 	output := ranklog.New(logsDir(cfg.Name, cfg.WorkDir), cfg.Name, ranklog.DefaultLimits, log)
 	clearJobDirs(cfg.WorkDir, cfg.Name, log)
 	return &Agent{cfg: cfg, net: nw, instance: hex.EncodeToString(id[:]), renewed: make(chan struct{}, 1), ready: make(chan struct{}),
-		log: log, output: output}, nil
+		log: log, output: output, rankUser: ru}, nil
 }
 
 // Run registers and serves assignments until ctx ends, then stops its
@@ -1103,6 +1121,26 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 			return
 		}
 	}
+	if ru := a.rankUser; ru != nil {
+		// The ranks' user may write what is theirs: the generation's
+		// directory (their error files) and their checkpoint directory;
+		// every other job's held checkpoints are closed to them.
+		err := ru.give(dir)
+		if held(asg) {
+			err = errors.Join(err, ru.closeHeld(a.holder.Root(), a.holder.Jobs(), asg.Job, ckptDir))
+			defer func() {
+				if err := ru.closeHeld(a.holder.Root(), a.holder.Jobs(), "", ""); err != nil {
+					log.Warn("closing the held checkpoints", "err", err)
+				}
+			}()
+		} else {
+			err = errors.Join(err, ru.give(ckptDir))
+		}
+		if err != nil {
+			a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: fmt.Sprintf("node %s: the ranks' user %s: %v", a.cfg.Name, ru.name, err)})
+			return
+		}
+	}
 	local := make([]int, me.Ranks)
 	for i := range local {
 		local[i] = int(me.FirstRank) + i
@@ -1157,6 +1195,16 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 		a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: fmt.Sprintf("node %s: %v", a.cfg.Name, err)})
 		return
 	}
+	if ru := a.rankUser; ru != nil {
+		// Their progress sockets too.
+		err := ru.give(filepath.Dir(pl.Path(local[0])))
+		for _, r := range local {
+			err = errors.Join(err, ru.give(pl.Path(r)))
+		}
+		if err != nil {
+			log.Error("progress sockets for the ranks' user", "user", ru.name, "err", err)
+		}
+	}
 	cp.ack = func(step int64, stored bool) {
 		for _, r := range local {
 			pl.Stored(r, step, stored)
@@ -1199,7 +1247,12 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 			// The agent's own environment (its join token among it) stays
 			// with the agent: a rank inherits only what programs need.
-			cmd.Env = append(inheritedEnv(os.Environ(), a.cfg.RankEnv), env...)
+			cmd.Env = inheritedEnv(os.Environ(), a.cfg.RankEnv)
+			if ru := a.rankUser; ru != nil {
+				cmd.SysProcAttr = ru.credential()
+				cmd.Env = append(cmd.Env, ru.env()...) // the job's own env may still say otherwise
+			}
+			cmd.Env = append(cmd.Env, env...)
 			if !native {
 				cmd.Dir = asg.Spec.GetWorkdir()
 			}

@@ -378,6 +378,7 @@ names (a build without the race detector under a race-enabled agent).`,
 	fl.Int64Var(&stepMiB, "checkpoint-max-step-mib", cfg.Checkpoints.MaxStepBytes>>20, "the largest step of a peer's checkpoint files this node takes as a replica or fetches, in MiB (raised to twice this node's own largest step); set it above the largest step any node writes")
 	fl.DurationVar(&cfg.Checkpoints.ReplicaTimeout, "replica-timeout", cfg.Checkpoints.ReplicaTimeout, "how long one replica of a step may take, sent or fetched, plus a second per 64 MiB of it: a peer that takes longer fails the step (its ranks are told failed N), not the job")
 	fl.DurationVar(&cfg.Grace, "grace", cfg.Grace, "time between SIGTERM and SIGKILL when ranks stop")
+	fl.StringVar(&cfg.RankUser, "rank-user", "", "run the ranks as this user (a name or uid; the agent must run as root), so that they can read neither the node's key, the agent's environment, nor other jobs' held checkpoints (docs/SECURITY.md)")
 	fl.StringArrayVar(&cfg.RankEnv, "rank-env", nil, "a variable of this agent's environment its ranks inherit beyond the usual ones (PATH, HOME, LANG, LC_*, TMPDIR, LD_LIBRARY_PATH, PYTHON*, CUDA_*, NCCL_*, GLOO_*, TORCH*, OMP_*...), or PREFIX* for all that start so (repeatable); gpucoord's own, its join token among them, never pass")
 	auth.register(cmd)
 	logs.register(cmd)

@@ -2,8 +2,10 @@ package main
 
 import (
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -267,4 +269,97 @@ func TestUserFilesSurvive(t *testing.T) {
 			t.Errorf("%s is empty", d)
 		}
 	}
+}
+
+// TestRankUser: agents given --rank-user nobody (the test runs as root)
+// run a native job's ranks as that user, with held checkpoints: they read
+// their plan, speak the progress protocol, checkpoint, and the step is
+// replicated and committed. Each agent also holds files of another job
+// that waits for nodes (as a paused job's are held); a program's rank
+// then runs as nobody, with nobody's HOME, writes its own checkpoint
+// directory, and can read neither node's key, the agents' environments
+// (their join token), the other job's held checkpoints (nor list its
+// directory), nor list the ranks' logs.
+func TestRankUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("--rank-user needs the agent to run as root")
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skip("no user nobody here")
+	}
+	exe := buildBinary(t)
+	// The ranks' user runs the ranks' binary and reaches the agents'
+	// directories, as it would those of an installed gpucoord.
+	dir := t.TempDir()
+	for _, d := range []string{binDir, filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tokenFile := filepath.Join(dir, "token")
+	_, addr := coordinatorProc(t, exe, "--token-file", tokenFile)
+	tok, err := os.ReadFile(tokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := "GPUCOORD_TOKEN=" + strings.TrimSpace(string(tok))
+	client := []string{token, "XDG_STATE_HOME=" + filepath.Join(dir, "client")}
+	launch := func(args ...string) *proc {
+		return startEnv(t, client, exe, append([]string{"launch", "--coordinator", addr}, args...)...)
+	}
+	// A job no node can run yet: live, so its held files stay where the
+	// agents keep them, as those of a paused job do.
+	if code := launch("--nodes", "3", "--gpus-per-node", "1", "--job-id", "waiting", "--rendezvous-timeout", "10m", "--detach", "--", "true").wait(t, time.Minute); code != 0 {
+		t.Fatalf("launch --detach exited %d", code)
+	}
+	var secrets []string
+	var workers []*proc
+	for _, n := range []string{"0", "1"} {
+		held := filepath.Join(dir, "local"+n, "gpucoord", "checkpoints", "w"+n, "waiting")
+		if err := os.MkdirAll(filepath.Join(held, "own", "1"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(held, "own", "1", "shard.bin"), []byte("waiting's weights"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		w := startEnv(t, []string{token, "XDG_STATE_HOME=" + filepath.Join(dir, "creds"+n)}, exe, "worker", "--coordinator", addr,
+			"--name", "w"+n, "--gpus-per-node", "2", "--grace", "1s", "--rank-user", "nobody",
+			"--state-dir", filepath.Join(dir, "state"+n), "--checkpoint-local", filepath.Join(dir, "local"+n))
+		w.waitLine(t, "msg=registered ", 30*time.Second)
+		workers = append(workers, w)
+		keys, _ := filepath.Glob(filepath.Join(dir, "creds"+n, "gpucoord", "credentials", "*", "node-w"+n, "*key*"))
+		if len(keys) == 0 {
+			t.Fatalf("no key of w%s", n)
+		}
+		secrets = append(secrets, keys[0], "/proc/"+strconv.Itoa(w.cmd.Process.Pid)+"/environ", held, filepath.Join(held, "own", "1", "shard.bin"))
+	}
+	first := launch("--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--job-id", "first", "--steps", "5", "--json", "../../examples/jobs/mlp.yaml")
+	if code := first.wait(t, 2*time.Minute); code != 0 || !strings.Contains(first.output(), `{"committed":5,`) {
+		t.Fatalf("the native job as nobody exited %d:\n%s", code, first.output())
+	}
+	secrets = append(secrets, filepath.Join(dir, "state0", "gpucoord", "logs"), filepath.Join(dir, "state1", "gpucoord", "logs"))
+	script := `echo "UID $(id -u) HOME $HOME"
+for f in "$@"; do if { if [ -d "$f" ]; then ls "$f"; else cat "$f"; fi; } >/dev/null 2>&1; then echo "READ $f"; else echo "DENIED $f"; fi; done
+mkdir -p "$GPUCOORD_CHECKPOINT_DIR/1" && echo x >"$GPUCOORD_CHECKPOINT_DIR/1/f" && echo "WROTE its checkpoint"`
+	second := launch(append([]string{"--nodes", "1", "--gpus-per-node", "1", "--job-id", "second", "--workdir", "/",
+		"--", "/bin/sh", "-c", script, "sh"}, secrets...)...)
+	if code := second.wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("second exited %d:\n%s", code, second.output())
+	}
+	out := second.output()
+	for _, want := range append([]string{"UID " + nobody.Uid + " HOME " + nobody.HomeDir, "WROTE its checkpoint"}, prefixed("DENIED ", secrets)...) {
+		if !strings.Contains(out, want) {
+			t.Errorf("the rank as nobody did not print %q:\n%s", want, out)
+		}
+	}
+}
+
+// prefixed is each of ss behind p.
+func prefixed(p string, ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = p + s
+	}
+	return out
 }

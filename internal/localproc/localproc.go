@@ -234,7 +234,8 @@ func Hostname() string {
 
 // prepare sets how a rank is started and stopped: its own process group,
 // SIGKILL when this process dies, SIGTERM to the group when its context
-// ends and SIGKILL after grace; and GOMAXPROCS.
+// ends and SIGKILL after grace; and GOMAXPROCS. A Credential the command
+// has (another user to run it as) is kept.
 func prepare(cmd *exec.Cmd, grace time.Duration, local int, secret []byte) error {
 	if cmd == nil {
 		return errors.New("localproc: no command")
@@ -243,7 +244,11 @@ func prepare(cmd *exec.Cmd, grace time.Duration, local int, secret []byte) error
 		cmd.Env = os.Environ()
 	}
 	cmd.Env = append(cmd.Env, EnvStoreSecret+"="+hex.EncodeToString(secret))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	attr := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if cmd.SysProcAttr != nil {
+		attr.Credential = cmd.SysProcAttr.Credential // the user the command runs as
+	}
+	cmd.SysProcAttr = attr
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
 	cmd.WaitDelay = grace
 	if os.Getenv("GOMAXPROCS") == "" {
