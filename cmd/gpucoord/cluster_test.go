@@ -320,7 +320,11 @@ func TestClusterPartition(t *testing.T) {
 	resumed := time.Since(cutAt)
 	t.Logf("cut at 0: h3's ranks gone at %s (lease TTL %s + grace %s), generation 2's first step at %s",
 		gone.Round(time.Millisecond), ttl, grace, resumed.Round(time.Millisecond))
-	if b, err := os.ReadFile(filepath.Join(b.Shared(), "generation")); err != nil || strings.TrimSpace(string(b)) != "2" {
+	// The job's own directory in the shared one: gpucoord/<job>.
+	fences, _ := filepath.Glob(filepath.Join(b.Shared(), "gpucoord", "*", "generation"))
+	if len(fences) != 1 {
+		t.Errorf("checkpoint fences %v, want the job's one", fences)
+	} else if b, err := os.ReadFile(fences[0]); err != nil || strings.TrimSpace(string(b)) != "2" {
 		t.Errorf("checkpoint fence %q (%v), want generation 2", b, err)
 	}
 	time.Sleep(cut - time.Since(cutAt)) // the partition's length is the scenario, not a synchronisation
