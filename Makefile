@@ -27,12 +27,20 @@ deps: ## Install the Debian packages the tests use (etcd-server, python3-torch) 
 	scripts/deps.sh
 
 .PHONY: test
-test: deps ## Run every test with the race detector (installs what the tests need first)
-	$(GO) test -race -count=1 -timeout 14m $(PKGS)
+test: deps ## Run every test with the race detector (installs what the tests need first); the clusters in a box run 4 at a time
+	$(GO) test -race -count=1 -timeout 14m -parallel 4 $(PKGS)
+
+.PHONY: test-short
+test-short: ## The unit and integration tests alone (-short: no cluster in a box, no chaos), with the race detector: the edit loop
+	$(GO) test -race -short -count=1 -timeout 5m $(PKGS)
 
 .PHONY: stress
 stress: ## Kill or preempt an agent at 40 random steps of an elastic job, kill a host of a job with held checkpoints at 20, cut a job's host off at 40 (shared and held checkpoints) and freeze an agent 20 times, measuring the overlap of generations (an hour; needs root; not part of make test)
 	GPUCOORD_STRESS=1 $(GO) test -count=1 -timeout 90m -run 'TestElasticStress|TestClusterHeldStress|TestClusterPartitionStress|TestWorkerFrozenStress' -v ./cmd/gpucoord
+
+.PHONY: chaos
+chaos: ## Seeded faults (agents, ranks, hosts cut off, partitions, frozen agents, coordinators, etcd members) over two jobs on the cluster in a box, and a history checker; SEED=1 DURATION=30m (needs root; make test runs 60 s of seed 1)
+	GPUCOORD_CHAOS_SEED=$${SEED:-1} GPUCOORD_CHAOS_DURATION=$${DURATION:-30m} $(GO) test -count=1 -timeout 4h -run '^TestChaos$$' -v ./cmd/gpucoord
 
 .PHONY: bench-recovery
 bench-recovery: ## Detection and recovery times after a node loss, across hosts (network namespaces) and on one host; needs root

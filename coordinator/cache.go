@@ -554,6 +554,18 @@ func (c *cache) nextCommit(job string, g *pb.Generation) (*pb.Step, int64, int64
 		return nil, committed, e.commitRv
 	}
 	next := commitOf(g, e.stored, e.commit)
+	if next != nil && e.commit != nil {
+		// The commits before it whose steps may still be kept: where a
+		// generation falls back when this one cannot be restored.
+		keep := int(e.spec.GetKeepCheckpoints())
+		if keep == 0 {
+			keep = 2 // the agents' and the engine's default
+		}
+		prev := proto.Clone(e.commit).(*pb.Step)
+		prev.Earlier = nil
+		next.Earlier = append([]*pb.Step{prev}, e.commit.Earlier...)
+		next.Earlier = next.Earlier[:min(len(next.Earlier), keep-1, maxEarlier)]
+	}
 	// Each holder by the run of its agent registered now, which stored the
 	// files: one that registers again later holds none of them.
 	for _, cp := range next.GetCopies() {
@@ -564,6 +576,9 @@ func (c *cache) nextCommit(job string, g *pb.Generation) (*pb.Step, int64, int64
 	}
 	return next, committed, e.commitRv
 }
+
+// maxEarlier bounds the earlier commits a commit names.
+const maxEarlier = 16
 
 // genAndName splits "exits/<gen>/<rank>" or "times/<gen>/<node>".
 func genAndName(field string) (int64, string, bool) {

@@ -52,8 +52,12 @@ func (c *Config) policy() policy {
 // writes, which it makes in one transaction (all or none), what to log,
 // and when to look again if nothing happens before.
 type decision struct {
-	state      *pb.JobState   // the job's new state; nil: unchanged
-	gen        *pb.Generation // the next generation; nil: none
+	state *pb.JobState   // the job's new state; nil: unchanged
+	gen   *pb.Generation // the next generation; nil: none
+	// commit is the commit the next generation resumes from, when it is
+	// not the last one (an earlier kept step, the backup tier's): written
+	// with the generation.
+	commit     *pb.Step
 	stragglers *pb.Stragglers // nil: unchanged
 	// open is the generation number whose ranks may now start (every rank
 	// of an earlier generation is stopped); 0: unchanged.
@@ -538,52 +542,117 @@ func minNodes(spec *pb.JobSpec) int {
 	return int(spec.Nodes)
 }
 
-// restorePoint is where a new generation of j starts from: its last
-// committed step, with who holds each node's files of it when the agents
-// hold the checkpoints; the job's backup tier when no live, connected node
-// holds some node's files of the commit (or the commit is a backup step a
-// generation resumed from); the beginning before any commit. A holder is
-// alive when the run of its agent that stored the files (Copies.instances)
-// is registered and connected: a node whose agent restarted since holds
-// nothing. lost, when not empty, says why the job cannot go on: the commit
-// is gone with every node that held part of it, and no backup has an older
-// step.
-func restorePoint(v *view) (resume int64, copies []*pb.Copies, fromBackup bool, lost string) {
+// restore is where a new generation of a job starts from (restorePoint).
+type restore struct {
+	resume     int64
+	copies     []*pb.Copies // who holds each node's files of resume (held checkpoints)
+	fromBackup bool
+	// commit, when not nil, is the commit the generation writes with
+	// itself: the resume point is always the commit.
+	commit *pb.Step
+	// skipped says why newer kept steps were passed over; "" for none.
+	skipped string
+	// unrestorable are the job's steps no generation may resume from.
+	unrestorable []*pb.Unrestorable
+	// lost, when not empty, says why the job cannot go on: no kept step
+	// can be restored, each named with why.
+	lost string
+}
+
+// restorePoint is where a new generation of v's job starts from: the
+// newest kept commit that can be restored (the last commit, else the
+// earlier ones the checkpoints keep, Step.earlier), else the job's backup
+// tier's step when newer, else the beginning before any commit. A commit
+// cannot be restored when a generation failed restoring it (a rank's
+// unrestorable_step, remembered in Generation.unrestorable), or, held by
+// the agents, when some node's files of it have no live holder: a holder
+// is alive when the run of its agent that stored the files
+// (Copies.instances) is registered and connected (a node whose agent
+// restarted holds nothing). A backup_only commit is the backup tier's
+// step a generation resumed from. When the point is not the last commit,
+// the generation rewrites the commit to it.
+func restorePoint(v *view) restore {
 	j := v.job
-	if j.commit == nil {
-		return 0, nil, false, ""
+	var r restore
+	broken := map[int64]string{}
+	for _, u := range j.gen.GetUnrestorable() {
+		broken[u.Step] = u.Why
+		r.unrestorable = append(r.unrestorable, u)
 	}
-	if j.commit.BackupOnly {
-		return j.commit.Step, nil, true, ""
-	}
-	holds := func(c *pb.Copies, i int) *pb.Node {
-		n := v.nodes[c.Holders[i]]
-		if n == nil || !v.connected[n.Name] || i < len(c.Instances) && c.Instances[i] != "" && n.Instance != c.Instances[i] {
-			return nil
-		}
-		return n
-	}
-	for _, c := range j.commit.Copies {
-		x := &pb.Copies{Node: c.Node, Holders: c.Holders, Addrs: make([]string, len(c.Holders)), Instances: c.Instances}
-		alive := false
-		for i := range c.Holders {
-			// Where each live holder serves its files, member of the next
-			// generation or not; "" for one that is gone.
-			if n := holds(c, i); n != nil {
-				x.Addrs[i], alive = n.CheckpointAddr, true
+	for _, rank := range j.exitOrder {
+		if e := j.exits[rank]; e.GetUnrestorableStep() > 0 {
+			if _, seen := broken[e.UnrestorableStep]; !seen {
+				why := fmt.Sprintf("rank %d could not restore it: %s", e.Rank, cmp.Or(e.Error, fmt.Sprintf("exit code %d", e.Code)))
+				broken[e.UnrestorableStep] = why
+				r.unrestorable = append(r.unrestorable, &pb.Unrestorable{Step: e.UnrestorableStep, Why: why})
 			}
 		}
-		if alive {
-			copies = append(copies, x)
+	}
+	if j.commit == nil {
+		return r
+	}
+	var why []string // of each kept step passed over
+	candidates := append([]*pb.Step{j.commit}, j.commit.Earlier...)
+	for i, c := range candidates {
+		if w, bad := broken[c.Step]; bad {
+			why = append(why, fmt.Sprintf("step %d: %s", c.Step, w))
 			continue
 		}
-		if j.backup != nil {
-			return j.backup.Step, nil, true, ""
+		if c.BackupOnly {
+			r.resume, r.fromBackup = c.Step, true
+			break
 		}
-		return 0, nil, false, fmt.Sprintf("the checkpoint of step %d is lost: no live node holds node %s's files of it (held by %s), and the job has no backup tier (--checkpoint-backup)",
-			j.commit.Step, c.Node, strings.Join(c.Holders, ", "))
+		copies, missing := liveCopies(v, c)
+		if missing != "" {
+			why = append(why, fmt.Sprintf("step %d: %s", c.Step, missing))
+			continue
+		}
+		r.resume, r.copies = c.Step, copies
+		if i > 0 {
+			r.commit = proto.Clone(c).(*pb.Step)
+			r.commit.Earlier = candidates[i+1:]
+		}
+		break
 	}
-	return j.commit.Step, copies, false, ""
+	if b := j.backup; b != nil && b.Step > r.resume && broken[b.Step] == "" {
+		r = restore{resume: b.Step, fromBackup: true, unrestorable: r.unrestorable,
+			commit: &pb.Step{Step: b.Step, Generation: b.Generation, Dp: b.Dp, Checkpointed: true, Backup: true, BackupOnly: true}}
+	}
+	switch {
+	case r.resume == 0 && len(why) == 1 && len(candidates) == 1 && len(broken) == 0:
+		r.lost = fmt.Sprintf("the checkpoint of step %d is lost: %s, and the job has no backup tier (--checkpoint-backup)",
+			j.commit.Step, strings.TrimPrefix(why[0], fmt.Sprintf("step %d: ", j.commit.Step)))
+	case r.resume == 0:
+		r.lost = "no kept step can be restored: " + strings.Join(why, "; ")
+		if j.spec.GetCheckpointBackup() == "" {
+			r.lost += "; the job has no backup tier (--checkpoint-backup)"
+		}
+	case len(why) > 0:
+		r.skipped = strings.Join(why, "; ")
+	}
+	return r
+}
+
+// liveCopies is, for each node's files of commit c, where its live
+// holders serve them (member of the next generation or not; "" for one
+// that is gone); missing says whose files have no live holder.
+func liveCopies(v *view, c *pb.Step) (copies []*pb.Copies, missing string) {
+	for _, cp := range c.Copies {
+		x := &pb.Copies{Node: cp.Node, Holders: cp.Holders, Addrs: make([]string, len(cp.Holders)), Instances: cp.Instances}
+		alive := false
+		for i, h := range cp.Holders {
+			n := v.nodes[h]
+			if n == nil || !v.connected[n.Name] || i < len(cp.Instances) && cp.Instances[i] != "" && n.Instance != cp.Instances[i] {
+				continue
+			}
+			x.Addrs[i], alive = n.CheckpointAddr, true
+		}
+		if !alive {
+			return nil, fmt.Sprintf("no live node holds node %s's files of it (held by %s)", cp.Node, strings.Join(cp.Holders, ", "))
+		}
+		copies = append(copies, x)
+	}
+	return copies, ""
 }
 
 // recoverWithout makes the next generation of a job whose generation
@@ -676,18 +745,24 @@ func nextGeneration(v *view, nodes []*pb.Node, why string, now time.Time) decisi
 	if err != nil { // usableNodes chose nodes the layout works on: a bug
 		panic(fmt.Sprintf("next generation of %s on %d nodes: %v", j.spec.Id, len(nodes), err))
 	}
-	resume, copies, fromBackup, lost := restorePoint(v)
-	if lost != "" {
+	r := restorePoint(v)
+	if r.lost != "" {
 		d := decision{policy: &jobPolicy{}, state: &pb.JobState{Phase: pb.JobState_FAILED, FailedRank: -1, ExitCode: 1,
-			Reason: fmt.Sprintf("generation %d: %s; %s", j.gen.Number, why, lost)}}
-		d.log(true, "job failed", "job", j.spec.Id, "generation", j.gen.Number, "reason", lost)
+			Reason: fmt.Sprintf("generation %d: %s; %s", j.gen.Number, why, r.lost)}}
+		d.log(true, "job failed", "job", j.spec.Id, "generation", j.gen.Number, "reason", r.lost)
 		return d
 	}
-	if fromBackup {
+	resume := r.resume
+	switch {
+	case r.fromBackup && r.skipped != "":
+		why += fmt.Sprintf("; passed over (%s), so from the backup tier's step %d", r.skipped, resume)
+	case r.fromBackup && j.commit != nil && j.commit.Step != resume:
 		why += fmt.Sprintf("; the replicas of step %d are gone, so from the backup tier's step %d", j.commit.Step, resume)
+	case r.skipped != "":
+		why += fmt.Sprintf("; passed over (%s), so from step %d", r.skipped, resume)
 	}
 	gen := buildGeneration(j.spec, j.gen.Number+1, nodes, layout.DP, resume, why)
-	gen.Checkpoint, gen.FromBackup, gen.Hangs = copies, fromBackup, j.gen.GetHangs()
+	gen.Checkpoint, gen.FromBackup, gen.Hangs, gen.Unrestorable = r.copies, r.fromBackup, j.gen.GetHangs(), r.unrestorable
 	// The ranks that may still run: the generation's, once it opened;
 	// else those it was waiting for.
 	if j.open >= j.gen.Number {
@@ -695,7 +770,7 @@ func nextGeneration(v *view, nodes []*pb.Node, why string, now time.Time) decisi
 	} else {
 		gen.Stopping = j.gen.Stopping
 	}
-	d := decision{gen: gen, policy: &jobPolicy{},
+	d := decision{gen: gen, commit: r.commit, policy: &jobPolicy{},
 		state: &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1, Reason: fmt.Sprintf("generation %d: %s; resuming after step %d", gen.Number, why, resume)}}
 	if len(gen.Stopping) == 0 {
 		d.open = gen.Number

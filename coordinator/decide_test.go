@@ -597,7 +597,8 @@ func TestRestorePoint(t *testing.T) {
 		for _, n := range tc.live {
 			v.nodes[n], v.connected[n] = &pb.Node{Name: n, CheckpointAddr: n + ":1"}, true
 		}
-		resume, cs, fromBackup, lost := restorePoint(v)
+		rp := restorePoint(v)
+		resume, cs, fromBackup, lost := rp.resume, rp.copies, rp.fromBackup, rp.lost
 		got := fmt.Sprintf("%d copies=%d backup=%v", resume, len(cs), fromBackup)
 		if len(cs) > 0 {
 			got += " addrs="
@@ -614,8 +615,8 @@ func TestRestorePoint(t *testing.T) {
 	}
 	// A shared directory's commit has no copies: nothing to check.
 	v := &view{job: &job{commit: &pb.Step{Step: 4}}}
-	if r, _, _, lost := restorePoint(v); r != 4 || lost != "" {
-		t.Errorf("shared directory: %d %q", r, lost)
+	if rp := restorePoint(v); rp.resume != 4 || rp.lost != "" {
+		t.Errorf("shared directory: %d %q", rp.resume, rp.lost)
 	}
 }
 
@@ -760,5 +761,50 @@ func TestDecideFence(t *testing.T) {
 	d = decide(v, t0, p)
 	if d.gen == nil || memberNames(&pb.Generation{Members: d.gen.Stopping}) != "n0,n1" || d.open != 0 {
 		t.Fatalf("after generation 1 ran: generation %v, open %d; want one waiting for n0,n1", d.gen, d.open)
+	}
+}
+
+// TestDecideFallback: a generation that could not restore its resume step
+// makes the next one resume from the newest earlier kept commit, which it
+// writes as the commit; the broken step is never tried again, and when no
+// kept step is left the job fails naming each one and why.
+func TestDecideFallback(t *testing.T) {
+	shared := func(edit func(j *job)) *view {
+		j := runningOn(pending(2, func(s *pb.JobSpec) { s.CheckpointDir = "/shared"; s.MaxRestarts = 5 }), 2, "n0", "n1")
+		j.gen.ResumeStep = 28
+		j.commit = &pb.Step{Step: 28, Generation: 1, Earlier: []*pb.Step{{Step: 27, Generation: 1}}}
+		fail(j, 1, 76, t0.Add(-2*time.Second))
+		j.exits[1].UnrestorableStep, j.exits[1].Error = 28, "step 28 has no manifest"
+		j.policy.FailedSince = ms(t0.Add(-2 * time.Second)) // settled
+		if edit != nil {
+			edit(j)
+		}
+		return pool(j, "n0", "n1")
+	}
+	d := decide(shared(nil), t0, testPolicy)
+	check(t, d, want{phase: pb.JobState_RUNNING, gen: "n0,n1", genNum: 3, dp: 2, resume: 27, policy: &jobPolicy{},
+		reason: "passed over (step 28: rank 1 could not restore it: step 28 has no manifest), so from step 27"})
+	if d.commit.GetStep() != 27 || len(d.commit.GetEarlier()) != 0 {
+		t.Errorf("commit written %v, want step 27", d.commit)
+	}
+	if u := d.gen.GetUnrestorable(); len(u) != 1 || u[0].Step != 28 {
+		t.Errorf("unrestorable %v, want step 28", u)
+	}
+
+	// Generation 3 could not restore step 27 either: nothing kept is left.
+	d = decide(shared(func(j *job) {
+		j.gen.Number, j.gen.ResumeStep = 3, 27
+		j.open = 3
+		j.gen.Unrestorable = []*pb.Unrestorable{{Step: 28, Why: "rank 1 could not restore it: step 28 has no manifest"}}
+		j.commit = &pb.Step{Step: 27, Generation: 1}
+		j.exits[1].UnrestorableStep, j.exits[1].Error = 27, "shard checksum mismatch"
+	}), t0, testPolicy)
+	check(t, d, want{phase: pb.JobState_FAILED, reason: "no kept step can be restored: step 27: rank 1 could not restore it: shard checksum mismatch"})
+
+	// A failure that is not about restoring resumes from the commit.
+	d = decide(shared(func(j *job) { j.exits[1].UnrestorableStep = 0 }), t0, testPolicy)
+	check(t, d, want{phase: pb.JobState_RUNNING, gen: "n0,n1", genNum: 3, dp: 2, resume: 28, policy: &jobPolicy{}})
+	if d.commit != nil {
+		t.Errorf("commit written %v, want none (the resume point is the commit)", d.commit)
 	}
 }

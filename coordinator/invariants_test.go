@@ -216,7 +216,8 @@ func TestGenerationTxnInvariants(t *testing.T) {
 			t.Fatal(err)
 		}
 		v := viewNow(t, l, "a")
-		resume, _, fromBackup, lost := restorePoint(v)
+		rp := restorePoint(v)
+		resume, fromBackup, lost := rp.resume, rp.fromBackup, rp.lost
 		if resume != 5 || !fromBackup || lost != "" {
 			t.Fatalf("restore point = %d, backup %v, lost %q: want the backup's step 5", resume, fromBackup, lost)
 		}
@@ -225,7 +226,8 @@ func TestGenerationTxnInvariants(t *testing.T) {
 		}
 		// The next generation resumes from step 5 again, from the backup:
 		// never from step 9, whose later files every holder dropped.
-		resume, _, fromBackup, lost = restorePoint(viewNow(t, l, "a"))
+		rp = restorePoint(viewNow(t, l, "a"))
+		resume, fromBackup, lost = rp.resume, rp.fromBackup, rp.lost
 		if resume != 5 || !fromBackup || lost != "" {
 			t.Fatalf("after resuming from the backup, restore point = %d, backup %v, lost %q: want step 5 from the backup", resume, fromBackup, lost)
 		}
@@ -260,7 +262,8 @@ func TestRestorePointByInstance(t *testing.T) {
 			for n, inst := range tc.nodes {
 				v.nodes[n], v.connected[n] = &pb.Node{Name: n, Instance: inst, CheckpointAddr: n + ":9"}, true
 			}
-			resume, copies, fromBackup, lost := restorePoint(v)
+			rp := restorePoint(v)
+			resume, copies, fromBackup, lost := rp.resume, rp.copies, rp.fromBackup, rp.lost
 			if resume != tc.wantResume || fromBackup != tc.wantBackup || (lost != "") != tc.wantLost {
 				t.Fatalf("restore point %d, backup %v, lost %q: want %d, %v, lost %v", resume, fromBackup, lost, tc.wantResume, tc.wantBackup, tc.wantLost)
 			}

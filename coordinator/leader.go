@@ -201,7 +201,7 @@ func (l *leader) apply(ctx context.Context, v *view, d *decision) (int64, bool, 
 		}
 	}
 	if d.gen != nil {
-		gcmps, gops := generationTxn(l.k, v.job, d.gen)
+		gcmps, gops := generationTxn(l.k, v.job, d.gen, d.commit)
 		cmps, ops = append(cmps, gcmps...), append(ops, gops...)
 	}
 	if d.open != 0 {
@@ -224,20 +224,20 @@ func (l *leader) apply(ctx context.Context, v *view, d *decision) (int64, bool, 
 // etcd's to keep, not the cache's:
 //   - the commit is the one the view saw (a commit written since would be
 //     passed over, and its later steps deleted by every holder's Begin);
-//     a generation that resumes from the backup tier writes that step as
-//     the commit, so that the commit never names steps the holders drop;
+//     a generation that resumes from another step (an earlier kept one,
+//     the backup tier's) writes it as the commit, so that the commit never
+//     names steps the holders drop;
 //   - each node is free (no holds key) or already this job's, and becomes
 //     this job's; members left out are released: no node is in two
 //     unfinished jobs' generations;
 //   - the keys of the generation before the previous one (its exits,
 //     times and bootstrap) are deleted: a job's state stays bounded.
-func generationTxn(k keys, j *job, next *pb.Generation) ([]clientv3.Cmp, []clientv3.Op) {
+func generationTxn(k keys, j *job, next *pb.Generation, commit *pb.Step) ([]clientv3.Cmp, []clientv3.Op) {
 	id := j.spec.Id
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.commit(id)), "=", j.commitRev)}
 	ops := []clientv3.Op{clientv3.OpPut(k.generation(id), encode(next))}
-	if next.FromBackup && j.backup != nil {
-		c := &pb.Step{Step: next.ResumeStep, Generation: j.backup.Generation, Dp: j.backup.Dp, Checkpointed: true, Backup: true, BackupOnly: true}
-		ops = append(ops, clientv3.OpPut(k.commit(id), encode(c)))
+	if commit != nil {
+		ops = append(ops, clientv3.OpPut(k.commit(id), encode(commit)))
 	}
 	ours := map[string]bool{}
 	for _, m := range j.gen.GetMembers() {

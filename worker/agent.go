@@ -1100,13 +1100,19 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 	} else {
 		ckptDir = a.holder.Own(asg.Job)
 		err := a.holder.Begin(asg.Job, asg.Generation.GetNumber(), asg.Generation.GetResumeStep())
+		restoreErr := false
 		if err == nil {
 			err = a.restore(ctx, asg)
+			restoreErr = err != nil
 		}
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Error("checkpoint", "err", err)
-				a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: fmt.Sprintf("node %s: %v", a.cfg.Name, err)})
+				e := &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: fmt.Sprintf("node %s: %v", a.cfg.Name, err)}
+				if restoreErr {
+					e.Code, e.UnrestorableStep = ExitUnrestorable, asg.Generation.GetResumeStep()
+				}
+				a.reportExit(ctx, asg, e)
 			}
 			return
 		}
@@ -1301,8 +1307,12 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 		// exception that ends its output.
 		file, _ := os.ReadFile(errorFilePath(dir, ee.Rank))
 		cause, output := failureCause(file, tails[ee.Rank].String())
-		a.reportExit(ctx, asg, &pb.RankExit{Rank: int32(ee.Rank), Code: int32(ee.Code()), Error: cmp.Or(cause, ee.Err.Error()),
-			FailedAtUnixMs: ee.At.UnixMilli(), Output: output})
+		e := &pb.RankExit{Rank: int32(ee.Rank), Code: int32(ee.Code()), Error: cmp.Or(cause, ee.Err.Error()),
+			FailedAtUnixMs: ee.At.UnixMilli(), Output: output}
+		if ee.Code() == ExitUnrestorable {
+			e.UnrestorableStep = asg.Generation.GetResumeStep()
+		}
+		a.reportExit(ctx, asg, e)
 	default:
 		a.reportExit(ctx, asg, &pb.RankExit{Rank: me.FirstRank, Code: 1, Error: err.Error()})
 	}

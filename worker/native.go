@@ -33,6 +33,13 @@ const PreemptSignal = syscall.SIGUSR1
 // ranks are left to finish that step's collectives rather than stopped.
 const ExitPreempted = 75
 
+// ExitUnrestorable is the exit status of a rank that could not restore
+// its generation's resume step (GPUCOORD_RESUME_STEP): missing, corrupt or
+// half-written. The native engine's ranks exit with it, and any program
+// may: the next generation then resumes from an earlier kept step, never
+// from this one again (RankExit.unrestorable_step).
+const ExitUnrestorable = 76
+
 // ReadPlan reads the assignment a rank's GPUCOORD_PLAN names.
 func ReadPlan() (*pb.Assignment, error) {
 	path := os.Getenv(EnvPlan)

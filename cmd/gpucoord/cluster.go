@@ -416,8 +416,11 @@ func newRankCmd() *cobra.Command {
 		Args:   cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			err := worker.RunNativeRank(c.Context(), c.OutOrStdout(), c.ErrOrStderr())
-			if errors.Is(err, engine.ErrPreempted) {
+			switch {
+			case errors.Is(err, engine.ErrPreempted):
 				return &exitError{code: worker.ExitPreempted, err: err}
+			case errors.Is(err, engine.ErrUnrestorable):
+				return &exitError{code: worker.ExitUnrestorable, err: err}
 			}
 			return err
 		},

@@ -148,6 +148,7 @@ func checkNoOverlap(t *testing.T, o *overlapWatch) {
 // the agent registers again at once, though its pause between attempts
 // grew during the cut.
 func TestClusterPartitionFenced(t *testing.T) {
+	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
 	t.Run("shared checkpoints", func(t *testing.T) { partitionFenced(t, false, 5+rand.IntN(30)) })
 	t.Run("held checkpoints", func(t *testing.T) { partitionFenced(t, true, 5+rand.IntN(30)) })
 }
@@ -265,4 +266,53 @@ func frozenFenced(t *testing.T) {
 	w1.cmd.Process.Signal(syscall.SIGCONT)
 	p.cmd.Process.Signal(syscall.SIGINT)
 	p.wait(t, time.Minute)
+}
+
+// TestRestoreFallback: the step a generation resumes from turns out to be
+// unrestorable (its manifests are gone from the shared directory, as a
+// half-written or damaged step would be): the ranks say so (exit 76), and
+// the next generation resumes from the newest earlier kept step, saying
+// which step it passed over and why; the job ends on train's curve. The
+// broken step is never tried twice.
+func TestRestoreFallback(t *testing.T) {
+	const steps = 40
+	exe := buildBinary(t)
+	want := reference(t, exe, "--steps", strconv.Itoa(steps), "../../examples/jobs/mlp.yaml")
+	// A long fence margin: the test breaks the step while generation 2
+	// waits to open.
+	_, addr := coordinatorProc(t, exe, "--fence-margin", "20s")
+	w0, _ := workerProc(t, exe, addr, "w0", 2)
+	workerProc(t, exe, addr, "w1", 2)
+	shared := t.TempDir()
+	p := start(t, exe, "launch", "--coordinator", addr, "--job-id", "fallback", "--nodes", "1", "--gpus-per-node", "2", "--tp", "2",
+		"--min-nodes", "1", "--max-restarts", "3", "--checkpoint-every", "1", "--checkpoint-dir", shared, "--steps", strconv.Itoa(steps),
+		"--json", "../../examples/jobs/mlp.yaml")
+	p.waitLine(t, `{"step":10,`, time.Minute)
+	w0.cmd.Process.Kill() // its ranks die with it
+	p.waitLine(t, "generation 2:", time.Minute)
+	cs := commits(p.output())
+	if len(cs) == 0 {
+		t.Fatalf("no commit before the kill:\n%s", p.output())
+	}
+	broken := cs[len(cs)-1].Committed
+	manifests, _ := filepath.Glob(filepath.Join(shared, "gpucoord", "fallback", "*", "*", fmt.Sprintf("step-%d", broken), "manifest.json"))
+	if len(manifests) == 0 {
+		t.Fatalf("no manifest of step %d under %s", broken, shared)
+	}
+	for _, m := range manifests {
+		if err := os.Remove(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	out := p.output()
+	if !strings.Contains(out, fmt.Sprintf("passed over (step %d: rank ", broken)) || !strings.Contains(out, fmt.Sprintf("so from step %d", broken-1)) {
+		t.Errorf("no generation says it passed over step %d for step %d:\n%s", broken, broken-1, out)
+	}
+	if n := strings.Count(out, fmt.Sprintf("resuming after step %d)", broken)); n != 1 {
+		t.Errorf("%d generations resumed after the broken step %d, want 1 (generation 2 alone):\n%s", n, broken, out)
+	}
+	sameLosses(t, losses(t, out), want)
 }

@@ -37,6 +37,7 @@ var genNodes = regexp.MustCompile(`generation 1: \d+ nodes? \(([^)]*)\)`)
 // the replicas; the job ends on train's curve with at most one step
 // redone and no commit lost.
 func TestClusterHeldCheckpoints(t *testing.T) {
+	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
 	for _, victim := range []string{"rank 0", "last rank"} {
 		t.Run(victim, func(t *testing.T) { heldKill(t, victim, 10+rand.IntN(30)) })
 	}
@@ -113,6 +114,7 @@ func heldKill(t *testing.T, victim string, at int) {
 // waits, and when a host comes, the job resumes from the commit and ends
 // on train's curve.
 func TestClusterHeldPaused(t *testing.T) {
+	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
 	const steps = 40
 	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
 	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
@@ -149,6 +151,7 @@ func (b *boxCluster) hostNamed(t *testing.T, name string) *testcluster.Host {
 // once. With a backup tier the job goes on from its last step there, on
 // train's curve; without one it fails with one line naming the lost step.
 func TestClusterReplicasLost(t *testing.T) {
+	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
 	for _, backup := range []bool{true, false} {
 		t.Run(map[bool]string{true: "with backup", false: "without"}[backup], func(t *testing.T) {
 			const steps = 60
@@ -218,6 +221,7 @@ var resumedLine = regexp.MustCompile(`rank (\d+)/(\d+) resumed after step (\d+) 
 // all; the host comes back, is taken back at a commit, and the job ends
 // at full size with every rank's parameters equal.
 func TestClusterTorchCheckpointed(t *testing.T) {
+	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
 	py := torchPython(t)
 	b := newBoxCluster(t, testcluster.Config{Hosts: 3})
 	b.Install("../../examples/pytorch/gpucoord_progress.py") // beside the program, which imports it

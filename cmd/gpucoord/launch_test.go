@@ -328,6 +328,7 @@ func TestLaunchExternalEtcd(t *testing.T) {
 // killed with SIGKILL while the job runs, the standby takes over, and the
 // job finishes with train's losses.
 func TestLeaderKilled(t *testing.T) {
+	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
 	exe := buildBinary(t)
 	const steps = "120"
 	want := reference(t, exe, "--steps", steps, "../../examples/jobs/mlp.yaml")
@@ -726,6 +727,7 @@ func TestLaunchHostfile(t *testing.T) {
 // Every step's loss (as last reported) equals train --np 1's within 1e-5
 // relative, so no committed step was lost or trained from a wrong state.
 func TestElasticKillAndRejoin(t *testing.T) {
+	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
 	exe := buildBinary(t)
 	const steps = 250
 	want := reference(t, exe, "--steps", strconv.Itoa(steps), "../../examples/jobs/mlp.yaml")
@@ -789,6 +791,7 @@ func commits(out string) []launchCommit {
 // of one of its two nodes' agents: the job goes on with the other node's
 // ranks from its last step and finishes.
 func TestElasticTorchProgram(t *testing.T) {
+	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
 	py := torchPython(t)
 	exe := buildBinary(t)
 	_, addr := coordinatorProc(t, exe)
@@ -869,6 +872,7 @@ func TestElasticStress(t *testing.T) {
 // stop (no --checkpoint-every: only that checkpoint is taken), so the job
 // shrinks and resumes from the last step it trained: none is lost.
 func TestElasticPreemption(t *testing.T) {
+	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
 	exe := buildBinary(t)
 	const steps = 200
 	want := reference(t, exe, "--steps", strconv.Itoa(steps), "../../examples/jobs/mlp.yaml")

@@ -60,6 +60,7 @@ func rss(t *testing.T, pid int) int64 {
 // pool's key rotates under the running job, and a token revoked on the
 // coordinator buys a new agent nothing.
 func TestClusterStrangers(t *testing.T) {
+	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
 	const steps = 300
 	b := newBoxCluster(t, testcluster.Config{Hosts: 5})
 	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")

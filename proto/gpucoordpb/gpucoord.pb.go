@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30, 0}
 }
 
 // Node is one machine in the pool.
@@ -931,7 +931,10 @@ type Generation struct {
 	// (Assignment.open) once each has reported them stopped (Stopped), has
 	// registered again as another run, or lost its lease long enough ago
 	// that its own deadline, and the fence margin, have passed.
-	Stopping      []*Member `protobuf:"bytes,12,rep,name=stopping,proto3" json:"stopping,omitempty"`
+	Stopping []*Member `protobuf:"bytes,12,rep,name=stopping,proto3" json:"stopping,omitempty"`
+	// unrestorable are the steps of the job that a generation could not
+	// restore, with why: no later generation resumes from them.
+	Unrestorable  []*Unrestorable `protobuf:"bytes,13,rep,name=unrestorable,proto3" json:"unrestorable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1050,6 +1053,66 @@ func (x *Generation) GetStopping() []*Member {
 	return nil
 }
 
+func (x *Generation) GetUnrestorable() []*Unrestorable {
+	if x != nil {
+		return x.Unrestorable
+	}
+	return nil
+}
+
+// Unrestorable is a step a generation could not restore, and why.
+type Unrestorable struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Step          int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	Why           string                 `protobuf:"bytes,2,opt,name=why,proto3" json:"why,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Unrestorable) Reset() {
+	*x = Unrestorable{}
+	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Unrestorable) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Unrestorable) ProtoMessage() {}
+
+func (x *Unrestorable) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Unrestorable.ProtoReflect.Descriptor instead.
+func (*Unrestorable) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Unrestorable) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *Unrestorable) GetWhy() string {
+	if x != nil {
+		return x.Why
+	}
+	return ""
+}
+
 // Copies says which nodes hold the files one node's ranks wrote for a
 // step: the writer itself first, then its replicas.
 type Copies struct {
@@ -1070,7 +1133,7 @@ type Copies struct {
 
 func (x *Copies) Reset() {
 	*x = Copies{}
-	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	mi := &file_proto_gpucoord_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1145,7 @@ func (x *Copies) String() string {
 func (*Copies) ProtoMessage() {}
 
 func (x *Copies) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	mi := &file_proto_gpucoord_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1158,7 @@ func (x *Copies) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copies.ProtoReflect.Descriptor instead.
 func (*Copies) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{8}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Copies) GetNode() string {
@@ -1176,7 +1239,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_proto_gpucoord_proto_msgTypes[9]
+	mi := &file_proto_gpucoord_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1251,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[9]
+	mi := &file_proto_gpucoord_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1264,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{9}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Assignment) GetJob() string {
@@ -1311,7 +1374,7 @@ type Bootstrap struct {
 
 func (x *Bootstrap) Reset() {
 	*x = Bootstrap{}
-	mi := &file_proto_gpucoord_proto_msgTypes[10]
+	mi := &file_proto_gpucoord_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1323,7 +1386,7 @@ func (x *Bootstrap) String() string {
 func (*Bootstrap) ProtoMessage() {}
 
 func (x *Bootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[10]
+	mi := &file_proto_gpucoord_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1336,7 +1399,7 @@ func (x *Bootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bootstrap.ProtoReflect.Descriptor instead.
 func (*Bootstrap) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{10}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Bootstrap) GetMaster() string {
@@ -1381,14 +1444,19 @@ type Step struct {
 	// backup_only, on a commit, says the step is in checkpoint_backup alone:
 	// a generation resumed from the backup tier, and its holders dropped
 	// every later step.
-	BackupOnly    bool `protobuf:"varint,10,opt,name=backup_only,json=backupOnly,proto3" json:"backup_only,omitempty"`
+	BackupOnly bool `protobuf:"varint,10,opt,name=backup_only,json=backupOnly,proto3" json:"backup_only,omitempty"`
+	// earlier, on a commit, are the commits before it whose steps the
+	// checkpoints may still keep (keep_checkpoints - 1 at most, newest
+	// first, each without its own earlier): where a generation falls back
+	// when this step cannot be restored.
+	Earlier       []*Step `protobuf:"bytes,11,rep,name=earlier,proto3" json:"earlier,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_proto_gpucoord_proto_msgTypes[11]
+	mi := &file_proto_gpucoord_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1468,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[11]
+	mi := &file_proto_gpucoord_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1481,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{11}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Step) GetStep() int64 {
@@ -1486,6 +1554,13 @@ func (x *Step) GetBackupOnly() bool {
 	return false
 }
 
+func (x *Step) GetEarlier() []*Step {
+	if x != nil {
+		return x.Earlier
+	}
+	return nil
+}
+
 // Stored reports a node's checkpoints that no commit covers yet, oldest
 // first: for each step, that the node's ranks have all written their files
 // of it and that holders hold them (this node and its replicas; none with
@@ -1500,7 +1575,7 @@ type Stored struct {
 
 func (x *Stored) Reset() {
 	*x = Stored{}
-	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	mi := &file_proto_gpucoord_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1512,7 +1587,7 @@ func (x *Stored) String() string {
 func (*Stored) ProtoMessage() {}
 
 func (x *Stored) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	mi := &file_proto_gpucoord_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1525,7 +1600,7 @@ func (x *Stored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stored.ProtoReflect.Descriptor instead.
 func (*Stored) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{12}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Stored) GetSteps() []*StoredStep {
@@ -1548,7 +1623,7 @@ type StoredStep struct {
 
 func (x *StoredStep) Reset() {
 	*x = StoredStep{}
-	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +1635,7 @@ func (x *StoredStep) String() string {
 func (*StoredStep) ProtoMessage() {}
 
 func (x *StoredStep) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,7 +1648,7 @@ func (x *StoredStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredStep.ProtoReflect.Descriptor instead.
 func (*StoredStep) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{13}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StoredStep) GetStep() int64 {
@@ -1619,14 +1694,19 @@ type RankExit struct {
 	Output string `protobuf:"bytes,5,opt,name=output,proto3" json:"output,omitempty"`
 	// hang, when set, says the rank did not end: it stopped making progress
 	// (code is then 124) and failed_at_unix_ms is when it last did.
-	Hang          *Hang `protobuf:"bytes,6,opt,name=hang,proto3" json:"hang,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Hang *Hang `protobuf:"bytes,6,opt,name=hang,proto3" json:"hang,omitempty"`
+	// unrestorable_step, when set, says the rank (or its node, gathering
+	// the files) could not restore the generation's resume step: missing,
+	// corrupt or half-written. The next generation resumes from an earlier
+	// kept step, never from this one again.
+	UnrestorableStep int64 `protobuf:"varint,7,opt,name=unrestorable_step,json=unrestorableStep,proto3" json:"unrestorable_step,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RankExit) Reset() {
 	*x = RankExit{}
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +1718,7 @@ func (x *RankExit) String() string {
 func (*RankExit) ProtoMessage() {}
 
 func (x *RankExit) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +1731,7 @@ func (x *RankExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankExit.ProtoReflect.Descriptor instead.
 func (*RankExit) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RankExit) GetRank() int32 {
@@ -1696,6 +1776,13 @@ func (x *RankExit) GetHang() *Hang {
 	return nil
 }
 
+func (x *RankExit) GetUnrestorableStep() int64 {
+	if x != nil {
+		return x.UnrestorableStep
+	}
+	return 0
+}
+
 // Hang is what an agent saw of a rank it found hung.
 type Hang struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1715,7 +1802,7 @@ type Hang struct {
 
 func (x *Hang) Reset() {
 	*x = Hang{}
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +1814,7 @@ func (x *Hang) String() string {
 func (*Hang) ProtoMessage() {}
 
 func (x *Hang) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +1827,7 @@ func (x *Hang) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hang.ProtoReflect.Descriptor instead.
 func (*Hang) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Hang) GetLastStep() int64 {
@@ -1782,7 +1869,7 @@ type RankTimes struct {
 
 func (x *RankTimes) Reset() {
 	*x = RankTimes{}
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1881,7 @@ func (x *RankTimes) String() string {
 func (*RankTimes) ProtoMessage() {}
 
 func (x *RankTimes) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1894,7 @@ func (x *RankTimes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTimes.ProtoReflect.Descriptor instead.
 func (*RankTimes) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RankTimes) GetRanks() []*RankTime {
@@ -1828,7 +1915,7 @@ type TimesHistory struct {
 
 func (x *TimesHistory) Reset() {
 	*x = TimesHistory{}
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +1927,7 @@ func (x *TimesHistory) String() string {
 func (*TimesHistory) ProtoMessage() {}
 
 func (x *TimesHistory) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +1940,7 @@ func (x *TimesHistory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimesHistory.ProtoReflect.Descriptor instead.
 func (*TimesHistory) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TimesHistory) GetWindows() []*RankTimes {
@@ -1875,7 +1962,7 @@ type TimesBatch struct {
 
 func (x *TimesBatch) Reset() {
 	*x = TimesBatch{}
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1887,7 +1974,7 @@ func (x *TimesBatch) String() string {
 func (*TimesBatch) ProtoMessage() {}
 
 func (x *TimesBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1900,7 +1987,7 @@ func (x *TimesBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimesBatch.ProtoReflect.Descriptor instead.
 func (*TimesBatch) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TimesBatch) GetNodes() map[string]*TimesHistory {
@@ -1923,7 +2010,7 @@ type RankTime struct {
 
 func (x *RankTime) Reset() {
 	*x = RankTime{}
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1935,7 +2022,7 @@ func (x *RankTime) String() string {
 func (*RankTime) ProtoMessage() {}
 
 func (x *RankTime) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1948,7 +2035,7 @@ func (x *RankTime) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTime.ProtoReflect.Descriptor instead.
 func (*RankTime) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RankTime) GetRank() int32 {
@@ -1987,7 +2074,7 @@ type Straggler struct {
 
 func (x *Straggler) Reset() {
 	*x = Straggler{}
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1999,7 +2086,7 @@ func (x *Straggler) String() string {
 func (*Straggler) ProtoMessage() {}
 
 func (x *Straggler) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2012,7 +2099,7 @@ func (x *Straggler) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Straggler.ProtoReflect.Descriptor instead.
 func (*Straggler) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Straggler) GetRank() int32 {
@@ -2053,7 +2140,7 @@ type Stragglers struct {
 
 func (x *Stragglers) Reset() {
 	*x = Stragglers{}
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2065,7 +2152,7 @@ func (x *Stragglers) String() string {
 func (*Stragglers) ProtoMessage() {}
 
 func (x *Stragglers) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2078,7 +2165,7 @@ func (x *Stragglers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stragglers.ProtoReflect.Descriptor instead.
 func (*Stragglers) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Stragglers) GetGeneration() int64 {
@@ -2120,7 +2207,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2132,7 +2219,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2145,7 +2232,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReportRequest) GetJob() string {
@@ -2290,7 +2377,7 @@ type Stopped struct {
 
 func (x *Stopped) Reset() {
 	*x = Stopped{}
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2302,7 +2389,7 @@ func (x *Stopped) String() string {
 func (*Stopped) ProtoMessage() {}
 
 func (x *Stopped) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2315,7 +2402,7 @@ func (x *Stopped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stopped.ProtoReflect.Descriptor instead.
 func (*Stopped) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Stopped) GetBelow() int64 {
@@ -2336,7 +2423,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2348,7 +2435,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2361,7 +2448,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReportResponse) GetCommitted() int64 {
@@ -2381,7 +2468,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2393,7 +2480,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2406,7 +2493,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -2431,7 +2518,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2443,7 +2530,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2456,7 +2543,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
 }
 
 type SubmitRequest struct {
@@ -2468,7 +2555,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +2567,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +2580,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -2511,7 +2598,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2523,7 +2610,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2536,7 +2623,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
 }
 
 // JobState is where a job stands.
@@ -2562,7 +2649,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2574,7 +2661,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2587,7 +2674,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -2659,7 +2746,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2671,7 +2758,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2684,7 +2771,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -2722,7 +2809,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2734,7 +2821,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2747,7 +2834,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -2795,7 +2882,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2807,7 +2894,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2820,7 +2907,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -2848,7 +2935,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2860,7 +2947,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2873,7 +2960,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CancelResponse) GetState() *JobState {
@@ -2891,7 +2978,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2903,7 +2990,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2916,7 +3003,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
 }
 
 type NodeStatus struct {
@@ -2930,7 +3017,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2942,7 +3029,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2955,7 +3042,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -2990,7 +3077,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3002,7 +3089,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3015,7 +3102,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -3083,7 +3170,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3095,7 +3182,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3108,7 +3195,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -3151,7 +3238,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3163,7 +3250,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3176,7 +3263,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -3217,7 +3304,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3316,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3329,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -3284,7 +3371,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +3383,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +3396,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -3339,7 +3426,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3351,7 +3438,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3364,7 +3451,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -3399,7 +3486,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3411,7 +3498,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3424,7 +3511,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -3456,7 +3543,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3468,7 +3555,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3481,7 +3568,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -3527,7 +3614,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3539,7 +3626,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3552,7 +3639,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
 }
 
 type ListTokensResponse struct {
@@ -3564,7 +3651,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3576,7 +3663,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3589,7 +3676,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3608,7 +3695,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3620,7 +3707,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3633,7 +3720,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -3651,7 +3738,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3663,7 +3750,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3676,7 +3763,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
 }
 
 type GossipKeysRequest struct {
@@ -3691,7 +3778,7 @@ type GossipKeysRequest struct {
 
 func (x *GossipKeysRequest) Reset() {
 	*x = GossipKeysRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3703,7 +3790,7 @@ func (x *GossipKeysRequest) String() string {
 func (*GossipKeysRequest) ProtoMessage() {}
 
 func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3716,7 +3803,7 @@ func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeysRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GossipKeysRequest) GetAction() string {
@@ -3737,7 +3824,7 @@ type GossipKeysResponse struct {
 
 func (x *GossipKeysResponse) Reset() {
 	*x = GossipKeysResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3749,7 +3836,7 @@ func (x *GossipKeysResponse) String() string {
 func (*GossipKeysResponse) ProtoMessage() {}
 
 func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3762,7 +3849,7 @@ func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeysResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GossipKeysResponse) GetFingerprints() []string {
@@ -3853,7 +3940,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x05ranks\x18\x04 \x01(\x05R\x05ranks\x12\x1a\n" +
 	"\binstance\x18\x05 \x01(\tR\binstance\x12'\n" +
 	"\x0fcheckpoint_addr\x18\x06 \x01(\tR\x0echeckpointAddr\x12\x16\n" +
-	"\x06domain\x18\a \x01(\tR\x06domain\"\xf9\x02\n" +
+	"\x06domain\x18\a \x01(\tR\x06domain\"\xb8\x03\n" +
 	"\n" +
 	"Generation\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
@@ -3872,7 +3959,11 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x05hangs\x18\n" +
 	" \x01(\x05R\x05hangs\x12\x16\n" +
 	"\x06output\x18\v \x01(\tR\x06output\x12/\n" +
-	"\bstopping\x18\f \x03(\v2\x13.gpucoord.v1.MemberR\bstopping\"j\n" +
+	"\bstopping\x18\f \x03(\v2\x13.gpucoord.v1.MemberR\bstopping\x12=\n" +
+	"\funrestorable\x18\r \x03(\v2\x19.gpucoord.v1.UnrestorableR\funrestorable\"4\n" +
+	"\fUnrestorable\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x10\n" +
+	"\x03why\x18\x02 \x01(\tR\x03why\"j\n" +
 	"\x06Copies\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aholders\x18\x02 \x03(\tR\aholders\x12\x14\n" +
@@ -3901,7 +3992,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x02 \x01(\tR\x05probe\x12!\n" +
-	"\fstore_secret\x18\x03 \x01(\fR\vstoreSecret\"\xaa\x02\n" +
+	"\fstore_secret\x18\x03 \x01(\fR\vstoreSecret\"\xd7\x02\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x12\n" +
 	"\x04loss\x18\x02 \x01(\x01R\x04loss\x12\x18\n" +
@@ -3916,7 +4007,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x06backup\x18\t \x01(\bR\x06backup\x12\x1f\n" +
 	"\vbackup_only\x18\n" +
 	" \x01(\bR\n" +
-	"backupOnly\"7\n" +
+	"backupOnly\x12+\n" +
+	"\aearlier\x18\v \x03(\v2\x11.gpucoord.v1.StepR\aearlier\"7\n" +
 	"\x06Stored\x12-\n" +
 	"\x05steps\x18\x01 \x03(\v2\x17.gpucoord.v1.StoredStepR\x05steps\"r\n" +
 	"\n" +
@@ -3926,14 +4018,15 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x06backup\x18\x03 \x01(\bR\x06backup\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x03R\n" +
-	"generation\"\xb2\x01\n" +
+	"generation\"\xdf\x01\n" +
 	"\bRankExit\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12)\n" +
 	"\x11failed_at_unix_ms\x18\x04 \x01(\x03R\x0efailedAtUnixMs\x12\x16\n" +
 	"\x06output\x18\x05 \x01(\tR\x06output\x12%\n" +
-	"\x04hang\x18\x06 \x01(\v2\x11.gpucoord.v1.HangR\x04hang\"z\n" +
+	"\x04hang\x18\x06 \x01(\v2\x11.gpucoord.v1.HangR\x04hang\x12+\n" +
+	"\x11unrestorable_step\x18\a \x01(\x03R\x10unrestorableStep\"z\n" +
 	"\x04Hang\x12\x1b\n" +
 	"\tlast_step\x18\x01 \x01(\x03R\blastStep\x12\x17\n" +
 	"\aidle_ms\x18\x02 \x01(\x03R\x06idleMs\x12\x18\n" +
@@ -4118,7 +4211,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),                // 1: gpucoord.v1.Node
@@ -4129,123 +4222,126 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*JobSpec)(nil),             // 6: gpucoord.v1.JobSpec
 	(*Member)(nil),              // 7: gpucoord.v1.Member
 	(*Generation)(nil),          // 8: gpucoord.v1.Generation
-	(*Copies)(nil),              // 9: gpucoord.v1.Copies
-	(*Assignment)(nil),          // 10: gpucoord.v1.Assignment
-	(*Bootstrap)(nil),           // 11: gpucoord.v1.Bootstrap
-	(*Step)(nil),                // 12: gpucoord.v1.Step
-	(*Stored)(nil),              // 13: gpucoord.v1.Stored
-	(*StoredStep)(nil),          // 14: gpucoord.v1.StoredStep
-	(*RankExit)(nil),            // 15: gpucoord.v1.RankExit
-	(*Hang)(nil),                // 16: gpucoord.v1.Hang
-	(*RankTimes)(nil),           // 17: gpucoord.v1.RankTimes
-	(*TimesHistory)(nil),        // 18: gpucoord.v1.TimesHistory
-	(*TimesBatch)(nil),          // 19: gpucoord.v1.TimesBatch
-	(*RankTime)(nil),            // 20: gpucoord.v1.RankTime
-	(*Straggler)(nil),           // 21: gpucoord.v1.Straggler
-	(*Stragglers)(nil),          // 22: gpucoord.v1.Stragglers
-	(*ReportRequest)(nil),       // 23: gpucoord.v1.ReportRequest
-	(*Stopped)(nil),             // 24: gpucoord.v1.Stopped
-	(*ReportResponse)(nil),      // 25: gpucoord.v1.ReportResponse
-	(*LeaveRequest)(nil),        // 26: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),       // 27: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),       // 28: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),      // 29: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),            // 30: gpucoord.v1.JobState
-	(*FollowRequest)(nil),       // 31: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),            // 32: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),       // 33: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),      // 34: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),       // 35: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),          // 36: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),           // 37: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),        // 38: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),      // 39: gpucoord.v1.StatusResponse
-	(*JoinRequest)(nil),         // 40: gpucoord.v1.JoinRequest
-	(*JoinResponse)(nil),        // 41: gpucoord.v1.JoinResponse
-	(*CreateTokenRequest)(nil),  // 42: gpucoord.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil), // 43: gpucoord.v1.CreateTokenResponse
-	(*TokenInfo)(nil),           // 44: gpucoord.v1.TokenInfo
-	(*ListTokensRequest)(nil),   // 45: gpucoord.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),  // 46: gpucoord.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),  // 47: gpucoord.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil), // 48: gpucoord.v1.RevokeTokenResponse
-	(*GossipKeysRequest)(nil),   // 49: gpucoord.v1.GossipKeysRequest
-	(*GossipKeysResponse)(nil),  // 50: gpucoord.v1.GossipKeysResponse
-	nil,                         // 51: gpucoord.v1.JobSpec.EnvEntry
-	nil,                         // 52: gpucoord.v1.TimesBatch.NodesEntry
+	(*Unrestorable)(nil),        // 9: gpucoord.v1.Unrestorable
+	(*Copies)(nil),              // 10: gpucoord.v1.Copies
+	(*Assignment)(nil),          // 11: gpucoord.v1.Assignment
+	(*Bootstrap)(nil),           // 12: gpucoord.v1.Bootstrap
+	(*Step)(nil),                // 13: gpucoord.v1.Step
+	(*Stored)(nil),              // 14: gpucoord.v1.Stored
+	(*StoredStep)(nil),          // 15: gpucoord.v1.StoredStep
+	(*RankExit)(nil),            // 16: gpucoord.v1.RankExit
+	(*Hang)(nil),                // 17: gpucoord.v1.Hang
+	(*RankTimes)(nil),           // 18: gpucoord.v1.RankTimes
+	(*TimesHistory)(nil),        // 19: gpucoord.v1.TimesHistory
+	(*TimesBatch)(nil),          // 20: gpucoord.v1.TimesBatch
+	(*RankTime)(nil),            // 21: gpucoord.v1.RankTime
+	(*Straggler)(nil),           // 22: gpucoord.v1.Straggler
+	(*Stragglers)(nil),          // 23: gpucoord.v1.Stragglers
+	(*ReportRequest)(nil),       // 24: gpucoord.v1.ReportRequest
+	(*Stopped)(nil),             // 25: gpucoord.v1.Stopped
+	(*ReportResponse)(nil),      // 26: gpucoord.v1.ReportResponse
+	(*LeaveRequest)(nil),        // 27: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),       // 28: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),       // 29: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),      // 30: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),            // 31: gpucoord.v1.JobState
+	(*FollowRequest)(nil),       // 32: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),            // 33: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),       // 34: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),      // 35: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),       // 36: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),          // 37: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),           // 38: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),        // 39: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),      // 40: gpucoord.v1.StatusResponse
+	(*JoinRequest)(nil),         // 41: gpucoord.v1.JoinRequest
+	(*JoinResponse)(nil),        // 42: gpucoord.v1.JoinResponse
+	(*CreateTokenRequest)(nil),  // 43: gpucoord.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil), // 44: gpucoord.v1.CreateTokenResponse
+	(*TokenInfo)(nil),           // 45: gpucoord.v1.TokenInfo
+	(*ListTokensRequest)(nil),   // 46: gpucoord.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),  // 47: gpucoord.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),  // 48: gpucoord.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil), // 49: gpucoord.v1.RevokeTokenResponse
+	(*GossipKeysRequest)(nil),   // 50: gpucoord.v1.GossipKeysRequest
+	(*GossipKeysResponse)(nil),  // 51: gpucoord.v1.GossipKeysResponse
+	nil,                         // 52: gpucoord.v1.JobSpec.EnvEntry
+	nil,                         // 53: gpucoord.v1.TimesBatch.NodesEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	51, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	52, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
 	7,  // 3: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
-	9,  // 4: gpucoord.v1.Generation.checkpoint:type_name -> gpucoord.v1.Copies
+	10, // 4: gpucoord.v1.Generation.checkpoint:type_name -> gpucoord.v1.Copies
 	7,  // 5: gpucoord.v1.Generation.stopping:type_name -> gpucoord.v1.Member
-	6,  // 6: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
-	8,  // 7: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
-	9,  // 8: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
-	14, // 9: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
-	16, // 10: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
-	20, // 11: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
-	17, // 12: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
-	52, // 13: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
-	21, // 14: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
-	11, // 15: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
-	12, // 16: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
-	15, // 17: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
-	17, // 18: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
-	13, // 19: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
-	24, // 20: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
-	6,  // 21: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 22: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	30, // 23: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	8,  // 24: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	12, // 25: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	12, // 26: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
-	30, // 27: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 28: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	6,  // 29: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	30, // 30: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	8,  // 31: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	12, // 32: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	38, // 33: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	21, // 34: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	36, // 35: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	37, // 36: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	44, // 37: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	44, // 38: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	18, // 39: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
-	40, // 40: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	42, // 41: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	45, // 42: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	47, // 43: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	49, // 44: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 45: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 46: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	23, // 47: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	26, // 48: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	28, // 49: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	31, // 50: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	33, // 51: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	35, // 52: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	41, // 53: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	43, // 54: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	46, // 55: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	48, // 56: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	50, // 57: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 58: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	10, // 59: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	25, // 60: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	27, // 61: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	29, // 62: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	32, // 63: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	34, // 64: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	39, // 65: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	53, // [53:66] is the sub-list for method output_type
-	40, // [40:53] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	9,  // 6: gpucoord.v1.Generation.unrestorable:type_name -> gpucoord.v1.Unrestorable
+	6,  // 7: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
+	8,  // 8: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
+	10, // 9: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
+	13, // 10: gpucoord.v1.Step.earlier:type_name -> gpucoord.v1.Step
+	15, // 11: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
+	17, // 12: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
+	21, // 13: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
+	18, // 14: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
+	53, // 15: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
+	22, // 16: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
+	12, // 17: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
+	13, // 18: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
+	16, // 19: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
+	18, // 20: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
+	14, // 21: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
+	25, // 22: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
+	6,  // 23: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 24: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	31, // 25: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	8,  // 26: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	13, // 27: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	13, // 28: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
+	31, // 29: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 30: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	6,  // 31: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	31, // 32: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	8,  // 33: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	13, // 34: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	39, // 35: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	22, // 36: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	37, // 37: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	38, // 38: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	45, // 39: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	45, // 40: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	19, // 41: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
+	41, // 42: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	43, // 43: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	46, // 44: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	48, // 45: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	50, // 46: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 47: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 48: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	24, // 49: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	27, // 50: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	29, // 51: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	32, // 52: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	34, // 53: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	36, // 54: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	42, // 55: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	44, // 56: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	47, // 57: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	49, // 58: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	51, // 59: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 60: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	11, // 61: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	26, // 62: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	28, // 63: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	30, // 64: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	33, // 65: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	35, // 66: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	40, // 67: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	55, // [55:68] is the sub-list for method output_type
+	42, // [42:55] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -4253,7 +4349,7 @@ func file_proto_gpucoord_proto_init() {
 	if File_proto_gpucoord_proto != nil {
 		return
 	}
-	file_proto_gpucoord_proto_msgTypes[22].OneofWrappers = []any{
+	file_proto_gpucoord_proto_msgTypes[23].OneofWrappers = []any{
 		(*ReportRequest_Bootstrap)(nil),
 		(*ReportRequest_Step)(nil),
 		(*ReportRequest_Exit)(nil),
@@ -4267,7 +4363,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   52,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -17,6 +17,10 @@ func (e invalidJob) Is(target error) bool { return target == ErrInvalidJob }
 // ErrDiverged is returned when a step produces a loss that is not finite.
 var ErrDiverged = errors.New("engine: loss is not finite")
 
+// ErrUnrestorable is wrapped by the error of a rank that could not
+// restore the checkpoint it resumes from (missing, corrupt, half-written).
+var ErrUnrestorable = errors.New("engine: the checkpoint cannot be restored")
+
 // ErrPreempted is returned by Train on a rank whose Config.Preempted
 // reported true, after the checkpoint of the step every rank finished.
 var ErrPreempted = errors.New("engine: preempted after a checkpoint")
