@@ -150,10 +150,6 @@ func (wd *fenceDog) deadline(d time.Time) {
 	wd.send(fmt.Sprintf("deadline %d\n", int64(monotonic()+time.Until(d))))
 }
 
-// started and exited keep the watchdog's list of rank process groups.
-func (wd *fenceDog) started(pgid int) { wd.setRank(pgid, true) }
-func (wd *fenceDog) exited(pgid int)  { wd.setRank(pgid, false) }
-
 // clear says no rank runs.
 func (wd *fenceDog) clear() {
 	if wd == nil {
@@ -165,16 +161,14 @@ func (wd *fenceDog) clear() {
 	wd.send("ranks\n")
 }
 
-func (wd *fenceDog) setRank(pgid int, on bool) {
+// started adds a rank's process group to the watchdog's list (clear
+// empties it once the run's ranks have exited).
+func (wd *fenceDog) started(pgid int) {
 	if wd == nil {
 		return
 	}
 	wd.mu.Lock()
-	if on {
-		wd.ranks[pgid] = true
-	} else {
-		delete(wd.ranks, pgid)
-	}
+	wd.ranks[pgid] = true
 	var b strings.Builder
 	b.WriteString("ranks")
 	for _, pg := range slices.Sorted(maps.Keys(wd.ranks)) {

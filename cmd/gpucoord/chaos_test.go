@@ -151,9 +151,8 @@ func liveRanks() []liveRank {
 type chaosCluster struct {
 	b      *boxCluster
 	t      *testing.T
-	etcd   []*exec.Cmd // h1, h2, h3's members; nil while killed
-	etcdFn []func() *exec.Cmd
-	coords []*proc // h1's and h2's; nil while killed
+	etcd   []*exec.Cmd // h1, h2, h3's members
+	coords []*proc     // h1's and h2's; nil while killed
 	agents map[*testcluster.Host]*proc
 	log    []string // the faults, in order
 	counts map[string]int
@@ -230,7 +229,7 @@ func TestChaos(t *testing.T) {
 	for _, h := range agentHosts {
 		c.agents[h] = b.worker(t, h, 2)
 	}
-	steps := max(200, int(duration.Seconds()*5))
+	const steps = 200
 	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 	client := b.Host(10)
 	launch := func(job string, extra ...string) *proc {
@@ -243,32 +242,41 @@ func TestChaos(t *testing.T) {
 	go hist.run()
 	stopHist := sync.OnceFunc(func() { close(hist.stop); <-hist.done })
 	t.Cleanup(stopHist)
-	jobs := map[string]*proc{
-		"chaos-shared": launch("chaos-shared", "--checkpoint-dir", b.Shared()),
-		"chaos-held":   launch("chaos-held"),
+	// Two jobs at a time, one of each kind, in rounds for as long as the
+	// faults last: a job that ends is checked, and the next of its kind
+	// starts.
+	kinds := map[string][]string{"shared": {"--checkpoint-dir", b.Shared()}, "held": nil}
+	rounds := map[string]int{}
+	running, jobs := map[string]*proc{}, map[string]*proc{}
+	next := func(kind string) {
+		rounds[kind]++
+		id := fmt.Sprintf("chaos-%s-%d", kind, rounds[kind])
+		running[kind] = launch(id, kinds[kind]...)
+		jobs[id] = running[kind]
 	}
-	for _, p := range jobs {
+	for kind := range kinds {
+		next(kind)
+	}
+	for _, p := range running {
 		p.waitLine(t, `{"step":3,`, 2*time.Minute)
-	}
-
-	ended := func() bool {
-		for _, p := range jobs {
-			select {
-			case <-p.done:
-			default:
-				return false
-			}
-		}
-		return true
 	}
 	// The schedule: a fault every 9 to 13 s, each undone (healed, thawed,
 	// restarted) before the next.
 	end := time.Now().Add(duration)
-	for time.Now().Before(end) && !ended() {
+	for time.Now().Before(end) {
 		c.fault(rng)
 		time.Sleep(time.Duration(3000+rng.IntN(4000)) * time.Millisecond)
+		for kind, p := range running {
+			select {
+			case <-p.done:
+				if time.Now().Before(end) {
+					next(kind)
+				}
+			default:
+			}
+		}
 	}
-	c.note("faults over: %v", c.counts)
+	c.note("faults over: %v; jobs %d", c.counts, len(jobs))
 	for name, p := range jobs {
 		if code := p.wait(t, 10*time.Minute); code != 0 {
 			t.Errorf("(e) job %s exited %d:\n%s", name, code, p.output())

@@ -314,7 +314,6 @@ func TestRankUser(t *testing.T) {
 		t.Fatalf("launch --detach exited %d", code)
 	}
 	var secrets []string
-	var workers []*proc
 	for _, n := range []string{"0", "1"} {
 		held := filepath.Join(dir, "local"+n, "gpucoord", "checkpoints", "w"+n, "waiting")
 		if err := os.MkdirAll(filepath.Join(held, "own", "1"), 0o755); err != nil {
@@ -327,7 +326,6 @@ func TestRankUser(t *testing.T) {
 			"--name", "w"+n, "--gpus-per-node", "2", "--grace", "1s", "--rank-user", "nobody",
 			"--state-dir", filepath.Join(dir, "state"+n), "--checkpoint-local", filepath.Join(dir, "local"+n))
 		w.waitLine(t, "msg=registered ", 30*time.Second)
-		workers = append(workers, w)
 		keys, _ := filepath.Glob(filepath.Join(dir, "creds"+n, "gpucoord", "credentials", "*", "node-w"+n, "*key*"))
 		if len(keys) == 0 {
 			t.Fatalf("no key of w%s", n)
