@@ -63,7 +63,7 @@ func (h *chaosHistory) run() {
 			return
 		case <-tick.C:
 		}
-		ranks := liveRanks()
+		ranks := liveRanks(chaosJob)
 		now := time.Now()
 		gens, jobs := map[string]map[int64]bool{}, map[string]map[string]bool{}
 		for _, r := range ranks {
@@ -110,25 +110,29 @@ func (h *chaosHistory) run() {
 	}
 }
 
+// liveRank is a live rank process, as its environment says.
 type liveRank struct {
+	pid       int
 	job, host string
 	gen       int64
 }
 
-// liveRanks reads every process's environment: the ranks of the chaos
-// jobs (TORCHELASTIC_RUN_ID chaos-*, GPUCOORD_GENERATION, GPUCOORD_HOST).
-func liveRanks() []liveRank {
+// liveRanks reads every process's environment: the ranks gpucoord started
+// (TORCHELASTIC_RUN_ID, GPUCOORD_GENERATION, GPUCOORD_HOST) of the jobs
+// keep accepts (not another test's, running beside this one).
+func liveRanks(keep func(job string) bool) []liveRank {
 	var out []liveRank
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
 			continue
 		}
 		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
 		if err != nil || !bytes.Contains(env, []byte("GPUCOORD_GENERATION=")) {
 			continue
 		}
-		var r liveRank
+		r := liveRank{pid: pid}
 		for _, kv := range bytes.Split(env, []byte{0}) {
 			k, v, _ := strings.Cut(string(kv), "=")
 			switch k {
@@ -140,12 +144,15 @@ func liveRanks() []liveRank {
 				r.gen, _ = strconv.ParseInt(v, 10, 64)
 			}
 		}
-		if strings.HasPrefix(r.job, "chaos-") { // not another test's, running beside this one
+		if r.job != "" && keep(r.job) {
 			out = append(out, r)
 		}
 	}
 	return out
 }
+
+// chaosJob says whether a job is the chaos test's.
+func chaosJob(job string) bool { return strings.HasPrefix(job, "chaos-") }
 
 // chaosCluster is the pool the faults hit.
 type chaosCluster struct {
@@ -304,16 +311,12 @@ func (c *chaosCluster) fault(rng *rand.Rand) {
 		c.agents[h] = b.worker(t, h, 2)
 		c.note("agent %s back", h.Name)
 	case "kill-rank":
-		ranks := liveRanks()
+		ranks := liveRanks(chaosJob)
 		if len(ranks) == 0 {
 			c.note("kill-rank: no rank alive")
 			return
 		}
-		pids := rankPids()
-		if len(pids) == 0 {
-			return
-		}
-		pid := pids[rng.IntN(len(pids))]
+		pid := ranks[rng.IntN(len(ranks))].pid
 		c.note("kill-rank pid %d", pid)
 		syscall.Kill(pid, syscall.SIGKILL)
 	case "cut-host":
@@ -383,23 +386,6 @@ func names(hs []*testcluster.Host) string {
 		s = append(s, h.Name)
 	}
 	return strings.Join(s, ",")
-}
-
-// rankPids lists the chaos jobs' live rank processes.
-func rankPids() []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err == nil && bytes.Contains(env, []byte("TORCHELASTIC_RUN_ID=chaos-")) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 // agentPids signals the agent of p on h: the gpucoord worker process (not

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -101,27 +100,11 @@ func (o *overlapWatch) result() (time.Duration, []int64, int, string) {
 	return o.worst, slices.Sorted(maps.Keys(o.gens)), o.samples, o.seen
 }
 
-// rankGenerations reads /proc: the generations of job's live rank
-// processes.
+// rankGenerations is the generations of job's live rank processes.
 func rankGenerations(job string) map[int64]bool {
 	out := map[int64]bool{}
-	ents, _ := os.ReadDir("/proc")
-	want := []byte("TORCHELASTIC_RUN_ID=" + job + "\x00")
-	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(env, want) {
-			continue
-		}
-		for _, kv := range bytes.Split(env, []byte{0}) {
-			if v, ok := bytes.CutPrefix(kv, []byte("GPUCOORD_GENERATION=")); ok {
-				if g, err := strconv.ParseInt(string(v), 10, 64); err == nil {
-					out[g] = true
-				}
-			}
-		}
+	for _, r := range liveRanks(func(j string) bool { return j == job }) {
+		out[r.gen] = true
 	}
 	return out
 }
