@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucoord/gpucoord/internal/backoff"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
@@ -79,6 +82,15 @@ func (c *Client) Close() error {
 // A Submit that timed out at one coordinator may still have been applied
 // there: its retry at the next then reports ErrExists.
 func (c *Client) Submit(ctx context.Context, spec *pb.JobSpec) error {
+	if spec.GetSubmission() == "" {
+		// A retry after a lost answer finds this submission's own job.
+		var id [8]byte
+		if _, err := rand.Read(id[:]); err != nil {
+			return fmt.Errorf("submission id: %w", err)
+		}
+		spec = proto.Clone(spec).(*pb.JobSpec)
+		spec.Submission = hex.EncodeToString(id[:])
+	}
 	return c.call(ctx, "Submit", func(ctx context.Context, rpc pb.CoordinatorClient) error {
 		_, err := rpc.Submit(ctx, &pb.SubmitRequest{Spec: spec})
 		return err

@@ -205,9 +205,19 @@ func TestSubmitFailover(t *testing.T) {
 			if err := c.Submit(t.Context(), spec); err != nil {
 				t.Fatalf("Submit: %v", err)
 			}
+			// The spec, with a submission id of its own, the same at every
+			// coordinator it was tried at.
 			submits, _ := b.seen()
-			if len(submits) != 1 || !proto.Equal(submits[0], spec) {
-				t.Errorf("second coordinator got %v, want the spec", submits)
+			if len(submits) != 1 {
+				t.Fatalf("second coordinator got %d submissions, want 1", len(submits))
+			}
+			got := proto.Clone(submits[0]).(*pb.JobSpec)
+			got.Submission = ""
+			if !proto.Equal(got, spec) || submits[0].Submission == "" {
+				t.Errorf("second coordinator got %v, want the spec with a submission id", submits)
+			}
+			if firsts, _ := a.seen(); len(firsts) == 1 && firsts[0].Submission != submits[0].Submission {
+				t.Errorf("submission ids %q then %q: a retry must carry the same", firsts[0].Submission, submits[0].Submission)
 			}
 			if len(*failovers) != 1 || (*failovers)[0].Method != "Submit" || (*failovers)[0].Addr != addrA || !errors.Is((*failovers)[0].Err, client.ErrUnreachable) {
 				t.Errorf("failovers = %+v, want one Submit leaving %s with ErrUnreachable", *failovers, addrA)

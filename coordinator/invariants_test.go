@@ -384,3 +384,22 @@ func TestStatusCatchesUpWithoutSorting(t *testing.T) {
 		t.Fatalf("status = %v, %v: want node n1", st, err)
 	}
 }
+
+// TestSubmitRetried: a Submit tried again after its answer was lost (the
+// same submission) finds its own job; another submission of the id is
+// refused.
+func TestSubmitRetried(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr())
+	s := spec("j", 1, 4)
+	s.Submission = "first"
+	for range 2 {
+		if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); err != nil {
+			t.Fatalf("the same submission again: %v", err)
+		}
+	}
+	s.Submission = "second"
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("another submission of job j: %v, want AlreadyExists", err)
+	}
+}

@@ -600,11 +600,17 @@ func (s *server) Submit(ctx context.Context, req *pb.SubmitRequest) (*pb.SubmitR
 	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, encode(spec)),
 			clientv3.OpPut(s.k.state(spec.Id), encode(&pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1, Reason: "waiting for rendezvous"}))).
-		Commit()
+		Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
 		return nil, etcdErr(err)
 	}
 	if !resp.Succeeded {
+		// The same submission tried again (its first answer was lost): done.
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 && spec.Submission != "" {
+			if old := (&pb.JobSpec{}); decode(kvs[0].Value, old) == nil && old.Submission == spec.Submission {
+				return &pb.SubmitResponse{}, nil
+			}
+		}
 		return nil, status.Errorf(codes.AlreadyExists, "job %q already exists: choose another --job-id", spec.Id)
 	}
 	s.log.Info("job submitted", "job", spec.Id, "nodes", spec.Nodes, "gpus_per_node", spec.GpusPerNode)

@@ -163,6 +163,7 @@ type chaosCluster struct {
 	agents map[*testcluster.Host]*proc
 	log    []string // the faults, in order
 	counts map[string]int
+	ends   map[bool]int // jobs that failed, by whether the schedule explains it
 }
 
 func (c *chaosCluster) note(format string, args ...any) {
@@ -226,7 +227,7 @@ func TestChaos(t *testing.T) {
 	// h1-h3: etcd members; h1, h2: coordinators; h4-h9: agents of 2 slots;
 	// h10: where launch runs (never faulted).
 	b := newBoxCluster(t, testcluster.Config{Hosts: 10, Shared: true})
-	c := &chaosCluster{b: b, t: t, agents: map[*testcluster.Host]*proc{}, counts: map[string]int{}}
+	c := &chaosCluster{b: b, t: t, agents: map[*testcluster.Host]*proc{}, counts: map[string]int{}, ends: map[bool]int{}}
 	for i := 1; i <= 3; i++ {
 		c.etcd = append(c.etcd, c.etcdMember(i))
 	}
@@ -284,13 +285,12 @@ func TestChaos(t *testing.T) {
 		}
 	}
 	c.note("faults over: %v; jobs %d", c.counts, len(jobs))
+	codes := map[string]int{}
 	for name, p := range jobs {
-		if code := p.wait(t, 10*time.Minute); code != 0 {
-			t.Errorf("(e) job %s exited %d:\n%s", name, code, p.output())
-		}
+		codes[name] = p.wait(t, 10*time.Minute)
 	}
 	stopHist()
-	c.check(hist, jobs, want)
+	c.check(hist, jobs, codes, want)
 }
 
 // fault injects one fault, waits the time it lasts, and undoes it.
@@ -404,7 +404,7 @@ func agentPids(h *testcluster.Host, p *proc, sig syscall.Signal) {
 }
 
 // check is the history checker.
-func (c *chaosCluster) check(h *chaosHistory, jobs map[string]*proc, want []float64) {
+func (c *chaosCluster) check(h *chaosHistory, jobs map[string]*proc, codes map[string]int, want []float64) {
 	t := c.t
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -439,11 +439,35 @@ func (c *chaosCluster) check(h *chaosHistory, jobs map[string]*proc, want []floa
 			if strings.HasPrefix(line, `{"event":"generation"`) && json.Unmarshal([]byte(line), &ev) == nil && !committed[ev.Generation.Resume] {
 				t.Errorf("(c) %s: generation %d resumed after step %d, which the job never committed", job, ev.Generation.Number, ev.Generation.Resume)
 			}
-			if strings.Contains(line, "engine: restore step") || strings.Contains(line, "restoring step") && strings.Contains(line, "no holder") {
+			// A committed step whose files were there but could not be
+			// read (not one whose every holder was lost: (e) says so).
+			if strings.Contains(line, "engine: restore step") {
 				t.Errorf("(c) %s: a restore failed: %s", job, line)
 			}
+		}
+		if code := codes[job]; code != 0 {
+			// (e): a job may fail only for what the schedule explains:
+			// every holder of its kept steps lost at once (both sides of
+			// a replica cut from the quorum), or too few nodes for the
+			// rendezvous timeout (nodes struck and cooling down).
+			end := ""
+			for _, line := range strings.Split(out, "\n") {
+				if strings.HasPrefix(line, "gpucoord: job ") {
+					end = line
+				}
+			}
+			explained := strings.Contains(end, "no live node holds") && !strings.Contains(end, "could not restore") ||
+				strings.Contains(end, "without enough nodes")
+			c.ends[explained]++
+			if !explained {
+				t.Errorf("(e) job %s exited %d, not for what the schedule explains: %s", job, code, end)
+			} else {
+				t.Logf("(e) job %s exited %d, as the schedule explains: %s", job, code, end)
+			}
+			continue
 		}
 		t.Logf("(d) %s: %d steps", job, len(losses(t, out)))
 		sameLosses(t, losses(t, out), want)
 	}
+	t.Logf("(e) %d jobs: %d succeeded, %d failed as the schedule explains, %d not", len(jobs), len(jobs)-c.ends[true]-c.ends[false], c.ends[true], c.ends[false])
 }

@@ -553,6 +553,11 @@ type JobSpec struct {
 	// checkpoint or heartbeat line on GPUCOORD_PROGRESS) before it is hung;
 	// 0 derives it from recent step times (10 x the median, at least 30 s).
 	HangTimeoutMs int64 `protobuf:"varint,30,opt,name=hang_timeout_ms,json=hangTimeoutMs,proto3" json:"hang_timeout_ms,omitempty"`
+	// submission is a random id the client gives each submission (the Go
+	// client when it is empty): a Submit tried again after its answer was
+	// lost (a coordinator killed mid-call) finds its own job, not a
+	// conflict; a second submission of the id is refused as ever.
+	Submission    string `protobuf:"bytes,31,opt,name=submission,proto3" json:"submission,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -795,6 +800,13 @@ func (x *JobSpec) GetHangTimeoutMs() int64 {
 		return x.HangTimeoutMs
 	}
 	return 0
+}
+
+func (x *JobSpec) GetSubmission() string {
+	if x != nil {
+		return x.Submission
+	}
+	return ""
 }
 
 // Member is a node of a generation and the global ranks it runs.
@@ -3893,7 +3905,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x03R\aleaseId\x12#\n" +
-	"\rfrom_revision\x18\x03 \x01(\x03R\ffromRevision\"\xf5\a\n" +
+	"\rfrom_revision\x18\x03 \x01(\x03R\ffromRevision\"\x95\b\n" +
 	"\aJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\x12\x1b\n" +
@@ -3928,7 +3940,10 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x13checkpoint_replicas\x18\x1b \x01(\x05R\x12checkpointReplicas\x12+\n" +
 	"\x11checkpoint_backup\x18\x1c \x01(\tR\x10checkpointBackup\x12!\n" +
 	"\fbackup_every\x18\x1d \x01(\x05R\vbackupEvery\x12&\n" +
-	"\x0fhang_timeout_ms\x18\x1e \x01(\x03R\rhangTimeoutMs\x1a6\n" +
+	"\x0fhang_timeout_ms\x18\x1e \x01(\x03R\rhangTimeoutMs\x12\x1e\n" +
+	"\n" +
+	"submission\x18\x1f \x01(\tR\n" +
+	"submission\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc2\x01\n" +
