@@ -34,6 +34,7 @@ var methodRoles = map[string][]string{
 	pb.Coordinator_Watch_FullMethodName:       {pki.RoleNode},
 	pb.Coordinator_Report_FullMethodName:      {pki.RoleNode},
 	pb.Coordinator_Leave_FullMethodName:       {pki.RoleNode},
+	pb.Coordinator_Members_FullMethodName:     {pki.RoleNode},
 	pb.Coordinator_Submit_FullMethodName:      {pki.RoleClient, pki.RoleAdmin},
 	pb.Coordinator_Follow_FullMethodName:      {pki.RoleClient, pki.RoleAdmin},
 	pb.Coordinator_Cancel_FullMethodName:      {pki.RoleClient, pki.RoleAdmin},

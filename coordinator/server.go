@@ -617,6 +617,26 @@ func (s *server) Submit(ctx context.Context, req *pb.SubmitRequest) (*pb.SubmitR
 	return &pb.SubmitResponse{}, nil
 }
 
+// Members implements pb.CoordinatorServer, from the cache: the job's
+// current generation's nodes, by name.
+func (s *server) Members(ctx context.Context, req *pb.MembersRequest) (*pb.MembersResponse, error) {
+	if err := s.cache.sync(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(err).Err()
+		}
+		return nil, etcdErr(err)
+	}
+	g, _ := s.cache.generation(req.GetJob())
+	if g == nil {
+		return nil, status.Errorf(codes.NotFound, "job %q has no generation", req.GetJob())
+	}
+	resp := &pb.MembersResponse{Generation: g.Number}
+	for _, m := range g.Members {
+		resp.Nodes = append(resp.Nodes, m.Node)
+	}
+	return resp, nil
+}
+
 // Follow implements pb.CoordinatorServer. Steps come from the etcd watch
 // of the job's keys, so none is skipped however fast they come, and a
 // client that lost its stream resumes from a revision.

@@ -392,6 +392,7 @@ func (a *Agent) serveNode(ctx context.Context, peer *pki.Credentials) (<-chan st
 	}
 	a.holder = ckpt.New(root, a.cfg.Name, server, client, a.log)
 	a.holder.SetLimits(a.cfg.Checkpoints)
+	a.holder.SetLookup(a.members)
 	if peer == nil && !net.ParseIP(a.net.Bind).IsLoopback() {
 		a.log.Warn("no credentials: neither checkpoints nor rank output are served off loopback (jobs need a shared --checkpoint-dir)")
 		close(done)

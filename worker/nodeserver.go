@@ -1,6 +1,8 @@
 package worker
 
 import (
+	"context"
+	"errors"
 	"net/http"
 
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
@@ -35,4 +37,23 @@ func (a *Agent) sawAssignment(asg *pb.Assignment) {
 	if err := a.holder.Saw(asg.Job, g.GetNumber(), names); err != nil {
 		a.log.Warn("recording the job's generation for the node server", "job", asg.Job, "generation", g.GetNumber(), "err", err)
 	}
+}
+
+// members asks the coordinator the agent follows for job's current
+// generation and its nodes: what the node server serves a job's held
+// checkpoints by once this node has left the job.
+func (a *Agent) members(ctx context.Context, job string) (int64, []string, error) {
+	a.mu.Lock()
+	client := a.client
+	a.mu.Unlock()
+	if client == nil {
+		return 0, nil, errors.New("no coordinator answered yet")
+	}
+	cctx, cancel := context.WithTimeout(ctx, reportTimeout)
+	defer cancel()
+	resp, err := client.Members(cctx, &pb.MembersRequest{Job: job})
+	if err != nil {
+		return 0, nil, err
+	}
+	return resp.GetGeneration(), resp.GetNodes(), nil
 }

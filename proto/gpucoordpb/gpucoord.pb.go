@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32, 0}
 }
 
 // Node is one machine in the pool.
@@ -2470,6 +2470,102 @@ func (x *ReportResponse) GetCommitted() int64 {
 	return 0
 }
 
+type MembersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersRequest) Reset() {
+	*x = MembersRequest{}
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersRequest) ProtoMessage() {}
+
+func (x *MembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
+func (*MembersRequest) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *MembersRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+type MembersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    int64                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	Nodes         []string               `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersResponse) Reset() {
+	*x = MembersResponse{}
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersResponse) ProtoMessage() {}
+
+func (x *MembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
+func (*MembersResponse) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *MembersResponse) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *MembersResponse) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 type LeaveRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -2480,7 +2576,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2492,7 +2588,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2505,7 +2601,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -2530,7 +2626,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2542,7 +2638,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2555,7 +2651,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
 }
 
 type SubmitRequest struct {
@@ -2567,7 +2663,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2579,7 +2675,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2592,7 +2688,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -2610,7 +2706,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2622,7 +2718,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2635,7 +2731,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
 }
 
 // JobState is where a job stands.
@@ -2661,7 +2757,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2673,7 +2769,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2686,7 +2782,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -2758,7 +2854,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2770,7 +2866,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2783,7 +2879,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -2821,7 +2917,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +2929,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +2942,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -2894,7 +2990,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2906,7 +3002,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2919,7 +3015,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -2947,7 +3043,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2959,7 +3055,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2972,7 +3068,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CancelResponse) GetState() *JobState {
@@ -2990,7 +3086,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3002,7 +3098,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3015,7 +3111,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
 }
 
 type NodeStatus struct {
@@ -3029,7 +3125,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3041,7 +3137,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3054,7 +3150,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -3089,7 +3185,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3101,7 +3197,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3114,7 +3210,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -3182,7 +3278,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3194,7 +3290,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3207,7 +3303,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -3250,7 +3346,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3262,7 +3358,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3275,7 +3371,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -3316,7 +3412,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3328,7 +3424,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3341,7 +3437,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -3383,7 +3479,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3395,7 +3491,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3408,7 +3504,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -3438,7 +3534,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3450,7 +3546,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3463,7 +3559,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -3498,7 +3594,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3510,7 +3606,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3523,7 +3619,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -3555,7 +3651,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3567,7 +3663,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3580,7 +3676,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -3626,7 +3722,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3638,7 +3734,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3651,7 +3747,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
 }
 
 type ListTokensResponse struct {
@@ -3663,7 +3759,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3675,7 +3771,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3688,7 +3784,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3707,7 +3803,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3719,7 +3815,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3732,7 +3828,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -3750,7 +3846,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3762,7 +3858,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3775,7 +3871,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
 }
 
 type GossipKeysRequest struct {
@@ -3790,7 +3886,7 @@ type GossipKeysRequest struct {
 
 func (x *GossipKeysRequest) Reset() {
 	*x = GossipKeysRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3802,7 +3898,7 @@ func (x *GossipKeysRequest) String() string {
 func (*GossipKeysRequest) ProtoMessage() {}
 
 func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3815,7 +3911,7 @@ func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeysRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GossipKeysRequest) GetAction() string {
@@ -3836,7 +3932,7 @@ type GossipKeysResponse struct {
 
 func (x *GossipKeysResponse) Reset() {
 	*x = GossipKeysResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3848,7 +3944,7 @@ func (x *GossipKeysResponse) String() string {
 func (*GossipKeysResponse) ProtoMessage() {}
 
 func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3861,7 +3957,7 @@ func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeysResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *GossipKeysResponse) GetFingerprints() []string {
@@ -4092,7 +4188,14 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\aStopped\x12\x14\n" +
 	"\x05below\x18\x01 \x01(\x03R\x05below\".\n" +
 	"\x0eReportResponse\x12\x1c\n" +
-	"\tcommitted\x18\x01 \x01(\x03R\tcommitted\"=\n" +
+	"\tcommitted\x18\x01 \x01(\x03R\tcommitted\"\"\n" +
+	"\x0eMembersRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\"G\n" +
+	"\x0fMembersResponse\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x03R\n" +
+	"generation\x12\x14\n" +
+	"\x05nodes\x18\x02 \x03(\tR\x05nodes\"=\n" +
 	"\fLeaveRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\x0f\n" +
@@ -4195,7 +4298,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x11GossipKeysRequest\x12\x16\n" +
 	"\x06action\x18\x01 \x01(\tR\x06action\"8\n" +
 	"\x12GossipKeysResponse\x12\"\n" +
-	"\ffingerprints\x18\x01 \x03(\tR\ffingerprints2\x9f\a\n" +
+	"\ffingerprints\x18\x01 \x03(\tR\ffingerprints2\xe5\a\n" +
 	"\vCoordinator\x12;\n" +
 	"\x04Join\x12\x18.gpucoord.v1.JoinRequest\x1a\x19.gpucoord.v1.JoinResponse\x12P\n" +
 	"\vCreateToken\x12\x1f.gpucoord.v1.CreateTokenRequest\x1a .gpucoord.v1.CreateTokenResponse\x12M\n" +
@@ -4207,7 +4310,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\bRegister\x12\x1c.gpucoord.v1.RegisterRequest\x1a\x1d.gpucoord.v1.RegisterResponse\x12=\n" +
 	"\x05Watch\x12\x19.gpucoord.v1.WatchRequest\x1a\x17.gpucoord.v1.Assignment0\x01\x12A\n" +
 	"\x06Report\x12\x1a.gpucoord.v1.ReportRequest\x1a\x1b.gpucoord.v1.ReportResponse\x12>\n" +
-	"\x05Leave\x12\x19.gpucoord.v1.LeaveRequest\x1a\x1a.gpucoord.v1.LeaveResponse\x12A\n" +
+	"\x05Leave\x12\x19.gpucoord.v1.LeaveRequest\x1a\x1a.gpucoord.v1.LeaveResponse\x12D\n" +
+	"\aMembers\x12\x1b.gpucoord.v1.MembersRequest\x1a\x1c.gpucoord.v1.MembersResponse\x12A\n" +
 	"\x06Submit\x12\x1a.gpucoord.v1.SubmitRequest\x1a\x1b.gpucoord.v1.SubmitResponse\x12=\n" +
 	"\x06Follow\x12\x1a.gpucoord.v1.FollowRequest\x1a\x15.gpucoord.v1.JobEvent0\x01\x12A\n" +
 	"\x06Cancel\x12\x1a.gpucoord.v1.CancelRequest\x1a\x1b.gpucoord.v1.CancelResponse\x12A\n" +
@@ -4226,7 +4330,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),                // 1: gpucoord.v1.Node
@@ -4255,38 +4359,40 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*ReportRequest)(nil),       // 24: gpucoord.v1.ReportRequest
 	(*Stopped)(nil),             // 25: gpucoord.v1.Stopped
 	(*ReportResponse)(nil),      // 26: gpucoord.v1.ReportResponse
-	(*LeaveRequest)(nil),        // 27: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),       // 28: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),       // 29: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),      // 30: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),            // 31: gpucoord.v1.JobState
-	(*FollowRequest)(nil),       // 32: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),            // 33: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),       // 34: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),      // 35: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),       // 36: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),          // 37: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),           // 38: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),        // 39: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),      // 40: gpucoord.v1.StatusResponse
-	(*JoinRequest)(nil),         // 41: gpucoord.v1.JoinRequest
-	(*JoinResponse)(nil),        // 42: gpucoord.v1.JoinResponse
-	(*CreateTokenRequest)(nil),  // 43: gpucoord.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil), // 44: gpucoord.v1.CreateTokenResponse
-	(*TokenInfo)(nil),           // 45: gpucoord.v1.TokenInfo
-	(*ListTokensRequest)(nil),   // 46: gpucoord.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),  // 47: gpucoord.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),  // 48: gpucoord.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil), // 49: gpucoord.v1.RevokeTokenResponse
-	(*GossipKeysRequest)(nil),   // 50: gpucoord.v1.GossipKeysRequest
-	(*GossipKeysResponse)(nil),  // 51: gpucoord.v1.GossipKeysResponse
-	nil,                         // 52: gpucoord.v1.JobSpec.EnvEntry
-	nil,                         // 53: gpucoord.v1.TimesBatch.NodesEntry
+	(*MembersRequest)(nil),      // 27: gpucoord.v1.MembersRequest
+	(*MembersResponse)(nil),     // 28: gpucoord.v1.MembersResponse
+	(*LeaveRequest)(nil),        // 29: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),       // 30: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),       // 31: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),      // 32: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),            // 33: gpucoord.v1.JobState
+	(*FollowRequest)(nil),       // 34: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),            // 35: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),       // 36: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),      // 37: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),       // 38: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),          // 39: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),           // 40: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),        // 41: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),      // 42: gpucoord.v1.StatusResponse
+	(*JoinRequest)(nil),         // 43: gpucoord.v1.JoinRequest
+	(*JoinResponse)(nil),        // 44: gpucoord.v1.JoinResponse
+	(*CreateTokenRequest)(nil),  // 45: gpucoord.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil), // 46: gpucoord.v1.CreateTokenResponse
+	(*TokenInfo)(nil),           // 47: gpucoord.v1.TokenInfo
+	(*ListTokensRequest)(nil),   // 48: gpucoord.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),  // 49: gpucoord.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),  // 50: gpucoord.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil), // 51: gpucoord.v1.RevokeTokenResponse
+	(*GossipKeysRequest)(nil),   // 52: gpucoord.v1.GossipKeysRequest
+	(*GossipKeysResponse)(nil),  // 53: gpucoord.v1.GossipKeysResponse
+	nil,                         // 54: gpucoord.v1.JobSpec.EnvEntry
+	nil,                         // 55: gpucoord.v1.TimesBatch.NodesEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	52, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	54, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
 	7,  // 3: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
 	10, // 4: gpucoord.v1.Generation.checkpoint:type_name -> gpucoord.v1.Copies
 	7,  // 5: gpucoord.v1.Generation.stopping:type_name -> gpucoord.v1.Member
@@ -4299,7 +4405,7 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	17, // 12: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
 	21, // 13: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
 	18, // 14: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
-	53, // 15: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
+	55, // 15: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
 	22, // 16: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
 	12, // 17: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
 	13, // 18: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
@@ -4309,51 +4415,53 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	25, // 22: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
 	6,  // 23: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
 	0,  // 24: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	31, // 25: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	33, // 25: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
 	8,  // 26: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
 	13, // 27: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
 	13, // 28: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
-	31, // 29: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	33, // 29: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
 	1,  // 30: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
 	6,  // 31: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	31, // 32: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	33, // 32: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
 	8,  // 33: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
 	13, // 34: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	39, // 35: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	41, // 35: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
 	22, // 36: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	37, // 37: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	38, // 38: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	45, // 39: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	45, // 40: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	39, // 37: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	40, // 38: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	47, // 39: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	47, // 40: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
 	19, // 41: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
-	41, // 42: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	43, // 43: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	46, // 44: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	48, // 45: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	50, // 46: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	43, // 42: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	45, // 43: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	48, // 44: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	50, // 45: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	52, // 46: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
 	2,  // 47: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
 	5,  // 48: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
 	24, // 49: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	27, // 50: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	29, // 51: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	32, // 52: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	34, // 53: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	36, // 54: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	42, // 55: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	44, // 56: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	47, // 57: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	49, // 58: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	51, // 59: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 60: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	11, // 61: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	26, // 62: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	28, // 63: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	30, // 64: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	33, // 65: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	35, // 66: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	40, // 67: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	55, // [55:68] is the sub-list for method output_type
-	42, // [42:55] is the sub-list for method input_type
+	29, // 50: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	27, // 51: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
+	31, // 52: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	34, // 53: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	36, // 54: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	38, // 55: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	44, // 56: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	46, // 57: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	49, // 58: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	51, // 59: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	53, // 60: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 61: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	11, // 62: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	26, // 63: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	30, // 64: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	28, // 65: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
+	32, // 66: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	35, // 67: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	37, // 68: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	42, // 69: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	56, // [56:70] is the sub-list for method output_type
+	42, // [42:56] is the sub-list for method input_type
 	42, // [42:42] is the sub-list for extension type_name
 	42, // [42:42] is the sub-list for extension extendee
 	0,  // [0:42] is the sub-list for field type_name
@@ -4378,7 +4486,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   53,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,6 +32,7 @@ const (
 	Coordinator_Watch_FullMethodName       = "/gpucoord.v1.Coordinator/Watch"
 	Coordinator_Report_FullMethodName      = "/gpucoord.v1.Coordinator/Report"
 	Coordinator_Leave_FullMethodName       = "/gpucoord.v1.Coordinator/Leave"
+	Coordinator_Members_FullMethodName     = "/gpucoord.v1.Coordinator/Members"
 	Coordinator_Submit_FullMethodName      = "/gpucoord.v1.Coordinator/Submit"
 	Coordinator_Follow_FullMethodName      = "/gpucoord.v1.Coordinator/Follow"
 	Coordinator_Cancel_FullMethodName      = "/gpucoord.v1.Coordinator/Cancel"
@@ -77,6 +78,10 @@ type CoordinatorClient interface {
 	// Leave takes a node out of the pool at once (its lease is revoked).
 	// (node: itself only)
 	Leave(ctx context.Context, in *LeaveRequest, opts ...grpc.CallOption) (*LeaveResponse, error)
+	// Members names the nodes of a job's current generation: a node that
+	// holds checkpoints of a job it has left learns whom to serve them to.
+	// (node)
+	Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error)
 	// Submit creates a job; an id already used fails with AlreadyExists.
 	// (client, admin)
 	Submit(ctx context.Context, in *SubmitRequest, opts ...grpc.CallOption) (*SubmitResponse, error)
@@ -198,6 +203,16 @@ func (c *coordinatorClient) Leave(ctx context.Context, in *LeaveRequest, opts ..
 	return out, nil
 }
 
+func (c *coordinatorClient) Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MembersResponse)
+	err := c.cc.Invoke(ctx, Coordinator_Members_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *coordinatorClient) Submit(ctx context.Context, in *SubmitRequest, opts ...grpc.CallOption) (*SubmitResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SubmitResponse)
@@ -286,6 +301,10 @@ type CoordinatorServer interface {
 	// Leave takes a node out of the pool at once (its lease is revoked).
 	// (node: itself only)
 	Leave(context.Context, *LeaveRequest) (*LeaveResponse, error)
+	// Members names the nodes of a job's current generation: a node that
+	// holds checkpoints of a job it has left learns whom to serve them to.
+	// (node)
+	Members(context.Context, *MembersRequest) (*MembersResponse, error)
 	// Submit creates a job; an id already used fails with AlreadyExists.
 	// (client, admin)
 	Submit(context.Context, *SubmitRequest) (*SubmitResponse, error)
@@ -334,6 +353,9 @@ func (UnimplementedCoordinatorServer) Report(context.Context, *ReportRequest) (*
 }
 func (UnimplementedCoordinatorServer) Leave(context.Context, *LeaveRequest) (*LeaveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Leave not implemented")
+}
+func (UnimplementedCoordinatorServer) Members(context.Context, *MembersRequest) (*MembersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Members not implemented")
 }
 func (UnimplementedCoordinatorServer) Submit(context.Context, *SubmitRequest) (*SubmitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Submit not implemented")
@@ -523,6 +545,24 @@ func _Coordinator_Leave_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Coordinator_Members_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MembersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).Members(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_Members_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).Members(ctx, req.(*MembersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Coordinator_Submit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SubmitRequest)
 	if err := dec(in); err != nil {
@@ -626,6 +666,10 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Leave",
 			Handler:    _Coordinator_Leave_Handler,
+		},
+		{
+			MethodName: "Members",
+			Handler:    _Coordinator_Members_Handler,
 		},
 		{
 			MethodName: "Submit",

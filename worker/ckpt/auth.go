@@ -61,6 +61,16 @@ func (h *Holder) Saw(job string, gen int64, members []string) error {
 	return nil
 }
 
+// SetLookup gives the holder a way to ask the coordinators for a job's
+// current generation: a node that holds a job's checkpoints but has left
+// the job hears of no later generation from its assignments, and would
+// refuse the members of one that gathers from it. Set it before Serve.
+func (h *Holder) SetLookup(f func(ctx context.Context, job string) (gen int64, members []string, err error)) {
+	h.seenMu.Lock()
+	h.lookup = f
+	h.seenMu.Unlock()
+}
+
 // newestLocked is the newest generation of job heard of, from memory or,
 // after a restart, from the job's directory. h.seenMu is held.
 func (h *Holder) newestLocked(job string) (seen, bool) {
@@ -88,16 +98,31 @@ func (h *Holder) forget(job string) {
 
 // await returns the newest generation of job heard of once it is gen or
 // newer, or whatever is known when ctx ends or Limits.PeerWait has passed.
-// It creates nothing: an unknown job waits on the holder's one channel.
+// A job this node holds files of, asked for at a generation it has not
+// heard of, is looked up once at the coordinators (SetLookup). It creates
+// nothing for a job it holds nothing of: an unknown job waits on the
+// holder's one channel.
 func (h *Holder) await(ctx context.Context, job string, gen int64) (seen, bool) {
 	var expired <-chan time.Time
+	asked := false
 	for {
 		h.seenMu.Lock()
 		s, ok := h.newestLocked(job)
-		changed := h.seenChanged
+		changed, lookup := h.seenChanged, h.lookup
 		h.seenMu.Unlock()
 		if ok && s.Number >= gen {
 			return s, ok
+		}
+		if ok && lookup != nil && !asked {
+			asked = true
+			if n, members, err := lookup(ctx, job); err != nil {
+				h.log.Warn("asking the coordinators for a job's generation", "job", job, "err", err)
+			} else if n > s.Number {
+				if err := h.Saw(job, n, members); err != nil {
+					h.log.Warn("recording the job's generation", "job", job, "err", err)
+				}
+				continue
+			}
 		}
 		if expired == nil {
 			t := time.NewTimer(h.lim.PeerWait)

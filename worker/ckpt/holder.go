@@ -90,6 +90,9 @@ type Holder struct {
 	seenMu      sync.Mutex
 	seen        map[string]seen // each job's newest generation heard of (Saw)
 	seenChanged chan struct{}   // closed and replaced at each Saw
+	// lookup asks the coordinators for a job's current generation (its
+	// number and members' names); nil: none (SetLookup).
+	lookup func(ctx context.Context, job string) (int64, []string, error)
 
 	peerMu      sync.Mutex
 	peerClients map[string]*http.Client // by peer name (clientFor)

@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -377,5 +379,42 @@ func TestHasWholeOnly(t *testing.T) {
 	}
 	if got := fmt.Sprint(steps(filepath.Join(b.h.peers("j"), "a"))); got != "[5]" {
 		t.Errorf("b's replicas of a: steps %s, want [5]", got)
+	}
+}
+
+// TestLeftHolderLooksUp: b holds a's step of job j but has left the job
+// (it heard of generation 1 only); c, in generation 3, gathers from it: b
+// asks the coordinators (its lookup) and serves c. A job b holds nothing
+// of is never looked up, and a caller outside the generation the lookup
+// names is still refused.
+func TestLeftHolderLooksUp(t *testing.T) {
+	nodes := cluster(t, Limits{PeerWait: 20 * time.Millisecond}, []string{"a", "b"}, "a", "b", "c", "z")
+	a, b, c, z := nodes["a"], nodes["b"], nodes["c"], nodes["z"]
+	ctx := t.Context()
+	ownStep(t, a, 3, map[string]string{"shard": "a's weights"})
+	if _, err := a.h.Send(ctx, b.peer("b"), "j", 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	var asked []string
+	var mu sync.Mutex
+	b.h.SetLookup(func(_ context.Context, job string) (int64, []string, error) {
+		mu.Lock()
+		asked = append(asked, job)
+		mu.Unlock()
+		return 3, []string{"c", "d"}, nil
+	})
+	if _, err := c.h.Fetch(ctx, b.peer("b"), "j", "a", 3, 3); err != nil {
+		t.Fatalf("c, in generation 3, gathering from b that left the job: %v", err)
+	}
+	if _, err := z.h.Fetch(ctx, b.peer("b"), "j", "a", 3, 3); status(err) != 403 {
+		t.Errorf("z, in no generation, fetching: %v, want 403", err)
+	}
+	if _, err := z.h.Fetch(ctx, b.peer("b"), "other", "a", 3, 3); status(err) != 403 {
+		t.Errorf("z fetching a job b holds nothing of: %v, want 403", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if slices.Contains(asked, "other") {
+		t.Errorf("b looked up a job it holds nothing of: %v", asked)
 	}
 }
