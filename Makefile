@@ -28,7 +28,7 @@ deps: ## Install the Debian packages the tests use (etcd-server, python3-torch) 
 
 .PHONY: test
 test: deps ## Run every test with the race detector (installs what the tests need first); the clusters in a box run 4 at a time
-	$(GO) test -race -count=1 -timeout 14m -parallel 4 $(PKGS)
+	$(GO) test -race -count=1 -timeout 25m -parallel 4 $(PKGS)
 
 .PHONY: test-short
 test-short: ## The unit and integration tests alone (-short: no cluster in a box, no chaos), with the race detector: the edit loop

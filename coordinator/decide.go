@@ -619,9 +619,13 @@ func restorePoint(v *view) restore {
 			commit: &pb.Step{Step: b.Step, Generation: b.Generation, Dp: b.Dp, Checkpointed: true, Backup: true, BackupOnly: true}}
 	}
 	switch {
-	case r.resume == 0 && len(why) == 1 && len(candidates) == 1 && len(broken) == 0:
-		r.lost = fmt.Sprintf("the checkpoint of step %d is lost: %s, and the job has no backup tier (--checkpoint-backup)",
-			j.commit.Step, strings.TrimPrefix(why[0], fmt.Sprintf("step %d: ", j.commit.Step)))
+	case r.resume == 0 && len(why) > 0 && !passedBroken(broken, candidates):
+		// Every kept step's holders are gone: the newest says why.
+		r.lost = fmt.Sprintf("the checkpoint of step %d is lost: %s", j.commit.Step, strings.TrimPrefix(why[0], fmt.Sprintf("step %d: ", j.commit.Step)))
+		if len(why) > 1 {
+			r.lost += fmt.Sprintf(" (and so are the %d earlier kept steps)", len(why)-1)
+		}
+		r.lost += ", and the job has no backup tier (--checkpoint-backup)"
 	case r.resume == 0:
 		r.lost = "no kept step can be restored: " + strings.Join(why, "; ")
 		if j.spec.GetCheckpointBackup() == "" {
@@ -631,6 +635,17 @@ func restorePoint(v *view) restore {
 		r.skipped = strings.Join(why, "; ")
 	}
 	return r
+}
+
+// passedBroken says whether a step restorePoint passed over was one a
+// generation could not restore (not only one whose holders are gone).
+func passedBroken(broken map[int64]string, candidates []*pb.Step) bool {
+	for _, c := range candidates {
+		if _, bad := broken[c.Step]; bad {
+			return true
+		}
+	}
+	return false
 }
 
 // liveCopies is, for each node's files of commit c, where its live
@@ -754,10 +769,10 @@ func nextGeneration(v *view, nodes []*pb.Node, why string, now time.Time) decisi
 	}
 	resume := r.resume
 	switch {
+	case r.fromBackup && j.commit != nil && j.commit.Step != resume && !strings.Contains(r.skipped, "could not restore"):
+		why += fmt.Sprintf("; the replicas of step %d are gone, so from the backup tier's step %d", j.commit.Step, resume)
 	case r.fromBackup && r.skipped != "":
 		why += fmt.Sprintf("; passed over (%s), so from the backup tier's step %d", r.skipped, resume)
-	case r.fromBackup && j.commit != nil && j.commit.Step != resume:
-		why += fmt.Sprintf("; the replicas of step %d are gone, so from the backup tier's step %d", j.commit.Step, resume)
 	case r.skipped != "":
 		why += fmt.Sprintf("; passed over (%s), so from step %d", r.skipped, resume)
 	}
