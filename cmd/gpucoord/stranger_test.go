@@ -14,6 +14,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -399,13 +400,13 @@ func nodeServerChecks(ctx context.Context, p strangerPlan, check func(string, er
 	var sent countingReader
 	sent.r = io.LimitReader(zeroReader{}, 512<<20)
 	err = forbidden(http.MethodPut, fmt.Sprintf("%s/nodes/%s/steps/%d?generation=%d", base, p.Self, p.Step+1, p.Generation), &sent)
-	if err != nil && sent.n < 64<<20 {
+	if err != nil && sent.n.Load() < 64<<20 {
 		err = nil // the server hung up first: refused too
 	}
-	if err == nil && sent.n >= 64<<20 {
-		err = fmt.Errorf("the server read %d MiB before refusing", sent.n>>20)
+	if n := sent.n.Load(); err == nil && n >= 64<<20 {
+		err = fmt.Errorf("the server read %d MiB before refusing", n>>20)
 	}
-	check(fmt.Sprintf("a 512 MiB replica to %s (%d MiB sent)", p.OtherNode, sent.n>>20), err)
+	check(fmt.Sprintf("a 512 MiB replica to %s (%d MiB sent)", p.OtherNode, sent.n.Load()>>20), err)
 }
 
 type zeroReader struct{}
@@ -415,13 +416,16 @@ func (zeroReader) Read(b []byte) (int, error) {
 	return len(b), nil
 }
 
+// countingReader counts what was read of r: atomically, since the HTTP
+// client's transport may still be sending the body when the answer (a
+// refusal) has come back.
 type countingReader struct {
 	r io.Reader
-	n int64
+	n atomic.Int64
 }
 
 func (c *countingReader) Read(b []byte) (int, error) {
 	n, err := c.r.Read(b)
-	c.n += int64(n)
+	c.n.Add(int64(n))
 	return n, err
 }
