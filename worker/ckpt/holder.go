@@ -728,7 +728,12 @@ func checkSums(listed string, files []staged) error {
 
 // copyTree copies the files under src (not dot files) into dst, each
 // through a temporary file and a rename.
-func copyTree(src, dst string) error {
+func copyTree(src, dst string) error { return eachFile(src, dst, copyFile) }
+
+// eachFile makes dst's directories as src's (not dot files or dot
+// directories) and puts each regular file of src at its place in dst
+// with place.
+func eachFile(src, dst string, place func(path, target string) error) error {
 	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -747,7 +752,7 @@ func copyTree(src, dst string) error {
 		if !d.Type().IsRegular() {
 			return nil
 		}
-		return copyFile(path, target)
+		return place(path, target)
 	})
 }
 

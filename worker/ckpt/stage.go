@@ -258,24 +258,7 @@ func dirBytes(dir string) (int64, error) {
 // place: a step's files are written once and never changed, so sharing
 // them costs no memory.
 func linkTree(src, dst string) error {
-	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if path != src && strings.HasPrefix(d.Name(), ".") {
-			if d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		rel, _ := filepath.Rel(src, path)
-		target := filepath.Join(dst, rel)
-		if d.IsDir() {
-			return os.MkdirAll(target, 0o755)
-		}
-		if !d.Type().IsRegular() {
-			return nil
-		}
+	return eachFile(src, dst, func(path, target string) error {
 		tmp := filepath.Join(filepath.Dir(target), ".tmp-"+randHex()+"-"+filepath.Base(target))
 		if err := os.Link(path, tmp); err != nil {
 			return copyFile(path, target)
