@@ -122,15 +122,9 @@ type liveRank struct {
 // keep accepts (not another test's, running beside this one).
 func liveRanks(keep func(job string) bool) []liveRank {
 	var out []liveRank
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(env, []byte("GPUCOORD_GENERATION=")) {
-			continue
+	eachEnviron(func(pid int, env []byte) {
+		if !bytes.Contains(env, []byte("GPUCOORD_GENERATION=")) {
+			return
 		}
 		r := liveRank{pid: pid}
 		for _, kv := range bytes.Split(env, []byte{0}) {
@@ -147,7 +141,7 @@ func liveRanks(keep func(job string) bool) []liveRank {
 		if r.job != "" && keep(r.job) {
 			out = append(out, r)
 		}
-	}
+	})
 	return out
 }
 

@@ -611,18 +611,27 @@ func TestLaunchInterrupted(t *testing.T) {
 // one of its variables is enough).
 func processesWith(kv string) []int {
 	var pids []int
+	eachEnviron(func(pid int, env []byte) {
+		if bytes.Contains(env, []byte(kv)) {
+			pids = append(pids, pid)
+		}
+	})
+	return pids
+}
+
+// eachEnviron calls f with every live process's pid and environment
+// (NUL-separated, as /proc holds it).
+func eachEnviron(f func(pid int, env []byte)) {
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err == nil && bytes.Contains(env, []byte(kv)) {
-			pids = append(pids, pid)
+		if env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ")); err == nil {
+			f(pid, env)
 		}
 	}
-	return pids
 }
 
 // TestWorkerFrozen: an agent stopped with SIGSTOP keeps its TCP connection

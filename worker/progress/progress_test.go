@@ -235,13 +235,7 @@ func TestWaitStoredHeartbeats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	t.Setenv(EnvPath, l.Path(0))
-	w, err := Dial()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w := dialRank0(t, l)
 	w.HeartbeatEvery = time.Millisecond
 	if err := w.Acks(); err != nil {
 		t.Fatal(err)
@@ -271,13 +265,7 @@ func TestCommitted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	t.Setenv(EnvPath, l.Path(0))
-	w, err := Dial()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w := dialRank0(t, l)
 	if err := w.Acks(); err != nil {
 		t.Fatal(err)
 	}
@@ -299,4 +287,18 @@ func TestCommitted(t *testing.T) {
 	if got := w.Committed(); got != 7 {
 		t.Errorf("committed = %d after SetCommitted(5), want 7", got)
 	}
+}
+
+// dialRank0 connects a Writer to l's rank 0, as a rank does through
+// GPUCOORD_PROGRESS; both are closed when the test ends.
+func dialRank0(t *testing.T, l *Listener) *Writer {
+	t.Helper()
+	t.Cleanup(func() { l.Close() })
+	t.Setenv(EnvPath, l.Path(0))
+	w, err := Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w
 }
