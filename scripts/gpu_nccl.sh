@@ -32,7 +32,7 @@ fi
 stage=${2:-all}
 out=${3:-${OUT:-gpu-results}}
 mkdir -p "$out"
-py=/usr/bin/python3
+py=${PYTHON:-python3}  # a python3 with torch (on the GPU machines here, plain python3)
 gpucoord=$PWD/$bin/gpucoord
 rounds=${ROUNDS:-3}
 

@@ -21,6 +21,9 @@
 #   CLUSTER     the plan's cluster (default dgx-h100)
 #   GPT_DEVICE  cuda (default), or cpu to check this script without a GPU: tiny
 #               shapes on the CPU, memory columns n/a
+#   REUSE       1: keep a shape's results already in LOGDIR (its .gpt.rc) and
+#               only rerun the others, so shapes can run one call at a time
+#               under a time limit and one last call writes the tables
 #
 # The measured side (gpt.py's JSON): activation peak = torch.cuda.max_memory_allocated
 # over all steps minus the bytes the model states hold; device used =
@@ -125,6 +128,10 @@ for s in "${selected[@]}"; do
   name=${s%%|*}
   read -r -a flags <<<"${s#*|}"
   names+=("$name")
+  if [ "${REUSE:-}" = 1 ] && [ -s "$LOGDIR/$name.gpt.rc" ] && [ -e "$LOGDIR/$name.plan.json" ]; then
+    echo "gpu_plan_check.sh: $name: kept from $LOGDIR" >&2
+    continue
+  fi
   echo "gpu_plan_check.sh: $name: gpt.py ${flags[*]}" >&2
   rc=0
   "$PYTHON" examples/pytorch/gpt.py "${flags[@]}" --device "$GPT_DEVICE" --steps "$STEPS" --warmup "$WARMUP" \
