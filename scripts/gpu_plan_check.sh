@@ -21,9 +21,10 @@
 #   CLUSTER     the plan's cluster (default dgx-h100)
 #   GPT_DEVICE  cuda (default), or cpu to check this script without a GPU: tiny
 #               shapes on the CPU, memory columns n/a
-#   REUSE       1: keep a shape's results already in LOGDIR (its .gpt.rc) and
-#               only rerun the others, so shapes can run one call at a time
-#               under a time limit and one last call writes the tables
+#   REUSE       1: keep a shape's gpt.py results already in LOGDIR (its
+#               .gpt.rc) and only plan it again, so shapes can run one call
+#               at a time under a time limit and one last call writes the
+#               tables; also how a planner change is held to earlier runs
 #
 # The measured side (gpt.py's JSON): activation peak = torch.cuda.max_memory_allocated
 # over all steps minus the bytes the model states hold; device used =
@@ -57,6 +58,8 @@ gpu_shapes=(
   "llama-l8-h4096-gqa|--layers 8 --hidden 4096 --heads 32 --kv-heads 8 --ffn 14336 --gated-mlp --untied-embeddings --position-embedding rope --seq 4096 --vocab 128256 --micro-batch 1"
   "gpt-l24-h2048-fused|--layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 51200 --micro-batch 8 --optimizer fused"
   "gpt-l8-h4096-fp32grads|--layers 8 --hidden 4096 --heads 32 --seq 2048 --vocab 51200 --micro-batch 8 --fp32-grads"
+  "gpt-l8-h4096-fused|--layers 8 --hidden 4096 --heads 32 --seq 2048 --vocab 51200 --micro-batch 8 --optimizer fused"
+  "gpt-l8-h4096-fused-fp32grads|--layers 8 --hidden 4096 --heads 32 --seq 2048 --vocab 51200 --micro-batch 8 --optimizer fused --fp32-grads"
 )
 # The same variety, tiny, for GPT_DEVICE=cpu.
 cpu_shapes=(
@@ -128,17 +131,17 @@ for s in "${selected[@]}"; do
   name=${s%%|*}
   read -r -a flags <<<"${s#*|}"
   names+=("$name")
-  if [ "${REUSE:-}" = 1 ] && [ -s "$LOGDIR/$name.gpt.rc" ] && [ -e "$LOGDIR/$name.plan.json" ]; then
-    echo "gpu_plan_check.sh: $name: kept from $LOGDIR" >&2
-    continue
-  fi
-  echo "gpu_plan_check.sh: $name: gpt.py ${flags[*]}" >&2
-  rc=0
-  "$PYTHON" examples/pytorch/gpt.py "${flags[@]}" --device "$GPT_DEVICE" --steps "$STEPS" --warmup "$WARMUP" \
-    >"$LOGDIR/$name.gpt.json" 2>"$LOGDIR/$name.gpt.err" || rc=$?
-  echo "$rc" >"$LOGDIR/$name.gpt.rc"
-  if [ "$rc" != 0 ]; then
-    echo "gpu_plan_check.sh: $name: gpt.py exited $rc: $(tail -n 1 "$LOGDIR/$name.gpt.err")" >&2
+  if [ "${REUSE:-}" = 1 ] && [ -s "$LOGDIR/$name.gpt.rc" ]; then
+    echo "gpu_plan_check.sh: $name: gpt.py's run kept from $LOGDIR" >&2
+  else
+    echo "gpu_plan_check.sh: $name: gpt.py ${flags[*]}" >&2
+    rc=0
+    "$PYTHON" examples/pytorch/gpt.py "${flags[@]}" --device "$GPT_DEVICE" --steps "$STEPS" --warmup "$WARMUP" \
+      >"$LOGDIR/$name.gpt.json" 2>"$LOGDIR/$name.gpt.err" || rc=$?
+    echo "$rc" >"$LOGDIR/$name.gpt.rc"
+    if [ "$rc" != 0 ]; then
+      echo "gpu_plan_check.sh: $name: gpt.py exited $rc: $(tail -n 1 "$LOGDIR/$name.gpt.err")" >&2
+    fi
   fi
   read -r -a pflags <<<"$(plan_flags "${flags[@]}")"
   prc=0

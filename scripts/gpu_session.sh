@@ -53,7 +53,7 @@ for n in $names; do
 		stage "plan $n" 60 scripts/gpu_plan_check.sh "$n"
 	[ "$(left)" -lt 260 ] && break   # keep time for train and bench
 done
-done_names=$(for n in $names; do [ -e "$work/plan-logs/$n.plan.json" ] && echo "$n"; done)
+done_names=$(for n in $names; do [ -s "$work/plan-logs/$n.gpt.rc" ] && echo "$n"; done)
 if [ -n "$done_names" ]; then
 	# shellcheck disable=SC2086
 	STEPS=${STEPS:-6} WARMUP=${WARMUP:-2} REUSE=1 GPUCOORD=bin/gpu/gpucoord LOGDIR=$work/plan-logs \

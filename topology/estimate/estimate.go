@@ -20,7 +20,7 @@ const (
 	// non-GEMM work of a layer (layer norms, softmax, GeLU, dropout,
 	// residuals: O(sbh) memory-bound work against the GEMMs' O(sbh^2))
 	// would take as long as the GEMMs.
-	elementwiseHidden = 758
+	elementwiseHidden = 734
 	// LinkEfficiency is the fraction of a link's bandwidth a ring collective
 	// or a pipeline send sustains (NCCL bus bandwidth over link rate).
 	LinkEfficiency = 0.8

@@ -207,18 +207,39 @@ func step(p *topology.Plan, makespan float64, tr []Traffic, eff efficiency) Step
 }
 
 // Bytes of GPU memory one Adam update moves per parameter, by
-// implementation. Fused (one kernel: Megatron-LM's and DeepSpeed's) reads
-// the fp32 master weight and both moments and the gradient, and writes the
-// three back and the half-precision weight: 28 bytes with bf16 gradients,
-// the arithmetic lower bound, run at optimizerEfficiency of the bandwidth.
-// PyTorch's default multi-tensor (foreach) Adam makes several passes; 112.6
-// effective bytes per parameter is what it took on an H100 (3.35 TB/s):
-// 31-151 ms per step for 0.85-4.5 billion parameters, 33.6 ps per
-// parameter, in reference runs of a PyTorch GPT (docs/PLANNING.md).
+// implementation. The fused step (one Adam kernel: Megatron-LM's and
+// DeepSpeed's) makes the passes fusedAdamBytes counts, at fusedEfficiency
+// of the bandwidth: 0.69 is what the reference PyTorch GPT's fused update
+// took on an H100 (23.8 ms for 1.32 billion parameters, 42 bytes each, at
+// 3.35 TB/s; docs/GPU.md). PyTorch's default multi-tensor (foreach) Adam
+// makes several passes; 112.6 effective bytes per parameter is what it
+// took on an H100: 31-151 ms per step for 0.85-4.5 billion parameters,
+// 33.6 ps per parameter, in reference runs of a PyTorch GPT
+// (docs/PLANNING.md).
 const (
-	optimizerEfficiency     = 0.8
+	fusedEfficiency         = 0.69
 	multiTensorBytesPerParm = 33.6e-12 * 3350e9
 )
+
+// fusedAdamBytes is what a mixed-precision update with a fused Adam
+// moves per parameter: 16-bit gradients cast to fp32 (read g, write 4),
+// the kernel itself (read the fp32 master weight, m, v and the fp32
+// gradient, write the first three: 28), the model's gradients zeroed
+// (write g) and the masters copied into the 16-bit weights (read 4, write
+// w). With fp32 gradients there is no cast (38 bytes); in fp32 training
+// the weights are the masters, so no copy either (32).
+func fusedAdamBytes(c topology.Config) float64 {
+	g := gradBytes(c)
+	moved := 28 + g
+	if c.Precision == topology.PrecisionFP32 {
+		return moved
+	}
+	if g < 4 {
+		moved += g + 4
+	}
+	weight, _, _ := bytesPerParam(c.Precision)
+	return moved + 4 + weight
+}
 
 // optimizerSeconds is the Adam update of the stage with the most optimizer
 // state on one GPU: its parameters (its share under ZeRO) times the bytes
@@ -239,12 +260,5 @@ func optimizerSeconds(p *topology.Plan) float64 {
 	if p.Config.Optimizer == topology.OptimizerMultiTensor {
 		return params * multiTensorBytesPerParm / bw
 	}
-	// Read the fp32 master weight, m and v (12 bytes) and the gradient;
-	// write the three back, and the 16-bit model copy in mixed precision.
-	weight, _, _ := bytesPerParam(p.Config.Precision)
-	moved := 24 + gradBytes(p.Config)
-	if p.Config.Precision != topology.PrecisionFP32 {
-		moved += weight
-	}
-	return params * moved / (bw * optimizerEfficiency)
+	return params * fusedAdamBytes(p.Config) / (bw * fusedEfficiency)
 }
