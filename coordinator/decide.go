@@ -103,7 +103,8 @@ func (d *decision) log(warn bool, msg string, args ...any) { d.msg, d.args, d.wa
 //   - Stragglers are flagged and, when the job asks, evicted (struck).
 //   - A job below its size grows back at a step boundary with stable nodes.
 //   - Paused: resume once a layout of at least min_nodes is possible; fail
-//     when the rendezvous timeout passes first.
+//     when the rendezvous timeout passes first. A job whose kept steps'
+//     holders are all away pauses too, and resumes when they come back.
 //   - Ended (succeeded, failed, cancelled): nothing.
 func decide(v *view, now time.Time, p policy) decision {
 	j := v.job
@@ -557,6 +558,11 @@ type restore struct {
 	// lost, when not empty, says why the job cannot go on: no kept step
 	// can be restored, each named with why.
 	lost string
+	// holdersAway: some kept step was passed over only because no live
+	// node holds some of its files. Those holders may come back (cut off,
+	// not restarted: the same run of an agent counts again), and the step
+	// with them.
+	holdersAway bool
 }
 
 // restorePoint is where a new generation of v's job starts from: the
@@ -605,6 +611,7 @@ func restorePoint(v *view) restore {
 		copies, missing := liveCopies(v, c)
 		if missing != "" {
 			why = append(why, fmt.Sprintf("step %d: %s", c.Step, missing))
+			r.holdersAway = true
 			continue
 		}
 		r.resume, r.copies = c.Step, copies
@@ -697,12 +704,15 @@ func recoverWithout(v *view, now time.Time, p policy, why string, exclude map[st
 			live, spares = append(live, n), append(spares, n.Name)
 		}
 	}
-	if len(spares) > 0 {
-		why += "; spare nodes joined: " + strings.Join(spares, ", ")
-	}
 	n := usableNodes(j.spec, len(live), minNodes(j.spec))
 	if n == 0 {
 		return decision{}, false
+	}
+	if r := restorePoint(v); r.lost != "" {
+		return awaitHolders(v, now, why, r), true // no spare joins a generation not made
+	}
+	if len(spares) > 0 {
+		why += "; spare nodes joined: " + strings.Join(spares, ", ")
 	}
 	return nextGeneration(v, live[:n], why, now), true
 }
@@ -746,8 +756,8 @@ func admit(v *view, now time.Time, p policy) decision {
 		return d // nobody to take, or not at a committed step boundary: the next commit looks again
 	}
 	n := usableNodes(spec, len(nodes), len(j.gen.Members)+1)
-	if n == 0 {
-		return d
+	if n == 0 || restorePoint(v).lost != "" {
+		return d // a running job grows from a step it can restore, or not at all
 	}
 	return nextGeneration(v, nodes[:n], "nodes joined: "+strings.Join(added, ", "), now)
 }
@@ -762,10 +772,7 @@ func nextGeneration(v *view, nodes []*pb.Node, why string, now time.Time) decisi
 	}
 	r := restorePoint(v)
 	if r.lost != "" {
-		d := decision{policy: &jobPolicy{}, state: &pb.JobState{Phase: pb.JobState_FAILED, FailedRank: -1, ExitCode: 1,
-			Reason: fmt.Sprintf("generation %d: %s; %s", j.gen.Number, why, r.lost)}}
-		d.log(true, "job failed", "job", j.spec.Id, "generation", j.gen.Number, "reason", r.lost)
-		return d
+		return awaitHolders(v, now, why, r)
 	}
 	resume := r.resume
 	switch {
@@ -791,6 +798,46 @@ func nextGeneration(v *view, nodes []*pb.Node, why string, now time.Time) decisi
 		d.open = gen.Number
 	}
 	d.log(true, "new generation", "job", j.spec.Id, "generation", gen.Number, "nodes", len(nodes), "dp", gen.Dp, "resume", resume, "why", why)
+	return d
+}
+
+// awaitHolders decides for a job whose next generation has no kept step to
+// resume from (r.lost). When some kept step was passed over only because
+// its holders are away, the job pauses and waits for them (a partition
+// heals, a frozen agent thaws) until the rendezvous timeout has passed
+// since the pause began; it fails at once when every kept step is broken,
+// or when the timeout passes, naming each step and why.
+func awaitHolders(v *view, now time.Time, why string, r restore) decision {
+	j := v.job
+	var d decision
+	t := time.Duration(j.spec.RendezvousTimeoutMs) * time.Millisecond
+	paused := j.state.GetPhase() == pb.JobState_PENDING
+	since := now
+	if paused && j.policy.PendingSince != 0 {
+		since = at(j.policy.PendingSince)
+	}
+	if r.holdersAway && restartsLeft(j) && (t == 0 || now.Before(since.Add(t))) {
+		if !paused {
+			d.state = &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1,
+				Reason: fmt.Sprintf("paused after generation %d: %s; %s; waiting for its holders", j.gen.Number, why, r.lost)}
+			d.policy = &jobPolicy{PendingSince: ms(now)}
+			d.log(true, "job paused", "job", j.spec.Id, "generation", j.gen.Number, "reason", r.lost)
+		} else if !strings.Contains(j.state.GetReason(), r.lost) {
+			d.state = &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1,
+				Reason: fmt.Sprintf("paused after generation %d: %s; waiting for its holders", j.gen.Number, r.lost)}
+		}
+		if t > 0 {
+			d.wake(now, since.Add(t))
+		}
+		return d
+	}
+	reason := fmt.Sprintf("generation %d: %s; %s", j.gen.Number, why, r.lost)
+	if r.holdersAway && paused && t > 0 {
+		reason = fmt.Sprintf("generation %d: %s; its holders did not come back within %s", j.gen.Number, r.lost, t)
+	}
+	d.state = &pb.JobState{Phase: pb.JobState_FAILED, FailedRank: -1, ExitCode: 1, Reason: reason}
+	d.policy = &jobPolicy{}
+	d.log(true, "job failed", "job", j.spec.Id, "generation", j.gen.Number, "reason", r.lost)
 	return d
 }
 

@@ -808,3 +808,63 @@ func TestDecideFallback(t *testing.T) {
 		t.Errorf("commit written %v, want none (the resume point is the commit)", d.commit)
 	}
 }
+
+// TestDecideAwaitHolders: when every holder of some node's files of the
+// kept steps is away (cut off with the members), the job pauses rather
+// than fails, resumes from the step when the same runs of the holders'
+// agents come back, and fails once the rendezvous timeout has passed since
+// the pause began. A broken step fails at once: nothing comes back for it.
+func TestDecideAwaitHolders(t *testing.T) {
+	const timeout = 5 * time.Minute
+	held := func(edit func(j *job)) *job {
+		j := runningOn(pending(2, func(s *pb.JobSpec) { s.MinNodes = 1; s.RendezvousTimeoutMs = timeout.Milliseconds() }), 2, "n0", "n1")
+		j.gen.ResumeStep = 10
+		j.commit = &pb.Step{Step: 12, Generation: 2, Copies: []*pb.Copies{
+			{Node: "n0", Holders: []string{"n0", "n1"}, Instances: []string{"n0-1", "n1-1"}},
+			{Node: "n1", Holders: []string{"n1", "n0"}, Instances: []string{"n1-1", "n0-1"}}}}
+		if edit != nil {
+			edit(j)
+		}
+		return j
+	}
+	// n0 and n1 cut off together; n2 is free: the job pauses.
+	lost := held(nil)
+	d := decide(pool(lost, "n2"), t0, testPolicy)
+	check(t, d, want{phase: pb.JobState_PENDING, policy: &jobPolicy{PendingSince: ms(t0)}, after: timeout, strikes: map[string]int{"n0": 1, "n1": 1},
+		reason: "node lost: n0 (ranks 0-3), n1 (ranks 4-7); the checkpoint of step 12 is lost: no live node holds node n0's files of it (held by n0, n1), and the job has no backup tier (--checkpoint-backup); waiting for its holders"})
+
+	paused := func(since time.Duration) *job {
+		return held(func(j *job) {
+			j.state = &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1, Reason: "paused after generation 2: ...; the checkpoint of step 12 is lost: no live node holds node n0's files of it (held by n0, n1), and the job has no backup tier (--checkpoint-backup); waiting for its holders"}
+			j.policy.PendingSince = ms(t0.Add(-since))
+		})
+	}
+	// Still away a minute later: nothing written, look again at the deadline.
+	d = decide(pool(paused(time.Minute), "n2"), t0, testPolicy)
+	check(t, d, want{after: timeout - time.Minute})
+
+	// The same runs come back: generation 3 resumes from step 12.
+	v := pool(paused(time.Minute), "n0", "n1", "n2")
+	d = decide(v, t0, testPolicy)
+	check(t, d, want{phase: pb.JobState_RUNNING, gen: "n0,n1", genNum: 3, dp: 2, resume: 12, policy: &jobPolicy{}})
+
+	// Restarted agents hold nothing: still paused.
+	v = pool(paused(time.Minute), "n0", "n1", "n2")
+	v.nodes["n0"].Instance, v.nodes["n1"].Instance = "n0-2", "n1-2"
+	check(t, decide(v, t0, testPolicy), want{after: timeout - time.Minute})
+
+	// The timeout passes: the job fails, naming the step.
+	d = decide(pool(paused(timeout), "n2"), t0, testPolicy)
+	check(t, d, want{phase: pb.JobState_FAILED, policy: &jobPolicy{},
+		reason: "the checkpoint of step 12 is lost: no live node holds node n0's files of it (held by n0, n1), and the job has no backup tier (--checkpoint-backup); its holders did not come back within 5m0s"})
+
+	// No kept step that holders could bring back: fails at once.
+	broken := held(func(j *job) {
+		j.commit.Copies = nil
+		fail(j, 1, 76, t0.Add(-2*time.Second))
+		j.exits[1].UnrestorableStep, j.exits[1].Error = 12, "step 12 has no manifest"
+		j.policy.FailedSince = ms(t0.Add(-2 * time.Second))
+	})
+	check(t, decide(pool(broken, "n0", "n1"), t0, testPolicy), want{phase: pb.JobState_FAILED,
+		reason: "no kept step can be restored: step 12: rank 1 could not restore it: step 12 has no manifest"})
+}

@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -209,6 +210,10 @@ type Agent struct {
 		job string
 		gen int64
 	}
+	// stopSeq counts the Stopped reports begun: one not delivered because
+	// this node was not registered is sent again after it registers,
+	// while no later assignment has made it stale.
+	stopSeq  atomic.Int64
 	renewed  chan struct{}  // poked at every renewal, for the fence
 	bg       sync.WaitGroup // reports sent in the background
 	pool     *gossip.Pool   // nil until the first registration
@@ -713,7 +718,8 @@ func (a *Agent) dropHeld(live []string) {
 // it was assigned before (Stopped): a generation opens once every node
 // that may still run earlier ranks has said so. A generation already open
 // waits for nobody. The reports are sent in the background, tried again
-// while no coordinator answers.
+// while no coordinator answers, or while this node is not registered (a
+// cut lost its lease) and no later assignment has made them stale.
 func (a *Agent) stopped(ctx context.Context, asg *pb.Assignment) {
 	job, gen := asg.Job, asg.Generation.GetNumber()
 	last := a.reported
@@ -721,13 +727,28 @@ func (a *Agent) stopped(ctx context.Context, asg *pb.Assignment) {
 		return
 	}
 	a.reported.job, a.reported.gen = job, gen
+	seq := a.stopSeq.Add(1)
 	send := func(job string, below int64) {
 		a.bg.Add(1)
 		go func() {
 			defer a.bg.Done()
-			_, err := a.reportResp(ctx, &pb.ReportRequest{Job: job, Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: below}}})
-			if err != nil && ctx.Err() == nil {
-				a.log.Warn("reporting the ranks stopped", "job", job, "below", below, "err", err)
+			for {
+				_, err := a.reportResp(ctx, &pb.ReportRequest{Job: job, Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: below}}})
+				if err == nil || ctx.Err() != nil {
+					return
+				}
+				if status.Code(err) != codes.NotFound || a.stopSeq.Load() != seq {
+					a.log.Warn("reporting the ranks stopped", "job", job, "below", below, "err", err)
+					return
+				}
+				// Not registered now (its lease lost to a cut): the
+				// generation waiting for this report opens only with it,
+				// so it is said again once this node has registered.
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(a.cfg.Retry):
+				}
 			}
 		}()
 	}

@@ -146,23 +146,29 @@ func (b *boxCluster) hostNamed(t *testing.T, name string) *testcluster.Host {
 	return nil
 }
 
-// TestClusterReplicasLost: both hosts that hold one node's files of the
-// last commit (the node's own, h2, and its replica's, h3) are killed at
-// once. With a backup tier the job goes on from its last step there, on
-// train's curve; without one it fails with one line naming the lost step.
+// TestClusterReplicasLost: the job's checkpoints are held by the agents
+// (each node's files on two), and both holders of one node's files of the
+// last commit (the node's own, h2, and its replica's, h3) are lost at once.
+// Killed, with a backup tier: the job goes on from its last step there, on
+// train's curve. Killed, without one: the job pauses for the holders and
+// fails when the rendezvous timeout passes, with one line naming the lost
+// step. Cut off and healed: the same runs of the agents come back with
+// their files, and the job resumes from the commit it paused at, on the
+// curve.
 func TestClusterReplicasLost(t *testing.T) {
 	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
-	for _, backup := range []bool{true, false} {
-		t.Run(map[bool]string{true: "with backup", false: "without"}[backup], func(t *testing.T) {
+	for _, tc := range []string{"killed, with backup", "killed, without", "cut off, back"} {
+		t.Run(tc, func(t *testing.T) {
 			const steps = 60
+			backup := tc == "killed, with backup"
 			b := newBoxCluster(t, testcluster.Config{Hosts: 4, Shared: backup})
 			want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 			b.pool(t)
-			var args []string
+			args := []string{"--min-nodes", "1", "--rendezvous-timeout", "10s"}
 			if backup {
-				args = []string{"--checkpoint-backup", filepath.Join(b.Shared(), "backup"), "--backup-every", "5"}
+				args = append(args, "--checkpoint-backup", filepath.Join(b.Shared(), "backup"), "--backup-every", "5")
 			}
-			p := b.heldJob(t, 3, steps, append(args, "--min-nodes", "1")...)
+			p := b.heldJob(t, 3, steps, args...)
 			p.waitLine(t, "generation 1: 3 nodes (h2, h3, h4)", time.Minute)
 			if backup {
 				p.waitLine(t, `"backup":true`, time.Minute)
@@ -170,14 +176,29 @@ func TestClusterReplicasLost(t *testing.T) {
 				p.waitLine(t, `{"committed":`, time.Minute)
 			}
 			p.waitLine(t, `{"step":20,`, time.Minute)
+			if tc == "cut off, back" {
+				b.Host(2).Cut()
+				b.Host(3).Cut()
+				p.waitLine(t, "waiting for its holders", time.Minute)
+				b.Host(2).Heal()
+				b.Host(3).Heal()
+				code := p.wait(t, 3*time.Minute)
+				out := p.output()
+				if code != 0 {
+					t.Fatalf("launch exited %d:\n%s", code, out)
+				}
+				t.Logf("%s", regexp.MustCompile(`[^\n]*waiting for its holders[^\n]*`).FindString(out))
+				sameLosses(t, losses(t, out), want)
+				return
+			}
 			b.Host(2).Kill()
 			b.Host(3).Kill()
 			code := p.wait(t, 3*time.Minute)
 			out := p.output()
 			if !backup {
-				line := regexp.MustCompile(`the checkpoint of step \d+ is lost: no live node holds node h2's files of it \(held by h2, h3\)[^\n]*`).FindString(out)
-				if code == 0 || line == "" {
-					t.Fatalf("launch exited %d without naming the lost step:\n%s", code, out)
+				line := regexp.MustCompile(`the checkpoint of step \d+ is lost: no live node holds node h2's files of it \(held by h2, h3\)[^\n]*its holders did not come back within 10s`).FindString(out)
+				if code == 0 || line == "" || !strings.Contains(out, "waiting for its holders") {
+					t.Fatalf("launch exited %d without pausing for the holders, then naming the lost step:\n%s", code, out)
 				}
 				t.Logf("launch exited %d: %s", code, line)
 				return

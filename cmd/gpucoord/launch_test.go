@@ -127,7 +127,7 @@ func (p *proc) wait(t *testing.T, timeout time.Duration) int {
 	select {
 	case <-p.done:
 	case <-time.After(timeout):
-		t.Fatalf("process still running after %s", timeout)
+		t.Fatalf("process still running after %s; its output so far:\n%s", timeout, p.output())
 	}
 	var ee *exec.ExitError
 	if errors.As(p.err, &ee) {
