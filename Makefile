@@ -39,7 +39,7 @@ stress: ## Kill or preempt an agent at 40 random steps of an elastic job, kill a
 	GPUCOORD_STRESS=1 $(GO) test -count=1 -timeout 90m -run 'TestElasticStress|TestClusterHeldStress|TestClusterPartitionStress|TestWorkerFrozenStress' -v ./cmd/gpucoord
 
 .PHONY: chaos
-chaos: ## Seeded faults (agents, ranks, hosts cut off, partitions, frozen agents, coordinators, etcd members) over two jobs on the cluster in a box, and a history checker; SEED=1 DURATION=30m (needs root; make test runs 60 s of seed 1)
+chaos: ## Seeded faults (agents, ranks, hosts cut off, partitions, frozen agents, coordinators, etcd members, delayed links, full /dev/shm) over two jobs on the cluster in a box, and a history checker; SEED=1 DURATION=30m (needs root; make test runs 60 s of seed 1)
 	GPUCOORD_CHAOS_SEED=$${SEED:-1} GPUCOORD_CHAOS_DURATION=$${DURATION:-30m} $(GO) test -count=1 -timeout 4h -run '^TestChaos$$' -v ./cmd/gpucoord
 
 .PHONY: bench-recovery

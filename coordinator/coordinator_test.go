@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -123,6 +122,7 @@ func watch(t *testing.T, c pb.CoordinatorClient, name string, lease, from int64)
 		// generation below its assignment's (Stopped): this one runs no
 		// ranks at all.
 		var job string
+		var gen int64
 		stopped := func(job string, below int64) {
 			c.Report(ctx, &pb.ReportRequest{Job: job, Node: name, LeaseId: lease, Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: below}}})
 		}
@@ -133,10 +133,10 @@ func watch(t *testing.T, c pb.CoordinatorClient, name string, lease, from int64)
 			}
 			if !a.Renewal {
 				if job != "" && a.Job != job {
-					stopped(job, math.MaxInt64)
+					stopped(job, gen+1)
 				}
-				if job = a.Job; job != "" {
-					stopped(job, a.Generation.GetNumber())
+				if job, gen = a.Job, a.Generation.GetNumber(); job != "" {
+					stopped(job, gen)
 				}
 			}
 			ch <- a

@@ -433,16 +433,31 @@ func (s *server) reportStopped(ctx context.Context, req *pb.ReportRequest, st *p
 		}
 	}
 	// Only a job that exists gets the key, and only a larger value: a
-	// report that arrives late never undoes a newer one.
+	// report that arrives late never undoes a newer one. A report speaks
+	// of generations that exist, read in the same transaction: at most
+	// the current one's successor. One beyond that would cover ranks of a
+	// generation the node may yet join, and could let its successor open
+	// while they run.
 	key := s.k.stopped(id, node)
 	for range 8 {
 		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(s.k.spec(id)), ">", 0)).
-			Then(clientv3.OpGet(key)).Commit()
+			Then(clientv3.OpGet(key), clientv3.OpGet(s.k.generation(id))).Commit()
 		if err != nil {
 			return nil, etcdErr(err)
 		}
 		if !resp.Succeeded {
 			return nil, status.Errorf(codes.NotFound, "no job %q", id)
+		}
+		current := int64(0)
+		if kvs := resp.Responses[1].GetResponseRange().GetKvs(); len(kvs) == 1 {
+			g := &pb.Generation{}
+			if err := decode(kvs[0].Value, g); err != nil {
+				return nil, status.Errorf(codes.Internal, "job %s: generation: %v", id, err)
+			}
+			current = g.Number
+		}
+		if st.Below > current+1 {
+			return nil, status.Errorf(codes.InvalidArgument, "stopped: job %s is at generation %d: a node can say it runs nothing below %d at most, not %d", id, current, current+1, st.Below)
 		}
 		rev := int64(0)
 		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {

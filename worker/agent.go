@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -714,8 +713,10 @@ func (a *Agent) dropHeld(live []string) {
 
 // stopped tells the coordinators, once apply has stopped what ran before
 // (it waits for the ranks to exit), that this node runs no rank of the
-// assigned job below the assigned generation, and none at all of the job
-// it was assigned before (Stopped): a generation opens once every node
+// assigned job below the assigned generation, and none of the job it was
+// assigned before up to the generation it was assigned last (Stopped; not
+// "none ever": the node may join a later generation of that job, whose
+// ranks the report must not cover): a generation opens once every node
 // that may still run earlier ranks has said so. A generation already open
 // waits for nobody. The reports are sent in the background, tried again
 // while no coordinator answers, or while this node is not registered (a
@@ -753,7 +754,7 @@ func (a *Agent) stopped(ctx context.Context, asg *pb.Assignment) {
 		}()
 	}
 	if last.job != "" && last.job != job {
-		send(last.job, math.MaxInt64)
+		send(last.job, last.gen+1)
 	}
 	if job != "" && !asg.Open {
 		send(job, gen)

@@ -24,15 +24,21 @@ import (
 // The chaos test, as etcd's robustness tests and Jepsen run theirs: a
 // control plane of three etcd members and two coordinators, six agents and
 // two jobs (one checkpointing to a shared directory, one to the agents),
-// a seeded schedule of faults, everything recorded, and a checker that
-// proves afterwards what must hold whatever the faults:
+// a seeded schedule of faults (an agent's host killed, a rank killed, a
+// host cut off, a partition, an agent frozen, a coordinator killed, an
+// etcd member killed, an agent restarted, a host's link delayed, a host's
+// /dev/shm filled), everything recorded, and a checker that proves
+// afterwards what must hold whatever the faults:
 //
 //	(a) no two generations' ranks of a job were alive at once;
 //	(b) no host ran ranks of two jobs at once;
 //	(c) every resume was from a step the job had committed, and restored
 //	    (no rank failed restoring it);
 //	(d) every step's loss equals train --np 1's;
-//	(e) both jobs succeeded (they have restarts enough for any schedule).
+//	(e) every job succeeded (they have restarts enough for any schedule),
+//	    or failed for what the schedule explains: every holder of a kept
+//	    step gone for good (killed or restarted, not cut off: a job waits
+//	    for cut-off holders), or too few nodes for the rendezvous timeout.
 //
 // make chaos SEED=... DURATION=... runs it for as long as asked; make test
 // runs 60 seconds of seed 1.
@@ -220,7 +226,9 @@ func TestChaos(t *testing.T) {
 
 	// h1-h3: etcd members; h1, h2: coordinators; h4-h9: agents of 2 slots;
 	// h10: where launch runs (never faulted).
-	b := newBoxCluster(t, testcluster.Config{Hosts: 10, Shared: true})
+	// Every link through a relay (delays) and every /dev/shm a tmpfs just
+	// large enough for an agent to keep its checkpoints there (a fill).
+	b := newBoxCluster(t, testcluster.Config{Hosts: 10, Shared: true, Relay: true, ShmBytes: 2<<30 + 256<<20})
 	c := &chaosCluster{b: b, t: t, agents: map[*testcluster.Host]*proc{}, counts: map[string]int{}, ends: map[bool]int{}}
 	for i := 1; i <= 3; i++ {
 		c.etcd = append(c.etcd, c.etcdMember(i))
@@ -290,7 +298,8 @@ func TestChaos(t *testing.T) {
 // fault injects one fault, waits the time it lasts, and undoes it.
 func (c *chaosCluster) fault(rng *rand.Rand) {
 	b, t := c.b, c.t
-	kinds := []string{"kill-agent", "kill-rank", "cut-host", "partition", "freeze-agent", "kill-coordinator", "kill-etcd", "restart-agent"}
+	kinds := []string{"kill-agent", "kill-rank", "cut-host", "partition", "freeze-agent", "kill-coordinator", "kill-etcd", "restart-agent",
+		"delay-host", "fill-shm"}
 	kind := kinds[rng.IntN(len(kinds))]
 	hosts := slices.SortedFunc(maps.Keys(c.agents), func(x, y *testcluster.Host) int { return strings.Compare(x.Name, y.Name) })
 	h := hosts[rng.IntN(len(hosts))]
@@ -359,6 +368,19 @@ func (c *chaosCluster) fault(rng *rand.Rand) {
 		time.Sleep(hold / 2)
 		c.etcd[i] = c.etcdMember(i + 1)
 		c.note("etcd m%d back", i+1)
+	case "delay-host": // every frame to and from h held up: a congested or distant link
+		d := time.Duration(20+rng.IntN(280)) * time.Millisecond
+		c.note("delay-host %s by %s each way for %s", h.Name, d, hold)
+		h.Delay(d)
+		time.Sleep(hold)
+		h.Heal()
+		c.note("undelayed %s", h.Name)
+	case "fill-shm": // another program takes all of h's /dev/shm, where its agent holds checkpoints
+		c.note("fill-shm %s for %s", h.Name, hold)
+		undo := h.FillShm()
+		time.Sleep(hold)
+		undo()
+		c.note("emptied %s's /dev/shm", h.Name)
 	case "restart-agent": // SIGTERM: the agent leaves, then starts again
 		c.note("restart-agent %s", h.Name)
 		c.agents[h].cmd.Process.Signal(syscall.SIGTERM)

@@ -27,6 +27,10 @@ type Config struct {
 	// Relay links every host through a relay in the test process instead of
 	// a veth pair, so that Host.Delay can slow its link.
 	Relay bool
+	// ShmBytes, when not 0, makes every host's /dev/shm a tmpfs of that
+	// size, so that Host.FillShm can fill it as memory fills on a real
+	// host. Otherwise /dev/shm is a directory on disk.
+	ShmBytes int64
 }
 
 // Cluster is a set of hosts on a bridge. Its methods are safe for
@@ -52,6 +56,7 @@ type Host struct {
 	ns          string
 	tmp         string // what the host's processes see as /tmp
 	shm         string // and as /dev/shm
+	shmMounted  bool   // shm is a tmpfs of its own (Config.ShmBytes)
 	hosts       string // its /etc/hosts
 	relay       *relay // nil for a veth link
 }
@@ -136,7 +141,7 @@ func (c *Cluster) make(cfg Config) error {
 				hosts += o.Addr + " " + o.Name + "\n"
 			}
 		}
-		if err := c.makeHost(h, cfg.Relay, hosts); err != nil {
+		if err := c.makeHost(h, cfg, hosts); err != nil {
 			return fmt.Errorf("host %s: %w", h.Name, err)
 		}
 	}
@@ -149,7 +154,7 @@ func (c *Cluster) make(cfg Config) error {
 	return nil
 }
 
-func (c *Cluster) makeHost(h *Host, relayed bool, hosts string) error {
+func (c *Cluster) makeHost(h *Host, cfg Config, hosts string) error {
 	h.tmp = filepath.Join(c.dir, h.Name, "tmp")
 	if err := os.MkdirAll(filepath.Join(h.tmp, "home"), 0o755); err != nil {
 		return err
@@ -157,14 +162,21 @@ func (c *Cluster) makeHost(h *Host, relayed bool, hosts string) error {
 	if err := os.Chmod(h.tmp, 0o1777); err != nil {
 		return err
 	}
-	// Its own /dev/shm, kept across its processes as a host's is (a
-	// directory, not memory: what matters is that no other host sees it).
+	// Its own /dev/shm, kept across its processes as a host's is: a
+	// directory on disk (what matters is that no other host sees it), or a
+	// tmpfs of its own that can fill up (Config.ShmBytes).
 	h.shm = filepath.Join(c.dir, h.Name, "shm")
 	if err := os.Mkdir(h.shm, 0o1777); err != nil {
 		return err
 	}
 	if err := os.Chmod(h.shm, 0o1777); err != nil {
 		return err
+	}
+	if cfg.ShmBytes > 0 {
+		if err := run("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d,mode=1777", cfg.ShmBytes), "gct-shm", h.shm); err != nil {
+			return err
+		}
+		h.shmMounted = true
 	}
 	h.hosts = filepath.Join(c.dir, h.Name, "hosts")
 	if err := os.WriteFile(h.hosts, []byte(hosts), 0o644); err != nil {
@@ -173,7 +185,7 @@ func (c *Cluster) makeHost(h *Host, relayed bool, hosts string) error {
 	if err := run("ip", "netns", "add", h.ns); err != nil {
 		return err
 	}
-	if relayed {
+	if cfg.Relay {
 		r, err := newRelay(c, h)
 		if err != nil {
 			return err
@@ -341,6 +353,34 @@ func (h *Host) Delay(d time.Duration) {
 	h.relay.setDelay(d)
 }
 
+// FillShm fills h's /dev/shm (a tmpfs: Config.ShmBytes) with a file of
+// the test's, as other programs on a host can, until nothing is left; the
+// function it returns removes the file.
+func (h *Host) FillShm() (undo func()) {
+	h.c.t.Helper()
+	if !h.shmMounted {
+		h.c.t.Fatalf("testcluster: fill %s's /dev/shm: the cluster was made without Config.ShmBytes", h.Name)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(h.shm, &st); err != nil {
+		h.c.t.Fatalf("testcluster: fill %s's /dev/shm: %v", h.Name, err)
+	}
+	path := filepath.Join(h.shm, "testcluster-fill")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
+	if err != nil {
+		h.c.t.Fatalf("testcluster: fill %s's /dev/shm: %v", h.Name, err)
+	}
+	defer f.Close()
+	// What others freed meanwhile is taken too: a tmpfs allocates what
+	// fallocate asks for, and refuses the part it cannot.
+	for n := int64(st.Bavail) * st.Bsize; n > 0; n /= 2 {
+		if syscall.Fallocate(int(f.Fd()), 0, 0, n) == nil {
+			break
+		}
+	}
+	return func() { os.Remove(path) }
+}
+
 // remove stops every process, deletes every namespace and removes every
 // file of the cluster. It is the test's cleanup and runs on every path.
 func (c *Cluster) remove() {
@@ -348,6 +388,13 @@ func (c *Cluster) remove() {
 	for _, h := range c.hosts {
 		if err := killAll(h.ns); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	for _, h := range c.hosts {
+		if h.shmMounted {
+			if err := run("umount", "-l", h.shm); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	for _, r := range c.relays {
@@ -385,12 +432,25 @@ func sweep() {
 	entries, _ := os.ReadDir(Base)
 	for _, e := range entries {
 		if pid, ok := ownerPid(e.Name()); ok && !alive(pid) {
-			os.RemoveAll(filepath.Join(Base, e.Name()))
+			dir := filepath.Join(Base, e.Name())
+			unmountUnder(dir)
+			os.RemoveAll(dir)
 		}
 	}
 }
 
 var sweepMu sync.Mutex
+
+// unmountUnder unmounts what is mounted under dir (a killed test's
+// tmpfs /dev/shm), so that its files can be removed.
+func unmountUnder(dir string) {
+	mounts, _ := os.ReadFile("/proc/self/mounts")
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
+			exec.Command("umount", "-l", f[1]).Run()
+		}
+	}
+}
 
 // ownerPid returns the pid in a name made by New (gct<pid>-...).
 func ownerPid(name string) (int, bool) {

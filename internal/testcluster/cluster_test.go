@@ -293,3 +293,42 @@ func TestRemovedOnCleanup(t *testing.T) {
 		t.Errorf("saw %v while the cluster ran, want a bridge and two hosts", names)
 	}
 }
+
+// TestFillShm: a host's /dev/shm is a tmpfs of its own (no other host sees
+// its files); filled, a write there fails with "No space left on device";
+// once the fill is removed, the same write succeeds; the tmpfs goes with
+// the cluster.
+func TestFillShm(t *testing.T) {
+	var shm string
+	t.Run("cluster", func(t *testing.T) {
+		c := testcluster.New(t, testcluster.Config{Hosts: 2, ShmBytes: 16 << 20})
+		h1, h2 := c.Host(1), c.Host(2)
+		write := "head -c 1048576 /dev/zero > /dev/shm/x && ls /dev/shm"
+		if out := h1.Run(t.Context(), "sh", "-c", write); !strings.Contains(out, "x") {
+			t.Fatalf("h1 wrote to /dev/shm, then saw %q", out)
+		}
+		if out := h2.Run(t.Context(), "ls", "/dev/shm"); strings.Contains(out, "x") {
+			t.Errorf("h2 sees h1's /dev/shm: %q", out)
+		}
+		h1.Run(t.Context(), "rm", "/dev/shm/x")
+		undo := h1.FillShm()
+		out, err := h1.Command(t.Context(), "sh", "-c", write).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "No space left on device") {
+			t.Errorf("a write to the full /dev/shm: %v %q, want No space left on device", err, out)
+		}
+		undo()
+		h1.Run(t.Context(), "sh", "-c", write)
+		mounts, _ := os.ReadFile("/proc/self/mounts")
+		for _, l := range strings.Split(string(mounts), "\n") {
+			if strings.HasPrefix(l, "gct-shm ") && strings.Contains(l, "/h1/shm ") {
+				shm = strings.Fields(l)[1]
+			}
+		}
+		if shm == "" {
+			t.Fatalf("no tmpfs mounted for h1's /dev/shm:\n%s", mounts)
+		}
+	})
+	if mounts, _ := os.ReadFile("/proc/self/mounts"); shm != "" && strings.Contains(string(mounts), shm) {
+		t.Errorf("%s still mounted after the cluster was removed", shm)
+	}
+}
