@@ -844,8 +844,12 @@ func awaitHolders(v *view, now time.Time, why string, r restore) decision {
 // fenced says whether every rank of an earlier generation of v's job that
 // may have run is surely stopped, so that the current generation may open
 // (no two generations' ranks of a job run at once). A node of the
-// generation's stopping set is done when it has reported so (Stopped),
-// when it registered again as another run (its agent's end took its ranks
+// generation's stopping set is done when it has reported so (Stopped) for
+// the newest generation that opened (ranks start only in an open one, so
+// no rank of a generation after it ever ran: a node that left the job
+// after generation g says it runs nothing below g+1, which is enough
+// however many generations were made and never opened since), when it
+// registered again as another run (its agent's end took its ranks
 // with it), or, its lease ended, FenceMargin after the latest its own
 // deadline can be: when its key was first seen gone, or the lease's time
 // left when a coordinator revoked it (fences). Else the job waits: for a
@@ -854,7 +858,7 @@ func fenced(v *view, now time.Time, p policy, pol *jobPolicy) (ok bool, until ti
 	j := v.job
 	ok = true
 	for _, s := range j.gen.Stopping {
-		if j.stopped[s.Node] >= j.gen.Number {
+		if j.stopped[s.Node] > j.open {
 			continue
 		}
 		if n := v.nodes[s.Node]; n != nil {
