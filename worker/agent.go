@@ -738,13 +738,14 @@ func (a *Agent) stopped(ctx context.Context, asg *pb.Assignment) {
 				if err == nil || ctx.Err() != nil {
 					return
 				}
-				if status.Code(err) != codes.NotFound || a.stopSeq.Load() != seq {
+				if c := status.Code(err); c != codes.NotFound && c != codes.PermissionDenied || a.stopSeq.Load() != seq {
 					a.log.Warn("reporting the ranks stopped", "job", job, "below", below, "err", err)
 					return
 				}
-				// Not registered now (its lease lost to a cut): the
+				// Not registered now (its lease lost to a cut), or sent
+				// with the lease it had before registering again: the
 				// generation waiting for this report opens only with it,
-				// so it is said again once this node has registered.
+				// so it is said again with the lease it holds next.
 				select {
 				case <-ctx.Done():
 					return
