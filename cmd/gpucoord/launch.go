@@ -22,12 +22,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/credentials"
 	"gopkg.in/yaml.v3"
 
 	"github.com/gpucoord/gpucoord/client"
 	"github.com/gpucoord/gpucoord/coordinator"
+	"github.com/gpucoord/gpucoord/internal/inproc"
 	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/schedule"
@@ -438,15 +438,20 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 		if logPath != "" {
 			fmt.Fprintf(progress, "logs of the standalone cluster: %s\n", logPath)
 		}
-		cl, err := startStandalone(context.WithoutCancel(ctx), int(spec.Nodes), int(spec.GpusPerNode), f.dataDir, logs)
+		exe, err := rankExecutable()
 		if err != nil {
 			return err
 		}
-		defer cl.stop()
-		if err := cl.ready(ctx); err != nil {
+		cl, err := inproc.Start(context.WithoutCancel(ctx), inproc.Config{Nodes: int(spec.Nodes), GPUs: int(spec.GpusPerNode),
+			DataDir: f.dataDir, Logs: logs, RankCommand: []string{exe, rankCmd}, FenceCommand: []string{exe, fenceCmd}, Version: buildVersion()})
+		if err != nil {
 			return err
 		}
-		addrs = []string{cl.addr}
+		defer cl.Stop()
+		if err := cl.Ready(ctx, 30*time.Second); err != nil {
+			return err
+		}
+		addrs = []string{cl.Addr}
 	}
 	var creds credentials.TransportCredentials
 	var agents *tls.Config
@@ -497,36 +502,6 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 	return l.w.Write(b)
 }
 
-// standalone is a whole cluster in this process tree: an embedded etcd
-// inside a coordinator, and local worker agents.
-type standalone struct {
-	addr    string
-	stopAll func() // stops the agents, then the coordinator, and waits
-	tmp     string
-	held    string // the agents' checkpoints, maybe outside tmp (/dev/shm)
-	agents  []*worker.Agent
-	failed  <-chan struct{} // closed when an agent (or the coordinator) has stopped
-	err     func() error    // why, once failed is closed
-}
-
-// ready waits until every agent is registered and watching, so that the
-// job has its nodes at once rather than printing them come in.
-func (s *standalone) ready(ctx context.Context) error {
-	timeout := time.After(30 * time.Second)
-	for _, a := range s.agents {
-		select {
-		case <-a.Ready():
-		case <-s.failed:
-			return fmt.Errorf("standalone cluster: %w", s.err())
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-timeout:
-			return errors.New("standalone cluster: its agents did not register within 30s (gpucoord launch -v shows their logs)")
-		}
-	}
-	return nil
-}
-
 // standaloneLog opens where a standalone cluster logs: stderr when
 // verbose, else a file of the job's in the user's cache directory
 // (gpucoord/logs/JOB.log), whose path it returns.
@@ -548,81 +523,6 @@ func standaloneLog(job string, verbose bool, stderr io.Writer) (io.Writer, func(
 		return nil, nil, "", fmt.Errorf("the standalone cluster's logs: %w (--verbose puts them on stderr)", err)
 	}
 	return &lockedWriter{w: fl}, fl.Close, path, nil
-}
-
-func startStandalone(ctx context.Context, nodes, gpus int, dataDir string, logs io.Writer) (*standalone, error) {
-	tmp, err := os.MkdirTemp("", "gpucoord-standalone-")
-	if err != nil {
-		return nil, err
-	}
-	if dataDir == "" {
-		dataDir = tmp + "/etcd"
-	}
-	// A file gets everything from Info up; stderr (--verbose) the same.
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	cc := coordinator.DefaultConfig()
-	cc.Listen, cc.Etcd.DataDir, cc.Logger = "127.0.0.1:0", dataDir, log
-	co, err := coordinator.New(ctx, cc)
-	if err != nil {
-		os.RemoveAll(tmp)
-		return nil, err
-	}
-	exe, err := rankExecutable()
-	if err != nil {
-		os.RemoveAll(tmp)
-		return nil, err
-	}
-	// The agents hold the checkpoints of jobs without a --checkpoint-dir
-	// in memory where there is room, in a directory of this cluster's
-	// (named as the temporary directory is), removed with it; each agent
-	// keeps its own under it.
-	held := worker.CheckpointRoot(filepath.Base(tmp), "", tmp)
-	// The agents stop first (they leave the pool while the coordinator
-	// still answers), then the coordinator.
-	cctx, cancelCo := context.WithCancel(ctx)
-	cg, cctx := errgroup.WithContext(cctx)
-	cg.Go(func() error { return co.Run(cctx) })
-	actx, cancelAgents := context.WithCancel(cctx)
-	g, gctx := errgroup.WithContext(actx)
-	stop := func() {
-		cancelAgents()
-		g.Wait()
-		cancelCo()
-		cg.Wait()
-	}
-	var agents []*worker.Agent
-	for n := range nodes {
-		wc := worker.DefaultConfig()
-		wc.Coordinators, wc.Name, wc.Host, wc.GPUs = []string{co.Addr()}, fmt.Sprintf("node%d", n), "127.0.0.1", gpus
-		// launch shows the ranks' output as it does a cluster's: read from
-		// the agents, in order after its own lines.
-		wc.NativeCommand, wc.FenceCommand = []string{exe, rankCmd}, []string{exe, fenceCmd}
-		wc.WorkDir, wc.Output, wc.Logger, wc.Version = tmp+"/work", io.Discard, log, buildVersion()
-		wc.CheckpointRoot = held
-		// The agents run as launch's user, for launch alone: the ranks
-		// inherit its environment, as torchrun's do, but gpucoord's own
-		// variables (a join token among them).
-		wc.RankEnv = []string{"*"}
-		a, err := worker.New(wc)
-		if err != nil {
-			stop()
-			os.RemoveAll(tmp)
-			os.RemoveAll(held)
-			return nil, err
-		}
-		g.Go(func() error { return a.Run(gctx) })
-		agents = append(agents, a)
-	}
-	return &standalone{addr: co.Addr(), stopAll: stop, tmp: tmp, held: held, agents: agents, failed: gctx.Done(),
-		err: func() error { return cmp.Or(context.Cause(gctx), errors.New("stopped")) }}, nil
-}
-
-// stop tears the cluster down: agents stop their ranks and leave, the
-// coordinator and its etcd stop, the temporary files go.
-func (s *standalone) stop() {
-	s.stopAll()
-	os.RemoveAll(s.tmp)
-	os.RemoveAll(s.held)
 }
 
 // follower submits a job through the client and prints its progress until
