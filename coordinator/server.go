@@ -669,6 +669,9 @@ func (s *server) Follow(req *pb.FollowRequest, stream grpc.ServerStreamingServer
 		if err != nil {
 			return etcdErr(err)
 		}
+		if len(resp.Kvs) == 0 {
+			s.log.Info("follow: no such job", "job", id, "view", rev, "etcd", resp.Header.GetRevision())
+		}
 		if len(resp.Kvs) > 0 {
 			// The spec's own revision: the watch brings it (a write outside
 			// the prefix would not move the view).

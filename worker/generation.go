@@ -301,9 +301,14 @@ func (g *generation) runRanks(ctx context.Context, hooks runHooks) error {
 	g.log.Info("starting ranks", "first", g.me.FirstRank, "count", g.me.Ranks, "master", asg.Master)
 	err = localproc.Run[struct{}](ctx, pcfg, nil)
 	out.flush()
-	// The ranks' last lines are in: what they checkpointed is stored and
-	// reported before how they ended, so that a step every rank wrote
-	// before a failure (or a preemption) is committed in this generation.
+	// The ranks' last lines are in (read to their end, though reporting
+	// the lines before took a while: a coordinator failing over), and
+	// reported: what they checkpointed is stored and reported before how
+	// they ended, so that a step every rank wrote before a failure (or a
+	// preemption) is committed in this generation.
+	dctx, stopDrain := context.WithTimeout(ctx, progressDrain)
+	pl.Drain(dctx)
+	stopDrain()
 	pl.Close()
 	close(ranksDone)
 	<-cp.finished
@@ -318,6 +323,10 @@ func (g *generation) runRanks(ctx context.Context, hooks runHooks) error {
 	g.exited(ctx, err, out)
 	return nil
 }
+
+// progressDrain bounds how long the ranks' last progress lines are read
+// after they exited, while reports of the lines before are tried again.
+const progressDrain = 10 * time.Second
 
 // command is rank's process: the program (or the native rank) with the
 // rank's environment, as the ranks' user when there is one.

@@ -357,8 +357,9 @@ func TestClusterPartition(t *testing.T) {
 // TestClusterCoordinatorFailover: two coordinators on their own hosts
 // share an external etcd (Debian's etcd-server) on a third. The leader is
 // killed outright, or cut off from etcd; the agents move to the other
-// coordinator, which renews their leases, and the job finishes in its
-// first generation: no rank was stopped or started again.
+// coordinator, which renews their leases, and the job, still training once
+// that coordinator leads, finishes in its first generation: no rank was
+// stopped or started again.
 func TestClusterCoordinatorFailover(t *testing.T) {
 	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
 	const etcdBin = "/usr/bin/etcd"
@@ -367,7 +368,7 @@ func TestClusterCoordinatorFailover(t *testing.T) {
 	}
 	for _, how := range []string{"killed", "cut from etcd"} {
 		t.Run(how, func(t *testing.T) {
-			const steps = 400
+			const steps = 200
 			b := newBoxCluster(t, testcluster.Config{Hosts: 5, Shared: true})
 			want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 			h1 := b.Host(1)
@@ -384,7 +385,7 @@ func TestClusterCoordinatorFailover(t *testing.T) {
 			}
 			leader := coord(b.Host(2))
 			leader.waitLine(t, "elected leader", time.Minute)
-			coord(b.Host(3))
+			standby := coord(b.Host(3))
 			b.coord = "h2:7070,h3:7070"
 			workers := []*proc{b.worker(t, b.Host(4), 2), b.worker(t, b.Host(5), 2)}
 			both := net.JoinHostPort(b.Host(2).Addr, "7070") + "," + net.JoinHostPort(b.Host(3).Addr, "7070")
@@ -396,8 +397,20 @@ func TestClusterCoordinatorFailover(t *testing.T) {
 			} else {
 				b.Host(2).Cut(h1)
 			}
+			// The job must outlive the failover, or nothing was tested: the
+			// standby leads, the job still runs, and steps follow.
+			standby.waitLine(t, "elected leader", time.Minute)
+			select {
+			case <-p.done:
+				t.Fatalf("the job ended before the standby led: the failover went untested (raise steps):\n%s", p.output())
+			default:
+			}
+			led := len(p.output())
 			if code := p.wait(t, 3*time.Minute); code != 0 {
 				t.Fatalf("launch exited %d:\n%s", code, p.output())
+			}
+			if !strings.Contains(p.output()[led:], `{"step":`) {
+				t.Fatalf("no step after the standby led: the failover went untested:\n%s", p.output())
 			}
 			sameLosses(t, losses(t, p.output()), want)
 			if strings.Contains(p.output(), "generation 2") {

@@ -679,8 +679,25 @@ func (f *follower) follow(ctx context.Context, cl *client.Client) (*pb.JobState,
 		}()
 		defer func() { cancel(); <-done }()
 	}
-	return cl.Follow(ctx, f.spec.Id, f.show)
+	for start := time.Now(); ; {
+		st, err := cl.Follow(ctx, f.spec.Id, f.show)
+		if !errors.Is(err, client.ErrNotFound) || f.attach || time.Since(start) > submittedFor {
+			return st, err
+		}
+		// Submitted a moment ago, through a coordinator that said so: one
+		// that has not heard of it yet answered (the chaos test saw it
+		// once, after a partition healed). The job is there; ask again.
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
+
+// submittedFor is how long after its submission launch takes "no such
+// job" for a coordinator that has not heard of it yet.
+const submittedFor = 30 * time.Second
 
 // quietFor is how long a program's job may print nothing before launch
 // says it is still running.

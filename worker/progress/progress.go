@@ -316,6 +316,26 @@ func (l *Listener) warn(bad *int, rank int, err error) {
 
 // Close stops serving, closes every connection, waits for the handlers and
 // removes the sockets.
+// Drain stops taking connections and waits, until ctx is done, for the
+// ranks' connections to end by themselves (a rank that exited closed its
+// own): what they wrote before they exited is read and handled, however
+// long a handler took with the lines before (a report tried again while a
+// coordinator fails over). Close then ends what is left.
+func (l *Listener) Drain(ctx context.Context) {
+	for _, ln := range l.lns {
+		ln.Close()
+	}
+	done := make(chan struct{})
+	go func() {
+		l.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
 func (l *Listener) Close() error {
 	for _, ln := range l.lns {
 		ln.Close()

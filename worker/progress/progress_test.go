@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -301,4 +303,66 @@ func dialRank0(t *testing.T, l *Listener) *Writer {
 	}
 	t.Cleanup(func() { w.Close() })
 	return w
+}
+
+// TestDrainReadsToTheEnd: a rank writes a step, the handler takes its time
+// with it (a report tried again while a coordinator fails over), the rank
+// writes three more and exits. Drained, then closed, the listener has
+// handled all four: closing at once dropped the lines not yet read (the
+// chaos test, seed 7: a job's last 4 steps never reported).
+func TestDrainReadsToTheEnd(t *testing.T) {
+	var mu sync.Mutex
+	var steps []int64
+	busy, release := make(chan struct{}), make(chan struct{})
+	l, err := Listen(t.TempDir(), []int{0}, nil, func(_ int, e Event, _ time.Time) {
+		if e.Step == 1 {
+			close(busy)
+			<-release
+		}
+		mu.Lock()
+		steps = append(steps, e.Step)
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("unix", l.Path(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "step 1\n")
+	<-busy // step 1 read and in the handler: the next lines stay in the socket
+	fmt.Fprintf(c, "step 2\nstep 3\nstep 4\n")
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		l.Drain(ctx)
+		l.Close()
+	}()
+	// Drain closes the rank's socket for new connections first: once it
+	// refuses one, the handler may go on.
+	for {
+		d, err := net.Dial("unix", l.Path(0))
+		if err != nil {
+			break
+		}
+		d.Close()
+		runtime.Gosched()
+	}
+	// The listener keeps the rank's connection (closing it would lose
+	// steps 2-4): the rank reads nothing, not an end.
+	c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("the rank's connection while its lines wait: %v, want it open", err)
+	}
+	c.Close() // the rank exits
+	close(release)
+	<-drained
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(steps, []int64{1, 2, 3, 4}) {
+		t.Errorf("handled steps %v, want 1 2 3 4", steps)
+	}
 }
