@@ -4,7 +4,8 @@
 # python3-torch (the torchrun DDP client under gpucoord launch) and
 # iptables (the cluster-in-a-box tests cut hosts off with it) and openssl
 # (s_client shows what a coordinator's port speaks) and prometheus (it
-# scrapes a coordinator for the Grafana dashboard's test).
+# scrapes a coordinator for the Grafana dashboard's test) and slurm-wlm and
+# munge (testcluster's Slurm cluster in a box: slurmctld, slurmd, srun).
 set -euo pipefail
 need=()
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
@@ -12,6 +13,8 @@ need=()
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptables)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 [ -x /usr/bin/prometheus ] || need+=(prometheus)
+{ [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/bin/srun ]; } || need+=(slurm-wlm)
+[ -x /usr/sbin/munged ] || need+=(munge)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" = 0 ] || sudo=sudo

@@ -27,6 +27,29 @@
 // one is missing New skips the test with one line saying why, except under
 // CI (CI=true), where it fails: CI has them and must run these tests.
 //
+// # Slurm
+//
+// StartSlurm makes a cluster a real Slurm cluster (Debian's slurm-wlm and
+// munge, scripts/deps.sh): h1 is the login host, running slurmctld and the
+// one munged, which every host reaches through its socket in the run's
+// directory (AuthInfo=socket=...); h2 .. hN run slurmd as nodes of those
+// names, each declaring SlurmConfig.CPUsPerNode CPUs whatever the machine
+// has. The run's directory (under the cluster's, which every host sees)
+// holds slurm.conf (SLURM_CONF), a munge key of the run's own, the logs and
+// Slurm.Dir for batch scripts; each host keeps its spool and state in its
+// own /tmp. There are no cgroups (proctrack/linuxproc, task/none) and no
+// accounting. Slurm.Run and Slurm.Command run srun, sbatch, scancel and the
+// rest on the login host. When the test ends the daemons, their
+// descendants and then every process left on the hosts are killed, before
+// the cluster is removed: slurmstepd double-forks, and a task that puts
+// itself beyond its parent escapes linuxproc, so only the namespace sweep
+// finds it. Hosts are entered with nsenter, not ip netns exec, which
+// remounts /sys and hides the cgroup mounts slurmd's cgroup plugin wants
+// even with linuxproc. A host's own name resolving to 127.0.1.1 does not
+// matter to Slurm: the daemons' addresses come from slurm.conf (NodeAddr,
+// SlurmctldHost's) and srun's from its connections (SLURM_SRUN_COMM_HOST
+// is the login host's address).
+//
 // # Delay
 //
 // This machine's kernel has no sch_netem, so a delayed host's link is not a
