@@ -55,7 +55,7 @@ type daemon struct {
 // munge packages install them (scripts/deps.sh).
 var slurmPrograms = []string{"/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/bin/srun", "/usr/bin/sbatch", "/usr/bin/sinfo", "/usr/bin/scontrol"}
 
-// slurmPorts are slurmctld's and slurmd's; every host has its own network
+// slurmctldPort and slurmdPort are the daemons' ports; every host has its own network
 // namespace, so every cluster can use the defaults.
 const (
 	slurmctldPort = 6817
