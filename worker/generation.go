@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gpucoord/gpucoord/internal/localproc"
@@ -209,6 +210,11 @@ func (g *generation) checkpoints(ctx context.Context) error {
 			if ctx.Err() == nil {
 				g.log.Error("checkpoint", "err", err)
 			}
+			if nodeFull(err) {
+				// This node has no room for the step now, which says nothing
+				// of the step: the next generation tries it again.
+				return g.fail(1, "node %s: no room to gather the resume step: %v", a.cfg.Name, err)
+			}
 			e := &pb.RankExit{Rank: g.me.FirstRank, Code: ExitUnrestorable, Error: fmt.Sprintf("node %s: %v", a.cfg.Name, err),
 				UnrestorableStep: asg.Generation.GetResumeStep()}
 			return &failedStep{e}
@@ -322,6 +328,14 @@ func (g *generation) runRanks(ctx context.Context, hooks runHooks) error {
 	}
 	g.exited(ctx, err, out)
 	return nil
+}
+
+// nodeFull says whether err is this node's own storage refusing a write
+// (its /dev/shm or disk full, a quota): a fault of the node, for now, not
+// of the step being gathered, which must not be marked unrestorable for it
+// (the chaos test's full /dev/shm did, and a job lost every kept step).
+func nodeFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 // progressDrain bounds how long the ranks' last progress lines are read
