@@ -374,7 +374,12 @@ func resumePaused(v *view, now time.Time, p policy) decision {
 		}
 	}
 	if n := usableNodes(j.spec, len(nodes), minNodes(j.spec)); n > 0 {
-		return nextGeneration(v, nodes[:n], fmt.Sprintf("resumed on %d node%s after a pause", n, plural(n)), now)
+		why := fmt.Sprintf("resumed on %d node%s after a pause", n, plural(n))
+		r := restorePoint(v)
+		if r.lost != "" {
+			return awaitHolders(v, now, why, r)
+		}
+		return nextGeneration(v, r, nodes[:n], why, now)
 	}
 	if t := time.Duration(j.spec.RendezvousTimeoutMs) * time.Millisecond; t > 0 {
 		deadline := at(pol.PendingSince).Add(t)
@@ -708,13 +713,14 @@ func recoverWithout(v *view, now time.Time, p policy, why string, exclude map[st
 	if n == 0 {
 		return decision{}, false
 	}
-	if r := restorePoint(v); r.lost != "" {
+	r := restorePoint(v)
+	if r.lost != "" {
 		return awaitHolders(v, now, why, r), true // no spare joins a generation not made
 	}
 	if len(spares) > 0 {
 		why += "; spare nodes joined: " + strings.Join(spares, ", ")
 	}
-	return nextGeneration(v, live[:n], why, now), true
+	return nextGeneration(v, r, live[:n], why, now), true
 }
 
 // usableNodes is the most nodes, at most have and at least least, on which
@@ -756,23 +762,24 @@ func admit(v *view, now time.Time, p policy) decision {
 		return d // nobody to take, or not at a committed step boundary: the next commit looks again
 	}
 	n := usableNodes(spec, len(nodes), len(j.gen.Members)+1)
-	if n == 0 || restorePoint(v).lost != "" {
+	if n == 0 {
+		return d
+	}
+	r := restorePoint(v)
+	if r.lost != "" {
 		return d // a running job grows from a step it can restore, or not at all
 	}
-	return nextGeneration(v, nodes[:n], "nodes joined: "+strings.Join(added, ", "), now)
+	return nextGeneration(v, r, nodes[:n], "nodes joined: "+strings.Join(added, ", "), now)
 }
 
 // nextGeneration is the decision to run generation g+1 of the job on
-// nodes.
-func nextGeneration(v *view, nodes []*pb.Node, why string, now time.Time) decision {
+// nodes, from r (restorePoint's, with a step to resume from: the callers
+// pause or fail a job whose r is lost, awaitHolders).
+func nextGeneration(v *view, r restore, nodes []*pb.Node, why string, now time.Time) decision {
 	j := v.job
 	layout, err := Layout(j.spec, len(nodes))
 	if err != nil { // usableNodes chose nodes the layout works on: a bug
 		panic(fmt.Sprintf("next generation of %s on %d nodes: %v", j.spec.Id, len(nodes), err))
-	}
-	r := restorePoint(v)
-	if r.lost != "" {
-		return awaitHolders(v, now, why, r)
 	}
 	resume := r.resume
 	switch {

@@ -686,7 +686,8 @@ func (f *follower) follow(ctx context.Context, cl *client.Client) (*pb.JobState,
 		}
 		// Submitted a moment ago, through a coordinator that said so: one
 		// that has not heard of it yet answered (the chaos test saw it
-		// once, after a partition healed). The job is there; ask again.
+		// twice in one run, after a partition healed). The job is there; ask
+		// again.
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()

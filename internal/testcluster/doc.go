@@ -2,8 +2,10 @@
 // cluster in a box. Each host is a network namespace with its own IPv4 and
 // IPv6 address on a bridge, and every process a test runs on a host gets a
 // private mount namespace in which /tmp (and so HOME, which is under it) and
-// /dev/shm are the host's own directories and /etc/hosts names every host of the cluster:
-// hosts share no file system unless the test asks for the shared directory.
+// /dev/shm are the host's own directories (/dev/shm a tmpfs of its own
+// with Config.ShmBytes, which Host.FillShm can fill) and /etc/hosts names
+// every host of the cluster: hosts share no file system unless the test
+// asks for the shared directory.
 //
 // A test can kill a host (SIGKILL to every process in its namespace), cut
 // it off (iptables drops all its traffic, or only what goes to some peers),
