@@ -14,6 +14,10 @@ help: ## Show this help
 build: ## Build the gpucoord binary into bin/
 	$(GO) build -o bin/gpucoord ./cmd/gpucoord
 
+.PHONY: image
+image: ## Build the container image (IMAGE, default localhost/gpucoord:dev) with buildah, no registry: the CGO_ENABLED=0 binary and the libc it loads (scripts/image.sh; docs/KUBERNETES.md)
+	scripts/image.sh
+
 .PHONY: demo
 demo: ## Run the main job on the embedded default: launch --standalone of the native engine, 2 nodes x 4 ranks
 	$(GO) run ./cmd/gpucoord launch --standalone --nodes 2 --gpus-per-node 4 --tp 2 --pp 2 examples/jobs/mlp.yaml

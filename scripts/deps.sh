@@ -5,7 +5,10 @@
 # iptables (the cluster-in-a-box tests cut hosts off with it) and openssl
 # (s_client shows what a coordinator's port speaks) and prometheus (it
 # scrapes a coordinator for the Grafana dashboard's test) and slurm-wlm and
-# munge (testcluster's Slurm cluster in a box: slurmctld, slurmd, srun).
+# munge (testcluster's Slurm cluster in a box: slurmctld, slurmd, srun) and
+# buildah, podman and runc (make image, and the test that runs the image:
+# runc, since crun refuses a cgroup v1 machine whose v2 hierarchy holds a
+# controller).
 set -euo pipefail
 need=()
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
@@ -15,6 +18,9 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 [ -x /usr/bin/prometheus ] || need+=(prometheus)
 { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/bin/srun ]; } || need+=(slurm-wlm)
 [ -x /usr/sbin/munged ] || need+=(munge)
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v runc >/dev/null 2>&1 || need+=(runc)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" = 0 ] || sudo=sudo
