@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -118,7 +120,21 @@ func setupPKI(ctx context.Context, cli *clientv3.Client, k keys, cfg *Config, no
 		return nil, nil
 	}
 	if !cfg.TLS.Empty() {
-		c, err := cfg.TLS.Load()
+		var c pki.Credentials
+		var ca *pki.CA
+		var err error
+		if cfg.TLSCAKey != "" {
+			if ca, err = orgCA(cfg); err != nil {
+				return nil, err
+			}
+		}
+		if cfg.TLS.Cert != "" {
+			c, err = cfg.TLS.Load()
+		} else {
+			// No certificate named: issue our own under the CA.
+			c.CA = ca.PEM()
+			c.Cert, c.Key, err = ca.ServerCert(cfg.Name, serverHosts(cfg.Listen, cfg.TLSHosts), now)
+		}
 		if err != nil {
 			return nil, errorf(ErrInvalid, "tls: %v", err)
 		}
@@ -126,17 +142,7 @@ func setupPKI(ctx context.Context, cli *clientv3.Client, k keys, cfg *Config, no
 		if err != nil {
 			return nil, errorf(ErrInvalid, "tls: %v", err)
 		}
-		p := &clusterPKI{tls: t}
-		if cfg.TLSCAKey != "" {
-			key, err := os.ReadFile(cfg.TLSCAKey)
-			if err != nil {
-				return nil, errorf(ErrInvalid, "tls: CA key: %v", err)
-			}
-			if p.ca, err = pki.ParseCA(c.CA, key); err != nil {
-				return nil, errorf(ErrInvalid, "tls: %v", err)
-			}
-		}
-		return p, nil
+		return &clusterPKI{tls: t, ca: ca}, nil
 	}
 	ca, err := clusterCA(ctx, cli, k, now)
 	if err != nil {
@@ -151,6 +157,44 @@ func setupPKI(ctx context.Context, cli *clientv3.Client, k keys, cfg *Config, no
 		return nil, err
 	}
 	return &clusterPKI{tls: t, ca: ca}, nil
+}
+
+// orgCA reads the organisation's CA that cfg names with its key.
+func orgCA(cfg *Config) (*pki.CA, error) {
+	cert, err := os.ReadFile(cfg.TLS.CA)
+	if err != nil {
+		return nil, errorf(ErrInvalid, "tls: CA: %v", err)
+	}
+	key, err := os.ReadFile(cfg.TLSCAKey)
+	if err != nil {
+		return nil, errorf(ErrInvalid, "tls: CA key: %v", err)
+	}
+	ca, err := pki.ParseCA(cert, key)
+	if err != nil {
+		return nil, errorf(ErrInvalid, "tls: %v", err)
+	}
+	return ca, nil
+}
+
+// writePeerTLS makes this etcd member's peer certificate under the
+// organisation's CA and names it, with the CA, in cfg.Etcd.PeerTLS: files
+// (0600) in the data directory's peer-tls.
+func writePeerTLS(cfg *Config, now time.Time) error {
+	ca, err := orgCA(cfg)
+	if err != nil {
+		return err
+	}
+	own, _ := url.Parse(cfg.Etcd.memberURL(cfg.Etcd.Name))
+	certPEM, keyPEM, err := ca.PeerCert(cfg.Etcd.Name, serverHosts(net.JoinHostPort(own.Hostname(), own.Port()), cfg.TLSHosts), now)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(cfg.Etcd.DataDir, "peer-tls")
+	if err := (pki.Credentials{CA: ca.PEM(), Cert: certPEM, Key: keyPEM}).Save(dir); err != nil {
+		return fmt.Errorf("etcd peer certificate: %w", err)
+	}
+	cfg.Etcd.PeerTLS = pki.DirFiles(dir)
+	return nil
 }
 
 // clusterCA reads the cluster CA from etcd, or makes it there if no

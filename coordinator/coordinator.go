@@ -162,11 +162,17 @@ func (c *Config) Validate() error {
 			return errorf(ErrInvalid, "gossip address %s is loopback but the coordinator listens on %s: agents on other hosts could not reach it (leave --gossip out to use the listen host)", c.Gossip, c.Listen)
 		}
 	}
-	if !c.TLS.Empty() && (c.TLS.CA == "" || c.TLS.Cert == "" || c.TLS.Key == "") {
-		return errorf(ErrInvalid, "--tls-ca, --tls-cert and --tls-key go together: name all three")
+	if !c.TLS.Empty() && (c.TLS.CA == "" || (c.TLS.Cert == "") != (c.TLS.Key == "") || (c.TLS.Cert == "" && c.TLSCAKey == "")) {
+		return errorf(ErrInvalid, "--tls-ca, --tls-cert and --tls-key go together: name all three (or --tls-ca and --tls-ca-key, and the coordinator issues its own certificate)")
 	}
-	if c.TLSCAKey != "" && c.TLS.Empty() {
-		return errorf(ErrInvalid, "--tls-ca-key goes with --tls-ca, --tls-cert and --tls-key")
+	if c.TLSCAKey != "" && c.TLS.CA == "" {
+		return errorf(ErrInvalid, "--tls-ca-key goes with --tls-ca")
+	}
+	if err := c.Etcd.validateMembers(); err != nil {
+		return err
+	}
+	if len(c.Etcd.Members) > 0 && c.Etcd.PeerTLS.Empty() && c.TLSCAKey == "" {
+		return errorf(ErrInvalid, "the embedded etcd's members speak mutual TLS: give --tls-ca and --tls-ca-key, from which each member makes its peer certificate")
 	}
 	if !c.secure() && !IsLoopback(host) {
 		return errorf(ErrInvalid, "listen address %s is not loopback: give --token-file (a join token is written there, and the coordinator serves mutual TLS) or an organisation's --tls-ca, --tls-cert and --tls-key", c.Listen)
@@ -252,6 +258,9 @@ type hooks struct {
 // unreachable etcd is reported before anything runs. Run must follow; it
 // releases both.
 func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
+	if cfg.Etcd.Name == "" {
+		cfg.Etcd.Name = cfg.Name
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -270,7 +279,13 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 			return nil, errorf(ErrUnavailable, "metrics: listen on %s: %v", cfg.Metrics, errors.Unwrap(err))
 		}
 	}
-	e, err := OpenEtcd(ctx, cfg.Etcd)
+	if len(cfg.Etcd.Members) > 0 && cfg.Etcd.PeerTLS.Empty() {
+		err = writePeerTLS(cfg, time.Now())
+	}
+	var e *Etcd
+	if err == nil {
+		e, err = OpenEtcd(ctx, cfg.Etcd)
+	}
 	if err != nil {
 		ln.Close()
 		if mln != nil {

@@ -8,14 +8,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/gpucoord/gpucoord/internal/pki"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -36,6 +39,80 @@ type EtcdConfig struct {
 	CAFile, CertFile, KeyFile string
 	// DialTimeout bounds the first contact with etcd.
 	DialTimeout time.Duration
+
+	// Name is the embedded member's name ("gpucoord" when empty).
+	Name string
+	// Members, when not empty, make the embedded server a member of this
+	// static cluster (Name among them): each member's name and peer URL
+	// (https). Empty runs a one-member cluster whose peer port is a unix
+	// socket in DataDir.
+	Members []EtcdMember
+	// PeerListen is where the peer port binds; empty means every address
+	// with the port of this member's URL.
+	PeerListen string
+	// PeerTLS is this member's peer certificate and key (PeerCert's), and
+	// the CA every peer's certificate must chain to: peers speak mutual
+	// TLS, and only a certificate whose common name is a member's PeerCN
+	// is accepted. The coordinator writes them into DataDir when it holds
+	// the CA's key.
+	PeerTLS pki.Files
+	// ClusterToken tells this cluster's peer traffic from another's that
+	// reaches the same ports (a job's id).
+	ClusterToken string
+}
+
+// EtcdMember is a member of a static embedded etcd cluster.
+type EtcdMember struct {
+	Name, PeerURL string
+}
+
+// ParseMembers reads NAME=https://HOST:PORT,... (etcd's --initial-cluster).
+func ParseMembers(s string) ([]EtcdMember, error) {
+	var ms []EtcdMember
+	for _, item := range strings.Split(s, ",") {
+		name, u, ok := strings.Cut(strings.TrimSpace(item), "=")
+		if !ok || name == "" || strings.ContainsAny(name, "/ ") {
+			return nil, errorf(ErrInvalid, "etcd member %q: want NAME=https://HOST:PORT", item)
+		}
+		pu, err := url.Parse(u)
+		if err != nil || pu.Scheme != "https" || pu.Port() == "" || pu.Hostname() == "" || (pu.Path != "" && pu.Path != "/") {
+			return nil, errorf(ErrInvalid, "etcd member %s's peer URL %q: want https://HOST:PORT", name, u)
+		}
+		if slices.ContainsFunc(ms, func(m EtcdMember) bool { return m.Name == name }) {
+			return nil, errorf(ErrInvalid, "etcd member %s named twice", name)
+		}
+		ms = append(ms, EtcdMember{Name: name, PeerURL: "https://" + pu.Host})
+	}
+	return ms, nil
+}
+
+// memberURL returns the peer URL of the member named name, "" when there
+// is none.
+func (c EtcdConfig) memberURL(name string) string {
+	for _, m := range c.Members {
+		if m.Name == name {
+			return m.PeerURL
+		}
+	}
+	return ""
+}
+
+// validateMembers checks a static cluster's settings.
+func (c EtcdConfig) validateMembers() error {
+	if len(c.Members) == 0 {
+		return nil
+	}
+	if len(c.Endpoints) > 0 {
+		return errorf(ErrInvalid, "--etcd and --etcd-initial-cluster exclude each other: the members are embedded servers")
+	}
+	if c.memberURL(c.Name) == "" {
+		names := make([]string, len(c.Members))
+		for i, m := range c.Members {
+			names[i] = m.Name
+		}
+		return errorf(ErrInvalid, "this member's name %q is not among the initial cluster's (%s): give --etcd-name", c.Name, strings.Join(names, ", "))
+	}
+	return nil
 }
 
 // Etcd is a connection to the coordinator's etcd, and the embedded server
@@ -60,7 +137,7 @@ func OpenEtcd(ctx context.Context, c EtcdConfig) (*Etcd, error) {
 		if err != nil {
 			return nil, err
 		}
-		srv, err := startEmbedded(c.DataDir, c.DialTimeout)
+		srv, err := startEmbedded(c)
 		if err != nil {
 			lock.Close()
 			return nil, err
@@ -156,30 +233,53 @@ func lockDataDir(dir string) (*os.File, error) {
 	return f, nil
 }
 
-// startEmbedded runs a one-member etcd on loopback ports the kernel picks.
-func startEmbedded(dir string, timeout time.Duration) (*embed.Etcd, error) {
-	if dir == "" {
-		return nil, errorf(ErrInvalid, "the embedded etcd needs a data directory")
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("etcd data directory: %w", err)
-	}
+// startEmbedded runs the embedded member: its client port on loopback (a
+// port the kernel picks; only this coordinator talks to it), its peer port
+// a unix socket in DataDir for a one-member cluster, or its URL in
+// Members, with mutual TLS, in a static cluster.
+func startEmbedded(c EtcdConfig) (*embed.Etcd, error) {
+	dir := c.DataDir
 	cfg := embed.NewConfig()
-	cfg.Name = "gpucoord"
+	cfg.Name = cmp.Or(c.Name, "gpucoord")
 	cfg.Dir = dir
 	cfg.LogLevel = "error"
 	cfg.Logger = "zap"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	lc, _ := url.Parse("http://127.0.0.1:0")
-	lp, _ := url.Parse("unix://" + dir + "/peer.sock")
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*lc}, []url.URL{*lc}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*lp}, []url.URL{*lp}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	if len(c.Members) == 0 {
+		lp, _ := url.Parse("unix://" + dir + "/peer.sock")
+		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*lp}, []url.URL{*lp}
+		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+		os.Remove(dir + "/peer.sock")
+	} else {
+		own, err := url.Parse(c.memberURL(cfg.Name))
+		if err != nil {
+			return nil, errorf(ErrInvalid, "etcd member %s: %v", cfg.Name, err)
+		}
+		listen := *own
+		listen.Host = cmp.Or(c.PeerListen, net.JoinHostPort("0.0.0.0", own.Port()))
+		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{listen}, []url.URL{*own}
+		var initial []string
+		for _, m := range c.Members {
+			initial = append(initial, m.Name+"="+m.PeerURL)
+			cfg.PeerTLSInfo.AllowedCNs = append(cfg.PeerTLSInfo.AllowedCNs, pki.PeerCN(m.Name))
+		}
+		cfg.InitialCluster = strings.Join(initial, ",")
+		cfg.InitialClusterToken = cmp.Or(c.ClusterToken, "gpucoord")
+		if c.PeerTLS.CA == "" || c.PeerTLS.Cert == "" || c.PeerTLS.Key == "" {
+			return nil, errorf(ErrInvalid, "etcd member %s: peers speak mutual TLS, and there is no peer certificate (give --tls-ca and --tls-ca-key)", cfg.Name)
+		}
+		cfg.PeerTLSInfo.CertFile, cfg.PeerTLSInfo.KeyFile, cfg.PeerTLSInfo.TrustedCAFile = c.PeerTLS.Cert, c.PeerTLS.Key, c.PeerTLS.CA
+		cfg.PeerTLSInfo.ClientCertAuth = true
+		// A member that lost its peers gives up its leadership, so that a
+		// coordinator on the minority side stops writing at once.
+		cfg.PreVote = true
+	}
 	// Every step writes progress: keep an hour of history (enough for a
 	// launch that lost its coordinator to resume its Follow stream) and
 	// compact the rest, so a long job does not grow the database forever.
 	cfg.AutoCompactionMode, cfg.AutoCompactionRetention = embed.CompactorModePeriodic, "1h"
-	os.Remove(dir + "/peer.sock")
 	srv, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd in %s: %w", dir, err)
@@ -190,8 +290,11 @@ func startEmbedded(dir string, timeout time.Duration) (*embed.Etcd, error) {
 	case err := <-srv.Err():
 		srv.Close()
 		return nil, fmt.Errorf("embedded etcd in %s: %w", dir, err)
-	case <-time.After(max(timeout, 30*time.Second)):
+	case <-time.After(max(c.DialTimeout, 30*time.Second)):
 		srv.Close()
+		if len(c.Members) > 0 {
+			return nil, errorf(ErrUnavailable, "embedded etcd member %s did not join its cluster (%s) within %s: a majority of its members must be up and reach each other's peer ports", cfg.Name, cfg.InitialCluster, max(c.DialTimeout, 30*time.Second))
+		}
 		return nil, errorf(ErrUnavailable, "embedded etcd in %s did not become ready", dir)
 	}
 }

@@ -197,7 +197,7 @@ func defaultDataDir() string {
 
 func newCoordinatorCmd() *cobra.Command {
 	cfg := coordinator.DefaultConfig()
-	var etcd, profile string
+	var etcd, profile, members string
 	var logs logFlags
 	cmd := &cobra.Command{
 		Use:   "coordinator [flags]",
@@ -227,6 +227,11 @@ On loopback without either, the service is plaintext.`,
 			}
 			if etcd != "" {
 				cfg.Etcd.Endpoints = strings.Split(etcd, ",")
+			}
+			if members != "" {
+				if cfg.Etcd.Members, err = coordinator.ParseMembers(members); err != nil {
+					return usageError(err)
+				}
 			}
 			if err := applyGossipProfile(c, profile, &cfg.GossipTuning); err != nil {
 				return usageError(err)
@@ -258,6 +263,10 @@ On loopback without either, the service is plaintext.`,
 	fl.StringVar(&cfg.Name, "name", "", "name in the leader election (default the listen address)")
 	fl.StringVar(&etcd, "etcd", "", "external etcd client URLs, comma-separated (default: embedded etcd in --data-dir)")
 	fl.StringVar(&cfg.Etcd.DataDir, "data-dir", defaultDataDir(), "embedded etcd's data directory")
+	fl.StringVar(&cfg.Etcd.Name, "etcd-name", "", "the embedded etcd member's name in --etcd-initial-cluster (default --name)")
+	fl.StringVar(&members, "etcd-initial-cluster", "", "make the embedded etcd a member of this static cluster, NAME=https://HOST:PORT,... (etcd's --initial-cluster); the members speak mutual TLS under --tls-ca, each making its peer certificate with --tls-ca-key")
+	fl.StringVar(&cfg.Etcd.PeerListen, "etcd-peer-listen", "", "where the embedded member's peer port binds (default every address, the port of its URL in --etcd-initial-cluster)")
+	fl.StringVar(&cfg.Etcd.ClusterToken, "etcd-cluster-token", "", "tells this etcd cluster's peer traffic from another's on the same ports (default gpucoord)")
 	fl.StringVar(&cfg.Etcd.Username, "etcd-user", "", "etcd user name")
 	fl.StringVar(&cfg.Etcd.Password, "etcd-password", "", "etcd password (or ETCD_PASSWORD)")
 	fl.StringVar(&cfg.Etcd.CAFile, "etcd-ca", "", "CA certificate of the etcd servers (TLS)")
@@ -278,7 +287,7 @@ On loopback without either, the service is plaintext.`,
 	fl.IntVar(&cfg.GossipTuning.SuspicionMult, "suspicion-mult", cfg.GossipTuning.SuspicionMult, "gossip: probe intervals a suspect has to refute before it is declared dead")
 	fl.StringVar(&cfg.TokenFile, "token-file", "", "serve mutual TLS from the cluster CA in etcd; this file holds a join token for agents and launch (written, 0600, when absent)")
 	fl.StringVar(&cfg.TLS.CA, "tls-ca", "", "an organisation's CA certificate: serve mutual TLS under it instead of the cluster CA")
-	fl.StringVar(&cfg.TLS.Cert, "tls-cert", "", "this coordinator's certificate under --tls-ca")
+	fl.StringVar(&cfg.TLS.Cert, "tls-cert", "", "this coordinator's certificate under --tls-ca (default: issued at start with --tls-ca-key)")
 	fl.StringVar(&cfg.TLS.Key, "tls-key", "", "the key of --tls-cert")
 	fl.StringVar(&cfg.TLSCAKey, "tls-ca-key", "", "the key of --tls-ca, so that join tokens can buy certificates under it")
 	fl.StringSliceVar(&cfg.TLSHosts, "tls-san", nil, "more names or addresses for the coordinator's certificate (a load balancer's), comma-separated")

@@ -174,17 +174,37 @@ func (ca *CA) SignRequest(csrDER []byte, id Identity, now time.Time) (certPEM []
 // ServerCert issues a coordinator's server certificate, valid for hosts
 // (addresses and names), with a new key; it returns both in PEM.
 func (ca *CA) ServerCert(name string, hosts []string, now time.Time) (certPEM, keyPEM []byte, err error) {
+	return ca.leafWithKey(pkix.Name{CommonName: name, OrganizationalUnit: []string{"coordinator"}, Organization: []string{"gpucoord"}},
+		[]x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, hosts, now)
+}
+
+// PeerCN is the common name of the peer certificate of the embedded etcd
+// member named member. It holds a '/', which no identity name may
+// (Identity.Validate), so no certificate a join token buys can pass for
+// an etcd peer.
+func PeerCN(member string) string { return "etcd-peer/" + member }
+
+// PeerCert issues the certificate an embedded etcd member speaks to its
+// peers with, as server and as client (CommonName PeerCN(member)), valid
+// for hosts, with a new key; it returns both in PEM.
+func (ca *CA) PeerCert(member string, hosts []string, now time.Time) (certPEM, keyPEM []byte, err error) {
+	return ca.leafWithKey(pkix.Name{CommonName: PeerCN(member), OrganizationalUnit: []string{"etcd-peer"}, Organization: []string{"gpucoord"}},
+		[]x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, hosts, now)
+}
+
+// leafWithKey issues a certificate for subject with a new key.
+func (ca *CA) leafWithKey(subject pkix.Name, usage []x509.ExtKeyUsage, hosts []string, now time.Time) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: name, OrganizationalUnit: []string{"coordinator"}, Organization: []string{"gpucoord"}},
+		Subject:      subject,
 		NotBefore:    now.Add(-clockSkewGrace),
 		NotAfter:     minTime(now.Add(LeafLifetime), ca.Cert.NotAfter),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage:  usage,
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {

@@ -47,13 +47,13 @@ func (f Files) Load() (Credentials, error) {
 	return c, c.check()
 }
 
-// dirFiles are the files of credentials kept in a directory.
-func dirFiles(dir string) Files {
+// DirFiles are the files of credentials kept in a directory.
+func DirFiles(dir string) Files {
 	return Files{CA: filepath.Join(dir, "ca.pem"), Cert: filepath.Join(dir, "cert.pem"), Key: filepath.Join(dir, "key.pem")}
 }
 
 // LoadDir reads credentials Save wrote in dir.
-func LoadDir(dir string) (Credentials, error) { return dirFiles(dir).Load() }
+func LoadDir(dir string) (Credentials, error) { return DirFiles(dir).Load() }
 
 // Save writes c into dir (made 0700), each file 0600 and written whole
 // before it replaces an earlier one.
@@ -61,7 +61,7 @@ func (c Credentials) Save(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	f := dirFiles(dir)
+	f := DirFiles(dir)
 	for _, p := range []struct {
 		path string
 		b    []byte
