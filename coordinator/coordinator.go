@@ -334,6 +334,7 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	c.registry.MustRegister(m, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	c.grpc = grpc.NewServer(opts...)
 	pb.RegisterCoordinatorServer(c.grpc, c.srv)
+	c.registerHealth()
 	return c, nil
 }
 

@@ -197,7 +197,7 @@ func defaultDataDir() string {
 
 func newCoordinatorCmd() *cobra.Command {
 	cfg := coordinator.DefaultConfig()
-	var etcd, profile, members string
+	var etcd, profile, members, healthAddr string
 	var logs logFlags
 	cmd := &cobra.Command{
 		Use:   "coordinator [flags]",
@@ -244,6 +244,13 @@ On loopback without either, the service is plaintext.`,
 				}
 				cfg.Metrics = m
 			}
+			var health net.Listener
+			if healthAddr != "" {
+				if health, err = net.Listen("tcp", healthAddr); err != nil {
+					return usageError(fmt.Errorf("--health-listen: %w", err))
+				}
+				defer health.Close()
+			}
 			co, err := coordinator.New(c.Context(), cfg)
 			if err != nil {
 				if errors.Is(err, coordinator.ErrInvalid) {
@@ -255,7 +262,13 @@ On loopback without either, the service is plaintext.`,
 			if m := co.MetricsAddr(); m != "" {
 				fmt.Fprintf(c.OutOrStdout(), "metrics on http://%s/metrics\n", m)
 			}
-			return co.Run(c.Context())
+			if health == nil {
+				return co.Run(c.Context())
+			}
+			served := make(chan error, 1)
+			go func() { served <- co.ServeHealth(health) }()
+			err = co.Run(c.Context())
+			return errors.Join(err, <-served)
 		},
 	}
 	fl := cmd.Flags()
@@ -273,6 +286,7 @@ On loopback without either, the service is plaintext.`,
 	fl.StringVar(&cfg.Etcd.CertFile, "etcd-cert", "", "client certificate for etcd (TLS)")
 	fl.StringVar(&cfg.Etcd.KeyFile, "etcd-key", "", "client key for etcd (TLS)")
 	fl.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "root of every etcd key")
+	fl.StringVar(&healthAddr, "health-listen", "", "serve gRPC health (grpc.health.v1) alone, in plaintext, on HOST:PORT, for probes that speak no TLS: service \"\" while it runs, \"gpucoord.v1.Coordinator\" while it reaches etcd")
 	fl.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus metrics on HOST:PORT, at http://HOST:PORT/metrics (e.g. 127.0.0.1:9400)")
 	fl.IntVar(&cfg.KeepJobs, "keep-jobs", cfg.KeepJobs, "ended jobs kept in etcd for status; older ones are deleted")
 	fl.DurationVar(&cfg.StableFor, "stable-for", cfg.StableFor, "how long a node must stay registered before a running job takes it in (doubled per strike)")
@@ -346,6 +360,9 @@ names (a build without the race detector under a race-enabled agent).`,
 			if coords != "" {
 				cfg.Coordinators = strings.Split(coords, ",")
 			}
+			flagFromEnv(c, &cfg.Name, envNodeName, "name")
+			flagFromEnv(c, &cfg.Host, envAdvertiseAddr, "advertise-addr", "host")
+			flagFromEnv(c, &cfg.FailureDomain, envFailureDomain, "failure-domain")
 			jc, err := auth.config(cfg.Coordinators, pki.Identity{Role: pki.RoleNode, Name: cfg.Name})
 			if err != nil {
 				return usageError(err)
@@ -367,8 +384,8 @@ names (a build without the race detector under a race-enabled agent).`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&coords, "coordinator", "", "coordinator addresses, comma-separated")
-	fl.StringVar(&cfg.Name, "name", cfg.Name, "this node's unique name")
-	fl.StringVar(&cfg.Host, "advertise-addr", "", "address other nodes reach this one at (default: --iface's address, else the address of the interface that routes to the coordinator)")
+	fl.StringVar(&cfg.Name, "name", cfg.Name, "this node's unique name (default $GPUCOORD_NODE_NAME, else the host name)")
+	fl.StringVar(&cfg.Host, "advertise-addr", "", "address other nodes reach this one at (default: $GPUCOORD_ADVERTISE_ADDR, else --iface's address, else the address of the interface that routes to the coordinator)")
 	fl.StringVar(&cfg.Host, "host", "", "same as --advertise-addr")
 	fl.MarkDeprecated("host", "use --advertise-addr")
 	fl.StringVar(&cfg.Bind, "bind", "", "local address ranks, the rendezvous store and gossip listen on, where it differs from the advertised one (NAT, containers); default --advertise-addr")
@@ -377,7 +394,7 @@ names (a build without the race detector under a race-enabled agent).`,
 	fl.IntVar(&cfg.GPUs, "gpus", cfg.GPUs, "same as --gpus-per-node")
 	fl.MarkDeprecated("gpus", "use --gpus-per-node, as launch does")
 	fl.StringVar(&cfg.NVLinkDomain, "nvlink-domain", "", "name of the node's NVLink domain (default: the node alone)")
-	fl.StringVar(&cfg.FailureDomain, "failure-domain", "", "what fails with this node (a rack, a power feed): replicas of its checkpoints go to nodes of other domains first (default: its --nvlink-domain)")
+	fl.StringVar(&cfg.FailureDomain, "failure-domain", "", "what fails with this node (a rack, a power feed, a zone): replicas of its checkpoints go to nodes of other domains first (default: $GPUCOORD_FAILURE_DOMAIN, else its --nvlink-domain)")
 	fl.StringVar(&cfg.Gossip, "gossip", "", "address of this node's member of the failure-detection pool, TCP and UDP (default: --bind, a free port)")
 	fl.BoolVar(&cfg.Devices, "cuda", false, "set CUDA_VISIBLE_DEVICES to each rank's local index")
 	fl.StringVar(&cfg.WorkDir, "state-dir", cfg.WorkDir, "where the agent keeps its files, in DIR/gpucoord: plan files, the ranks' logs, checkpoints when /dev/shm has no room (launch --workdir is where ranks start)")
