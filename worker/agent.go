@@ -86,6 +86,9 @@ type Config struct {
 	Gossip string
 	// Devices sets CUDA_VISIBLE_DEVICES to each rank's local index.
 	Devices bool
+	// DeviceList, when set, is the node's GPUs as the scheduler gave them
+	// (Slurm's CUDA_VISIBLE_DEVICES): local rank i sees the i-th alone.
+	DeviceList []string
 	// FenceCommand is the argv of the node's fence watchdog
 	// (RunFenceWatchdog on its stdin): a process beside the agent that
 	// kills the ranks once the lease deadline passes, should the agent be
@@ -156,6 +159,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--name %q: %s", c.Name, pb.NodeNameRule)
 	case c.GPUs < 1:
 		return fmt.Errorf("gpus %d: want at least 1", c.GPUs)
+	case len(c.DeviceList) > 0 && c.GPUs > len(c.DeviceList):
+		return fmt.Errorf("%d ranks per node but %d GPUs given to the node (%s): one rank per GPU", c.GPUs, len(c.DeviceList), strings.Join(c.DeviceList, ","))
 	case len(c.NativeCommand) == 0:
 		return errors.New("no native rank command")
 	case c.Grace <= 0:
@@ -764,7 +769,7 @@ func (a *Agent) stopped(ctx context.Context, asg *pb.Assignment) {
 
 // node is what a rank's environment says of this node.
 func (a *Agent) node() NodeEnv {
-	return NodeEnv{Name: a.cfg.Name, Network: a.net, Devices: a.cfg.Devices}
+	return NodeEnv{Name: a.cfg.Name, Network: a.net, Devices: a.cfg.Devices, DeviceList: a.cfg.DeviceList}
 }
 
 // joinPool makes this node a member of the gossip pool the coordinators

@@ -36,6 +36,9 @@ type NodeEnv struct {
 	Network
 	// Devices adds CUDA_VISIBLE_DEVICES with the local rank.
 	Devices bool
+	// DeviceList, when set, gives local rank i CUDA_VISIBLE_DEVICES=the
+	// i-th.
+	DeviceList []string
 }
 
 // InheritedEnv lists the variables of the agent's own environment that its
@@ -184,8 +187,11 @@ func RankEnv(a *pb.Assignment, node NodeEnv, r int, planPath, ckptDir string) ([
 			}
 		}
 	}
-	if node.Devices {
-		env = append(env, "CUDA_VISIBLE_DEVICES="+itoa(r-int(m.FirstRank)))
+	switch local := r - int(m.FirstRank); {
+	case local < len(node.DeviceList):
+		env = append(env, "CUDA_VISIBLE_DEVICES="+node.DeviceList[local])
+	case node.Devices:
+		env = append(env, "CUDA_VISIBLE_DEVICES="+itoa(local))
 	}
 	for k, v := range a.Spec.GetEnv() {
 		env = append(env, k+"="+v)

@@ -37,6 +37,15 @@ func TestRankEnvDevices(t *testing.T) {
 	if _, err := RankEnv(asg, NodeEnv{Name: "c"}, 0, "", ""); err == nil {
 		t.Error("a node outside the generation got an environment")
 	}
+	// The GPUs Slurm gave the node (CUDA_VISIBLE_DEVICES=4,5,6,7): local
+	// rank 2 sees the third alone.
+	slurm, err := RankEnv(asg, NodeEnv{Name: "b", DeviceList: []string{"4", "5", "6", "7"}}, 6, "/p.json", "/ck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(slurm, "CUDA_VISIBLE_DEVICES=6") || slices.Contains(slurm, "CUDA_VISIBLE_DEVICES=2") {
+		t.Errorf("rank 6 on GPUs 4-7: %v", slurm)
+	}
 }
 
 // TestInheritedEnv: a rank inherits what programs need of its agent's
