@@ -256,9 +256,9 @@ func startMunged(t *testing.T) string {
 func TestAuthInfoSocket(t *testing.T) {
 	for conf, want := range map[string]string{
 		"AuthType=auth/munge\nAuthInfo=socket=/run/m/munge.socket.2\n": "/run/m/munge.socket.2",
-		"authinfo = cred_expire=30,socket=/x/s # comment\n":             "/x/s",
-		"#AuthInfo=socket=/no\nAuthType=auth/munge\n":                   "",
-		"AuthInfo=cred_expire=30\n":                                     "",
+		"authinfo = cred_expire=30,socket=/x/s # comment\n":            "/x/s",
+		"#AuthInfo=socket=/no\nAuthType=auth/munge\n":                  "",
+		"AuthInfo=cred_expire=30\n":                                    "",
 	} {
 		if got := authInfoSocket(conf); got != want {
 			t.Errorf("authInfoSocket(%q) = %q, want %q", conf, got, want)
