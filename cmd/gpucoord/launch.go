@@ -29,6 +29,7 @@ import (
 	"github.com/gpucoord/gpucoord/coordinator"
 	"github.com/gpucoord/gpucoord/internal/inproc"
 	"github.com/gpucoord/gpucoord/internal/pki"
+	"github.com/gpucoord/gpucoord/internal/slurm"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/schedule"
 	"github.com/gpucoord/gpucoord/topology"
@@ -60,6 +61,13 @@ type launchFlags struct {
 	ckptReplicas, backupEvery      int
 	hangTimeout                    time.Duration
 	evictStragglers                bool
+	// Slurm: --slurm, --spares, --munge-socket, how long the tasks wait
+	// for each other at start, and the step launch runs in (nil outside
+	// one).
+	slurmMode, mungeSocket string
+	spares                 int
+	bootTimeout            time.Duration
+	slurm                  *slurm.Env
 }
 
 func newLaunchCmd() *cobra.Command {
@@ -104,6 +112,9 @@ with that rank named.`,
   gpucoord launch --coordinator 10.0.0.1:7070 --hostfile hosts.txt --tp 8 examples/jobs/mlp.yaml
   gpucoord launch --nodes 4 --gpus-per-node 8 --tp 8 --pp 2 --dry-run examples/jobs/mlp.yaml`,
 		RunE: func(c *cobra.Command, args []string) error {
+			if err := f.detectSlurm(); err != nil {
+				return usageError(err)
+			}
 			spec, err := f.spec(c, args)
 			if err != nil {
 				return usageError(err)
@@ -150,6 +161,10 @@ with that rank named.`,
 	fl.DurationVar(&f.hangTimeout, "hang-timeout", 0, "a rank with no progress line (step, checkpoint, heartbeat) for this long is hung: its stacks are captured and the generation restarts (default 10x the median step time, at least 30s)")
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE added to every rank's environment (repeatable)")
 	fl.StringVar(&f.output, "output", outputAll, "the ranks' output to show: all (each line behind its rank's tag), rank0, or failed (the last lines of a rank that fails)")
+	fl.StringVar(&f.slurmMode, "slurm", string(slurm.ModeAuto), "run as the tasks of a Slurm step (srun --ntasks-per-node=1 gpucoord launch ...): auto (when SLURM_JOB_ID and SLURM_STEP_ID are set and neither --standalone nor --coordinator is given), on, or off")
+	fl.IntVar(&f.spares, "spares", 0, "under Slurm: nodes of the step kept as hot spares (--nodes defaults to the step's nodes less these)")
+	fl.StringVar(&f.mungeSocket, "munge-socket", "", "under Slurm: munged's socket (default: slurm.conf's AuthInfo=socket=, else munge's own)")
+	fl.DurationVar(&f.bootTimeout, "slurm-start-timeout", 2*time.Minute, "under Slurm: how long the step's tasks wait for each other at start")
 	fl.StringVar(&f.workdir, "workdir", "", "directory the ranks start in; must exist on every node (default: this directory)")
 	f.auth.register(cmd)
 	return cmd
@@ -157,8 +172,12 @@ with that rank named.`,
 
 // spec checks the flags and builds the job to submit.
 func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error) {
-	if f.standalone == (f.coordinator != "") && !f.dryRun {
-		return nil, errors.New("give exactly one of --standalone and --coordinator ADDR")
+	if f.slurm != nil {
+		if err := f.slurmDefaults(c); err != nil {
+			return nil, err
+		}
+	} else if f.standalone == (f.coordinator != "") && !f.dryRun {
+		return nil, errors.New("give exactly one of --standalone and --coordinator ADDR (or run launch as the tasks of a Slurm step: srun --ntasks-per-node=1 gpucoord launch ...)")
 	}
 	if f.standalone && f.hostfile != "" {
 		return nil, errors.New("--hostfile names the nodes of a cluster (--coordinator ADDR); a --standalone cluster's nodes are node0 to nodeN-1 on this machine: give --nodes and --gpus-per-node")
@@ -423,6 +442,9 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 	if f.json {
 		progress = stderr
 	}
+	if f.slurm != nil {
+		return f.runSlurm(c, spec)
+	}
 	addrs := strings.Split(f.coordinator, ",")
 	if f.standalone {
 		// The cluster outlives an interrupt until the job is cancelled
@@ -536,6 +558,10 @@ type follower struct {
 	json           bool
 	attach         bool // follow a submitted job (gpucoord follow)
 	detach         bool // submit and return (launch --detach)
+	// quiet follows a job another task submits (a Slurm step's other
+	// tasks): no submit, and "no such job" is taken for notFoundFor.
+	quiet       bool
+	notFoundFor time.Duration
 	steps          int  // a native job's total steps
 	started        time.Time
 	// output shows the ranks' lines; nil shows none.
@@ -570,6 +596,8 @@ func (f *follower) run(ctx context.Context) error {
 		if err := f.attachTo(ctx, cl); err != nil {
 			return err
 		}
+	} else if f.quiet {
+		f.countSteps()
 	} else if err := f.submit(ctx, cl); err != nil || f.detach {
 		return err
 	}
@@ -681,7 +709,7 @@ func (f *follower) follow(ctx context.Context, cl *client.Client) (*pb.JobState,
 	}
 	for start := time.Now(); ; {
 		st, err := cl.Follow(ctx, f.spec.Id, f.show)
-		if !errors.Is(err, client.ErrNotFound) || f.attach || time.Since(start) > submittedFor {
+		if !errors.Is(err, client.ErrNotFound) || f.attach || time.Since(start) > max(submittedFor, f.notFoundFor) {
 			return st, err
 		}
 		// Submitted a moment ago, through a coordinator that said so: one

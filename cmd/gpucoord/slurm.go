@@ -1,0 +1,427 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/gpucoord/gpucoord/client"
+	"github.com/gpucoord/gpucoord/coordinator"
+	"github.com/gpucoord/gpucoord/internal/inproc"
+	"github.com/gpucoord/gpucoord/internal/pki"
+	"github.com/gpucoord/gpucoord/internal/slurm"
+	"github.com/gpucoord/gpucoord/internal/slurmboot"
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"github.com/gpucoord/gpucoord/worker"
+	"github.com/gpucoord/gpucoord/worker/ranklog"
+)
+
+// slurmCoordinators is how many of a step's first nodes run a
+// coordinator, each with a member of the embedded etcd: three survive the
+// loss of any one.
+const slurmCoordinators = 3
+
+// envSlurmSecret is the shared secret the tasks of a step seal their
+// bootstrap with on a cluster without MUNGE.
+const envSlurmSecret = "GPUCOORD_SLURM_SECRET"
+
+// detectSlurm reads the Slurm step launch runs in, if any, into f.slurm.
+// Under --slurm=auto an explicit --standalone or --coordinator wins.
+func (f *launchFlags) detectSlurm() error {
+	mode, err := slurm.ParseMode(f.slurmMode)
+	if err != nil {
+		return fmt.Errorf("--slurm: %w", err)
+	}
+	env, in, err := slurm.Detect(mode, os.Getenv)
+	switch {
+	case err != nil:
+		return err
+	case !in:
+		return nil
+	case f.standalone || f.coordinator != "":
+		if mode == slurm.ModeOn {
+			return errors.New("--slurm=on runs the job on the Slurm step's own nodes: leave out --standalone and --coordinator")
+		}
+		return nil
+	}
+	f.slurm = &env
+	return nil
+}
+
+// slurmDefaults fills what Slurm says and the flags left out: --nodes is
+// the step's node count less --spares, --gpus-per-node the GPUs Slurm gave
+// the node, the job id the Slurm job's (the same again when it is
+// requeued). Under --no-kill a job goes on after a node is lost.
+func (f *launchFlags) slurmDefaults(c *cobra.Command) error {
+	env := f.slurm
+	changed := c.Flags().Changed
+	if f.hostfile != "" || f.detach || f.dataDir != "" {
+		return errors.New("under Slurm the step's nodes run the job: --hostfile, --detach and --data-dir do not apply (--slurm=off to ignore Slurm)")
+	}
+	if f.spares < 0 || f.spares >= env.NNodes {
+		return fmt.Errorf("--spares %d: the step has %d nodes, and at least one must run the job", f.spares, env.NNodes)
+	}
+	if !changed("nodes") {
+		f.nodes = env.NNodes - f.spares
+	} else if changed("spares") && f.nodes != env.NNodes-f.spares {
+		return fmt.Errorf("--nodes %d and --spares %d: the step has %d nodes; give one of them", f.nodes, f.spares, env.NNodes)
+	}
+	if f.nodes > env.NNodes {
+		return fmt.Errorf("--nodes %d: the Slurm step has %d nodes (%s)", f.nodes, env.NNodes, env.Nodes[0]+"...")
+	}
+	if !changed("gpus-per-node") {
+		if env.GPUsOnNode == 0 {
+			return errors.New("--gpus-per-node: Slurm gave this node no GPUs (SLURM_GPUS_ON_NODE and CUDA_VISIBLE_DEVICES unset): ask for them (--gpus-per-node, --gres=gpu:N) or give launch --gpus-per-node for CPU processes")
+		}
+		f.gpus = env.GPUsOnNode
+	}
+	if !changed("job-id") {
+		f.jobID = "slurm-" + env.JobID
+	}
+	if env.NoKill {
+		// The step outlives a lost node: go on without it.
+		if !changed("max-restarts") {
+			f.maxRestarts = 10
+		}
+		if !changed("min-nodes") && f.gpus > 0 {
+			f.minNodes = min(f.nodes, max(1, (f.tp*f.pp+f.gpus-1)/f.gpus))
+		}
+	}
+	return nil
+}
+
+// slurmTask is one task's part: its node, its coordinator if it runs one,
+// and whether it prints the job.
+type slurmTask struct {
+	f      *launchFlags
+	env    slurm.Env
+	node   string
+	ip     string
+	state  string // this task's directory, removed at the end
+	held   string // its agent's checkpoints (in /dev/shm when it has room), removed at the end
+	log    *slog.Logger
+	stdout io.Writer
+	stderr io.Writer
+}
+
+// runSlurm runs the job as a task of a Slurm step: every task runs an
+// agent, the first three a coordinator each (one etcd cluster), and the
+// first prints the job.
+func (f *launchFlags) runSlurm(c *cobra.Command, spec *pb.JobSpec) error {
+	ctx := c.Context()
+	env := *f.slurm
+	t := &slurmTask{f: f, env: env, node: env.Nodes[env.NodeID],
+		stdout: &lockedWriter{w: c.OutOrStdout()}, stderr: &lockedWriter{w: c.ErrOrStderr()}}
+	level := slog.LevelError
+	if f.verbose {
+		level = slog.LevelInfo
+	}
+	t.log = slog.New(slog.NewTextHandler(t.stderr, &slog.HandlerOptions{Level: level})).With("slurm_node", t.node)
+	// Node-local state, named by the Slurm job, removed at the end.
+	var err error
+	if t.state, err = os.MkdirTemp("", fmt.Sprintf("gpucoord-slurm-%s.%s-", env.JobID, env.StepID)); err != nil {
+		return err
+	}
+	defer os.RemoveAll(t.state)
+	t.held = worker.CheckpointRoot(filepath.Base(t.state), "", t.state)
+	defer os.RemoveAll(t.held)
+	if t.ip, err = slurmAddress(ctx, env); err != nil {
+		return err
+	}
+	grant, self, stopBoot, err := t.bootstrap(context.WithoutCancel(ctx))
+	if err != nil {
+		return err
+	}
+	defer stopBoot()
+	nc, creds, agentTLS, err := t.nodeConfig(spec, grant, self)
+	if err != nil {
+		return err
+	}
+	node, err := inproc.StartNode(context.WithoutCancel(ctx), nc)
+	if err != nil {
+		return fmt.Errorf("node %s: %w", t.node, err)
+	}
+	defer node.Stop()
+	var addrs []string
+	for _, m := range grant.Members {
+		addrs = append(addrs, m.Addr)
+	}
+	printer := env.NodeID == 0
+	if printer && !env.NoKill {
+		fmt.Fprintf(t.stderr, "gpucoord: this Slurm step ends when any of its %d nodes fails (the job was submitted without --no-kill); with sbatch --no-kill the job goes on without a lost node\n", env.NNodes)
+	}
+	fl := &follower{addrs: addrs, creds: creds, connectTimeout: f.auth.connectTimeout, spec: spec, json: f.json,
+		out: t.stdout, progress: t.stdout, notFoundFor: 2 * time.Minute}
+	if f.json {
+		fl.progress = t.stderr
+	}
+	if printer {
+		fl.output = newRankOutput(f.output, spec.Id, ranklog.NewClient(agentTLS), rankLines(t.stdout, t.stderr, f.json), fl.progress)
+	} else {
+		fl.quiet, fl.out, fl.progress = true, io.Discard, io.Discard
+	}
+	err = fl.run(ctx)
+	node.StopAgent()
+	if self != nil {
+		t.awaitAgentsGone(addrs, creds)
+	}
+	return err
+}
+
+// bootstrap agrees with the step's other tasks on the CA and the
+// coordinators; self is this task's coordinator, nil when it runs none.
+// stop ends the first task's bootstrap server.
+func (t *slurmTask) bootstrap(ctx context.Context) (slurmboot.Grant, *slurmboot.Member, func(), error) {
+	env := t.env
+	sealer, err := slurmSealer(t.f.mungeSocket)
+	if err != nil {
+		return slurmboot.Grant{}, nil, nil, err
+	}
+	k := min(slurmCoordinators, env.NNodes)
+	bc := slurmboot.Config{Job: env.JobID, Step: env.StepID, Node: t.node, NodeID: env.NodeID, Coordinators: k, Sealer: sealer,
+		Server: env.Nodes[0], Bind: t.ip, Ports: slurmboot.Ports(env.JobID, env.StepID, os.Getenv("SLURM_STEP_RESV_PORTS"), 8),
+		Timeout: t.f.bootTimeout, Logger: t.log}
+	if env.NodeID < k {
+		ports, err := freePorts(t.ip, 2)
+		if err != nil {
+			return slurmboot.Grant{}, nil, nil, err
+		}
+		bc.Self = &slurmboot.Member{Name: t.node, Addr: net.JoinHostPort(t.ip, strconv.Itoa(ports[0])),
+			PeerURL: "https://" + net.JoinHostPort(t.ip, strconv.Itoa(ports[1]))}
+	}
+	if env.NodeID != 0 {
+		g, err := slurmboot.Fetch(ctx, bc)
+		if err != nil {
+			return g, nil, nil, fmt.Errorf("node %s: %w", t.node, err)
+		}
+		return g, bc.Self, func() {}, nil
+	}
+	srv, err := slurmboot.Serve(ctx, bc)
+	if err != nil {
+		return slurmboot.Grant{}, nil, nil, err
+	}
+	g, err := srv.Grant(ctx)
+	if err != nil {
+		srv.Close()
+		return g, nil, nil, err
+	}
+	return g, bc.Self, srv.Close, nil
+}
+
+// nodeConfig writes this task's credentials into its state directory and
+// returns what its node runs, and the launch client's credentials (for the
+// coordinators, and the agents' rank output).
+func (t *slurmTask) nodeConfig(spec *pb.JobSpec, g slurmboot.Grant, self *slurmboot.Member) (inproc.NodeConfig, credentials.TransportCredentials, *tls.Config, error) {
+	var nc inproc.NodeConfig
+	var ca *pki.CA
+	nodeCreds := pki.Credentials{CA: g.CA, Cert: g.Cert, Key: g.Key}
+	var clientTLS credentials.TransportCredentials
+	var agentTLS *tls.Config
+	if self != nil {
+		var err error
+		if ca, err = pki.ParseCA(g.CA, g.CAKey); err != nil {
+			return nc, nil, nil, err
+		}
+		if nodeCreds, err = issue(ca, pki.Identity{Role: pki.RoleNode, Name: t.node}); err != nil {
+			return nc, nil, nil, err
+		}
+		// The launch client: the coordinators' client, the agents' reader.
+		cc, err := issue(ca, pki.Identity{Role: pki.RoleClient, Name: "launch@" + t.node})
+		if err != nil {
+			return nc, nil, nil, err
+		}
+		tc, err := pki.ClientTLS(cc)
+		if err != nil {
+			return nc, nil, nil, err
+		}
+		clientTLS = credentials.NewTLS(tc)
+		if agentTLS, err = pki.AgentTLS(cc); err != nil {
+			return nc, nil, nil, err
+		}
+		caDir := filepath.Join(t.state, "ca")
+		if err := os.MkdirAll(caDir, 0o700); err != nil {
+			return nc, nil, nil, err
+		}
+		caFile, keyFile := filepath.Join(caDir, "ca.pem"), filepath.Join(caDir, "ca-key.pem")
+		if err := pki.WriteSecret(caFile, g.CA); err != nil {
+			return nc, nil, nil, err
+		}
+		if err := pki.WriteSecret(keyFile, g.CAKey); err != nil {
+			return nc, nil, nil, err
+		}
+		cc2 := coordinator.DefaultConfig()
+		cc2.Name, cc2.Listen, cc2.Logger = t.node, self.Addr, t.log
+		cc2.TLS.CA, cc2.TLSCAKey = caFile, keyFile
+		cc2.Etcd.DataDir, cc2.Etcd.Name = filepath.Join(t.state, "etcd"), t.node
+		cc2.Etcd.ClusterToken = "slurm-" + t.env.JobID + "." + t.env.StepID
+		cc2.Etcd.DialTimeout = time.Minute
+		for _, m := range g.Members {
+			cc2.Etcd.Members = append(cc2.Etcd.Members, coordinator.EtcdMember{Name: m.Name, PeerURL: m.PeerURL})
+		}
+		u, _ := url.Parse(self.PeerURL)
+		cc2.Etcd.PeerListen = u.Host
+		nc.Coordinator = cc2
+	}
+	nodeDir := filepath.Join(t.state, "node")
+	if err := nodeCreds.Save(nodeDir); err != nil {
+		return nc, nil, nil, err
+	}
+	exe, err := rankExecutable()
+	if err != nil {
+		return nc, nil, nil, err
+	}
+	wc := worker.DefaultConfig()
+	wc.Name, wc.Host, wc.GPUs = t.node, t.ip, int(spec.GpusPerNode)
+	// Its own coordinator first, then the others in node order.
+	for _, m := range g.Members {
+		if m.Name == t.node {
+			wc.Coordinators = append([]string{m.Addr}, wc.Coordinators...)
+		} else {
+			wc.Coordinators = append(wc.Coordinators, m.Addr)
+		}
+	}
+	wc.TLS, wc.CredentialsDir = pki.DirFiles(nodeDir), filepath.Join(t.state, "credentials")
+	wc.NativeCommand, wc.FenceCommand = []string{exe, rankCmd}, []string{exe, fenceCmd}
+	wc.WorkDir, wc.Output, wc.Logger, wc.Version = filepath.Join(t.state, "work"), io.Discard, t.log, buildVersion()
+	wc.CheckpointRoot = t.held
+	// The ranks inherit the task's environment, as srun's own tasks do
+	// (never gpucoord's variables, the step's secret among them).
+	wc.RankEnv = []string{"*"}
+	if len(t.env.GPUs) >= int(spec.GpusPerNode) {
+		wc.DeviceList = t.env.GPUs
+	}
+	nc.Agent = wc
+	return nc, clientTLS, agentTLS, nil
+}
+
+// awaitAgentsGone waits, for at most 10 s, until no agent is registered:
+// a coordinator stays while others may still read the job's end through
+// it, and stopping two of three etcd members would leave the third
+// without a majority.
+func (t *slurmTask) awaitAgentsGone(addrs []string, creds credentials.TransportCredentials) {
+	cfg := client.DefaultConfig()
+	cfg.Coordinators, cfg.Credentials, cfg.Logger = addrs, creds, slog.New(slog.DiscardHandler)
+	cl, err := client.New(cfg)
+	if err != nil {
+		return
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		st, err := cl.Status(ctx)
+		if err == nil && len(st.Nodes) == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// slurmSealer is MUNGE when its programs are installed, else the secret
+// in GPUCOORD_SLURM_SECRET; with neither the tasks cannot trust each
+// other, and launch says what to do.
+func slurmSealer(socket string) (slurmboot.Sealer, error) {
+	if s := os.Getenv(envSlurmSecret); s != "" {
+		return slurmboot.Secret{Key: []byte(s), TTL: 5 * time.Minute, Now: time.Now}, nil
+	}
+	if _, err := exec.LookPath("munge"); err != nil {
+		return nil, fmt.Errorf("the tasks of the step need MUNGE to trust each other (munge and unmunge are not installed here), or a secret they share: export %s=$(openssl rand -hex 32) before srun", envSlurmSecret)
+	}
+	if socket == "" {
+		socket = slurmboot.MungeSocket(os.Getenv)
+	}
+	return slurmboot.Munge{Socket: socket, UID: os.Getuid()}, nil
+}
+
+// slurmAddress is the address of this task's node that the others reach:
+// its name's, or, when that is loopback (Debian's 127.0.1.1), the one
+// the route to another node of the step leaves from.
+func slurmAddress(ctx context.Context, env slurm.Env) (string, error) {
+	own, err := lookup(ctx, env.Nodes[env.NodeID])
+	if err == nil && !net.ParseIP(own).IsLoopback() {
+		return own, nil
+	}
+	for i, n := range env.Nodes {
+		if i == env.NodeID {
+			continue
+		}
+		peer, perr := lookup(ctx, n)
+		if perr != nil {
+			continue
+		}
+		c, derr := net.Dial("udp", net.JoinHostPort(peer, "9"))
+		if derr != nil {
+			continue
+		}
+		addr := c.LocalAddr().(*net.UDPAddr).IP.String()
+		c.Close()
+		return addr, nil
+	}
+	if err == nil {
+		return own, nil // one node alone: loopback does
+	}
+	return "", fmt.Errorf("node %s: its address: %w", env.Nodes[env.NodeID], err)
+}
+
+// lookup resolves a node name to its first address, IPv4 first.
+func lookup(ctx context.Context, name string) (string, error) {
+	addrs, err := net.DefaultResolver.LookupHost(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	slices.SortStableFunc(addrs, func(a, b string) int {
+		return boolInt(net.ParseIP(a).To4() == nil) - boolInt(net.ParseIP(b).To4() == nil)
+	})
+	return addrs[0], nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// freePorts returns n TCP ports free on ip a moment ago.
+func freePorts(ip string, n int) ([]int, error) {
+	var ports []int
+	for range n {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		if err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// issue makes credentials for id under ca.
+func issue(ca *pki.CA, id pki.Identity) (pki.Credentials, error) {
+	keyPEM, csr, err := pki.NewRequest(id)
+	if err != nil {
+		return pki.Credentials{}, err
+	}
+	certPEM, err := ca.SignRequest(csr, id, time.Now())
+	if err != nil {
+		return pki.Credentials{}, err
+	}
+	return pki.Credentials{CA: ca.PEM(), Cert: certPEM, Key: keyPEM}, nil
+}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpucoord/gpucoord/internal/testcluster"
+)
+
+// slurmBox is a Slurm cluster in a box for launch: h1 the login host
+// (slurmctld), h2.. the compute nodes, gpucoord and the test's job
+// installed where every host reads them.
+type slurmBox struct {
+	*testcluster.Cluster
+	slurm      *testcluster.Slurm
+	exe, ranks string
+	job        string
+}
+
+func newSlurmBox(t *testing.T, hosts int, extraConf string) *slurmBox {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a Slurm cluster on hosts in network namespaces")
+	}
+	exe := buildBinary(t)
+	c := testcluster.New(t, testcluster.Config{Hosts: hosts})
+	s := testcluster.StartSlurm(t, c, testcluster.SlurmConfig{ExtraConf: extraConf})
+	b := &slurmBox{Cluster: c, slurm: s, exe: c.Install(exe), job: c.Install("testdata/mlp48.yaml")}
+	if ranksPath != "" {
+		b.ranks = c.Install(ranksPath)
+	}
+	return b
+}
+
+// script writes a batch script whose only gpucoord line is line (EXE and
+// JOB in it stand for the installed binary and job file) and returns its
+// path.
+func (b *slurmBox) script(t *testing.T, name, line string) string {
+	t.Helper()
+	line = strings.NewReplacer("EXE", b.exe, "JOB", b.job).Replace(line)
+	path := filepath.Join(b.slurm.Dir(), name)
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+line+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// sbatch submits script with args and waits for the job's end (sbatch
+// --wait); it returns the job's id, its output and sbatch's error.
+func (b *slurmBox) sbatch(ctx context.Context, t *testing.T, script string, args ...string) (string, string, error) {
+	t.Helper()
+	out := filepath.Join(b.slurm.Dir(), "slurm-%j.out")
+	cmd := b.slurm.Command(ctx, "sbatch", append([]string{"--parsable", "--wait", "--chdir=" + b.slurm.Dir(), "--output=" + out}, append(args, script)...)...)
+	if b.ranks != "" {
+		cmd.Env = append(cmd.Env, rankExecutableEnv+"="+b.ranks)
+	}
+	got, err := cmd.CombinedOutput()
+	id, _, _ := strings.Cut(strings.TrimSpace(string(got)), ";")
+	id = strings.TrimSpace(strings.Split(id, "\n")[0])
+	log, _ := os.ReadFile(strings.ReplaceAll(out, "%j", id))
+	return id, string(log), err
+}
+
+// gpucoordLeft lists what of gpucoord is left on the compute hosts: its
+// processes and its directories in each host's /tmp.
+func (b *slurmBox) gpucoordLeft() []string {
+	var left []string
+	for _, h := range b.Hosts()[1:] {
+		for _, pid := range h.Pids() {
+			cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+			if err == nil && strings.Contains(string(cmdline), "gpucoord") {
+				left = append(left, fmt.Sprintf("%s: pid %d %s", h.Name, pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
+			}
+		}
+		entries, _ := os.ReadDir(h.Path("/tmp"))
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), "gpucoord") {
+				left = append(left, fmt.Sprintf("%s: /tmp/%s", h.Name, e.Name()))
+			}
+		}
+	}
+	return left
+}
+
+// TestSlurmLaunch: `srun --ntasks-per-node=1 gpucoord launch JOB`, the
+// batch script's only gpucoord line, runs a native job on a 3-node
+// allocation: no address, no token, no shared file. It succeeds, its
+// output comes once (from the first node's task), and 10 s after the
+// Slurm job ends nothing of gpucoord is left on any node.
+func TestSlurmLaunch(t *testing.T) {
+	t.Parallel()
+	b := newSlurmBox(t, 4, "KillWait=5")
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	script := b.script(t, "native.sh", "srun --ntasks-per-node=1 EXE launch --gpus-per-node 2 --tp 2 JOB")
+	id, out, err := b.sbatch(ctx, t, script, "-N3")
+	t.Logf("job %s:\n%s", id, out)
+	if err != nil {
+		t.Fatalf("sbatch: %v", err)
+	}
+	if n := strings.Count(out, "job slurm-"+id+" succeeded"); n != 1 {
+		t.Errorf("%d lines say the job succeeded, want 1", n)
+	}
+	if n := strings.Count(out, "step 20/20"); n != 1 {
+		t.Errorf("%d lines of step 20/20, want 1", n)
+	}
+	var left []string
+	defer func() {
+		if t.Failed() {
+			t.Logf("left: %v", left)
+		}
+	}()
+	eventually(t, 10*time.Second, "nothing of gpucoord left on the nodes", func() bool {
+		left = b.gpucoordLeft()
+		return len(left) == 0
+	})
+}
+
+// eventually polls cond every 100 ms until it holds, and fails the test
+// with what when d passes first. It returns how long it took.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > d {
+			t.Fatalf("not within %v: %s", d, what)
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatalf("%s: %v", what, t.Context().Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return time.Since(start)
+}
