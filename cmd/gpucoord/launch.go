@@ -562,8 +562,8 @@ type follower struct {
 	// tasks): no submit, and "no such job" is taken for notFoundFor.
 	quiet       bool
 	notFoundFor time.Duration
-	steps          int  // a native job's total steps
-	started        time.Time
+	steps       int // a native job's total steps
+	started     time.Time
 	// output shows the ranks' lines; nil shows none.
 	output *rankOutput
 	said   time.Time // when launch last printed a line of its own (guarded by mu)
