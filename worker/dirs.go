@@ -46,12 +46,28 @@ func CheckpointRoot(node, local, workDir string) string {
 	base := local
 	if base == "" {
 		base = workDir
-		var st syscall.Statfs_t
-		if syscall.Statfs("/dev/shm", &st) == nil && uint64(st.Bavail)*uint64(st.Bsize) >= shmMinFree {
+		if ShmHasRoom() {
 			base = "/dev/shm"
 		}
 	}
 	return filepath.Join(Owned(base), "checkpoints", node)
+}
+
+// ShmHasRoom says whether /dev/shm has room for held checkpoints.
+func ShmHasRoom() bool {
+	var st syscall.Statfs_t
+	return syscall.Statfs("/dev/shm", &st) == nil && uint64(st.Bavail)*uint64(st.Bsize) >= shmMinFree
+}
+
+// TempCheckpointRoot makes a directory of the caller's own for an agent's
+// held checkpoints (its CheckpointRoot), named as os.MkdirTemp names with
+// pattern: in /dev/shm when it has room, else in dir. The caller removes
+// it, and with it everything the agent kept there.
+func TempCheckpointRoot(dir, pattern string) (string, error) {
+	if ShmHasRoom() {
+		dir = "/dev/shm"
+	}
+	return os.MkdirTemp(dir, pattern)
 }
 
 // jobsDir is where an agent with work directory workDir keeps its jobs'

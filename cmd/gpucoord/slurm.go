@@ -137,7 +137,9 @@ func (f *launchFlags) runSlurm(c *cobra.Command, spec *pb.JobSpec) error {
 		return err
 	}
 	defer os.RemoveAll(t.state)
-	t.held = worker.CheckpointRoot(filepath.Base(t.state), "", t.state)
+	if t.held, err = worker.TempCheckpointRoot(t.state, filepath.Base(t.state)+"-"); err != nil {
+		return err
+	}
 	defer os.RemoveAll(t.held)
 	if t.ip, err = slurmAddress(ctx, env); err != nil {
 		return err

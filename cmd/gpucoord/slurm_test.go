@@ -68,7 +68,7 @@ func (b *slurmBox) sbatch(ctx context.Context, t *testing.T, script string, args
 }
 
 // gpucoordLeft lists what of gpucoord is left on the compute hosts: its
-// processes and its directories in each host's /tmp.
+// processes and its directories in each host's /tmp and /dev/shm.
 func (b *slurmBox) gpucoordLeft() []string {
 	var left []string
 	for _, h := range b.Hosts()[1:] {
@@ -78,10 +78,12 @@ func (b *slurmBox) gpucoordLeft() []string {
 				left = append(left, fmt.Sprintf("%s: pid %d %s", h.Name, pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
 			}
 		}
-		entries, _ := os.ReadDir(h.Path("/tmp"))
-		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), "gpucoord") {
-				left = append(left, fmt.Sprintf("%s: /tmp/%s", h.Name, e.Name()))
+		for _, dir := range []string{"/tmp", "/dev/shm"} {
+			entries, _ := os.ReadDir(h.Path(dir))
+			for _, e := range entries {
+				if strings.HasPrefix(e.Name(), "gpucoord") {
+					left = append(left, fmt.Sprintf("%s: %s/%s", h.Name, dir, e.Name()))
+				}
 			}
 		}
 	}

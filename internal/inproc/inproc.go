@@ -158,7 +158,12 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	// in memory where there is room, in a directory of this cluster's
 	// (named as the temporary directory is), removed with it; each agent
 	// keeps its own under it.
-	c := &Cluster{failed: make(chan struct{}), tmp: tmp, held: worker.CheckpointRoot(filepath.Base(tmp), "", tmp)}
+	held, err := worker.TempCheckpointRoot(tmp, filepath.Base(tmp)+"-")
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	c := &Cluster{failed: make(chan struct{}), tmp: tmp, held: held}
 	for i := range cfg.Nodes {
 		wc := worker.DefaultConfig()
 		wc.Name, wc.Host, wc.GPUs = fmt.Sprintf("node%d", i), "127.0.0.1", cfg.GPUs

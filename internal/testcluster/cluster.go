@@ -279,12 +279,15 @@ func (h *Host) Run(ctx context.Context, name string, args ...string) string {
 	return string(out)
 }
 
-// Path is where a file at path in h's /tmp lies on this machine: a test
-// reads what a host wrote there.
+// Path is where a file at path in h's /tmp or /dev/shm lies on this
+// machine: a test reads what a host wrote there.
 func (h *Host) Path(path string) string {
+	if rel, err := filepath.Rel("/dev/shm", path); err == nil && !strings.HasPrefix(rel, "..") {
+		return filepath.Join(h.shm, rel)
+	}
 	rel, err := filepath.Rel("/tmp", path)
 	if err != nil || strings.HasPrefix(rel, "..") {
-		h.c.t.Fatalf("testcluster: %s is not under the host's /tmp", path)
+		h.c.t.Fatalf("testcluster: %s is under neither the host's /tmp nor its /dev/shm", path)
 	}
 	return filepath.Join(h.tmp, rel)
 }
