@@ -16,6 +16,12 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	interrupted := ctx.Err() != nil
 	stop()
+	var silent *exitError
+	if errors.As(err, &silent) && silent.err == nil {
+		// The outcome was said already (or by another process: a Slurm
+		// step's other tasks): the exit code alone.
+		os.Exit(silent.code)
+	}
 	if err != nil && interrupted {
 		// Stopped by SIGINT, SIGTERM or SIGHUP: the shell's convention,
 		// 128+SIGINT.

@@ -177,6 +177,11 @@ func (f *launchFlags) runSlurm(c *cobra.Command, spec *pb.JobSpec) error {
 		fl.quiet, fl.out, fl.progress = true, io.Discard, io.Discard
 	}
 	err = fl.run(ctx)
+	var outcome *exitError
+	if fl.quiet && errors.As(err, &outcome) {
+		// The job's outcome: the first task says it.
+		err = &exitError{code: outcome.code}
+	}
 	node.StopAgent()
 	if self != nil {
 		t.awaitAgentsGone(addrs, creds)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -55,16 +56,36 @@ func (b *slurmBox) script(t *testing.T, name, line string) string {
 // --wait); it returns the job's id, its output and sbatch's error.
 func (b *slurmBox) sbatch(ctx context.Context, t *testing.T, script string, args ...string) (string, string, error) {
 	t.Helper()
+	id, err := b.submit(ctx, t, script, append([]string{"--wait"}, args...)...)
+	return id, b.output(id), err
+}
+
+// submit runs sbatch script with args and returns the job's id.
+func (b *slurmBox) submit(ctx context.Context, t *testing.T, script string, args ...string) (string, error) {
+	t.Helper()
 	out := filepath.Join(b.slurm.Dir(), "slurm-%j.out")
-	cmd := b.slurm.Command(ctx, "sbatch", append([]string{"--parsable", "--wait", "--chdir=" + b.slurm.Dir(), "--output=" + out}, append(args, script)...)...)
+	cmd := b.slurm.Command(ctx, "sbatch", append([]string{"--parsable", "--chdir=" + b.slurm.Dir(), "--output=" + out}, append(args, script)...)...)
 	if b.ranks != "" {
 		cmd.Env = append(cmd.Env, rankExecutableEnv+"="+b.ranks)
 	}
-	got, err := cmd.CombinedOutput()
+	got, err := cmd.Output()
 	id, _, _ := strings.Cut(strings.TrimSpace(string(got)), ";")
-	id = strings.TrimSpace(strings.Split(id, "\n")[0])
-	log, _ := os.ReadFile(strings.ReplaceAll(out, "%j", id))
-	return id, string(log), err
+	if err != nil {
+		return id, fmt.Errorf("sbatch: %w: %s", err, got)
+	}
+	return id, nil
+}
+
+// output is the Slurm job's output so far.
+func (b *slurmBox) output(id string) string {
+	log, _ := os.ReadFile(filepath.Join(b.slurm.Dir(), "slurm-"+id+".out"))
+	return string(log)
+}
+
+// gone says whether the Slurm job has left the queue's running states.
+func (b *slurmBox) gone(ctx context.Context, id string) bool {
+	out, err := b.slurm.Run(ctx, "squeue", "--noheader", "--jobs="+id, "--format=%T")
+	return err == nil && !strings.Contains(out, "RUNNING") && !strings.Contains(out, "COMPLETING") && !strings.Contains(out, "PENDING")
 }
 
 // gpucoordLeft lists what of gpucoord is left on the compute hosts: its
@@ -140,4 +161,48 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) ti
 		}
 	}
 	return time.Since(start)
+}
+
+// TestSlurmScancel: scancel at a random step of a native job. Slurm sends
+// SIGTERM to every process of the step at once (proctrack/linuxproc: the
+// tasks and their ranks); each task cancels the job through the
+// coordinators, its agent stops what is left of its ranks, and the tasks
+// exit before KillWait (5 s) ends in SIGKILL. The Slurm job is gone within
+// KillWait + 5 s, nothing of gpucoord is left, and the output says the job
+// was cancelled, not that a rank failed.
+func TestSlurmScancel(t *testing.T) {
+	t.Parallel()
+	b := newSlurmBox(t, 4, "KillWait=5")
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	script := b.script(t, "long.sh", "srun --ntasks-per-node=1 EXE launch --gpus-per-node 2 --tp 2 --steps 100000 JOB")
+	id, err := b.submit(ctx, t, script, "-N3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := 3 + rand.IntN(20)
+	eventually(t, time.Minute, fmt.Sprintf("step %d in the job's output", at), func() bool {
+		return strings.Contains(b.output(id), fmt.Sprintf(" %d/100000 ", at))
+	})
+	if out, err := b.slurm.Run(ctx, "scancel", id); err != nil {
+		t.Fatalf("scancel: %v\n%s", err, out)
+	}
+	start := time.Now()
+	took := eventually(t, 10*time.Second, "the Slurm job gone after scancel", func() bool { return b.gone(ctx, id) })
+	t.Logf("scancel at step %d: the Slurm job was gone %v later", at, took.Round(time.Millisecond))
+	var left []string
+	eventually(t, 10*time.Second-time.Since(start), "nothing of gpucoord left on the nodes", func() bool {
+		left = b.gpucoordLeft()
+		return len(left) == 0
+	})
+	out := b.output(id)
+	t.Logf("output:\n%s", out)
+	// The first task says it once; the others say nothing. The ranks'
+	// own lines (SIGTERM reached them) may say what they were doing.
+	if n := strings.Count(out, "gpucoord: interrupted: job slurm-"+id+" cancelled: launch interrupted"); n != 1 {
+		t.Errorf("%d tasks said the job was cancelled, want 1", n)
+	}
+	if strings.Contains(out, "generation 2") || strings.Contains(out, "node lost") {
+		t.Errorf("the job went on to another generation, or lost a node")
+	}
 }
