@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -65,7 +67,11 @@ func (f *launchFlags) detectSlurm() error {
 // slurmDefaults fills what Slurm says and the flags left out: --nodes is
 // the step's node count less --spares, --gpus-per-node the GPUs Slurm gave
 // the node, the job id the Slurm job's (the same again when it is
-// requeued). Under --no-kill a job goes on after a node is lost.
+// requeued). A job goes on after a node is lost (--max-restarts 10,
+// --min-nodes the fewest that hold one model replica) as far as Slurm lets
+// the step go on: under --no-kill. Slurm 22.05 tells its tasks nothing of
+// --no-kill (no SLURM_NO_KILL in a task's environment), so the defaults
+// cannot depend on it.
 func (f *launchFlags) slurmDefaults(c *cobra.Command) error {
 	env := f.slurm
 	changed := c.Flags().Changed
@@ -92,14 +98,11 @@ func (f *launchFlags) slurmDefaults(c *cobra.Command) error {
 	if !changed("job-id") {
 		f.jobID = "slurm-" + env.JobID
 	}
-	if env.NoKill {
-		// The step outlives a lost node: go on without it.
-		if !changed("max-restarts") {
-			f.maxRestarts = 10
-		}
-		if !changed("min-nodes") && f.gpus > 0 {
-			f.minNodes = min(f.nodes, max(1, (f.tp*f.pp+f.gpus-1)/f.gpus))
-		}
+	if !changed("max-restarts") {
+		f.maxRestarts = 10
+	}
+	if !changed("min-nodes") && f.gpus > 0 {
+		f.minNodes = min(f.nodes, max(1, (f.tp*f.pp+f.gpus-1)/f.gpus))
 	}
 	return nil
 }
@@ -163,22 +166,30 @@ func (f *launchFlags) runSlurm(c *cobra.Command, spec *pb.JobSpec) error {
 		addrs = append(addrs, m.Addr)
 	}
 	printer := env.NodeID == 0
-	if printer && !env.NoKill {
-		fmt.Fprintf(t.stderr, "gpucoord: this Slurm step ends when any of its %d nodes fails (the job was submitted without --no-kill); with sbatch --no-kill the job goes on without a lost node\n", env.NNodes)
-	}
 	fl := &follower{addrs: addrs, creds: creds, connectTimeout: f.auth.connectTimeout, spec: spec, json: f.json,
 		out: t.stdout, progress: t.stdout, notFoundFor: 2 * time.Minute}
 	if f.json {
 		fl.progress = t.stderr
 	}
+	var muted *mutable
 	if printer {
 		fl.output = newRankOutput(f.output, spec.Id, ranklog.NewClient(agentTLS), rankLines(t.stdout, t.stderr, f.json), fl.progress)
 	} else {
-		fl.quiet, fl.out, fl.progress = true, io.Discard, io.Discard
+		// The other tasks follow the job in silence: the first task prints
+		// it. A coordinator task speaks up once the tasks before it are
+		// gone (salloc: the first node lost, the job goes on).
+		muted = &mutable{}
+		fl.quiet, fl.out, fl.progress = true, muted.wrap(fl.out), muted.wrap(fl.progress)
+		if self != nil {
+			wctx, stopWatch := context.WithCancel(ctx)
+			watched := make(chan struct{})
+			go func() { defer close(watched); t.takeOver(wctx, spec.Id, addrs, creds, muted, fl.progress) }()
+			defer func() { stopWatch(); <-watched }()
+		}
 	}
 	err = fl.run(ctx)
 	var outcome *exitError
-	if fl.quiet && errors.As(err, &outcome) {
+	if muted != nil && muted.silent() && errors.As(err, &outcome) {
 		// The job's outcome: the first task says it.
 		err = &exitError{code: outcome.code}
 	}
@@ -313,6 +324,89 @@ func (t *slurmTask) nodeConfig(spec *pb.JobSpec, g slurmboot.Grant, self *slurmb
 	}
 	nc.Agent = wc
 	return nc, clientTLS, agentTLS, nil
+}
+
+// takeOver unmutes this task's output once the tasks of every node before
+// it have been seen registered and are gone for two looks in a row: it is
+// then the first task left, and prints the job from there on (its steps
+// and generations; the ranks' own lines stay with the first task). It
+// returns when ctx ends or the job has ended.
+func (t *slurmTask) takeOver(ctx context.Context, job string, addrs []string, creds credentials.TransportCredentials, m *mutable, progress io.Writer) {
+	cfg := client.DefaultConfig()
+	cfg.Coordinators, cfg.Credentials, cfg.Logger = addrs, creds, slog.New(slog.DiscardHandler)
+	cl, err := client.New(cfg)
+	if err != nil {
+		return
+	}
+	defer cl.Close()
+	before := t.env.Nodes[:t.env.NodeID]
+	seen := map[string]bool{}
+	goneFor := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
+		st, err := cl.Status(ctx)
+		if err != nil {
+			continue
+		}
+		ended := false
+		for _, j := range st.Jobs {
+			ended = ended || (j.GetSpec().GetId() == job && pb.Terminal(j.GetState()))
+		}
+		if ended {
+			return // the tasks leave as the job ends: nothing to take over
+		}
+		live := map[string]bool{}
+		for _, n := range st.Nodes {
+			live[n.GetNode().GetName()] = true
+			seen[n.GetNode().GetName()] = true
+		}
+		gone := true
+		for _, n := range before {
+			gone = gone && seen[n] && !live[n]
+		}
+		if goneFor = map[bool]int{true: goneFor + 1, false: 0}[gone]; goneFor < 2 {
+			continue
+		}
+		m.unmute()
+		fmt.Fprintf(progress, "gpucoord: the tasks of %s are gone; %s's task follows the job from here\n", strings.Join(before, ", "), t.node)
+		return
+	}
+}
+
+// mutable writers write nothing until unmuted.
+type mutable struct {
+	mu sync.Mutex
+	on bool
+}
+
+func (m *mutable) unmute() {
+	m.mu.Lock()
+	m.on = true
+	m.mu.Unlock()
+}
+
+func (m *mutable) silent() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !m.on
+}
+
+func (m *mutable) wrap(w io.Writer) io.Writer { return mutedWriter{m, w} }
+
+type mutedWriter struct {
+	m *mutable
+	w io.Writer
+}
+
+func (w mutedWriter) Write(b []byte) (int, error) {
+	if w.m.silent() {
+		return len(b), nil
+	}
+	return w.w.Write(b)
 }
 
 // awaitAgentsGone waits, for at most 10 s, until no agent is registered:

@@ -206,3 +206,91 @@ func TestSlurmScancel(t *testing.T) {
 		t.Errorf("the job went on to another generation, or lost a node")
 	}
 }
+
+// noKillConf makes slurmctld find a dead node in about 10 s (as in
+// testcluster's TestSlurmNoKill).
+const noKillConf = "KillWait=5\nSlurmdTimeout=5\nMessageTimeout=3"
+
+// killMidJob submits script (a --json job of steps steps) with args, kills
+// the host victim picks once the job's output shows step at, and waits for
+// the Slurm job to end. It returns the job's output, and when the
+// generation after the kill showed, counted from the kill.
+func (b *slurmBox) killMidJob(t *testing.T, script string, steps, at int, victim func(out string) *testcluster.Host, args ...string) (string, time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	id, err := b.submit(ctx, t, script, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := fmt.Sprintf(`{"step":%d,`, at)
+	eventually(t, 2*time.Minute, "step "+strconv.Itoa(at), func() bool { return strings.Contains(b.output(id), mark) })
+	h := victim(b.output(id))
+	h.Kill()
+	killed := time.Now()
+	t.Logf("killed %s at step %d", h.Name, at)
+	var next time.Duration
+	eventually(t, 3*time.Minute, "the Slurm job's end", func() bool {
+		if next == 0 && strings.Contains(b.output(id), `"event":"generation","generation":{"number":2`) {
+			next = time.Since(killed)
+		}
+		return b.gone(ctx, id)
+	})
+	out := b.output(id)
+	if next == 0 && strings.Contains(out, `"event":"generation","generation":{"number":2`) {
+		next = time.Since(killed)
+	}
+	return out, next
+}
+
+// succeeded checks that out's end line says the job succeeded, with every
+// loss on train --np 1's curve.
+func (b *slurmBox) succeeded(t *testing.T, exe, out string, steps int) {
+	t.Helper()
+	if !strings.Contains(out, `"event":"end","job":"slurm-`) || !strings.Contains(out, `"phase":"succeeded"`) {
+		t.Fatalf("the job did not succeed:\n%s", out)
+	}
+	sameLosses(t, losses(t, out), reference(t, exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml"))
+}
+
+// TestSlurmCoordinatorNodeLost: under sbatch --no-kill, every process of
+// a node that runs a coordinator and an etcd member (h3, not the batch
+// host) is killed mid-job: the control plane keeps its majority, the job
+// goes on on the two nodes left, and succeeds on train --np 1's curve.
+func TestSlurmCoordinatorNodeLost(t *testing.T) {
+	t.Parallel()
+	b := newSlurmBox(t, 4, noKillConf)
+	script := b.script(t, "native.sh", "srun --no-kill --ntasks-per-node=1 EXE launch --gpus-per-node 2 --tp 2 --steps 150 --json JOB")
+	out, next := b.killMidJob(t, script, 150, 20+rand.IntN(40), func(string) *testcluster.Host { return b.Host(3) }, "--no-kill", "-N3")
+	t.Logf("output:\n%s", out)
+	b.succeeded(t, buildBinary(t), out, 150)
+	t.Logf("generation 2 showed %v after the kill", next.Round(time.Millisecond))
+}
+
+// TestSlurmSpare: an allocation of four nodes, three for the job and one
+// hot spare (--spares 1); a node of the job that runs no coordinator is
+// killed, and the spare takes its place within 2 s.
+func TestSlurmSpare(t *testing.T) {
+	t.Parallel()
+	b := newSlurmBox(t, 5, noKillConf)
+	script := b.script(t, "spare.sh", "srun --no-kill --ntasks-per-node=1 EXE launch --gpus-per-node 2 --tp 2 --spares 1 --steps 150 --json JOB")
+	var victim *testcluster.Host
+	out, next := b.killMidJob(t, script, 150, 20+rand.IntN(40), func(out string) *testcluster.Host {
+		// The job runs on three of h2..h5; kill h5 when it is one of
+		// them, else a coordinator's node of the job (h4).
+		victim = b.Host(4)
+		if strings.Contains(out, `"h5"`) {
+			victim = b.Host(5)
+		}
+		return victim
+	}, "--no-kill", "-N4")
+	t.Logf("output:\n%s", out)
+	b.succeeded(t, buildBinary(t), out, 150)
+	if !strings.Contains(out, `"event":"generation","generation":{"number":2`) || next == 0 {
+		t.Fatal("no second generation")
+	}
+	t.Logf("the spare took %s's place: generation 2 showed %v after the kill", victim.Name, next.Round(time.Millisecond))
+	if next > 2*time.Second {
+		t.Errorf("generation 2 came %v after the kill, want within 2 s", next.Round(time.Millisecond))
+	}
+}
