@@ -179,11 +179,12 @@ func (f *launchFlags) runSlurm(c *cobra.Command, spec *pb.JobSpec) error {
 		// it. A coordinator task speaks up once the tasks before it are
 		// gone (salloc: the first node lost, the job goes on).
 		muted = &mutable{}
+		progress := fl.progress
 		fl.quiet, fl.out, fl.progress = true, muted.wrap(fl.out), muted.wrap(fl.progress)
 		if self != nil {
 			wctx, stopWatch := context.WithCancel(ctx)
 			watched := make(chan struct{})
-			go func() { defer close(watched); t.takeOver(wctx, spec.Id, addrs, creds, muted, fl.progress) }()
+			go func() { defer close(watched); t.takeOver(wctx, spec.Id, addrs, creds, muted, progress) }()
 			defer func() { stopWatch(); <-watched }()
 		}
 	}
@@ -371,22 +372,38 @@ func (t *slurmTask) takeOver(ctx context.Context, job string, addrs []string, cr
 		if goneFor = map[bool]int{true: goneFor + 1, false: 0}[gone]; goneFor < 2 {
 			continue
 		}
-		m.unmute()
-		fmt.Fprintf(progress, "gpucoord: the tasks of %s are gone; %s's task follows the job from here\n", strings.Join(before, ", "), t.node)
+		m.unmute(func() {
+			fmt.Fprintf(progress, "gpucoord: the tasks of %s are gone; %s's task follows the job from here (its last %d lines again first)\n", strings.Join(before, ", "), t.node, replayLines)
+		})
 		return
 	}
 }
 
-// mutable writers write nothing until unmuted.
+// mutable writers write nothing until unmuted, but keep the last
+// replayLines writes; unmute replays them, so that the steps the first
+// task may not have printed before it died are shown (a step shown twice
+// is shown again with the same loss).
 type mutable struct {
-	mu sync.Mutex
-	on bool
+	mu     sync.Mutex
+	on     bool
+	recent []muted
 }
 
-func (m *mutable) unmute() {
+type muted struct {
+	w io.Writer
+	b []byte
+}
+
+const replayLines = 64
+
+func (m *mutable) unmute(notice func()) {
 	m.mu.Lock()
-	m.on = true
-	m.mu.Unlock()
+	defer m.mu.Unlock()
+	notice()
+	for _, r := range m.recent {
+		r.w.Write(r.b)
+	}
+	m.on, m.recent = true, nil
 }
 
 func (m *mutable) silent() bool {
@@ -403,10 +420,16 @@ type mutedWriter struct {
 }
 
 func (w mutedWriter) Write(b []byte) (int, error) {
-	if w.m.silent() {
-		return len(b), nil
+	w.m.mu.Lock()
+	defer w.m.mu.Unlock()
+	if w.m.on {
+		return w.w.Write(b)
 	}
-	return w.w.Write(b)
+	if len(w.m.recent) == replayLines {
+		w.m.recent = append(w.m.recent[:0], w.m.recent[1:]...)
+	}
+	w.m.recent = append(w.m.recent, muted{w.w, append([]byte(nil), b...)})
+	return len(b), nil
 }
 
 // awaitAgentsGone waits, for at most 10 s, until no agent is registered:

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -293,4 +295,63 @@ func TestSlurmSpare(t *testing.T) {
 	if next > 2*time.Second {
 		t.Errorf("generation 2 came %v after the kill, want within 2 s", next.Round(time.Millisecond))
 	}
+}
+
+// TestSlurmSallocFirstNodeLost: from salloc on the login host no node is
+// special. The first node's task (its coordinator and etcd member, and
+// the task that prints the job) is killed with every process of its host
+// mid-job: the job goes on on the other two, the next coordinator's task
+// prints it from there, and it succeeds on train --np 1's curve.
+func TestSlurmSallocFirstNodeLost(t *testing.T) {
+	t.Parallel()
+	b := newSlurmBox(t, 4, noKillConf)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	cmd := b.slurm.Command(ctx, "salloc", "-N3", "--no-kill", "srun", "--no-kill", "--ntasks-per-node=1",
+		b.exe, "launch", "--gpus-per-node", "2", "--tp", "2", "--steps", "150", "--json", b.job)
+	if b.ranks != "" {
+		cmd.Env = append(cmd.Env, rankExecutableEnv+"="+b.ranks)
+	}
+	var out lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	at := 20 + rand.IntN(40)
+	mark := fmt.Sprintf(`{"step":%d,`, at)
+	eventually(t, 2*time.Minute, "step "+strconv.Itoa(at), func() bool { return strings.Contains(out.String(), mark) })
+	b.Host(2).Kill()
+	t.Logf("killed h2 at step %d", at)
+	select {
+	case err := <-exited:
+		t.Logf("salloc: %v", err)
+	case <-ctx.Done():
+		t.Fatalf("salloc did not end:\n%s", out.String())
+	}
+	got := out.String()
+	t.Logf("output:\n%s", got)
+	if !strings.Contains(got, "gpucoord: the tasks of h2 are gone; h3's task follows the job") {
+		t.Error("h3's task did not take over")
+	}
+	b.succeeded(t, buildBinary(t), got, 150)
+}
+
+// lockedBuffer is a bytes.Buffer a command writes while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
