@@ -920,3 +920,35 @@ func TestGossipDeathOfEarlierRun(t *testing.T) {
 	co.Dead(gossip.MemberName("n1", "new"))
 	waitGone("n1")
 }
+
+// TestResumeBackup: a job submitted with an earlier run's backup step (a
+// requeued Slurm job) starts from it: generation 1 resumes after that
+// step, from the backup tier; a generation after a failure before any new
+// commit resumes from it again. A spec naming a backup step without a
+// backup tier is refused.
+func TestResumeBackup(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr())
+	a0, _ := agent(t, c, node("n0", 2))
+	bad := spec("bad", 1, 2)
+	bad.ResumeBackup = &pb.Step{Step: 40, Generation: 3, Dp: 2}
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: bad}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a backup step without a backup tier: %v", err)
+	}
+	s := spec("j", 1, 2)
+	s.Tp, s.Pp, s.CheckpointDir, s.CheckpointReplicas = 1, 1, "", 1
+	s.CheckpointBackup, s.BackupEvery, s.MaxRestarts = "/shared/backup", 10, 2
+	s.ResumeBackup = &pb.Step{Step: 40, Generation: 3, Dp: 2}
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); err != nil {
+		t.Fatal(err)
+	}
+	g := next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 1 }).Generation
+	if g.ResumeStep != 40 || !g.FromBackup || !strings.Contains(g.Reason, "backup tier's step 40") {
+		t.Fatalf("generation 1 = %v", g)
+	}
+	report(t, c, "j", 1, &pb.RankExit{Rank: 1, Code: 3})
+	g = next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
+	if g.ResumeStep != 40 || !g.FromBackup {
+		t.Fatalf("generation 2 = %v", g)
+	}
+}

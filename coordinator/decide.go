@@ -192,7 +192,17 @@ func rendezvous(v *view, now time.Time) decision {
 		return d
 	}
 	layout, _ := Layout(spec, n)
-	d.gen = buildGeneration(spec, 1, free[:n], layout.DP, 0, "")
+	// A job submitted to resume an earlier run's backup step (Submit wrote
+	// it as the commit) starts there.
+	var r restore
+	why := ""
+	if j.commit != nil {
+		if r = restorePoint(v); r.fromBackup {
+			why = fmt.Sprintf("resuming from the backup tier's step %d, an earlier run's", r.resume)
+		}
+	}
+	d.gen = buildGeneration(spec, 1, free[:n], layout.DP, r.resume, why)
+	d.gen.FromBackup = r.fromBackup
 	d.open = 1 // no earlier generation to wait for
 	d.state = &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1}
 	d.policy = &jobPolicy{}

@@ -612,9 +612,19 @@ func (s *server) Submit(ctx context.Context, req *pb.SubmitRequest) (*pb.SubmitR
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	key := s.k.spec(spec.Id)
+	ops := []clientv3.Op{clientv3.OpPut(key, encode(spec)),
+		clientv3.OpPut(s.k.state(spec.Id), encode(&pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1, Reason: "waiting for rendezvous"}))}
+	if b := spec.GetResumeBackup(); b != nil {
+		// An earlier run's step in the backup tier: the job starts from it
+		// as from a backup_only commit (restorePoint).
+		c := &pb.Step{Step: b.Step, Generation: b.Generation, Dp: b.Dp, Checkpointed: true, Backup: true}
+		ops = append(ops, clientv3.OpPut(s.k.backup(spec.Id), encode(c)))
+		c = proto.Clone(c).(*pb.Step)
+		c.BackupOnly = true
+		ops = append(ops, clientv3.OpPut(s.k.commit(spec.Id), encode(c)))
+	}
 	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, encode(spec)),
-			clientv3.OpPut(s.k.state(spec.Id), encode(&pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1, Reason: "waiting for rendezvous"}))).
+		Then(ops...).
 		Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
 		return nil, etcdErr(err)

@@ -69,6 +69,9 @@ func ValidateSpecWith(j *pb.JobSpec, name func(field string) string) error {
 	case (j.GetCheckpointBackup() == "") != (j.GetBackupEvery() == 0):
 		return fmt.Errorf("%s %q and %s %d: give both (a directory every node mounts, and every how many steps it gets a copy) or neither",
 			name("checkpoint_backup"), j.GetCheckpointBackup(), name("backup_every"), j.GetBackupEvery())
+	case j.GetResumeBackup() != nil && (j.GetCheckpointBackup() == "" || j.GetResumeBackup().GetStep() < 1 || j.GetResumeBackup().GetDp() < 1):
+		return fmt.Errorf("%s: step %d at dp %d of %s %q: want a step after 0, its dp, and a backup tier", name("resume_backup"),
+			j.GetResumeBackup().GetStep(), j.GetResumeBackup().GetDp(), name("checkpoint_backup"), j.GetCheckpointBackup())
 	case j.GetHangTimeoutMs() != 0 && j.GetHangTimeoutMs() < 100:
 		return fmt.Errorf("%s %dms: want at least 100ms (0 derives it from the step times)", name("hang_timeout_ms"), j.GetHangTimeoutMs())
 	case j.GetWorkdir() != "" && !filepath.IsAbs(j.GetWorkdir()):

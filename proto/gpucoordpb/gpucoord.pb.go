@@ -557,7 +557,11 @@ type JobSpec struct {
 	// client when it is empty): a Submit tried again after its answer was
 	// lost (a coordinator killed mid-call) finds its own job, not a
 	// conflict; a second submission of the id is refused as ever.
-	Submission    string `protobuf:"bytes,31,opt,name=submission,proto3" json:"submission,omitempty"`
+	Submission string `protobuf:"bytes,31,opt,name=submission,proto3" json:"submission,omitempty"`
+	// resume_backup, when set, starts the job from this step of its
+	// checkpoint_backup, written by an earlier run of the job (a Slurm job
+	// requeued): its step, and the generation and dp that wrote it.
+	ResumeBackup  *Step `protobuf:"bytes,32,opt,name=resume_backup,json=resumeBackup,proto3" json:"resume_backup,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -807,6 +811,13 @@ func (x *JobSpec) GetSubmission() string {
 		return x.Submission
 	}
 	return ""
+}
+
+func (x *JobSpec) GetResumeBackup() *Step {
+	if x != nil {
+		return x.ResumeBackup
+	}
+	return nil
 }
 
 // Member is a node of a generation and the global ranks it runs.
@@ -4001,7 +4012,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x03R\aleaseId\x12#\n" +
-	"\rfrom_revision\x18\x03 \x01(\x03R\ffromRevision\"\x95\b\n" +
+	"\rfrom_revision\x18\x03 \x01(\x03R\ffromRevision\"\xcd\b\n" +
 	"\aJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\x12\x1b\n" +
@@ -4039,7 +4050,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x0fhang_timeout_ms\x18\x1e \x01(\x03R\rhangTimeoutMs\x12\x1e\n" +
 	"\n" +
 	"submission\x18\x1f \x01(\tR\n" +
-	"submission\x1a6\n" +
+	"submission\x126\n" +
+	"\rresume_backup\x18  \x01(\v2\x11.gpucoord.v1.StepR\fresumeBackup\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc2\x01\n" +
@@ -4393,78 +4405,79 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
 	54, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
-	7,  // 3: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
-	10, // 4: gpucoord.v1.Generation.checkpoint:type_name -> gpucoord.v1.Copies
-	7,  // 5: gpucoord.v1.Generation.stopping:type_name -> gpucoord.v1.Member
-	9,  // 6: gpucoord.v1.Generation.unrestorable:type_name -> gpucoord.v1.Unrestorable
-	6,  // 7: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
-	8,  // 8: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
-	10, // 9: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
-	13, // 10: gpucoord.v1.Step.earlier:type_name -> gpucoord.v1.Step
-	15, // 11: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
-	17, // 12: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
-	21, // 13: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
-	18, // 14: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
-	55, // 15: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
-	22, // 16: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
-	12, // 17: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
-	13, // 18: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
-	16, // 19: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
-	18, // 20: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
-	14, // 21: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
-	25, // 22: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
-	6,  // 23: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 24: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	33, // 25: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	8,  // 26: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	13, // 27: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	13, // 28: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
-	33, // 29: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 30: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	6,  // 31: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	33, // 32: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	8,  // 33: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	13, // 34: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	41, // 35: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	22, // 36: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	39, // 37: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	40, // 38: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	47, // 39: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	47, // 40: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	19, // 41: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
-	43, // 42: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	45, // 43: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	48, // 44: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	50, // 45: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	52, // 46: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 47: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 48: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	24, // 49: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	29, // 50: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	27, // 51: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
-	31, // 52: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	34, // 53: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	36, // 54: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	38, // 55: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	44, // 56: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	46, // 57: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	49, // 58: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	51, // 59: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	53, // 60: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 61: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	11, // 62: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	26, // 63: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	30, // 64: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	28, // 65: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
-	32, // 66: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	35, // 67: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	37, // 68: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	42, // 69: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	56, // [56:70] is the sub-list for method output_type
-	42, // [42:56] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	13, // 3: gpucoord.v1.JobSpec.resume_backup:type_name -> gpucoord.v1.Step
+	7,  // 4: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
+	10, // 5: gpucoord.v1.Generation.checkpoint:type_name -> gpucoord.v1.Copies
+	7,  // 6: gpucoord.v1.Generation.stopping:type_name -> gpucoord.v1.Member
+	9,  // 7: gpucoord.v1.Generation.unrestorable:type_name -> gpucoord.v1.Unrestorable
+	6,  // 8: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
+	8,  // 9: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
+	10, // 10: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
+	13, // 11: gpucoord.v1.Step.earlier:type_name -> gpucoord.v1.Step
+	15, // 12: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
+	17, // 13: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
+	21, // 14: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
+	18, // 15: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
+	55, // 16: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
+	22, // 17: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
+	12, // 18: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
+	13, // 19: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
+	16, // 20: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
+	18, // 21: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
+	14, // 22: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
+	25, // 23: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
+	6,  // 24: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 25: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	33, // 26: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	8,  // 27: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	13, // 28: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	13, // 29: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
+	33, // 30: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 31: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	6,  // 32: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	33, // 33: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	8,  // 34: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	13, // 35: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	41, // 36: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	22, // 37: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	39, // 38: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	40, // 39: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	47, // 40: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	47, // 41: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	19, // 42: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
+	43, // 43: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	45, // 44: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	48, // 45: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	50, // 46: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	52, // 47: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 48: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 49: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	24, // 50: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	29, // 51: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	27, // 52: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
+	31, // 53: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	34, // 54: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	36, // 55: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	38, // 56: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	44, // 57: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	46, // 58: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	49, // 59: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	51, // 60: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	53, // 61: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 62: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	11, // 63: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	26, // 64: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	30, // 65: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	28, // 66: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
+	32, // 67: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	35, // 68: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	37, // 69: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	42, // 70: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	57, // [57:71] is the sub-list for method output_type
+	43, // [43:57] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
