@@ -198,7 +198,7 @@ func rendezvous(v *view, now time.Time) decision {
 	why := ""
 	if j.commit != nil {
 		if r = restorePoint(v); r.fromBackup {
-			why = fmt.Sprintf("resuming from the backup tier's step %d, an earlier run's", r.resume)
+			why = fmt.Sprintf("an earlier run's step %d, from the backup tier", r.resume)
 		}
 	}
 	d.gen = buildGeneration(spec, 1, free[:n], layout.DP, r.resume, why)

@@ -25,8 +25,11 @@ import (
 
 // PreemptSignal is what an agent sends its native ranks when the node is
 // told to leave (SIGTERM to the agent): they checkpoint the step every rank
-// finishes, then stop.
-const PreemptSignal = syscall.SIGUSR1
+// finishes, then stop. It is SIGPWR, which nothing else sends a job's
+// processes: Slurm's --signal delivers SIGUSR1 (or the signal a user
+// names) to every process of a step, ranks included, and that is for
+// launch alone.
+const PreemptSignal = syscall.SIGPWR
 
 // ExitPreempted is the exit status of a native rank that stopped after
 // the checkpoint its preemption asked for (EX_TEMPFAIL): its node's other
@@ -142,7 +145,7 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 			prog.HeartbeatEvery = min(progress.DefaultHeartbeatEvery, time.Duration(ms)*time.Millisecond/4)
 		}
 	}
-	// The agent sends SIGUSR1 when its node is told to leave: every rank
+	// The agent sends PreemptSignal when its node is told to leave: every rank
 	// then checkpoints the step in progress and this one stops.
 	var preempted atomic.Bool
 	sig := make(chan os.Signal, 1)

@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -441,6 +443,9 @@ func newRankCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
+			// Slurm's --signal=USR1@T reaches every process of the step:
+			// it is for launch, which stops the job at a backup step.
+			signal.Ignore(syscall.SIGUSR1)
 			err := worker.RunNativeRank(c.Context(), c.OutOrStdout(), c.ErrOrStderr())
 			switch {
 			case errors.Is(err, engine.ErrPreempted):
@@ -463,7 +468,9 @@ func newFenceCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			// Only the agent ends it: by closing its stdin, or by dying.
+			// Only the agent ends it: by closing its stdin, or by dying
+			// (Slurm's SIGUSR1 is for launch).
+			signal.Ignore(syscall.SIGUSR1)
 			return worker.RunFenceWatchdog(context.Background(), c.InOrStdin(), c.ErrOrStderr())
 		},
 	}

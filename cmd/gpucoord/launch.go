@@ -562,6 +562,10 @@ type follower struct {
 	// tasks): no submit, and "no such job" is taken for notFoundFor.
 	quiet       bool
 	notFoundFor time.Duration
+	// onBackup, when set, hears each commit of a step the backup tier
+	// holds, newest last (under mu).
+	onBackup   func(*pb.Step)
+	lastBackup int64
 	steps       int // a native job's total steps
 	started     time.Time
 	// output shows the ranks' lines; nil shows none.
@@ -855,6 +859,10 @@ func (f *follower) show(ev *pb.JobEvent) error {
 				len(fmt.Sprint(f.steps)), s.Step, f.steps, s.Loss, 1e3*s.Seconds, f.lastGen, f.lastNodes, plural(f.lastNodes))
 		}
 	}
+	if c := ev.Commit; c != nil && c.Backup && !c.BackupOnly && c.Step > f.lastBackup && f.onBackup != nil {
+		f.lastBackup = c.Step
+		f.onBackup(c)
+	}
 	if c := ev.Commit; c != nil && f.json && c.Step != f.lastCommit {
 		f.lastCommit = c.Step
 		json.NewEncoder(f.out).Encode(commitEvent{launchCommit{Committed: c.Step, Generation: c.Generation, Backup: c.Backup}, "commit"})
@@ -877,7 +885,11 @@ func (f *follower) finish(st *pb.JobState) error {
 			fmt.Fprintf(f.progress, "job %s succeeded in %s\n", f.spec.Id, since(f.started))
 		}
 	case pb.JobState_CANCELLED:
-		err = &exitError{code: exitInterrupted, err: fmt.Errorf("job %s cancelled: %s", f.spec.Id, st.Reason)}
+		code := exitInterrupted
+		if strings.HasPrefix(st.Reason, requeueReason) {
+			code = exitRequeue
+		}
+		err = &exitError{code: code, err: fmt.Errorf("job %s cancelled: %s", f.spec.Id, st.Reason)}
 	default:
 		code := int(st.ExitCode)
 		if code == 0 {

@@ -16,6 +16,10 @@ const (
 	// exitInterrupted is 128+SIGINT: the command was stopped by SIGINT or
 	// SIGTERM (launch: the job was cancelled).
 	exitInterrupted = 130
+	// exitRequeue is launch's under Slurm after SIGUSR1 (sbatch
+	// --signal=USR1@T): the job stopped at a step of its backup tier, for
+	// a requeue to resume from (EX_TEMPFAIL, as a native rank preempted).
+	exitRequeue = 75
 )
 
 // exitError carries a specific process exit code. A nil err prints nothing.

@@ -11,11 +11,14 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -29,6 +32,7 @@ import (
 	"github.com/gpucoord/gpucoord/internal/slurmboot"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/worker"
+	"github.com/gpucoord/gpucoord/worker/ckpt"
 	"github.com/gpucoord/gpucoord/worker/ranklog"
 )
 
@@ -36,6 +40,10 @@ import (
 // coordinator, each with a member of the embedded etcd: three survive the
 // loss of any one.
 const slurmCoordinators = 3
+
+// requeueReason starts the reason of a job launch stopped after SIGUSR1
+// (sbatch --signal=USR1@T): it exits with exitRequeue.
+const requeueReason = "stopped for a requeue"
 
 // envSlurmSecret is the shared secret the tasks of a step seal their
 // bootstrap with on a cluster without MUNGE.
@@ -119,6 +127,9 @@ type slurmTask struct {
 	log    *slog.Logger
 	stdout io.Writer
 	stderr io.Writer
+	// stopAtBackup is set by SIGUSR1: the job is cancelled at its next
+	// step in the backup tier.
+	stopAtBackup atomic.Bool
 }
 
 // runSlurm runs the job as a task of a Slurm step: every task runs an
@@ -166,6 +177,9 @@ func (f *launchFlags) runSlurm(c *cobra.Command, spec *pb.JobSpec) error {
 		addrs = append(addrs, m.Addr)
 	}
 	printer := env.NodeID == 0
+	if printer {
+		t.resumeFromBackup(spec)
+	}
 	fl := &follower{addrs: addrs, creds: creds, connectTimeout: f.auth.connectTimeout, spec: spec, json: f.json,
 		out: t.stdout, progress: t.stdout, notFoundFor: 2 * time.Minute}
 	if f.json {
@@ -188,6 +202,41 @@ func (f *launchFlags) runSlurm(c *cobra.Command, spec *pb.JobSpec) error {
 			defer func() { stopWatch(); <-watched }()
 		}
 	}
+	speaking := func() bool { return muted == nil || !muted.silent() }
+	if spec.CheckpointBackup != "" {
+		// The newest step the backup tier holds whole goes in a mark there,
+		// for a requeued run of the job to resume from.
+		backup := worker.SharedCheckpointDir(spec.CheckpointBackup, spec.Id)
+		fl.onBackup = func(c *pb.Step) {
+			if !speaking() {
+				return
+			}
+			if err := ckpt.WriteBackupMark(backup, ckpt.BackupMark{Step: c.Step, Generation: c.Generation, Dp: c.Dp}); err != nil {
+				fmt.Fprintf(t.stderr, "gpucoord: marking step %d in the backup tier: %v\n", c.Step, err)
+			}
+			if t.stopAtBackup.Load() {
+				go t.cancel(addrs, creds, spec.Id, fmt.Sprintf("%s after step %d, in the backup tier (SIGUSR1)", requeueReason, c.Step))
+			}
+		}
+	}
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	defer signal.Stop(usr1)
+	go func() {
+		for range usr1 {
+			if !speaking() {
+				continue // the first task stops the job
+			}
+			if spec.CheckpointBackup == "" {
+				fmt.Fprintf(t.stderr, "gpucoord: SIGUSR1: the job has no backup tier (--checkpoint-backup): it stops now, and a requeue starts it over\n")
+				go t.cancel(addrs, creds, spec.Id, requeueReason+" (SIGUSR1), with no backup tier")
+				continue
+			}
+			if !t.stopAtBackup.Swap(true) {
+				fmt.Fprintf(t.stderr, "gpucoord: SIGUSR1: the job stops once its next step is in the backup tier, for a requeue\n")
+			}
+		}
+	}()
 	err = fl.run(ctx)
 	var outcome *exitError
 	if muted != nil && muted.silent() && errors.As(err, &outcome) {
@@ -430,6 +479,44 @@ func (w mutedWriter) Write(b []byte) (int, error) {
 	}
 	w.m.recent = append(w.m.recent, muted{w.w, append([]byte(nil), b...)})
 	return len(b), nil
+}
+
+// cancel cancels the job with reason, trying for 10 s.
+func (t *slurmTask) cancel(addrs []string, creds credentials.TransportCredentials, job, reason string) {
+	cfg := client.DefaultConfig()
+	cfg.Coordinators, cfg.Credentials, cfg.Logger = addrs, creds, slog.New(slog.DiscardHandler)
+	cl, err := client.New(cfg)
+	if err != nil {
+		return
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cl.Cancel(ctx, job, reason); err != nil {
+		fmt.Fprintf(t.stderr, "gpucoord: cancelling job %s (%s): %v\n", job, reason, err)
+	}
+}
+
+// resumeFromBackup makes a requeued run of the job (Slurm's restart
+// count above 0) resume from the newest step its backup tier holds whole.
+func (t *slurmTask) resumeFromBackup(spec *pb.JobSpec) {
+	if !t.env.Requeued {
+		return
+	}
+	if spec.CheckpointBackup == "" {
+		fmt.Fprintf(t.stderr, "gpucoord: requeued (restart %d), and the job has no backup tier (--checkpoint-backup): it starts over\n", t.env.RestartCount)
+		return
+	}
+	m, ok, err := ckpt.ReadBackupMark(worker.SharedCheckpointDir(spec.CheckpointBackup, spec.Id))
+	switch {
+	case err != nil:
+		fmt.Fprintf(t.stderr, "gpucoord: requeued (restart %d): %v: the job starts over\n", t.env.RestartCount, err)
+	case !ok:
+		fmt.Fprintf(t.stderr, "gpucoord: requeued (restart %d): no step of the job in the backup tier yet: it starts over\n", t.env.RestartCount)
+	default:
+		spec.ResumeBackup = &pb.Step{Step: m.Step, Generation: m.Generation, Dp: m.Dp}
+		fmt.Fprintf(t.stderr, "gpucoord: requeued (restart %d): resuming after step %d, from the backup tier\n", t.env.RestartCount, m.Step)
+	}
 }
 
 // awaitAgentsGone waits, for at most 10 s, until no agent is registered:

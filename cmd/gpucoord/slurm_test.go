@@ -355,3 +355,59 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.b.String()
 }
+
+// TestSlurmRequeue: SIGUSR1 (what sbatch --signal=USR1@T sends every
+// process of the job's steps before its time limit; scancel --signal=USR1
+// here) makes the job stop once its next step is in the backup tier, and
+// launch exits 75. scontrol requeue then runs the batch script again with
+// the same job id on a fresh control plane: launch resumes after that
+// step, from the backup tier, and every loss is on train --np 1's curve.
+func TestSlurmRequeue(t *testing.T) {
+	t.Parallel()
+	b := newSlurmBox(t, 4, "KillWait=5")
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	backup := filepath.Join(b.slurm.Dir(), "backup")
+	if err := os.Mkdir(backup, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script := b.script(t, "requeue.sh", "srun --ntasks-per-node=1 EXE launch --gpus-per-node 2 --tp 2 --steps 150 --checkpoint-backup "+backup+" --backup-every 10 --json JOB")
+	id, err := b.submit(ctx, t, script, "-N3", "--requeue", "--open-mode=append")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			state, _ := b.slurm.Run(context.WithoutCancel(ctx), "scontrol", "show", "job", id)
+			t.Logf("output:\n%s\n%s", b.output(id), state)
+		}
+	}()
+	at := 25 + rand.IntN(30)
+	eventually(t, 2*time.Minute, "step "+strconv.Itoa(at), func() bool { return strings.Contains(b.output(id), fmt.Sprintf(`{"step":%d,`, at)) })
+	if out, err := b.slurm.Run(ctx, "scancel", "--signal=USR1", id); err != nil {
+		t.Fatalf("scancel --signal=USR1: %v\n%s", err, out)
+	}
+	eventually(t, time.Minute, "the first run's end", func() bool { return b.gone(ctx, id) })
+	first := b.output(id)
+	if !strings.Contains(first, "stopped for a requeue after step") || !strings.Contains(first, "exit code 75") {
+		t.Fatalf("the first run did not stop for a requeue with 75:\n%s", first)
+	}
+	if out, err := b.slurm.Run(ctx, "scontrol", "requeue", id); err != nil {
+		t.Fatalf("scontrol requeue: %v\n%s", err, out)
+	}
+	// slurmctld holds a requeued job back for a while (Reason=BeginTime):
+	// start it now.
+	if out, err := b.slurm.Run(ctx, "scontrol", "update", "JobId="+id, "StartTime=now"); err != nil {
+		t.Fatalf("scontrol update StartTime=now: %v\n%s", err, out)
+	}
+	eventually(t, 2*time.Minute, "the second run's end", func() bool {
+		return strings.Count(b.output(id), `"event":"end"`) == 2 && b.gone(ctx, id)
+	})
+	out := b.output(id)
+	t.Logf("output:\n%s", out)
+	second := out[len(first):]
+	if !strings.Contains(second, "requeued (restart 1): resuming after step ") || !strings.Contains(second, `"from_backup"`) && !strings.Contains(second, "from the backup tier") {
+		t.Errorf("the second run did not resume from the backup tier")
+	}
+	b.succeeded(t, buildBinary(t), out, 150)
+}
