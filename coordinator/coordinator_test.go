@@ -943,7 +943,7 @@ func TestResumeBackup(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 1 }).Generation
-	if g.ResumeStep != 40 || !g.FromBackup || !strings.Contains(g.Reason, "backup tier's step 40") {
+	if g.ResumeStep != 40 || !g.FromBackup || g.Reason != "an earlier run's step 40, from the backup tier" {
 		t.Fatalf("generation 1 = %v", g)
 	}
 	report(t, c, "j", 1, &pb.RankExit{Rank: 1, Code: 3})
