@@ -855,8 +855,14 @@ func (f *follower) show(ev *pb.JobEvent) error {
 		if f.json {
 			json.NewEncoder(f.out).Encode(stepEvent{launchStep: *stepOf(s), Event: "step"})
 		} else {
-			fmt.Fprintf(f.out, "step %*d/%d  loss %.6f  %7.1f ms  (generation %d, %d node%s)\n",
-				len(fmt.Sprint(f.steps)), s.Step, f.steps, s.Loss, 1e3*s.Seconds, f.lastGen, f.lastNodes, plural(f.lastNodes))
+			of := "" // a program's total is not known
+			if f.steps > 0 {
+				of = fmt.Sprintf("%*d/%d", len(fmt.Sprint(f.steps)), s.Step, f.steps)
+			} else {
+				of = fmt.Sprint(s.Step)
+			}
+			fmt.Fprintf(f.out, "step %s  loss %.6f  %7.1f ms  (generation %d, %d node%s)\n",
+				of, s.Loss, 1e3*s.Seconds, f.lastGen, f.lastNodes, plural(f.lastNodes))
 		}
 	}
 	if c := ev.Commit; c != nil && c.Backup && !c.BackupOnly && c.Step > f.lastBackup && f.onBackup != nil {

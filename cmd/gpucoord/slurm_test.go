@@ -411,3 +411,31 @@ func TestSlurmRequeue(t *testing.T) {
 	}
 	b.succeeded(t, buildBinary(t), out, 150)
 }
+
+// TestSlurmTorchCheckpointed: examples/pytorch/checkpointed.py, a
+// torchrun program that checkpoints every step under
+// GPUCOORD_CHECKPOINT_DIR, under the same one srun line on three nodes:
+// every rank ends with the same parameters, shown once, by the first
+// task (read from the agents of the other nodes over mutual TLS).
+func TestSlurmTorchCheckpointed(t *testing.T) {
+	t.Parallel()
+	py := torchPython(t)
+	b := newSlurmBox(t, 4, "KillWait=5")
+	b.Install("../../examples/pytorch/gpucoord_progress.py") // beside the program, which imports it
+	prog := b.Install("../../examples/pytorch/checkpointed.py")
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	script := b.script(t, "torch.sh", "srun --ntasks-per-node=1 EXE launch --gpus-per-node 2 --env CKPT_STEPS=30 -- "+py+" "+prog)
+	id, out, err := b.sbatch(ctx, t, script, "-N3")
+	t.Logf("job %s:\n%s", id, out)
+	if err != nil {
+		t.Fatalf("sbatch: %v", err)
+	}
+	if n := strings.Count(out, "job slurm-"+id+" succeeded"); n != 1 {
+		t.Errorf("%d lines say the job succeeded, want 1", n)
+	}
+	if n := strings.Count(out, "final-params"); n != 6 {
+		t.Errorf("%d final-params lines, want one of each of the 6 ranks", n)
+	}
+	sameParams(t, out, 6)
+}
