@@ -566,8 +566,8 @@ type follower struct {
 	// holds, newest last (under mu).
 	onBackup   func(*pb.Step)
 	lastBackup int64
-	steps       int // a native job's total steps
-	started     time.Time
+	steps      int // a native job's total steps
+	started    time.Time
 	// output shows the ranks' lines; nil shows none.
 	output *rankOutput
 	said   time.Time // when launch last printed a line of its own (guarded by mu)
