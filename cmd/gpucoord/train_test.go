@@ -83,6 +83,13 @@ func TestMain(m *testing.M) {
 	if os.Getenv(strangerEnv) != "" {
 		os.Exit(strangerMain())
 	}
+	if len(os.Args) > 1 && (os.Args[1] == fenceCmd || os.Args[1] == rankCmd) {
+		// An agent of a test's in-process cluster (launch --standalone run
+		// by the test itself) starts this binary as its fence watchdog or
+		// a native rank: be that, not a second run of every test.
+		main()
+		return
+	}
 	// Standalone launches log to the cache directory: the tests' own,
 	// removed at the end. Go's build cache stays where it is (it lives
 	// under the same directory by default): buildBinary's builds reuse
