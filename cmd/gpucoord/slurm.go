@@ -172,6 +172,18 @@ func (f *launchFlags) runSlurm(c *cobra.Command, spec *pb.JobSpec) error {
 		return fmt.Errorf("node %s: %w", t.node, err)
 	}
 	defer node.Stop()
+	// Its agent registered is the control plane up: only then follow, or
+	// a follower would meet coordinators not up yet and back off past a
+	// short job's end.
+	select {
+	case <-node.Ready():
+	case <-node.Failed():
+		return fmt.Errorf("node %s: %w", t.node, node.Err())
+	case <-time.After(f.bootTimeout):
+		return fmt.Errorf("node %s: its agent did not register with the step's coordinators within %s (launch -v shows why)", t.node, f.bootTimeout)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	var addrs []string
 	for _, m := range grant.Members {
 		addrs = append(addrs, m.Addr)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpucoord/gpucoord/internal/testcluster"
+	"github.com/gpucoord/gpucoord/worker/ckpt"
 )
 
 // slurmBox is a Slurm cluster in a box for launch: h1 the login host
@@ -438,4 +439,63 @@ func TestSlurmTorchCheckpointed(t *testing.T) {
 		t.Errorf("%d final-params lines, want one of each of the 6 ranks", n)
 	}
 	sameParams(t, out, 6)
+}
+
+// TestSlurmExamples: the batch scripts of examples/slurm run as written,
+// submitted from a copy of the repository's examples on the shared file
+// system with gpucoord on PATH: a native job on four nodes, a torchrun
+// program on three, and a job on two of three nodes with a spare and a
+// backup tier.
+func TestSlurmExamples(t *testing.T) {
+	t.Parallel()
+	torchPython(t)
+	b := newSlurmBox(t, 5, "KillWait=5")
+	root := filepath.Join(b.slurm.Dir(), "repo")
+	for _, f := range []string{"examples/jobs/mlp.yaml", "examples/pytorch/checkpointed.py", "examples/pytorch/gpucoord_progress.py",
+		"examples/slurm/native.sbatch", "examples/slurm/torchrun.sbatch", "examples/slurm/spares-backup.sbatch"} {
+		b, err := os.ReadFile(filepath.Join("../..", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(root, filepath.Dir(f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, f), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(b.slurm.Dir(), "bin")
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(b.exe, filepath.Join(bin, "gpucoord")); err != nil {
+		t.Fatal(err)
+	}
+	for _, ex := range []struct{ script, out, want string }{
+		{"native.sbatch", "gpucoord-native-%s.out", "generation 1: 4 nodes (h2, h3, h4, h5), 8 ranks, tp 2 pp 1 dp 4"},
+		{"torchrun.sbatch", "gpucoord-torch-%s.out", "final-params"},
+		{"spares-backup.sbatch", "gpucoord-spares-%s.out", "generation 1: 2 nodes"},
+	} {
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+		cmd := b.slurm.Command(ctx, "sbatch", "--parsable", "--wait", "--chdir="+root, filepath.Join("examples/slurm", ex.script))
+		cmd.Dir = root
+		cmd.Env = append(cmd.Env, "PATH="+bin+":/usr/bin:/bin")
+		if b.ranks != "" {
+			cmd.Env = append(cmd.Env, rankExecutableEnv+"="+b.ranks)
+		}
+		got, err := cmd.Output()
+		cancel()
+		id, _, _ := strings.Cut(strings.TrimSpace(string(got)), ";")
+		out, _ := os.ReadFile(filepath.Join(root, fmt.Sprintf(ex.out, id)))
+		t.Logf("%s: job %s:\n%s", ex.script, id, out)
+		if err != nil {
+			t.Errorf("%s: sbatch: %v", ex.script, err)
+		}
+		if !strings.Contains(string(out), "job slurm-"+id+" succeeded") || !strings.Contains(string(out), ex.want) {
+			t.Errorf("%s: the job did not succeed as it should (%q)", ex.script, ex.want)
+		}
+	}
+	if _, ok, err := ckpt.ReadBackupMark(filepath.Join(root, "backup", "gpucoord", "slurm-3")); !ok || err != nil {
+		t.Errorf("spares-backup.sbatch left no step marked in its backup tier: %v", err)
+	}
 }
