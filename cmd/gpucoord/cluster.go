@@ -320,6 +320,7 @@ func newWorkerCmd() *cobra.Command {
 	var auth authFlags
 	var logs logFlags
 	var stepMiB int64
+	var signalExit int
 	cmd := &cobra.Command{
 		Use:   "worker --coordinator ADDR[,ADDR...] [flags]",
 		Short: "Run a node's worker agent: register, watch for work, run and supervise the ranks",
@@ -381,7 +382,13 @@ names (a build without the race detector under a race-enabled agent).`,
 			if err != nil {
 				return usageError(err)
 			}
-			return a.Run(c.Context())
+			err = a.Run(c.Context())
+			if err == nil && c.Context().Err() != nil && signalExit != 0 {
+				// Stopped by SIGTERM or SIGINT, cleanly: say so in the exit
+				// status (a Kubernetes Job then replaces the pod).
+				return &exitError{code: signalExit}
+			}
+			return err
 		},
 	}
 	fl := cmd.Flags()
@@ -399,6 +406,7 @@ names (a build without the race detector under a race-enabled agent).`,
 	fl.StringVar(&cfg.FailureDomain, "failure-domain", "", "what fails with this node (a rack, a power feed, a zone): replicas of its checkpoints go to nodes of other domains first (default: $GPUCOORD_FAILURE_DOMAIN, else its --nvlink-domain)")
 	fl.StringVar(&cfg.Gossip, "gossip", "", "address of this node's member of the failure-detection pool, TCP and UDP (default: --bind, a free port)")
 	fl.BoolVar(&cfg.Devices, "cuda", false, "set CUDA_VISIBLE_DEVICES to each rank's local index")
+	fl.IntVar(&signalExit, "signal-exit-code", 0, "exit with this status after SIGTERM or SIGINT stopped the agent cleanly (default 0; 143 in a Kubernetes Job, so that a drained or preempted agent's pod is replaced rather than counted done)")
 	fl.StringVar(&cfg.WorkDir, "state-dir", cfg.WorkDir, "where the agent keeps its files, in DIR/gpucoord: plan files, the ranks' logs, checkpoints when /dev/shm has no room (launch --workdir is where ranks start)")
 	fl.StringVar(&cfg.WorkDir, "work-dir", cfg.WorkDir, "same as --state-dir")
 	fl.MarkDeprecated("work-dir", "use --state-dir (launch --workdir is where the ranks start)")

@@ -659,7 +659,7 @@ func TestWorkerFrozen(t *testing.T) {
 
 // TestWorkerSIGTERM: an agent told to stop passes SIGTERM to its ranks,
 // waits for them, leaves the pool (the job fails naming the node at once)
-// and exits 0.
+// and exits 0, or --signal-exit-code's status.
 func TestWorkerSIGTERM(t *testing.T) {
 	exe := buildBinary(t)
 	_, addr := coordinatorProc(t, exe)
@@ -680,6 +680,14 @@ func TestWorkerSIGTERM(t *testing.T) {
 	}
 	if code := p.wait(t, 30*time.Second); code == 0 || !strings.Contains(p.output(), "node lost: w1 (ranks 2-3)") {
 		t.Errorf("launch exited %d; want the job failed naming w1:\n%s", code, p.output())
+	}
+	// With --signal-exit-code (a Kubernetes Job's agents), the same clean
+	// stop exits with that status.
+	w2 := start(t, exe, "worker", "--coordinator", addr, "--name", "w2", "--gpus-per-node", "1", "--state-dir", t.TempDir(), "--signal-exit-code", "143")
+	w2.waitLine(t, "msg=registered ", 30*time.Second)
+	w2.cmd.Process.Signal(syscall.SIGTERM)
+	if code := w2.wait(t, 30*time.Second); code != 143 {
+		t.Errorf("worker --signal-exit-code 143 exited %d after SIGTERM, want 143:\n%s", code, w2.output())
 	}
 }
 
