@@ -86,6 +86,11 @@ func newLaunchCmd() *cobra.Command {
                         whose worker agents run the ranks
   --hostfile FILE       DeepSpeed-style "host slots=N" lines: the nodes to use,
                         in rank order, and G from slots
+  (under Slurm)         srun --no-kill --ntasks-per-node=1 gpucoord launch ...
+                        runs the job on the step's nodes: the tasks start
+                        the coordinators and agents themselves, N and G come
+                        from Slurm (--spares K keeps K nodes aside), and the
+                        first task prints the job (docs/SLURM.md)
 
 A job file (examples/jobs/mlp.yaml) runs gpucoord's native Go engine; its
 loss equals gpucoord train's. After "--", CMD runs on every rank with
@@ -110,7 +115,8 @@ with that rank named.`,
 		Example: `  gpucoord launch --standalone --nodes 2 --gpus-per-node 4 --tp 2 --pp 2 examples/jobs/mlp.yaml
   gpucoord launch --standalone --nodes 2 --gpus-per-node 2 -- /usr/bin/python3 examples/pytorch/ddp.py
   gpucoord launch --coordinator 10.0.0.1:7070 --hostfile hosts.txt --tp 8 examples/jobs/mlp.yaml
-  gpucoord launch --nodes 4 --gpus-per-node 8 --tp 8 --pp 2 --dry-run examples/jobs/mlp.yaml`,
+  gpucoord launch --nodes 4 --gpus-per-node 8 --tp 8 --pp 2 --dry-run examples/jobs/mlp.yaml
+  srun --no-kill --ntasks-per-node=1 gpucoord launch --tp 8 --spares 1 examples/jobs/mlp.yaml`,
 		RunE: func(c *cobra.Command, args []string) error {
 			if err := f.detectSlurm(); err != nil {
 				return usageError(err)
