@@ -121,7 +121,8 @@ type slurmTask struct {
 	f      *launchFlags
 	env    slurm.Env
 	node   string
-	ip     string
+	ip     string // this node's address
+	first  string // the step's first node's
 	state  string // this task's directory, removed at the end
 	held   string // its agent's checkpoints (in /dev/shm when it has room), removed at the end
 	log    *slog.Logger
@@ -157,6 +158,9 @@ func (f *launchFlags) runSlurm(c *cobra.Command, spec *pb.JobSpec) error {
 	defer os.RemoveAll(t.held)
 	if t.ip, err = slurmAddress(ctx, env); err != nil {
 		return err
+	}
+	if t.first, err = lookup(ctx, env.Nodes[0]); err != nil {
+		return fmt.Errorf("the step's first node %s: its address: %w", env.Nodes[0], err)
 	}
 	grant, self, stopBoot, err := t.bootstrap(context.WithoutCancel(ctx))
 	if err != nil {
@@ -273,7 +277,7 @@ func (t *slurmTask) bootstrap(ctx context.Context) (slurmboot.Grant, *slurmboot.
 	}
 	k := min(slurmCoordinators, env.NNodes)
 	bc := slurmboot.Config{Job: env.JobID, Step: env.StepID, Node: t.node, NodeID: env.NodeID, Coordinators: k, Sealer: sealer,
-		Server: env.Nodes[0], Bind: t.ip, Ports: slurmboot.Ports(env.JobID, env.StepID, os.Getenv("SLURM_STEP_RESV_PORTS"), 8),
+		Server: t.first, Bind: t.ip, Ports: slurmboot.Ports(env.JobID, env.StepID, os.Getenv("SLURM_STEP_RESV_PORTS"), 8),
 		Timeout: t.f.bootTimeout, Logger: t.log}
 	if env.NodeID < k {
 		ports, err := freePorts(t.ip, 2)
@@ -603,16 +607,38 @@ func slurmAddress(ctx context.Context, env slurm.Env) (string, error) {
 	return "", fmt.Errorf("node %s: its address: %w", env.Nodes[env.NodeID], err)
 }
 
-// lookup resolves a node name to its first address, IPv4 first.
+// lookup resolves a node name to its first address, IPv4 first: by the
+// resolver, else by the NodeAddr slurm.conf gives the node (scontrol show
+// node), for clusters whose node names are no host names.
 func lookup(ctx context.Context, name string) (string, error) {
 	addrs, err := net.DefaultResolver.LookupHost(ctx, name)
 	if err != nil {
-		return "", err
+		out, serr := exec.CommandContext(ctx, "scontrol", "show", "node", "--oneliner", name).Output()
+		addr := nodeAddr(string(out))
+		if serr != nil || addr == "" || addr == name {
+			return "", err
+		}
+		if net.ParseIP(addr) != nil {
+			return addr, nil
+		}
+		if addrs, err = net.DefaultResolver.LookupHost(ctx, addr); err != nil {
+			return "", err
+		}
 	}
 	slices.SortStableFunc(addrs, func(a, b string) int {
 		return boolInt(net.ParseIP(a).To4() == nil) - boolInt(net.ParseIP(b).To4() == nil)
 	})
 	return addrs[0], nil
+}
+
+// nodeAddr reads NodeAddr= from scontrol show node's output.
+func nodeAddr(show string) string {
+	for _, f := range strings.Fields(show) {
+		if v, ok := strings.CutPrefix(f, "NodeAddr="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 func boolInt(b bool) int {
