@@ -49,6 +49,13 @@
 //   - client: the Go API of the coordinators (submit, follow a job with
 //     failover and resume from a revision, cancel, status) that launch and
 //     status are built on.
+//   - internal/inproc: the pieces of a cluster in this process: a Node (a
+//     coordinator with its embedded etcd member, and an agent) and a whole
+//     Cluster on one machine (launch --standalone).
+//   - internal/slurm and internal/slurmboot: Slurm's host lists and step
+//     environment, and how the tasks of a step agree on a CA and the
+//     coordinators' addresses through MUNGE (srun gpucoord launch).
+//   - deploy/kubernetes: the manifests, decoded strictly in its tests.
 //   - cmd/gpucoord: the command line; flags and wiring only.
 //
 // Imports point one way: proto, topology and schedule at the bottom, then
