@@ -202,7 +202,11 @@ func NewGroup(ctx context.Context, parent Communicator, ranks []int) (Communicat
 
 // NewGroup implements Grouper.
 func (c *Comm) NewGroup(ctx context.Context, ranks []int) (Communicator, error) {
-	return c.Group(ctx, ranks)
+	g, err := c.Group(ctx, ranks)
+	if err != nil {
+		return nil, err // not a nil *Comm in a non-nil Communicator
+	}
+	return g, nil
 }
 
 // Group is NewGroup returning the concrete type. The sub-group shares c's

@@ -52,10 +52,15 @@ func NewGroups(ctx context.Context, cfg *Config, world collectives.Communicator)
 		for i, r := range members {
 			ranks[i] = int(r)
 		}
-		if *a.dst, err = collectives.NewGroup(ctx, world, ranks); err != nil {
+		// Through c: a failed NewGroup's nil *Comm in *a.dst would be a
+		// non-nil Communicator that g.Close closes (a rank whose peers
+		// vanished while it formed its groups panicked there).
+		c, err := collectives.NewGroup(ctx, world, ranks)
+		if err != nil {
 			g.Close()
 			return topology.Coord{}, Groups{}, fmt.Errorf("engine: %s group %v: %w", a.axis, ranks, err)
 		}
+		*a.dst = c
 	}
 	return layout.Coord(me), g, nil
 }
