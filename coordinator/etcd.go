@@ -275,6 +275,13 @@ func startEmbedded(c EtcdConfig) (*embed.Etcd, error) {
 		// A member that lost its peers gives up its leadership, so that a
 		// coordinator on the minority side stops writing at once.
 		cfg.PreVote = true
+		// The members run on the nodes that train (Slurm's first three):
+		// their cores are busy with data loading and the ranks' own work, so
+		// raft's LAN defaults (a heartbeat every 100 ms, an election after
+		// 1 s without one) would elect again and again under load (a Slurm
+		// box under make test did). A leader that died is replaced within
+		// 3 s, before a coordinator's own election TTL (5 s) has passed.
+		cfg.TickMs, cfg.ElectionMs = 300, 3000
 	}
 	// Every step writes progress: keep an hour of history (enough for a
 	// launch that lost its coordinator to resume its Follow stream) and

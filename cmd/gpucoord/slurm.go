@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -128,6 +129,9 @@ type slurmTask struct {
 	log    *slog.Logger
 	stdout io.Writer
 	stderr io.Writer
+	// killWait is slurm.conf's KillWait: how long after a cancel's SIGTERM
+	// Slurm sends SIGKILL.
+	killWait time.Duration
 	// stopAtBackup is set by SIGUSR1: the job is cancelled at its next
 	// step in the backup tier.
 	stopAtBackup atomic.Bool
@@ -145,6 +149,7 @@ func (f *launchFlags) runSlurm(c *cobra.Command, spec *pb.JobSpec) error {
 	if f.verbose {
 		level = slog.LevelInfo
 	}
+	t.killWait = slurmKillWait()
 	t.log = slog.New(slog.NewTextHandler(t.stderr, &slog.HandlerOptions{Level: level})).With("slurm_node", t.node)
 	// Node-local state, named by the Slurm job, removed at the end.
 	var err error
@@ -261,7 +266,13 @@ func (f *launchFlags) runSlurm(c *cobra.Command, spec *pb.JobSpec) error {
 	}
 	node.StopAgent()
 	if self != nil {
-		t.awaitAgentsGone(addrs, creds)
+		linger := 10 * time.Second
+		if ctx.Err() != nil {
+			// Cancelled (scancel): Slurm kills what is left after KillWait,
+			// and a task killed leaves its directories behind.
+			linger = t.killWait / 4
+		}
+		t.awaitAgentsGone(addrs, creds, linger)
 	}
 	return err
 }
@@ -313,8 +324,8 @@ func (t *slurmTask) nodeConfig(spec *pb.JobSpec, g slurmboot.Grant, self *slurmb
 	var nc inproc.NodeConfig
 	var ca *pki.CA
 	nodeCreds := pki.Credentials{CA: g.CA, Cert: g.Cert, Key: g.Key}
-	var clientTLS credentials.TransportCredentials
-	var agentTLS *tls.Config
+	// The launch client's: the coordinators' client, the agents' reader.
+	clientCreds := pki.Credentials{CA: g.CA, Cert: g.ClientCert, Key: g.ClientKey}
 	if self != nil {
 		var err error
 		if ca, err = pki.ParseCA(g.CA, g.CAKey); err != nil {
@@ -323,17 +334,7 @@ func (t *slurmTask) nodeConfig(spec *pb.JobSpec, g slurmboot.Grant, self *slurmb
 		if nodeCreds, err = issue(ca, pki.Identity{Role: pki.RoleNode, Name: t.node}); err != nil {
 			return nc, nil, nil, err
 		}
-		// The launch client: the coordinators' client, the agents' reader.
-		cc, err := issue(ca, pki.Identity{Role: pki.RoleClient, Name: "launch@" + t.node})
-		if err != nil {
-			return nc, nil, nil, err
-		}
-		tc, err := pki.ClientTLS(cc)
-		if err != nil {
-			return nc, nil, nil, err
-		}
-		clientTLS = credentials.NewTLS(tc)
-		if agentTLS, err = pki.AgentTLS(cc); err != nil {
+		if clientCreds, err = issue(ca, slurmboot.LaunchIdentity(t.node)); err != nil {
 			return nc, nil, nil, err
 		}
 		caDir := filepath.Join(t.state, "ca")
@@ -360,6 +361,14 @@ func (t *slurmTask) nodeConfig(spec *pb.JobSpec, g slurmboot.Grant, self *slurmb
 		cc2.Etcd.PeerListen = u.Host
 		nc.Coordinator = cc2
 	}
+	tc, err := pki.ClientTLS(clientCreds)
+	if err != nil {
+		return nc, nil, nil, err
+	}
+	agentTLS, err := pki.AgentTLS(clientCreds)
+	if err != nil {
+		return nc, nil, nil, err
+	}
 	nodeDir := filepath.Join(t.state, "node")
 	if err := nodeCreds.Save(nodeDir); err != nil {
 		return nc, nil, nil, err
@@ -385,18 +394,25 @@ func (t *slurmTask) nodeConfig(spec *pb.JobSpec, g slurmboot.Grant, self *slurmb
 	// The ranks inherit the task's environment, as srun's own tasks do
 	// (never gpucoord's variables, the step's secret among them).
 	wc.RankEnv = []string{"*"}
+	// The ranks' SIGTERM-to-SIGKILL grace, and the agent's own stop, fit
+	// well within Slurm's KillWait, after which slurmstepd kills the task
+	// before it removes its directories.
+	wc.Grace = max(500*time.Millisecond, min(wc.Grace, t.killWait/4))
 	if len(t.env.GPUs) >= int(spec.GpusPerNode) {
 		wc.DeviceList = t.env.GPUs
 	}
 	nc.Agent = wc
-	return nc, clientTLS, agentTLS, nil
+	return nc, credentials.NewTLS(tc), agentTLS, nil
 }
 
 // takeOver unmutes this task's output once the tasks of every node before
-// it have been seen registered and are gone for two looks in a row: it is
-// then the first task left, and prints the job from there on (its steps
-// and generations; the ranks' own lines stay with the first task). It
-// returns when ctx ends or the job has ended.
+// it are gone: their coordinators (each runs in its task's process) have
+// been reached once and then refused or ignored a connection twice in a
+// row, a second apart. It is then the first task left, and prints the job
+// from there on (its steps and generations; the ranks' own lines stay with
+// the first task). It returns when ctx ends or the job has ended. A node
+// that is only cut off, or whose agent lost its lease, still runs its task
+// and its coordinator: it is not taken over.
 func (t *slurmTask) takeOver(ctx context.Context, job string, addrs []string, creds credentials.TransportCredentials, m *mutable, progress io.Writer) {
 	cfg := client.DefaultConfig()
 	cfg.Coordinators, cfg.Credentials, cfg.Logger = addrs, creds, slog.New(slog.DiscardHandler)
@@ -405,40 +421,40 @@ func (t *slurmTask) takeOver(ctx context.Context, job string, addrs []string, cr
 		return
 	}
 	defer cl.Close()
-	before := t.env.Nodes[:t.env.NodeID]
-	seen := map[string]bool{}
+	before := addrs[:t.env.NodeID] // the coordinators of the tasks before this one
+	seen := make([]bool, len(before))
 	goneFor := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(time.Second):
 		}
-		st, err := cl.Status(ctx)
-		if err != nil {
-			continue
-		}
-		ended := false
-		for _, j := range st.Jobs {
-			ended = ended || (j.GetSpec().GetId() == job && pb.Terminal(j.GetState()))
-		}
-		if ended {
-			return // the tasks leave as the job ends: nothing to take over
-		}
-		live := map[string]bool{}
-		for _, n := range st.Nodes {
-			live[n.GetNode().GetName()] = true
-			seen[n.GetNode().GetName()] = true
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := cl.Status(sctx)
+		cancel()
+		if err == nil {
+			for _, j := range st.Jobs {
+				if j.GetSpec().GetId() == job && pb.Terminal(j.GetState()) {
+					return // the tasks leave as the job ends: nothing to take over
+				}
+			}
 		}
 		gone := true
-		for _, n := range before {
-			gone = gone && seen[n] && !live[n]
+		for i, a := range before {
+			c, err := (&net.Dialer{Timeout: time.Second}).DialContext(ctx, "tcp", a)
+			if err == nil {
+				c.Close()
+				seen[i] = true
+			}
+			gone = gone && seen[i] && err != nil
 		}
 		if goneFor = map[bool]int{true: goneFor + 1, false: 0}[gone]; goneFor < 2 {
 			continue
 		}
 		m.unmute(func() {
-			fmt.Fprintf(progress, "gpucoord: the tasks of %s are gone; %s's task follows the job from here (its last %d lines again first)\n", strings.Join(before, ", "), t.node, replayLines)
+			fmt.Fprintf(progress, "gpucoord: the tasks of %s are gone; %s's task follows the job from here (its last %d lines again first)\n",
+				strings.Join(t.env.Nodes[:t.env.NodeID], ", "), t.node, replayLines)
 		})
 		return
 	}
@@ -535,11 +551,11 @@ func (t *slurmTask) resumeFromBackup(spec *pb.JobSpec) {
 	}
 }
 
-// awaitAgentsGone waits, for at most 10 s, until no agent is registered:
+// awaitAgentsGone waits, for at most most, until no agent is registered:
 // a coordinator stays while others may still read the job's end through
 // it, and stopping two of three etcd members would leave the third
 // without a majority.
-func (t *slurmTask) awaitAgentsGone(addrs []string, creds credentials.TransportCredentials) {
+func (t *slurmTask) awaitAgentsGone(addrs []string, creds credentials.TransportCredentials, most time.Duration) {
 	cfg := client.DefaultConfig()
 	cfg.Coordinators, cfg.Credentials, cfg.Logger = addrs, creds, slog.New(slog.DiscardHandler)
 	cl, err := client.New(cfg)
@@ -547,7 +563,7 @@ func (t *slurmTask) awaitAgentsGone(addrs []string, creds credentials.TransportC
 		return
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), most)
 	defer cancel()
 	for ctx.Err() == nil {
 		st, err := cl.Status(ctx)
@@ -559,6 +575,16 @@ func (t *slurmTask) awaitAgentsGone(addrs []string, creds credentials.TransportC
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// slurmKillWait is slurm.conf's KillWait (SLURM_CONF, else
+// /etc/slurm/slurm.conf), Slurm's default of 30 s when it says nothing.
+func slurmKillWait() time.Duration {
+	b, _ := os.ReadFile(cmp.Or(os.Getenv("SLURM_CONF"), "/etc/slurm/slurm.conf"))
+	if n, err := strconv.Atoi(slurm.ConfValue(string(b), "KillWait")); err == nil && n > 0 {
+		return time.Duration(n) * time.Second
+	}
+	return 30 * time.Second
 }
 
 // slurmSealer is MUNGE when its programs are installed, else the secret

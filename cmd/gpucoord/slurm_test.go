@@ -27,7 +27,17 @@ type slurmBox struct {
 	job        string
 }
 
-func newSlurmBox(t *testing.T, hosts int, extraConf string) *slurmBox {
+// newSlurmBox starts a box of hosts hosts (h1 the login host) whose
+// slurm.conf ends with extraConf.
+//
+// Under the race detector the tasks (each a coordinator with its etcd
+// member, an agent and launch) run the race build when race is set, and
+// the plain one otherwise: three race-checked etcd members per box, four
+// boxes at once on two cores (make test), lost their majority again and
+// again and the jobs thrashed. The tests of the plain paths (launch,
+// scancel, requeue) run checked; those of node losses, spares and the
+// examples run the build the ranks run.
+func newSlurmBox(t *testing.T, hosts int, extraConf string, race bool) *slurmBox {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a Slurm cluster on hosts in network namespaces")
@@ -35,10 +45,14 @@ func newSlurmBox(t *testing.T, hosts int, extraConf string) *slurmBox {
 	exe := buildBinary(t)
 	c := testcluster.New(t, testcluster.Config{Hosts: hosts})
 	s := testcluster.StartSlurm(t, c, testcluster.SlurmConfig{ExtraConf: extraConf})
-	b := &slurmBox{Cluster: c, slurm: s, exe: c.Install(exe), job: c.Install("testdata/mlp48.yaml")}
+	b := &slurmBox{Cluster: c, slurm: s, job: c.Install("testdata/mlp48.yaml")}
 	if ranksPath != "" {
 		b.ranks = c.Install(ranksPath)
+		if !race {
+			exe = ranksPath
+		}
 	}
+	b.exe = c.Install(exe)
 	return b
 }
 
@@ -121,7 +135,7 @@ func (b *slurmBox) gpucoordLeft() []string {
 // Slurm job ends nothing of gpucoord is left on any node.
 func TestSlurmLaunch(t *testing.T) {
 	t.Parallel()
-	b := newSlurmBox(t, 4, "KillWait=5")
+	b := newSlurmBox(t, 4, "KillWait=5", true)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	script := b.script(t, "native.sh", "srun --ntasks-per-node=1 EXE launch --gpus-per-node 2 --tp 2 JOB")
@@ -175,7 +189,7 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) ti
 // was cancelled, not that a rank failed.
 func TestSlurmScancel(t *testing.T) {
 	t.Parallel()
-	b := newSlurmBox(t, 4, "KillWait=5")
+	b := newSlurmBox(t, 4, "KillWait=5", true)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	script := b.script(t, "long.sh", "srun --ntasks-per-node=1 EXE launch --gpus-per-node 2 --tp 2 --steps 100000 JOB")
@@ -194,6 +208,11 @@ func TestSlurmScancel(t *testing.T) {
 	took := eventually(t, 10*time.Second, "the Slurm job gone after scancel", func() bool { return b.gone(ctx, id) })
 	t.Logf("scancel at step %d: the Slurm job was gone %v later", at, took.Round(time.Millisecond))
 	var left []string
+	defer func() {
+		if t.Failed() {
+			t.Logf("left: %v", left)
+		}
+	}()
 	eventually(t, 10*time.Second-time.Since(start), "nothing of gpucoord left on the nodes", func() bool {
 		left = b.gpucoordLeft()
 		return len(left) == 0
@@ -262,7 +281,7 @@ func (b *slurmBox) succeeded(t *testing.T, exe, out string, steps int) {
 // goes on on the two nodes left, and succeeds on train --np 1's curve.
 func TestSlurmCoordinatorNodeLost(t *testing.T) {
 	t.Parallel()
-	b := newSlurmBox(t, 4, noKillConf)
+	b := newSlurmBox(t, 4, noKillConf, false)
 	script := b.script(t, "native.sh", "srun --no-kill --ntasks-per-node=1 EXE launch --gpus-per-node 2 --tp 2 --steps 150 --json JOB")
 	out, next := b.killMidJob(t, script, 150, 20+rand.IntN(40), func(string) *testcluster.Host { return b.Host(3) }, "--no-kill", "-N3")
 	t.Logf("output:\n%s", out)
@@ -275,7 +294,7 @@ func TestSlurmCoordinatorNodeLost(t *testing.T) {
 // killed, and the spare takes its place within 2 s.
 func TestSlurmSpare(t *testing.T) {
 	t.Parallel()
-	b := newSlurmBox(t, 5, noKillConf)
+	b := newSlurmBox(t, 5, noKillConf, false)
 	script := b.script(t, "spare.sh", "srun --no-kill --ntasks-per-node=1 EXE launch --gpus-per-node 2 --tp 2 --spares 1 --steps 150 --json JOB")
 	var victim *testcluster.Host
 	out, next := b.killMidJob(t, script, 150, 20+rand.IntN(40), func(out string) *testcluster.Host {
@@ -305,7 +324,7 @@ func TestSlurmSpare(t *testing.T) {
 // prints it from there, and it succeeds on train --np 1's curve.
 func TestSlurmSallocFirstNodeLost(t *testing.T) {
 	t.Parallel()
-	b := newSlurmBox(t, 4, noKillConf)
+	b := newSlurmBox(t, 4, noKillConf, false)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	cmd := b.slurm.Command(ctx, "salloc", "-N3", "--no-kill", "srun", "--no-kill", "--ntasks-per-node=1",
@@ -365,7 +384,7 @@ func (b *lockedBuffer) String() string {
 // step, from the backup tier, and every loss is on train --np 1's curve.
 func TestSlurmRequeue(t *testing.T) {
 	t.Parallel()
-	b := newSlurmBox(t, 4, "KillWait=5")
+	b := newSlurmBox(t, 4, "KillWait=5", true)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	backup := filepath.Join(b.slurm.Dir(), "backup")
@@ -421,7 +440,7 @@ func TestSlurmRequeue(t *testing.T) {
 func TestSlurmTorchCheckpointed(t *testing.T) {
 	t.Parallel()
 	py := torchPython(t)
-	b := newSlurmBox(t, 4, "KillWait=5")
+	b := newSlurmBox(t, 4, "KillWait=5", false)
 	b.Install("../../examples/pytorch/gpucoord_progress.py") // beside the program, which imports it
 	prog := b.Install("../../examples/pytorch/checkpointed.py")
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
@@ -449,7 +468,7 @@ func TestSlurmTorchCheckpointed(t *testing.T) {
 func TestSlurmExamples(t *testing.T) {
 	t.Parallel()
 	torchPython(t)
-	b := newSlurmBox(t, 5, "KillWait=5")
+	b := newSlurmBox(t, 5, "KillWait=5", false)
 	root := filepath.Join(b.slurm.Dir(), "repo")
 	for _, f := range []string{"examples/jobs/mlp.yaml", "examples/pytorch/checkpointed.py", "examples/pytorch/gpucoord_progress.py",
 		"examples/slurm/native.sbatch", "examples/slurm/torchrun.sbatch", "examples/slurm/spares-backup.sbatch"} {

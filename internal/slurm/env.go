@@ -264,3 +264,19 @@ func visibleDevices(v string) ([]string, error) {
 	}
 	return devs, nil
 }
+
+// ConfValue returns the value slurm.conf's text conf gives key (matched
+// as Slurm does, in any case), "" when it gives none; comments ('#' to the
+// end of the line) are ignored.
+func ConfValue(conf, key string) string {
+	value := ""
+	for line := range strings.Lines(conf) {
+		line, _, _ = strings.Cut(line, "#")
+		for field := range strings.FieldsSeq(line) {
+			if k, v, ok := strings.Cut(field, "="); ok && strings.EqualFold(k, key) {
+				value = v // the last one counts
+			}
+		}
+	}
+	return value
+}

@@ -258,3 +258,12 @@ func TestFirstNodes(t *testing.T) {
 		t.Errorf("Env{}.FirstNodes(2) = %q, want none", got)
 	}
 }
+
+func TestConfValue(t *testing.T) {
+	conf := "ClusterName=box\n# KillWait=99\nkillwait=5 # seconds\nNodeName=h2 NodeAddr=10.0.0.2 CPUs=4\nSlurmdTimeout=5\n"
+	for key, want := range map[string]string{"KillWait": "5", "SlurmdTimeout": "5", "NodeAddr": "10.0.0.2", "MessageTimeout": ""} {
+		if got := ConfValue(conf, key); got != want {
+			t.Errorf("ConfValue(%s) = %q, want %q", key, got, want)
+		}
+	}
+}

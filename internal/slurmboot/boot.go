@@ -89,6 +89,11 @@ type Grant struct {
 	// for the key Fetch made (Key): for the other tasks.
 	Cert []byte `json:"cert,omitempty"`
 	Key  []byte `json:"-"`
+	// ClientCert is the certificate of the task's launch (role client,
+	// "launch@" and the node's name), for ClientKey: for the other tasks,
+	// which follow the job too.
+	ClientCert []byte `json:"client_cert,omitempty"`
+	ClientKey  []byte `json:"-"`
 	// Members are the coordinators, in node order.
 	Members []Member `json:"members"`
 }
@@ -149,6 +154,8 @@ type claim struct {
 	Server  string  `json:"server"` // the fingerprint of the certificate the asker saw
 	Member  *Member `json:"member,omitempty"`
 	CSR     []byte  `json:"csr,omitempty"`
+	// ClientCSR is the request for the task's launch's certificate.
+	ClientCSR []byte `json:"client_csr,omitempty"`
 	Version int     `json:"version"`
 }
 
@@ -345,7 +352,10 @@ func (s *Server) serve(raw net.Conn) error {
 		s.register(c.NodeID, *c.Member)
 		a.CAKey = s.caKey
 	} else {
-		if a.Cert, err = s.ca.SignRequest(c.CSR, pki.Identity{Role: pki.RoleNode, Name: c.Node}, time.Now()); err != nil {
+		if a.Cert, err = s.ca.SignRequest(c.CSR, pki.Identity{Role: pki.RoleNode, Name: c.Node}, time.Now()); err == nil {
+			a.ClientCert, err = s.ca.SignRequest(c.ClientCSR, LaunchIdentity(c.Node), time.Now())
+		}
+		if err != nil {
 			reply(response{Error: "refused: " + err.Error()})
 			return err
 		}
@@ -379,10 +389,16 @@ func (s *Server) check(c claim) error {
 		return fmt.Errorf("refused: node %d of the step %s a coordinator, and its request says otherwise", c.NodeID, map[bool]string{true: "runs", false: "does not run"}[c.NodeID < s.cfg.Coordinators])
 	case c.Member != nil && c.Member.Name != c.Node:
 		return fmt.Errorf("refused: node %s sent a coordinator named %s", c.Node, c.Member.Name)
-	case c.Member == nil && len(c.CSR) == 0:
+	case c.Member == nil && (len(c.CSR) == 0 || len(c.ClientCSR) == 0):
 		return errors.New("refused: no certificate request")
 	}
 	return nil
+}
+
+// LaunchIdentity is the client identity of the launch in a step's task on
+// node: it follows the job, and the first task's submits and prints it.
+func LaunchIdentity(node string) pki.Identity {
+	return pki.Identity{Role: pki.RoleClient, Name: "launch@" + node}
 }
 
 // momentCert makes a self-signed certificate for one run of the server.
@@ -412,10 +428,13 @@ func Fetch(parent context.Context, cfg Config) (Grant, error) {
 	ctx, cancel := context.WithTimeout(parent, cfg.Timeout)
 	defer cancel()
 	var g Grant
-	var csr []byte
+	var csr, clientCSR []byte
 	if cfg.Self == nil {
 		var err error
 		if g.Key, csr, err = pki.NewRequest(pki.Identity{Role: pki.RoleNode, Name: cfg.Node}); err != nil {
+			return Grant{}, err
+		}
+		if g.ClientKey, clientCSR, err = pki.NewRequest(LaunchIdentity(cfg.Node)); err != nil {
 			return Grant{}, err
 		}
 	}
@@ -425,9 +444,9 @@ func Fetch(parent context.Context, cfg Config) (Grant, error) {
 	for pause := 100 * time.Millisecond; ; pause = min(2*pause, 2*time.Second) {
 		for _, p := range cfg.Ports {
 			addr := net.JoinHostPort(cfg.Server, strconv.Itoa(p))
-			got, again, err := ask(ctx, cfg, addr, csr)
+			got, again, err := ask(ctx, cfg, addr, csr, clientCSR)
 			if err == nil {
-				got.Key = g.Key
+				got.Key, got.ClientKey = g.Key, g.ClientKey
 				return got, nil
 			}
 			if ctx.Err() != nil {
@@ -457,7 +476,7 @@ var errConnect = errors.New("no connection")
 
 // ask makes one request at addr; again is true when another try may go
 // better: no server there yet, another step's, a connection cut.
-func ask(ctx context.Context, cfg Config, addr string, csr []byte) (Grant, bool, error) {
+func ask(ctx context.Context, cfg Config, addr string, csr, clientCSR []byte) (Grant, bool, error) {
 	d := net.Dialer{Timeout: 5 * time.Second}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -486,7 +505,7 @@ func ask(ctx context.Context, cfg Config, addr string, csr []byte) (Grant, bool,
 	nonce := make([]byte, 16)
 	rand.Read(nonce)
 	c := claim{Job: cfg.Job, Step: cfg.Step, Node: cfg.Node, NodeID: cfg.NodeID, Nonce: hex.EncodeToString(nonce), Server: seen,
-		Member: cfg.Self, CSR: csr, Version: protocolVersion}
+		Member: cfg.Self, CSR: csr, ClientCSR: clientCSR, Version: protocolVersion}
 	b, _ := json.Marshal(c)
 	cred, err := cfg.Sealer.Seal(ctx, b)
 	if err != nil {

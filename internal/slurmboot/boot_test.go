@@ -90,6 +90,10 @@ func TestAgree(t *testing.T) {
 		if err != nil || id != (pki.Identity{Role: pki.RoleNode, Name: cfgs[i].Node}) {
 			t.Errorf("task %d: identity %v, %v", i, id, err)
 		}
+		client := pki.Credentials{CA: g.CA, Cert: g.ClientCert, Key: g.ClientKey}
+		if id, err := client.Identity(); err != nil || id != LaunchIdentity(cfgs[i].Node) {
+			t.Errorf("task %d: launch's identity %v, %v", i, id, err)
+		}
 		pool := x509.NewCertPool()
 		pool.AppendCertsFromPEM(g.CA)
 		cert, _ := pki.ParseCert(g.Cert)
