@@ -146,17 +146,17 @@ type response struct {
 
 // claim is a request's sealed payload.
 type claim struct {
-	Job     string  `json:"job"`
-	Step    string  `json:"step"`
-	Node    string  `json:"node"`
-	NodeID  int     `json:"node_id"`
-	Nonce   string  `json:"nonce"`
-	Server  string  `json:"server"` // the fingerprint of the certificate the asker saw
-	Member  *Member `json:"member,omitempty"`
-	CSR     []byte  `json:"csr,omitempty"`
+	Job    string  `json:"job"`
+	Step   string  `json:"step"`
+	Node   string  `json:"node"`
+	NodeID int     `json:"node_id"`
+	Nonce  string  `json:"nonce"`
+	Server string  `json:"server"` // the fingerprint of the certificate the asker saw
+	Member *Member `json:"member,omitempty"`
+	CSR    []byte  `json:"csr,omitempty"`
 	// ClientCSR is the request for the task's launch's certificate.
 	ClientCSR []byte `json:"client_csr,omitempty"`
-	Version int     `json:"version"`
+	Version   int    `json:"version"`
 }
 
 // answer is a response's sealed payload.
