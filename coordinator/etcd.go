@@ -195,7 +195,19 @@ func (e *Etcd) Close() error {
 		e.Client.Close()
 	}
 	if e.server != nil {
-		e.server.Close()
+		// A leader hands its leadership over before it stops, and waits
+		// for that up to etcd's request timeout (11 s with the static
+		// clusters' timing) when its peers are stopping too (the tasks of a
+		// Slurm job that ends or is cancelled): give it 2 s, then stop
+		// without it. slurmstepd kills a task that is not done by KillWait.
+		done := make(chan struct{})
+		go func() { e.server.Close(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			e.server.Server.HardStop()
+			<-done
+		}
 	}
 	if e.lock != nil {
 		e.lock.Close() // releases the flock
