@@ -27,22 +27,34 @@ type slurmBox struct {
 	job        string
 }
 
+// slurmBoxes bounds the Slurm boxes that run at once.
+var slurmBoxes = make(chan struct{}, 2)
+
 // newSlurmBox starts a box of hosts hosts (h1 the login host) whose
 // slurm.conf ends with extraConf.
 //
 // Under the race detector the tasks (each a coordinator with its etcd
 // member, an agent and launch) run the race build when race is set, and
-// the plain one otherwise: three race-checked etcd members per box, four
-// boxes at once on two cores (make test), lost their majority again and
-// again and the jobs thrashed. The tests of the plain paths (launch,
-// scancel, requeue) run checked; those of node losses, spares and the
-// examples run the build the ranks run.
+// the plain one otherwise: race-checked tasks (three etcd members, an
+// agent and launch each) of several boxes at once on two cores (make
+// test) lost their majority and their leases again and again, and the
+// jobs thrashed. TestSlurmLaunch runs checked; the others run the build
+// the ranks run (the packages they share are race-checked in their own
+// tests and the other clusters').
 func newSlurmBox(t *testing.T, hosts int, extraConf string, race bool) *slurmBox {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a Slurm cluster on hosts in network namespaces")
 	}
 	exe := buildBinary(t)
+	// Two boxes at a time: each is three etcd members, an agent per node
+	// and the ranks, beside make test's other clusters on two cores.
+	select {
+	case slurmBoxes <- struct{}{}:
+	case <-t.Context().Done():
+		t.Fatal(t.Context().Err())
+	}
+	t.Cleanup(func() { <-slurmBoxes })
 	c := testcluster.New(t, testcluster.Config{Hosts: hosts})
 	s := testcluster.StartSlurm(t, c, testcluster.SlurmConfig{ExtraConf: extraConf})
 	b := &slurmBox{Cluster: c, slurm: s, job: c.Install("testdata/mlp48.yaml")}
@@ -184,13 +196,13 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) ti
 // SIGTERM to every process of the step at once (proctrack/linuxproc: the
 // tasks and their ranks); each task cancels the job through the
 // coordinators, its agent stops what is left of its ranks, and the tasks
-// exit before KillWait (10 s: race-checked tasks of four boxes on two
+// exit before KillWait (10 s: the tasks of several boxes at once on two
 // cores take more than 5 s to stop) ends in SIGKILL. The Slurm job is gone
 // within KillWait + 5 s, nothing of gpucoord is left, and the output says
 // the job was cancelled, not that a rank failed.
 func TestSlurmScancel(t *testing.T) {
 	t.Parallel()
-	b := newSlurmBox(t, 4, "KillWait=10", true)
+	b := newSlurmBox(t, 4, "KillWait=10", false)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	script := b.script(t, "long.sh", "srun --ntasks-per-node=1 EXE launch --gpus-per-node 2 --tp 2 --steps 100000 JOB")
@@ -384,7 +396,7 @@ func (b *lockedBuffer) String() string {
 // step, from the backup tier, and every loss is on train --np 1's curve.
 func TestSlurmRequeue(t *testing.T) {
 	t.Parallel()
-	b := newSlurmBox(t, 4, "KillWait=5", true)
+	b := newSlurmBox(t, 4, "KillWait=5", false)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	backup := filepath.Join(b.slurm.Dir(), "backup")
