@@ -32,6 +32,7 @@ type planFlags struct {
 	params                                                     float64
 	cfg                                                        topology.Config
 	auto, json                                                 bool
+	failures                                                   int
 	top                                                        int
 	headroom, optimizer, loss                                  string
 }
@@ -63,7 +64,8 @@ Exit status: 0 the plan fits, 3 it does not fit (printed in full with the reason
 		Example: `  gpucoord plan --cluster examples/clusters/dgx-h100-32.yaml --model gpt-13b --tp 8 --pp 4 --zero 1
   gpucoord plan --cluster dgx-a100 --nodes 16 --model gpt-39b --tp 8 --pp 2 --recompute full --json
   gpucoord plan --params 7.5e9 --nodes 8 --zero 3
-  gpucoord plan --cluster gb200-nvl72 --model llama-70b --auto`,
+  gpucoord plan --cluster gb200-nvl72 --model llama-70b --auto
+  gpucoord plan --cluster examples/clusters/dgx-h100-32.yaml --model gpt-13b --global-batch 16 --failures 3`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runPlan(cmd, f) },
 	}
@@ -109,6 +111,7 @@ Exit status: 0 the plan fits, 3 it does not fit (printed in full with the reason
 	fl.BoolVar(&f.untied, "untied-embeddings", false, "the output layer has its own vocab x hidden matrix (overrides the model)")
 	fl.StringVar(&f.positions, "position-embedding", "", "learned (GPT) or rope (no parameters; default for --kv-heads/--gated-mlp models) (overrides the model)")
 	fl.BoolVar(&f.auto, "auto", false, "search every valid layout and rank the ones that fit")
+	fl.IntVar(&f.failures, "failures", 0, "for 0 to K lost nodes, the layout a re-plan would choose on the nodes left (searched as --auto, the same global batch), its memory and step time, or that the job would pause")
 	fl.IntVar(&f.top, "top", 5, "with --auto, how many plans to print")
 	fl.BoolVar(&f.json, "json", false, "print JSON for scripts")
 	fl.StringVar(&f.svg, "svg", "", "write a picture of the rank grid and the pipeline timeline to FILE")
@@ -244,6 +247,9 @@ func runPlan(cmd *cobra.Command, f *planFlags) error {
 	if err != nil {
 		return classify(err)
 	}
+	if f.failures != 0 {
+		return runFailures(cmd, f, cl, m, cfg)
+	}
 	if f.auto {
 		return runAuto(cmd, f, cl, m, cfg)
 	}
@@ -294,25 +300,7 @@ func runAuto(cmd *cobra.Command, f *planFlags, cl topology.Cluster, m topology.M
 	if f.top < 1 {
 		return usageError(fmt.Errorf("--top %d: must be at least 1", f.top))
 	}
-	// What the user gave with --auto is a constraint on the search.
-	space := topology.DefaultSearchSpace()
-	changed := cmd.Flags().Changed
-	for _, x := range []struct {
-		flag string
-		dst  **int
-		v    int
-	}{{"tp", &space.Fixed.TP, base.TP}, {"pp", &space.Fixed.PP, base.PP}, {"dp", &space.Fixed.DP, base.DP},
-		{"vpp", &space.Fixed.VPP, base.VPP}, {"zero", &space.Fixed.Zero, base.Zero}, {"micro-batch", &space.Fixed.MicroBatch, base.MicroBatch}} {
-		if changed(x.flag) {
-			*x.dst = &x.v
-		}
-	}
-	if changed("schedule") {
-		space.Fixed.Schedule = &base.Schedule
-	}
-	if changed("recompute") {
-		space.Fixed.Recompute = &base.Recompute
-	}
+	space := searchSpace(cmd, base)
 	start, last := time.Now(), time.Now()
 	res, err := estimate.Search(cl, m, base, space, f.top, func(n int) {
 		if time.Since(last) >= time.Second { // progress only on long searches
@@ -342,6 +330,72 @@ func runAuto(cmd *cobra.Command, f *planFlags, cl topology.Cluster, m topology.M
 		return writeFile(f.svg, func(w io.Writer) error { return estimate.WriteSVG(w, best.Plan, best.Report) })
 	}
 	return nil
+}
+
+// searchSpace is the space plan searches: what the user gave of the
+// layout (--tp, --pp, ...) is a constraint, the rest is free.
+func searchSpace(cmd *cobra.Command, base topology.Config) topology.SearchSpace {
+	space := topology.DefaultSearchSpace()
+	changed := cmd.Flags().Changed
+	for _, x := range []struct {
+		flag string
+		dst  **int
+		v    int
+	}{{"tp", &space.Fixed.TP, base.TP}, {"pp", &space.Fixed.PP, base.PP}, {"dp", &space.Fixed.DP, base.DP},
+		{"vpp", &space.Fixed.VPP, base.VPP}, {"zero", &space.Fixed.Zero, base.Zero}, {"micro-batch", &space.Fixed.MicroBatch, base.MicroBatch}} {
+		if changed(x.flag) {
+			*x.dst = &x.v
+		}
+	}
+	if changed("schedule") {
+		space.Fixed.Schedule = &base.Schedule
+	}
+	if changed("recompute") {
+		space.Fixed.Recompute = &base.Recompute
+	}
+	return space
+}
+
+// runFailures is plan --failures K: for 0 to K lost nodes, the layout a
+// re-plan would choose on the nodes left (searched as --auto searches,
+// keeping the whole cluster's global batch), its memory and step time, or
+// that the job would pause. It exits 3 when nothing fits even on every
+// node.
+func runFailures(cmd *cobra.Command, f *planFlags, cl topology.Cluster, m topology.Model, base topology.Config) error {
+	if err := cl.Validate(); err != nil {
+		return usageError(err)
+	}
+	if err := m.Validate(); err != nil {
+		return usageError(err)
+	}
+	if cmd.Flags().Changed("dp") {
+		return usageError(errors.New("--failures re-plans the data-parallel degree on the nodes left: leave out --dp"))
+	}
+	fs, err := estimate.Failures(cl, m, base, searchSpace(cmd, base), f.failures)
+	if err != nil {
+		return classify(err)
+	}
+	if f.json {
+		err = writeIndented(cmd.OutOrStdout(), planFailuresJSON{Schema: planFailuresSchema, Failures: estimate.NewFailuresJSON(fs)})
+	} else {
+		err = estimate.WriteFailuresText(cmd.OutOrStdout(), cl, m, fs)
+	}
+	if err != nil {
+		return err
+	}
+	if fs[0].Best == nil {
+		return &exitError{code: exitNoFit}
+	}
+	return nil
+}
+
+// planFailuresSchema names plan --failures --json's document.
+const planFailuresSchema = "gpucoord.plan-failures/1"
+
+// planFailuresJSON is plan --failures --json.
+type planFailuresJSON struct {
+	Schema   string                 `json:"schema"`
+	Failures []estimate.FailureJSON `json:"failures"`
 }
 
 // layoutFlags are the flags of a plan's layout and training setup, which

@@ -367,3 +367,32 @@ func TestPlanAutoReproduces(t *testing.T) {
 		t.Errorf("global batch: manual %d, --auto %d; want the world size, 64, for both", m.Parallel.GlobalBatch, doc.Plans[0].Parallel.GlobalBatch)
 	}
 }
+
+// TestPlanFailures: plan --failures K prints a row per number of lost
+// nodes, in text and JSON (its schema); a dp 1 job (--tp 8 --pp 4 on 32
+// GPUs) pauses after any loss; --dp and a K that leaves no node are usage
+// errors.
+func TestPlanFailures(t *testing.T) {
+	out, code, err := runCLI(t, "plan", "--nodes", "4", "--model", "gpt-13b", "--global-batch", "16", "--failures", "2", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %v\n%s", code, err, out)
+	}
+	var doc planFailuresJSON
+	if err := json.Unmarshal([]byte(out), &doc); err != nil || doc.Schema != planFailuresSchema || len(doc.Failures) != 3 {
+		t.Fatalf("%v %+v\n%s", err, doc, out)
+	}
+	for i, f := range doc.Failures {
+		if f.Lost != i || f.Nodes != 4-i || f.Pauses || f.TP*f.PP*f.DP != 8*f.Used || f.StepSec <= 0 {
+			t.Errorf("row %d: %+v", i, f)
+		}
+	}
+	out, code, _ = runCLI(t, "plan", "--nodes", "4", "--model", "gpt-13b", "--global-batch", "16", "--tp", "8", "--pp", "4", "--failures", "1")
+	if code != 0 || !strings.Contains(out, "pauses: no layout fits") {
+		t.Errorf("tp 8 pp 4, one lost: exit %d\n%s", code, out)
+	}
+	for _, args := range [][]string{{"--dp", "4", "--failures", "1"}, {"--failures", "4"}} {
+		if _, code, _ := runCLI(t, append([]string{"plan", "--nodes", "4", "--model", "gpt-13b"}, args...)...); code != exitUsage {
+			t.Errorf("plan %v: exit %d, want %d", args, code, exitUsage)
+		}
+	}
+}
