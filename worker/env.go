@@ -1,9 +1,12 @@
 package worker
 
 import (
+	"cmp"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,7 +18,12 @@ import (
 
 // Env variables a rank's program gets beyond torchrun's.
 const (
-	EnvPlan          = "GPUCOORD_PLAN"
+	EnvPlan = "GPUCOORD_PLAN"
+	// EnvGroups names the generation's process groups file (GroupsFile):
+	// every TP, PP and DP group as lists of global ranks, as
+	// topology.Layout lays them out, for a program to build its process
+	// groups from (examples/pytorch/gpucoord_groups.py).
+	EnvGroups        = "GPUCOORD_GROUPS"
 	EnvCheckpointDir = "GPUCOORD_CHECKPOINT_DIR"
 	// EnvResumeStep is the committed step the generation resumes after:
 	// its files are under GPUCOORD_CHECKPOINT_DIR/<step> (0: from the
@@ -116,6 +124,30 @@ var socketIfaceVars = []string{"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}
 
 // layout returns the assignment's rank layout: TP and PP as the job asked,
 // DP as the coordinator resolved it for this generation.
+// groupsFile is the name of the process groups file beside the plan file.
+const groupsFile = "groups.json"
+
+// GroupsFile is the content of GPUCOORD_GROUPS.
+type GroupsFile struct {
+	// TP, PP and DP are the degrees, and Order the rank order (fastest
+	// axis first).
+	TP    int    `json:"tp"`
+	PP    int    `json:"pp"`
+	DP    int    `json:"dp"`
+	Order string `json:"order"`
+	// Groups are every group of each axis, each ordered by group rank.
+	Groups topology.Groups `json:"groups"`
+}
+
+// writeGroups writes the generation's process groups file into dir.
+func writeGroups(dir string, a *pb.Assignment, l topology.Layout) error {
+	b, err := json.MarshalIndent(GroupsFile{TP: l.TP, PP: l.PP, DP: l.DP, Order: cmp.Or(a.Spec.GetOrder(), topology.DefaultOrder), Groups: l.Groups()}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, groupsFile), b, 0o644)
+}
+
 func layout(a *pb.Assignment) (topology.Layout, error) {
 	return topology.NewLayout(int(a.Spec.GetTp()), int(a.Spec.GetPp()), int(a.Generation.GetDp()), a.Spec.GetOrder())
 }
@@ -175,6 +207,7 @@ func RankEnv(a *pb.Assignment, node NodeEnv, r int, planPath, ckptDir string) ([
 		"GPUCOORD_GENERATION=" + strconv.FormatInt(a.Generation.GetNumber(), 10),
 		"GPUCOORD_RESTART_COUNT=" + restarts,
 		EnvPlan + "=" + planPath,
+		EnvGroups + "=" + filepath.Join(filepath.Dir(planPath), groupsFile),
 		EnvCheckpointDir + "=" + ckptDir,
 		EnvResumeStep + "=" + strconv.FormatInt(a.Generation.GetResumeStep(), 10),
 		EnvHost + "=" + node.Host,

@@ -158,6 +158,9 @@ func (g *generation) prepare(ctx context.Context) error {
 	if err := writePlan(g.planPath, asg); err != nil {
 		return g.fail(1, "plan file on node %s: %v", a.cfg.Name, err)
 	}
+	if err := writeGroups(g.dir, asg, g.layout); err != nil {
+		return g.fail(1, "process groups file on node %s: %v", a.cfg.Name, err)
+	}
 	if err := g.checkpoints(ctx); err != nil {
 		return err
 	}

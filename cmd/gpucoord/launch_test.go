@@ -24,6 +24,7 @@ import (
 
 	"github.com/gpucoord/gpucoord/coordinator"
 	"github.com/gpucoord/gpucoord/internal/pki"
+	"github.com/gpucoord/gpucoord/topology"
 	"github.com/gpucoord/gpucoord/worker"
 	"github.com/gpucoord/gpucoord/worker/engine"
 )
@@ -1002,4 +1003,56 @@ func redone(out string) (lastGen1, resume int) {
 		}
 	}
 	return lastGen1, resume
+}
+
+// TestTorchGroups3D: examples/pytorch/gpucoord_groups.py builds a
+// program's TP, PP and DP process groups from the generation's groups file
+// (GPUCOORD_GROUPS) at tp 2, pp 2, dp 2 on two nodes of four ranks. Each
+// rank's groups are those topology.Layout gives it (Megatron-LM's order:
+// RANK = tp + 2*dp + 4*pp), and an all-reduce over each sums exactly its
+// members' ranks.
+func TestTorchGroups3D(t *testing.T) {
+	py := torchPython(t)
+	wd, _ := os.Getwd()
+	var out, errOut bytes.Buffer
+	err := run(t.Context(), []string{"launch", "--standalone", "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2",
+		"--env", "GROUPS_MODULE_DIR=" + filepath.Join(wd, "../../examples/pytorch"), "--", py, "testdata/groups3d.py"}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("launch: %v\n%s\n%s", err, out.String(), errOut.String())
+	}
+	l, err := topology.NewLayout(2, 2, 2, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range 8 {
+		group := func(a topology.Axis) string {
+			var s []string
+			for _, x := range l.Group(a, topology.Rank(r)) {
+				s = append(s, strconv.Itoa(int(x)))
+			}
+			return "[" + strings.Join(s, ", ") + "]"
+		}
+		want := fmt.Sprintf("GROUPS rank=%d tp=%s pp=%s dp=%s", r, group(topology.AxisTP), group(topology.AxisPP), group(topology.AxisDP))
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no line %q in:\n%s", want, out.String())
+		}
+	}
+	// The check refuses an environment the file contradicts, and a file
+	// whose groups miss a rank.
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.json")
+	os.WriteFile(good, []byte(`{"tp":2,"pp":1,"dp":2,"order":"tp-cp-dp-pp","groups":{"tp":[[0,1],[2,3]],"pp":[[0],[1],[2],[3]],"dp":[[0,2],[1,3]]}}`), 0o644)
+	bad := filepath.Join(dir, "bad.json")
+	os.WriteFile(bad, []byte(`{"tp":2,"pp":1,"dp":2,"order":"tp-cp-dp-pp","groups":{"tp":[[0,1],[2,2]],"pp":[[0],[1],[2],[3]],"dp":[[0,2],[1,3]]}}`), 0o644)
+	for _, c := range []struct {
+		file, tpRank, want string
+	}{{good, "1", "ok"}, {good, "0", "LayoutMismatch"}, {bad, "1", "LayoutMismatch"}} {
+		cmd := exec.CommandContext(t.Context(), py, "-c", "import gpucoord_groups as g\ntry:\n g.check(g.read(), 3)\n print('ok')\nexcept g.LayoutMismatch as e:\n print('LayoutMismatch', e)")
+		cmd.Dir = filepath.Join(wd, "../../examples/pytorch")
+		cmd.Env = append(os.Environ(), "GPUCOORD_GROUPS="+c.file, "GPUCOORD_TP_RANK="+c.tpRank, "GPUCOORD_TP_SIZE=2")
+		got, err := cmd.CombinedOutput()
+		if err != nil || !strings.HasPrefix(string(got), c.want) {
+			t.Errorf("check(%s, rank 3, GPUCOORD_TP_RANK=%s) = %v %s, want %s", filepath.Base(c.file), c.tpRank, err, got, c.want)
+		}
+	}
 }
