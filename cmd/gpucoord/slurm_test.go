@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -474,10 +475,17 @@ func TestSlurmTorchCheckpointed(t *testing.T) {
 	if n := strings.Count(out, "job slurm-"+id+" succeeded"); n != 1 {
 		t.Errorf("%d lines say the job succeeded, want 1", n)
 	}
-	if n := strings.Count(out, "final-params"); n != 6 {
-		t.Errorf("%d final-params lines, want one of each of the 6 ranks", n)
+	// Under make test's load a node's lease has lapsed now and then, and
+	// the job ended on fewer nodes: every rank of its last generation
+	// reports, once.
+	world := 6
+	if m := regexp.MustCompile(`generation \d+: \d+ nodes? \([^)]*\), (\d+) ranks`).FindAllStringSubmatch(out, -1); len(m) > 0 {
+		world, _ = strconv.Atoi(m[len(m)-1][1])
 	}
-	sameParams(t, out, 6)
+	if n := strings.Count(out, "final-params"); n != world {
+		t.Errorf("%d final-params lines, want one of each of the last generation's %d ranks", n, world)
+	}
+	sameParams(t, out, world)
 }
 
 // TestSlurmExamples: the batch scripts of examples/slurm run as written,
