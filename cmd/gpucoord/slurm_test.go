@@ -29,7 +29,7 @@ type slurmBox struct {
 }
 
 // slurmBoxes bounds the Slurm boxes that run at once.
-var slurmBoxes = make(chan struct{}, 2)
+var slurmBoxes = make(chan struct{}, 1)
 
 // newSlurmBox starts a box of hosts hosts (h1 the login host) whose
 // slurm.conf ends with extraConf.
@@ -48,7 +48,7 @@ func newSlurmBox(t *testing.T, hosts int, extraConf string, race bool) *slurmBox
 		t.Skip("starts a Slurm cluster on hosts in network namespaces")
 	}
 	exe := buildBinary(t)
-	// Two boxes at a time: each is three etcd members, an agent per node
+	// One box at a time: each is three etcd members, an agent per node
 	// and the ranks, beside make test's other clusters on two cores.
 	select {
 	case slurmBoxes <- struct{}{}:
