@@ -414,9 +414,7 @@ func (t *slurmTask) nodeConfig(spec *pb.JobSpec, g slurmboot.Grant, self *slurmb
 // that is only cut off, or whose agent lost its lease, still runs its task
 // and its coordinator: it is not taken over.
 func (t *slurmTask) takeOver(ctx context.Context, job string, addrs []string, creds credentials.TransportCredentials, m *mutable, progress io.Writer) {
-	cfg := client.DefaultConfig()
-	cfg.Coordinators, cfg.Credentials, cfg.Logger = addrs, creds, slog.New(slog.DiscardHandler)
-	cl, err := client.New(cfg)
+	cl, err := quietClient(addrs, creds)
 	if err != nil {
 		return
 	}
@@ -515,9 +513,7 @@ func (w mutedWriter) Write(b []byte) (int, error) {
 
 // cancel cancels the job with reason, trying for 10 s.
 func (t *slurmTask) cancel(addrs []string, creds credentials.TransportCredentials, job, reason string) {
-	cfg := client.DefaultConfig()
-	cfg.Coordinators, cfg.Credentials, cfg.Logger = addrs, creds, slog.New(slog.DiscardHandler)
-	cl, err := client.New(cfg)
+	cl, err := quietClient(addrs, creds)
 	if err != nil {
 		return
 	}
@@ -556,9 +552,7 @@ func (t *slurmTask) resumeFromBackup(spec *pb.JobSpec) {
 // it, and stopping two of three etcd members would leave the third
 // without a majority.
 func (t *slurmTask) awaitAgentsGone(addrs []string, creds credentials.TransportCredentials, most time.Duration) {
-	cfg := client.DefaultConfig()
-	cfg.Coordinators, cfg.Credentials, cfg.Logger = addrs, creds, slog.New(slog.DiscardHandler)
-	cl, err := client.New(cfg)
+	cl, err := quietClient(addrs, creds)
 	if err != nil {
 		return
 	}
@@ -575,6 +569,14 @@ func (t *slurmTask) awaitAgentsGone(addrs []string, creds credentials.TransportC
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// quietClient is a client of the step's coordinators that logs nothing:
+// the task's own calls beside the follower (takeover, cancel, linger).
+func quietClient(addrs []string, creds credentials.TransportCredentials) (*client.Client, error) {
+	cfg := client.DefaultConfig()
+	cfg.Coordinators, cfg.Credentials, cfg.Logger = addrs, creds, slog.New(slog.DiscardHandler)
+	return client.New(cfg)
 }
 
 // slurmKillWait is slurm.conf's KillWait (SLURM_CONF, else
