@@ -49,6 +49,15 @@ BATCH = int(os.environ.get("GPT3D_BATCH", "16"))
 DTYPE = getattr(torch, os.environ.get("GPT3D_DTYPE", "float32"))
 VOCAB, SEQ, HIDDEN, HEADS, LAYERS = 64, 16, 32, 4, 4
 LR = float(os.environ.get("GPT3D_LR", "0.3"))
+# GPT3D_BACKEND=nccl puts each rank on GPU LOCAL_RANK (modulo the GPUs
+# there are; ranks sharing one GPU need their own NCCL_HOSTID);
+# GPT3D_DEVICE=cuda runs the one-process reference on a GPU.
+BACKEND = os.environ.get("GPT3D_BACKEND", "gloo")
+if BACKEND == "nccl":
+    DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    torch.cuda.set_device(DEVICE)
+else:
+    DEVICE = torch.device(os.environ.get("GPT3D_DEVICE", "cpu"))
 
 
 class Single:
@@ -95,7 +104,7 @@ def full_weights():
     gen = torch.Generator().manual_seed(1234)
 
     def rand(*shape, scale=0.02):
-        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(DTYPE)
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(DEVICE, DTYPE)
 
     w = {"wte": rand(VOCAB, HIDDEN), "wpe": rand(SEQ, HIDDEN), "head": rand(HIDDEN, VOCAB)}
     for layer in range(LAYERS):
@@ -139,7 +148,7 @@ class Stage:
         if self.first:
             x = p["wte"][x] + p["wpe"][: x.shape[1]]
         b, s, _ = x.shape
-        mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)
+        mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=DEVICE), 1)
         for layer in self.layers:
             h = CopyToTP.apply(torch.nn.functional.layer_norm(x, (HIDDEN,)), g)
             qkv = (h @ p[f"{layer}.qkv"]).view(b, s, 3, self.heads, HIDDEN // HEADS)
@@ -162,6 +171,7 @@ def batch(step):
     gen = torch.Generator().manual_seed(step)
     start = torch.randint(0, VOCAB, (BATCH, 1), generator=gen)
     tokens = (start + 3 * torch.arange(SEQ + 1)) % VOCAB
+    tokens = tokens.to(DEVICE)
     return tokens[:, :-1], tokens[:, 1:]
 
 
@@ -176,46 +186,65 @@ def train_step(stage, g, step):
     prev = g.pp_ranks[g.pp_rank - 1] if not stage.first else None
     nxt = g.pp_ranks[g.pp_rank + 1] if not stage.last else None
     shape = (mb, SEQ, HIDDEN)
-    sends, held, total = [], [], 0.0
+    held, total = [], 0.0
 
-    def forward(i):
+    def exchange(send=None, dst=None, src=None):
+        """Send to dst and receive from src in one batch, as Megatron-LM's
+        send_forward_recv_backward does: the two neighbours post matching
+        batches (one send and one receive each), which NCCL needs, and
+        neither waits on the other's receive to finish its send."""
+        ops, buf = [], None
+        if send is not None and dst is not None:
+            ops.append(dist.P2POp(dist.isend, send.contiguous(), dst))
+        if src is not None:
+            buf = torch.empty(shape, dtype=DTYPE, device=DEVICE)
+            ops.append(dist.P2POp(dist.irecv, buf, src))
+        if ops:
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        return buf
+
+    def forward(i, inp):
+        """Micro-batch i's forward; returns what goes to the next stage."""
         nonlocal total
         if stage.first:
             inp = xs[i]
         else:
-            inp = torch.empty(shape, dtype=DTYPE)
-            dist.recv(inp, src=prev)
             inp.requires_grad_(True)
         out = stage.forward(inp)
         if stage.last:
             loss = torch.nn.functional.cross_entropy(out.reshape(-1, VOCAB), ys[i].reshape(-1)) / MICRO
             total += loss.item()
             held.append((inp, loss))
-        else:
-            sends.append(dist.isend(out.detach().contiguous(), dst=nxt))
-            held.append((inp, out))
+            return None
+        held.append((inp, out))
+        return out.detach()
 
-    def backward():
+    def backward(grad):
+        """The oldest micro-batch's backward; returns what goes back."""
         inp, out = held.pop(0)
         if stage.last:
             out.backward()
         else:
-            grad = torch.empty(shape, dtype=DTYPE)
-            dist.recv(grad, src=nxt)
             out.backward(grad)
-        if not stage.first:
-            sends.append(dist.isend(inp.grad.contiguous(), dst=prev))
+        return None if stage.first else inp.grad
 
+    # 1F1B: warm-up forwards, then one forward and one backward at a time,
+    # then the remaining backwards.
     warmup = min(g.pp_size - g.pp_rank - 1, MICRO)
+    remaining = MICRO - warmup
     for i in range(warmup):
-        forward(i)
-    for i in range(warmup, MICRO):
-        forward(i)
-        backward()
+        exchange(forward(i, exchange(src=prev)), nxt)
+    inp = exchange(src=prev) if remaining else None
+    for i in range(remaining):
+        grad = exchange(forward(warmup + i, inp), nxt, nxt)
+        back = backward(grad)
+        if i == remaining - 1:
+            exchange(back, prev)
+        else:
+            inp = exchange(back, prev, prev)
     for _ in range(warmup):
-        backward()
-    for s in sends:
-        s.wait()
+        exchange(backward(exchange(src=nxt)), prev)
     # Data parallelism: the replicas' gradients averaged, then the update.
     for p in stage.params.values():
         if g.dp_size > 1:
@@ -226,7 +255,7 @@ def train_step(stage, g, step):
         p.grad = None
     if not stage.last:
         return None
-    loss = torch.tensor([total], dtype=torch.float64)
+    loss = torch.tensor([total], dtype=torch.float64, device=DEVICE)
     if g.dp_size > 1:
         dist.all_reduce(loss, group=g.dp)
         loss /= g.dp_size
@@ -236,8 +265,12 @@ def train_step(stage, g, step):
 def main():
     if os.environ.get("GPUCOORD_GROUPS"):
         from gpucoord_groups import build
-        dist.init_process_group("gloo")
+        dist.init_process_group(BACKEND)
         g = build()
+        # Every rank in one collective first: under NCCL, a batch of sends
+        # and receives among some of the world's ranks must not be the
+        # world's first call.
+        dist.all_reduce(torch.ones(1, device=DEVICE))
     else:
         g = Single()
     if BATCH % (g.dp_size * MICRO) or LAYERS % g.pp_size or HEADS % g.tp_size:
