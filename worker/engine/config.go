@@ -64,10 +64,16 @@ type Config struct {
 	// loses at most the step in flight.
 	WaitStored func(ctx context.Context, steps int) error
 	// Resume is the number of steps already done: Train restores their
-	// checkpoint from CheckpointDir (written at any DP degree) and goes on
+	// checkpoint from CheckpointDir (written at any layout of the model:
+	// TP, PP, Virtual, DP and ZeRO stage; see Rank.Restore) and goes on
 	// with the next step. Data and Adam's step count depend only on the
 	// step, so the run continues as if it had not stopped.
 	Resume int
+	// CheckpointLayout is the layout that wrote the checkpoint Resume
+	// reads, when the caller knows it (a coordinator records it with each
+	// commit). The zero value means unknown: Restore then finds it among
+	// the layouts under CheckpointDir that hold the step.
+	CheckpointLayout CheckpointLayout
 	// KeepCheckpoints is how many committed checkpoint steps stay in
 	// CheckpointDir: after each commit older ones are removed
 	// (sharding.Prune). 0 keeps every one; otherwise at least 2.
@@ -86,6 +92,23 @@ type Config struct {
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 }
+
+// CheckpointLayout is the tensor- and pipeline-parallel layout that wrote a
+// checkpoint. It decides the checkpoint's roots,
+// tp<t>-of-<TP>/chunk<c>-of-<PP*Virtual>, and so which tensors each holds;
+// the DP degree and the ZeRO stage do not matter to a reader. The zero
+// value means unknown.
+type CheckpointLayout struct {
+	// TP is the tensor-parallel degree.
+	TP int
+	// PP is the number of pipeline stages.
+	PP int
+	// Virtual is the number of model chunks per pipeline rank; 0 means 1.
+	Virtual int
+}
+
+// known reports whether l names a layout (is not the zero value).
+func (l CheckpointLayout) known() bool { return l != CheckpointLayout{} }
 
 // DefaultConfig returns a single-process layout: tp=pp=dp=1, 1F1B, ZeRO 0.
 func DefaultConfig(job *Job) *Config {
@@ -128,6 +151,16 @@ func (c *Config) Validate() error {
 		return bad("local checkpoints without a checkpoint directory")
 	case c.CheckpointDir == "" && (c.CheckpointEvery > 0 || c.Resume > 0):
 		return bad("checkpointing and resuming need a checkpoint directory")
+	}
+	if l := c.CheckpointLayout; l.known() {
+		switch {
+		case l.TP < 1 || l.PP < 1 || l.Virtual < 0:
+			return bad("checkpoint layout tp %d pp %d virtual %d: want tp and pp at least 1, virtual at least 0 (0 is 1)", l.TP, l.PP, l.Virtual)
+		case m.Hidden%l.TP != 0:
+			return bad("checkpoint layout: model.hidden %d is not divisible by tp %d", m.Hidden, l.TP)
+		case m.Blocks%l.PP != 0 || m.Blocks/l.PP%max(l.Virtual, 1) != 0: // no product to overflow
+			return bad("checkpoint layout: model.blocks %d is not divisible by pp*virtual = %d*%d", m.Blocks, l.PP, max(l.Virtual, 1))
+		}
 	}
 	if _, err := c.shape(); err != nil {
 		return err

@@ -29,6 +29,25 @@
 // The loss gradient is scaled by 1/global batch and gradients are summed, so
 // every layout computes the single-process step up to float32 rounding.
 //
+// # Checkpoints
+//
+// Rank.Checkpoint writes one sharded checkpoint root (package sharding's
+// format) per (TP rank, chunk) position, root/tp<t>-of-<T>/chunk<c>-of-<C>
+// with C = PP*Virtual, each sharded over the DP ranks as the ZeRO stage's
+// partition cuts the chunk's flat buffer; with Config.LocalCheckpoints the
+// ranks write their shards on their own nodes (Rank.WriteLocal) and
+// Rank.RestoreLocal seals the gathered files. Tensors are named for the
+// whole model (block<i>.w1 ..., head.w), so Rank.Restore reads a
+// checkpoint written at any layout of the same model: any TP, PP,
+// Virtual, DP degree and ZeRO stage. At the rank's own TP and C it reads
+// each root as it is, only its own block where its buffers are sharded;
+// at another it cuts every tensor of its chunks out of the old roots
+// whose pieces overlap it. The state is the parameters and Adam's two
+// moments, all elementwise, so a resumed run continues exactly where the
+// old one stopped, up to the float32 rounding of the new layout's sums.
+// The layout that wrote a step is Config.CheckpointLayout, or the one
+// found under the directory holding that step.
+//
 // # Usage
 //
 // Parse a job, build a Config, and run it in one process with RunInProc,

@@ -21,6 +21,12 @@ var ErrDiverged = errors.New("engine: loss is not finite")
 // restore the checkpoint it resumes from (missing, corrupt, half-written).
 var ErrUnrestorable = errors.New("engine: the checkpoint cannot be restored")
 
+// ErrAmbiguousCheckpoint is returned by Restore when Config.CheckpointLayout
+// is unknown and the checkpoint directory holds the step at several
+// layouts, none of them the rank's own: which one to read is the caller's
+// to say.
+var ErrAmbiguousCheckpoint = errors.New("engine: several layouts hold the checkpoint")
+
 // ErrPreempted is returned by Train on a rank whose Config.Preempted
 // reported true, after the checkpoint of the step every rank finished.
 var ErrPreempted = errors.New("engine: preempted after a checkpoint")
