@@ -29,6 +29,9 @@ type view struct {
 	// fences are the latest deadlines revoked nodes' agents may have (a
 	// revocation ends a lease before the agent's own deadline), by node.
 	fences map[string]fence
+	// plan answers for the job's planner when it re-plans (Replan auto);
+	// nil keeps the spec's tp and pp and changes dp alone.
+	plan planner
 }
 
 // policy is the part of Config that decide reads.
@@ -191,7 +194,8 @@ func rendezvous(v *view, now time.Time) decision {
 		d.log(true, "job failed", "job", spec.Id, "reason", d.state.Reason)
 		return d
 	}
-	layout, _ := Layout(spec, n)
+	sh, _ := shapeOn(spec, pb.SpecGrid(spec), n)
+	layout := sh.Layout
 	// A job submitted to resume an earlier run's backup step (Submit wrote
 	// it as the commit) starts there.
 	var r restore
@@ -201,8 +205,14 @@ func rendezvous(v *view, now time.Time) decision {
 			why = fmt.Sprintf("an earlier run's step %d, from the backup tier", r.resume)
 		}
 	}
-	d.gen = buildGeneration(spec, 1, free[:n], layout.DP, r.resume, why)
-	d.gen.FromBackup = r.fromBackup
+	grid := pb.SpecGrid(spec)
+	grid.VPP = int32(sh.Virtual) // stored resolved: the files it writes are cut by it
+	d.gen = buildGeneration(spec, 1, free[:n], fitting{n: n, grid: grid}, layout.DP, r, why)
+	if v.plan != nil {
+		if c, ok := v.plan.estimate(n, pb.SpecGrid(spec)); ok {
+			d.gen.Estimate, d.gen.StepSeconds = c.String(), c.stepSec
+		}
+	}
 	d.open = 1 // no earlier generation to wait for
 	d.state = &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1}
 	d.policy = &jobPolicy{}
@@ -383,13 +393,13 @@ func resumePaused(v *view, now time.Time, p policy) decision {
 			nodes = append(nodes, n)
 		}
 	}
-	if n := usableNodes(j.spec, len(nodes), minNodes(j.spec)); n > 0 {
-		why := fmt.Sprintf("resumed on %d node%s after a pause", n, plural(n))
+	if f, ok := fit(v, len(nodes), minNodes(j.spec)); ok {
+		why := fmt.Sprintf("resumed on %d node%s after a pause", f.n, plural(f.n))
 		r := restorePoint(v)
 		if r.lost != "" {
 			return awaitHolders(v, now, why, r)
 		}
-		return nextGeneration(v, r, nodes[:n], why, now)
+		return nextGeneration(v, r, nodes[:f.n], f, why, now)
 	}
 	if t := time.Duration(j.spec.RendezvousTimeoutMs) * time.Millisecond; t > 0 {
 		deadline := at(pol.PendingSince).Add(t)
@@ -551,9 +561,16 @@ func stableFree(v *view, now time.Time, p policy, d *decision, exclude map[strin
 func restartsLeft(j *job) bool { return j.gen.Number-1 < int64(j.spec.MaxRestarts) }
 
 // minNodes is the fewest nodes a job may run on.
+// Re-planning (auto) may go down to one node; off never goes below the
+// submitted count.
 func minNodes(spec *pb.JobSpec) int {
-	if spec.MinNodes > 0 {
+	switch mode := ReplanMode(spec); {
+	case mode == ReplanOff:
+		return int(spec.Nodes)
+	case spec.MinNodes > 0:
 		return int(spec.MinNodes)
+	case mode == ReplanAuto:
+		return 1
 	}
 	return int(spec.Nodes)
 }
@@ -578,6 +595,9 @@ type restore struct {
 	// not restarted: the same run of an agent counts again), and the step
 	// with them.
 	holdersAway bool
+	// from is the commit of resume, which says the layout that wrote it;
+	// nil from the beginning.
+	from *pb.Step
 }
 
 // restorePoint is where a new generation of v's job starts from: the
@@ -620,7 +640,7 @@ func restorePoint(v *view) restore {
 			continue
 		}
 		if c.BackupOnly {
-			r.resume, r.fromBackup = c.Step, true
+			r.resume, r.fromBackup, r.from = c.Step, true, c
 			break
 		}
 		copies, missing := liveCopies(v, c)
@@ -629,7 +649,7 @@ func restorePoint(v *view) restore {
 			r.holdersAway = true
 			continue
 		}
-		r.resume, r.copies = c.Step, copies
+		r.resume, r.copies, r.from = c.Step, copies, c
 		if i > 0 {
 			r.commit = proto.Clone(c).(*pb.Step)
 			r.commit.Earlier = candidates[i+1:]
@@ -638,7 +658,8 @@ func restorePoint(v *view) restore {
 	}
 	if b := j.backup; b != nil && b.Step > r.resume && broken[b.Step] == "" {
 		r = restore{resume: b.Step, fromBackup: true, unrestorable: r.unrestorable,
-			commit: &pb.Step{Step: b.Step, Generation: b.Generation, Dp: b.Dp, Checkpointed: true, Backup: true, BackupOnly: true}}
+			commit: &pb.Step{Step: b.Step, Generation: b.Generation, Dp: b.Dp, Tp: b.Tp, Pp: b.Pp, Vpp: b.Vpp, Checkpointed: true, Backup: true, BackupOnly: true}}
+		r.from = r.commit
 	}
 	switch {
 	case r.resume == 0 && len(why) > 0 && !passedBroken(broken, candidates):
@@ -719,8 +740,8 @@ func recoverWithout(v *view, now time.Time, p policy, why string, exclude map[st
 			live, spares = append(live, n), append(spares, n.Name)
 		}
 	}
-	n := usableNodes(j.spec, len(live), minNodes(j.spec))
-	if n == 0 {
+	f, ok := fit(v, len(live), minNodes(j.spec))
+	if !ok {
 		return decision{}, false
 	}
 	r := restorePoint(v)
@@ -730,7 +751,43 @@ func recoverWithout(v *view, now time.Time, p policy, why string, exclude map[st
 	if len(spares) > 0 {
 		why += "; spare nodes joined: " + strings.Join(spares, ", ")
 	}
-	return nextGeneration(v, r, live[:n], why, now), true
+	return nextGeneration(v, r, live[:f.n], f, why, now), true
+}
+
+// fitting is where a next generation runs: on how many nodes, at which
+// grid, and the planner's estimate of it (nil without re-planning).
+type fitting struct {
+	n    int
+	grid pb.Grid
+	est  *choice
+}
+
+// fit lays out a next generation on at most have nodes and at least least.
+// Re-planning (Replan auto, with the leader's planner): the layout the
+// planner ranks fastest on the most nodes any allowed layout fits, as
+// `plan --failures` shows, above the job's throughput floor. Otherwise
+// the spec's tp and pp on the most nodes they work on, dp changing.
+func fit(v *view, have, least int) (fitting, bool) {
+	spec := v.job.spec
+	if v.plan == nil || ReplanMode(spec) != ReplanAuto {
+		n := usableNodes(spec, have, least)
+		return fitting{n: n, grid: pb.SpecGrid(spec)}, n > 0
+	}
+	floor := spec.GetReplan().GetMinSamplesPerSecond()
+	for n := have; n >= max(least, 1); n-- {
+		if c, ok := v.plan.best(n); ok && c.samples >= floor {
+			return fitting{n: n, grid: c.grid, est: &c}, true
+		}
+	}
+	return fitting{}, false
+}
+
+// growGain is the job's Replan.grow_gain, or DefaultGrowGain.
+func growGain(spec *pb.JobSpec) float64 {
+	if g := spec.GetReplan().GetGrowGain(); g > 0 {
+		return g
+	}
+	return DefaultGrowGain
 }
 
 // usableNodes is the most nodes, at most have and at least least, on which
@@ -771,25 +828,39 @@ func admit(v *view, now time.Time, p policy) decision {
 	if len(added) == 0 || j.commit == nil || j.step == nil || j.step.Step-j.commit.Step > 1 || j.gen.Number != j.commit.Generation {
 		return d // nobody to take, or not at a committed step boundary: the next commit looks again
 	}
-	n := usableNodes(spec, len(nodes), len(j.gen.Members)+1)
-	if n == 0 {
+	f, ok := fit(v, len(nodes), len(j.gen.Members)+1)
+	if !ok {
 		return d
+	}
+	if f.est != nil {
+		// Re-planned: grow only for a gain worth a restart (no flapping).
+		if cur, ok := v.plan.estimate(len(j.gen.Members), pb.GenerationGrid(spec, j.gen)); ok && cur.stepSec < f.est.stepSec*(1+growGain(spec)) {
+			return d
+		}
 	}
 	r := restorePoint(v)
 	if r.lost != "" {
 		return d // a running job grows from a step it can restore, or not at all
 	}
-	return nextGeneration(v, r, nodes[:n], "nodes joined: "+strings.Join(added, ", "), now)
+	return nextGeneration(v, r, nodes[:f.n], f, "nodes joined: "+strings.Join(added[:max(0, min(len(added), f.n-len(j.gen.Members)))], ", "), now)
 }
 
 // nextGeneration is the decision to run generation g+1 of the job on
 // nodes, from r (restorePoint's, with a step to resume from: the callers
 // pause or fail a job whose r is lost, awaitHolders).
-func nextGeneration(v *view, r restore, nodes []*pb.Node, why string, now time.Time) decision {
+func nextGeneration(v *view, r restore, nodes []*pb.Node, f fitting, why string, now time.Time) decision {
 	j := v.job
-	layout, err := Layout(j.spec, len(nodes))
-	if err != nil { // usableNodes chose nodes the layout works on: a bug
+	sh, err := shapeOn(j.spec, f.grid, len(nodes))
+	if err != nil { // fit chose nodes the layout works on: a bug
 		panic(fmt.Sprintf("next generation of %s on %d nodes: %v", j.spec.Id, len(nodes), err))
+	}
+	layout := sh.Layout
+	f.grid.VPP = int32(sh.Virtual) // stored resolved: the files it writes are cut by it
+	if f.est != nil {
+		was, now := pb.GenerationGrid(j.spec, j.gen), f.grid
+		if was != now || int(j.gen.Dp) != layout.DP {
+			why += fmt.Sprintf("; re-planned %s -> %s: %d node%s, %s", was.Label(j.gen.Dp), now.Label(int32(layout.DP)), len(nodes), plural(len(nodes)), f.est)
+		}
 	}
 	resume := r.resume
 	switch {
@@ -800,8 +871,8 @@ func nextGeneration(v *view, r restore, nodes []*pb.Node, why string, now time.T
 	case r.skipped != "":
 		why += fmt.Sprintf("; passed over (%s), so from step %d", r.skipped, resume)
 	}
-	gen := buildGeneration(j.spec, j.gen.Number+1, nodes, layout.DP, resume, why)
-	gen.Checkpoint, gen.FromBackup, gen.Hangs, gen.Unrestorable = r.copies, r.fromBackup, j.gen.GetHangs(), r.unrestorable
+	gen := buildGeneration(j.spec, j.gen.Number+1, nodes, f, layout.DP, r, why)
+	gen.Checkpoint, gen.Hangs, gen.Unrestorable = r.copies, j.gen.GetHangs(), r.unrestorable
 	// The ranks that may still run: the generation's, once it opened;
 	// else those it was waiting for.
 	if j.open >= j.gen.Number {
@@ -814,7 +885,7 @@ func nextGeneration(v *view, r restore, nodes []*pb.Node, why string, now time.T
 	if len(gen.Stopping) == 0 {
 		d.open = gen.Number
 	}
-	d.log(true, "new generation", "job", j.spec.Id, "generation", gen.Number, "nodes", len(nodes), "dp", gen.Dp, "resume", resume, "why", why)
+	d.log(true, "new generation", "job", j.spec.Id, "generation", gen.Number, "nodes", len(nodes), "layout", f.grid.Label(gen.Dp), "resume", resume, "why", why)
 	return d
 }
 
@@ -1031,9 +1102,17 @@ func causedBefore(a, b *pb.RankExit) bool {
 }
 
 // buildGeneration lays out generation number of a job on nodes, in order:
-// node i runs ranks i*G .. i*G+G-1.
-func buildGeneration(spec *pb.JobSpec, number int64, nodes []*pb.Node, dp int, resume int64, why string) *pb.Generation {
-	g := &pb.Generation{Job: spec.Id, Number: number, World: int32(len(nodes)) * spec.GpusPerNode, Dp: int32(dp), ResumeStep: resume, Reason: why}
+// node i runs ranks i*G .. i*G+G-1, at f's grid and dp, resuming from r.
+func buildGeneration(spec *pb.JobSpec, number int64, nodes []*pb.Node, f fitting, dp int, r restore, why string) *pb.Generation {
+	g := &pb.Generation{Job: spec.Id, Number: number, World: int32(len(nodes)) * spec.GpusPerNode, Dp: int32(dp), ResumeStep: r.resume, Reason: why,
+		Tp: f.grid.TP, Pp: f.grid.PP, Vpp: f.grid.VPP, Zero: f.grid.Zero, FromBackup: r.fromBackup}
+	if f.est != nil {
+		g.Estimate, g.StepSeconds = f.est.String(), f.est.stepSec
+	}
+	if r.from != nil {
+		from := pb.StepGrid(spec, r.from)
+		g.ResumeTp, g.ResumePp, g.ResumeVpp = from.TP, from.PP, from.VPP
+	}
 	for i, n := range nodes {
 		g.Members = append(g.Members, &pb.Member{Node: n.Name, Host: n.Host, FirstRank: int32(i) * spec.GpusPerNode, Ranks: spec.GpusPerNode,
 			Instance: n.Instance, CheckpointAddr: n.CheckpointAddr, Domain: cmp.Or(n.FailureDomain, n.NvlinkDomain)})

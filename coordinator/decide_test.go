@@ -51,7 +51,7 @@ func runningOn(j *job, g int64, nodes ...string) *job {
 	if err != nil {
 		panic(err)
 	}
-	j.gen = buildGeneration(j.spec, g, ns, l.DP, 0, "")
+	j.gen = buildGeneration(j.spec, g, ns, fitting{grid: pb.SpecGrid(j.spec)}, l.DP, restore{}, "")
 	j.open = g // running: every earlier rank stopped
 	j.state = &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1}
 	return j
@@ -660,7 +660,7 @@ func TestStoredCounts(t *testing.T) {
 // NVLink domain, else none (the node alone).
 func TestMemberDomains(t *testing.T) {
 	spec := &pb.JobSpec{Id: "j", Nodes: 3, GpusPerNode: 1, Tp: 1, Pp: 1}
-	g := buildGeneration(spec, 1, []*pb.Node{{Name: "a", FailureDomain: "rack1", NvlinkDomain: "nvl0"}, {Name: "b", NvlinkDomain: "nvl0"}, {Name: "c"}}, 3, 0, "")
+	g := buildGeneration(spec, 1, []*pb.Node{{Name: "a", FailureDomain: "rack1", NvlinkDomain: "nvl0"}, {Name: "b", NvlinkDomain: "nvl0"}, {Name: "c"}}, fitting{grid: pb.SpecGrid(spec)}, 3, restore{}, "")
 	var got []string
 	for _, m := range g.Members {
 		got = append(got, m.Node+"="+m.Domain)

@@ -93,7 +93,7 @@ func generationOn(t *testing.T, l *leader, v *view, resume int64, fromBackup boo
 	for _, n := range names {
 		nodes = append(nodes, &pb.Node{Name: n, Gpus: 1, Instance: "run-" + n})
 	}
-	gen := buildGeneration(v.job.spec, v.job.gen.GetNumber()+1, nodes, len(nodes), resume, "test")
+	gen := buildGeneration(v.job.spec, v.job.gen.GetNumber()+1, nodes, fitting{grid: pb.SpecGrid(v.job.spec)}, len(nodes), restore{resume: resume}, "test")
 	gen.FromBackup = fromBackup
 	_, ok, err := l.apply(t.Context(), v, &decision{gen: gen, state: &pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1}})
 	if err != nil {

@@ -88,6 +88,32 @@ type leader struct {
 	electionKey string
 	electionRev int64
 	now         func() time.Time
+	// planners are the re-planning jobs' planners, by job id (one per
+	// submission: a job's spec never changes).
+	planners map[string]*searchPlanner
+}
+
+// planner is job spec's planner when it re-plans (Replan auto), kept
+// across decisions; nil otherwise, or when its input does not parse
+// (Submit refused such specs: one from an older version falls back to
+// dp-only).
+func (l *leader) planner(spec *pb.JobSpec) planner {
+	if ReplanMode(spec) != ReplanAuto {
+		return nil
+	}
+	if p, ok := l.planners[spec.Id]; ok && p.spec == spec {
+		return p
+	}
+	p, err := newSearchPlanner(spec)
+	if err != nil {
+		l.log.Warn("re-planning off: the job's planner input does not parse", "job", spec.Id, "err", err)
+		return nil
+	}
+	if l.planners == nil {
+		l.planners = map[string]*searchPlanner{}
+	}
+	l.planners[spec.Id] = p
+	return p
 }
 
 // run leads until ctx ends or this coordinator is deposed. It acts only
@@ -144,8 +170,12 @@ func (l *leader) reconcile(ctx context.Context, q *queue, id string, p policy) e
 		return nil // forgotten
 	}
 	if v.job.terminal() {
+		delete(l.planners, id)
 		q.add(gcItem)
 		return nil
+	}
+	if pl := l.planner(v.job.spec); pl != nil {
+		v.plan = pl
 	}
 	d := decide(v, l.now(), p)
 	if d.after > 0 {

@@ -570,7 +570,7 @@ func (s *server) reportStep(ctx context.Context, id string, gen int64, step *pb.
 			return nil
 		}
 		st := proto.Clone(step).(*pb.Step)
-		st.Generation, st.Dp = g.Number, g.Dp
+		st.Generation, st.Dp, st.Tp, st.Pp, st.Vpp = g.Number, g.Dp, g.Tp, g.Pp, g.Vpp
 		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", rev)).
 			Then(clientv3.OpPut(s.k.progress(id), encode(st))).Else(clientv3.OpGet(s.k.generation(id))).Commit()
 		if err != nil || resp.Succeeded {
@@ -617,7 +617,7 @@ func (s *server) Submit(ctx context.Context, req *pb.SubmitRequest) (*pb.SubmitR
 	if b := spec.GetResumeBackup(); b != nil {
 		// An earlier run's step in the backup tier: the job starts from it
 		// as from a backup_only commit (restorePoint).
-		c := &pb.Step{Step: b.Step, Generation: b.Generation, Dp: b.Dp, Checkpointed: true, Backup: true}
+		c := &pb.Step{Step: b.Step, Generation: b.Generation, Dp: b.Dp, Tp: b.Tp, Pp: b.Pp, Vpp: b.Vpp, Checkpointed: true, Backup: true}
 		ops = append(ops, clientv3.OpPut(s.k.backup(spec.Id), encode(c)))
 		c = proto.Clone(c).(*pb.Step)
 		c.BackupOnly = true
@@ -1011,7 +1011,7 @@ func commitOf(g *pb.Generation, records map[string]*pb.Stored, prev *pb.Step) *p
 	if best == 0 || prev != nil && best <= prev.Step && prev.Generation >= g.Number {
 		return nil
 	}
-	c := &pb.Step{Step: best, Generation: g.Number, Dp: g.Dp, Checkpointed: true, Backup: true}
+	c := &pb.Step{Step: best, Generation: g.Number, Dp: g.Dp, Tp: g.Tp, Pp: g.Pp, Vpp: g.Vpp, Checkpointed: true, Backup: true}
 	for _, m := range g.Members {
 		for _, x := range records[m.Node].GetSteps() {
 			if x.Generation != g.Number || x.Step != best {

@@ -82,6 +82,9 @@ func ValidateSpecWith(j *pb.JobSpec, name func(field string) string) error {
 			return fmt.Errorf("%s %q: want a variable name, without '=' or NUL", name("env"), k)
 		}
 	}
+	if err := checkReplan(j, name); err != nil {
+		return err
+	}
 	_, err := Layout(j, int(nodes))
 	return err
 }
@@ -92,22 +95,39 @@ func ValidateSpecWith(j *pb.JobSpec, name func(field string) string) error {
 // global batch is kept: each replica runs global/(micro*dp) micro-batches).
 // A TP group must also stay inside a node.
 func Layout(spec *pb.JobSpec, n int) (topology.Layout, error) {
+	return LayoutOn(spec, pb.SpecGrid(spec), n)
+}
+
+// LayoutOn is Layout with grid's tp, pp, vpp and zero in place of the
+// spec's: a re-planned generation's layout. dp is derived unless grid is
+// the spec's own.
+func LayoutOn(spec *pb.JobSpec, grid pb.Grid, n int) (topology.Layout, error) {
+	sh, err := shapeOn(spec, grid, n)
+	return sh.Layout, err
+}
+
+// shapeOn is LayoutOn's shape, its virtual stages resolved.
+func shapeOn(spec *pb.JobSpec, grid pb.Grid, n int) (topology.Shape, error) {
 	g := int(spec.GetGpusPerNode())
+	dp := int(spec.GetDp())
+	if grid != pb.SpecGrid(spec) {
+		dp = 0
+	}
 	count := func(n int, thing string) string { // "1 node", "2 nodes"
 		if n == 1 {
 			return fmt.Sprintf("%d %s", n, thing)
 		}
 		return fmt.Sprintf("%d %ss", n, thing)
 	}
-	sh, err := topology.NewShape(n*g, topology.ShapeSpec{TP: int(spec.GetTp()), PP: int(spec.GetPp()), DP: int(spec.GetDp()),
+	sh, err := topology.NewShape(n*g, topology.ShapeSpec{TP: int(grid.TP), PP: int(grid.PP), DP: dp,
 		Order: spec.GetOrder(), GlobalBatch: int(spec.GetGlobalBatch()), MicroBatch: int(spec.GetMicroBatch()),
-		Schedule: schedule.Kind(spec.GetSchedule()), Virtual: int(spec.GetVpp()),
+		Schedule: schedule.Kind(spec.GetSchedule()), Virtual: int(grid.VPP),
 		WorldName: fmt.Sprintf("world size %d (%s x %s)", n*g, count(n, "node"), count(g, "GPU"))})
 	if err != nil {
-		return topology.Layout{}, err
+		return topology.Shape{}, err
 	}
 	if err := sh.CheckDomains(g); err != nil {
-		return topology.Layout{}, err
+		return topology.Shape{}, err
 	}
-	return sh.Layout, nil
+	return sh, nil
 }

@@ -17,6 +17,9 @@ type SearchSpace struct {
 	Recompute []Recompute
 	// Fixed holds what the user fixed: the search varies only the rest.
 	Fixed Fixed
+	// Allow, when set, passes over the layouts it refuses (a job's limits,
+	// what its program can split).
+	Allow func(Config) bool
 }
 
 // Fixed are constraints on a search: a nil field is free. `plan --auto`
@@ -114,7 +117,7 @@ func Candidates(cl Cluster, m Model, base Config, space SearchSpace, visit func(
 							if v > 1 {
 								c.Schedule = schedule.Interleaved
 							}
-							if !space.Fixed.allows(c) {
+							if !space.Fixed.allows(c) || space.Allow != nil && !space.Allow(c) {
 								continue
 							}
 							p, err := New(cl, m, c)

@@ -149,7 +149,8 @@ func writeGroups(dir string, a *pb.Assignment, l topology.Layout) error {
 }
 
 func layout(a *pb.Assignment) (topology.Layout, error) {
-	return topology.NewLayout(int(a.Spec.GetTp()), int(a.Spec.GetPp()), int(a.Generation.GetDp()), a.Spec.GetOrder())
+	g := pb.GenerationGrid(a.Spec, a.Generation)
+	return topology.NewLayout(int(g.TP), int(g.PP), int(a.Generation.GetDp()), a.Spec.GetOrder())
 }
 
 // member returns node's place in the assignment's generation and its index
@@ -203,7 +204,7 @@ func RankEnv(a *pb.Assignment, node NodeEnv, r int, planPath, ckptDir string) ([
 		"GPUCOORD_TP_RANK=" + itoa(c.TP), "GPUCOORD_TP_SIZE=" + itoa(l.TP),
 		"GPUCOORD_PP_RANK=" + itoa(c.PP), "GPUCOORD_PP_SIZE=" + itoa(l.PP),
 		"GPUCOORD_DP_RANK=" + itoa(c.DP), "GPUCOORD_DP_SIZE=" + itoa(l.DP),
-		"GPUCOORD_ZERO_STAGE=" + itoa(int(a.Spec.GetZero())),
+		"GPUCOORD_ZERO_STAGE=" + itoa(int(pb.GenerationGrid(a.Spec, a.Generation).Zero)),
 		"GPUCOORD_GENERATION=" + strconv.FormatInt(a.Generation.GetNumber(), 10),
 		"GPUCOORD_RESTART_COUNT=" + restarts,
 		EnvPlan + "=" + planPath,

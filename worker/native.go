@@ -73,8 +73,12 @@ func NativeConfig(asg *pb.Assignment) (*engine.Config, error) {
 			return nil, err
 		}
 	}
-	cfg, err := engine.NewConfig(job, engine.Shape{NP: int(asg.Generation.GetWorld()), TP: int(spec.GetTp()), PP: int(spec.GetPp()),
-		Virtual: int(spec.GetVpp()), Zero: int(spec.GetZero()), Schedule: kind, Order: spec.GetOrder()})
+	g := pb.GenerationGrid(spec, asg.Generation)
+	if g.VPP > 1 {
+		kind = schedule.Interleaved
+	}
+	cfg, err := engine.NewConfig(job, engine.Shape{NP: int(asg.Generation.GetWorld()), TP: int(g.TP), PP: int(g.PP),
+		Virtual: int(g.VPP), Zero: int(g.Zero), Schedule: kind, Order: spec.GetOrder()})
 	if err != nil {
 		return nil, err
 	}
@@ -84,6 +88,11 @@ func NativeConfig(asg *pb.Assignment) (*engine.Config, error) {
 	// it into (the rank's GPUCOORD_CHECKPOINT_DIR), where ranks checkpoint
 	// every step unless the job says otherwise.
 	cfg.CheckpointEvery = int(spec.GetCheckpointEvery())
+	if g := asg.Generation; g.GetResumeTp() > 0 {
+		// The files of the resume step were cut by the generation that
+		// wrote them (re-planned, maybe another layout than this one's).
+		cfg.CheckpointLayout = engine.CheckpointLayout{TP: int(g.GetResumeTp()), PP: int(g.GetResumePp()), Virtual: int(g.GetResumeVpp())}
+	}
 	if dir := spec.GetCheckpointDir(); dir != "" {
 		cfg.CheckpointDir = SharedCheckpointDir(dir, asg.Job)
 	} else {

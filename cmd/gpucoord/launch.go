@@ -68,6 +68,11 @@ type launchFlags struct {
 	spares                 int
 	bootTimeout            time.Duration
 	slurm                  *slurm.Env
+	// Re-planning: --replan, the planner's model and cluster, the limits
+	// and the thresholds.
+	replan, planModel, planCluster string
+	replanTP, replanPP             []int
+	replanGain, minSamples         float64
 }
 
 func newLaunchCmd() *cobra.Command {
@@ -102,7 +107,11 @@ Elastic: with --min-nodes M --max-restarts R a lost node (killed, frozen or
 cut off), a failed rank, a hung rank (no progress for --hang-timeout) or a
 preempted node (SIGTERM to its agent) makes a new generation on the live
 nodes, DP shrunk, from the last committed checkpoint; a node that comes
-back rejoins. Checkpoints need no shared file system: the agents hold them
+back rejoins. Re-planning (--plan-model MODEL, --replan auto): the new
+generation runs the layout the planner ranks fastest on the nodes left
+(tp, pp and dp all change, down to one node), and the job grows back when
+nodes return and the estimate gains --replan-gain; checkpoints restore
+under any layout. Checkpoints need no shared file system: the agents hold them
 in /dev/shm and replicate each node's files to --checkpoint-replicas - 1
 peers (the native engine checkpoints every step and loses at most the step
 in flight; your program writes under GPUCOORD_CHECKPOINT_DIR/N and says
@@ -171,6 +180,13 @@ with that rank named.`,
 	fl.IntVar(&f.spares, "spares", 0, "under Slurm: nodes of the step kept as hot spares (--nodes defaults to the step's nodes less these)")
 	fl.StringVar(&f.mungeSocket, "munge-socket", "", "under Slurm: munged's socket (default: slurm.conf's AuthInfo=socket=, else munge's own)")
 	fl.DurationVar(&f.bootTimeout, "slurm-start-timeout", 2*time.Minute, "under Slurm: how long the step's tasks wait for each other at start")
+	fl.StringVar(&f.replan, "replan", "", "when the nodes change: auto (the planner's fastest layout on the nodes left: tp, pp and dp), dp-only (tp and pp as launched) or off (never fewer nodes than --nodes); default auto with --plan-model, else dp-only")
+	fl.StringVar(&f.planModel, "plan-model", "", "the model the planner re-plans for (a plan --model preset or YAML file): what gpucoord plan --auto would be given")
+	fl.StringVar(&f.planCluster, "plan-cluster", "dgx-h100", "with --plan-model: the nodes' GPUs, memory and links (a plan --cluster preset or YAML file)")
+	fl.IntSliceVar(&f.replanTP, "replan-tp", nil, "tensor-parallel degrees a re-plan may choose (default: any the model and a node allow)")
+	fl.IntSliceVar(&f.replanPP, "replan-pp", nil, "pipeline degrees a re-plan may choose (default: any the model allows)")
+	fl.Float64Var(&f.replanGain, "replan-gain", coordinator.DefaultGrowGain, "grow into returning nodes only when the planner estimates steps this much shorter (0.1: 10%)")
+	fl.Float64Var(&f.minSamples, "min-samples-per-second", 0, "never run a re-planned layout estimated slower than this; pause instead")
 	fl.StringVar(&f.workdir, "workdir", "", "directory the ranks start in; must exist on every node (default: this directory)")
 	f.auth.register(cmd)
 	return cmd
@@ -291,6 +307,9 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		}
 		spec.GlobalBatch, spec.MicroBatch = int32(job.Batch.Global), int32(job.Batch.Micro)
 	}
+	if err := f.replanSpec(c, spec, job); err != nil {
+		return nil, err
+	}
 	if err := coordinator.ValidateSpecWith(spec, flagName); err != nil {
 		return nil, err
 	}
@@ -305,6 +324,66 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 	return spec, nil
 }
 
+// replanSpec fills spec's re-planning policy from the flags: the
+// planner's input (model, cluster, the job's global batch, the degrees it
+// may choose: for a native job, those its model splits into).
+func (f *launchFlags) replanSpec(c *cobra.Command, spec *pb.JobSpec, job *engine.Job) error {
+	for _, name := range []string{"plan-cluster", "replan-tp", "replan-pp"} {
+		if c.Flags().Changed(name) && f.planModel == "" {
+			return fmt.Errorf("--%s is for re-planning: give --plan-model too", name)
+		}
+	}
+	if f.planModel == "" {
+		if f.replan != "" {
+			spec.Replan = &pb.Replan{Mode: f.replan}
+		}
+		return nil
+	}
+	m, err := topology.LoadModel(f.planModel)
+	if err != nil {
+		return fmt.Errorf("--plan-model: %w", err)
+	}
+	cl, err := topology.LoadCluster(f.planCluster)
+	if err != nil {
+		return fmt.Errorf("--plan-cluster: %w", err)
+	}
+	cl.Nodes, cl.GPUsPerNode = int(spec.Nodes), int(spec.GpusPerNode)
+	base := topology.DefaultConfig()
+	base.MicroBatch = max(int(spec.MicroBatch), 1)
+	base.GlobalBatch = int(spec.GlobalBatch)
+	if base.GlobalBatch == 0 {
+		// A program's: the plan's default for the submitted nodes, kept
+		// by every re-plan.
+		base.GlobalBatch = topology.DefaultGlobalBatch(cl, base.MicroBatch)
+	}
+	limits := coordinator.Limits{TP: f.replanTP, PP: f.replanPP}
+	if job != nil {
+		// The native engine splits model.hidden over tp and model.blocks
+		// over pp (times vpp): only those degrees.
+		vpp := max(f.vpp, 1)
+		if len(limits.TP) == 0 {
+			for tp := 1; tp <= int(spec.GpusPerNode); tp++ {
+				if job.Model.Hidden%tp == 0 {
+					limits.TP = append(limits.TP, tp)
+				}
+			}
+		}
+		if len(limits.PP) == 0 {
+			for pp := 1; pp*vpp <= job.Model.Blocks; pp++ {
+				if job.Model.Blocks%(pp*vpp) == 0 {
+					limits.PP = append(limits.PP, pp)
+				}
+			}
+		}
+	}
+	in, err := json.Marshal(coordinator.PlannerInput{Cluster: cl, Model: m, Config: base, Limits: limits})
+	if err != nil {
+		return err
+	}
+	spec.Replan = &pb.Replan{Mode: f.replan, Planner: in, GrowGain: f.replanGain, MinSamplesPerSecond: f.minSamples}
+	return nil
+}
+
 // flagName names a JobSpec field, in coordinator.ValidateSpecWith's
 // errors, by the launch flag that sets it.
 func flagName(field string) string {
@@ -313,6 +392,14 @@ func flagName(field string) string {
 		return "--job-id"
 	case "hang_timeout_ms":
 		return "--hang-timeout"
+	case "replan.mode":
+		return "--replan"
+	case "replan.planner":
+		return "--plan-model"
+	case "replan.grow_gain":
+		return "--replan-gain"
+	case "replan.min_samples_per_second":
+		return "--min-samples-per-second"
 	}
 	return "--" + strings.ReplaceAll(field, "_", "-")
 }
@@ -828,8 +915,8 @@ func (f *follower) show(ev *pb.JobEvent) error {
 		for i, m := range g.Members {
 			names[i] = m.Node
 		}
-		line := fmt.Sprintf("generation %d: %d node%s (%s), %d ranks, tp %d pp %d dp %d",
-			g.Number, len(names), plural(len(names)), strings.Join(names, ", "), g.World, f.spec.Tp, f.spec.Pp, g.Dp)
+		line := fmt.Sprintf("generation %d: %d node%s (%s), %d ranks, %s",
+			g.Number, len(names), plural(len(names)), strings.Join(names, ", "), g.World, pb.GenerationGrid(f.spec, g).Label(g.Dp))
 		switch {
 		case g.Reason == "":
 		case g.ResumeStep > 0:

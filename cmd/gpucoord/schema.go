@@ -78,7 +78,8 @@ func jobLayout(spec *pb.JobSpec, g *pb.Generation) layoutJSON {
 	l := layoutJSON{Nodes: spec.GetNodes(), GPUsPerNode: spec.GetGpusPerNode(), TP: spec.GetTp(), PP: spec.GetPp(),
 		Zero: spec.GetZero(), Schedule: spec.GetSchedule()}
 	if g != nil {
-		l.Nodes, l.World, l.DP = int32(len(g.Members)), g.World, g.Dp
+		grid := pb.GenerationGrid(spec, g)
+		l.Nodes, l.World, l.DP, l.TP, l.PP, l.Zero = int32(len(g.Members)), g.World, g.Dp, grid.TP, grid.PP, grid.Zero
 	} else if sh, err := coordinator.Layout(spec, int(spec.GetNodes())); err == nil {
 		l.World, l.DP = int32(sh.World()), int32(sh.DP)
 	}

@@ -73,7 +73,7 @@ func printStatus(w io.Writer, s *pb.StatusResponse, asJSON bool) error {
 			for i, m := range g.Members {
 				names[i] = m.Node
 			}
-			line += fmt.Sprintf("  generation %d: %s, %d ranks (tp %d pp %d dp %d)", g.Number, strings.Join(names, ","), g.World, j.Spec.Tp, j.Spec.Pp, g.Dp)
+			line += fmt.Sprintf("  generation %d: %s, %d ranks (%s)", g.Number, strings.Join(names, ","), g.World, pb.GenerationGrid(j.Spec, g).Label(g.Dp))
 		}
 		if j.LastStep != nil {
 			line += fmt.Sprintf("  step %d loss %.6f (committed %d)", j.LastStep.Step, j.LastStep.Loss, j.CommittedStep)

@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33, 0}
 }
 
 // Node is one machine in the pool.
@@ -561,7 +561,9 @@ type JobSpec struct {
 	// resume_backup, when set, starts the job from this step of its
 	// checkpoint_backup, written by an earlier run of the job (a Slurm job
 	// requeued): its step, and the generation and dp that wrote it.
-	ResumeBackup  *Step `protobuf:"bytes,32,opt,name=resume_backup,json=resumeBackup,proto3" json:"resume_backup,omitempty"`
+	ResumeBackup *Step `protobuf:"bytes,32,opt,name=resume_backup,json=resumeBackup,proto3" json:"resume_backup,omitempty"`
+	// replan says how a generation is laid out when the job's nodes change.
+	Replan        *Replan `protobuf:"bytes,33,opt,name=replan,proto3" json:"replan,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -820,6 +822,98 @@ func (x *JobSpec) GetResumeBackup() *Step {
 	return nil
 }
 
+func (x *JobSpec) GetReplan() *Replan {
+	if x != nil {
+		return x.Replan
+	}
+	return nil
+}
+
+// Replan is a job's re-planning policy. Under "auto", a generation made
+// after a loss, a pause or for growth runs the layout the planner
+// (package topology/estimate, what `gpucoord plan --auto` runs) ranks
+// fastest on the most nodes it fits, within the limits; "dp-only" keeps
+// tp, pp, vpp and zero as submitted and changes dp alone (gpucoord before
+// re-planning); "off" keeps the submitted layout and never runs on fewer
+// nodes than submitted.
+type Replan struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// mode is "auto", "dp-only" or "off"; "" means auto when planner is
+	// set, else dp-only.
+	Mode string `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	// planner is the planner's input as JSON (coordinator.PlannerInput): the
+	// cluster (one node's GPUs, memory, links), the model, the base
+	// configuration (precision, global batch, schedule) and the layouts
+	// allowed.
+	Planner []byte `protobuf:"bytes,2,opt,name=planner,proto3" json:"planner,omitempty"`
+	// grow_gain is the estimated speed-up a larger layout must bring before
+	// a running job grows into it (0.1: 10% shorter steps); 0 means 0.1.
+	GrowGain float64 `protobuf:"fixed64,3,opt,name=grow_gain,json=growGain,proto3" json:"grow_gain,omitempty"`
+	// min_samples_per_second: a layout estimated slower is not run (the job
+	// pauses instead); 0 for no floor.
+	MinSamplesPerSecond float64 `protobuf:"fixed64,4,opt,name=min_samples_per_second,json=minSamplesPerSecond,proto3" json:"min_samples_per_second,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *Replan) Reset() {
+	*x = Replan{}
+	mi := &file_proto_gpucoord_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Replan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Replan) ProtoMessage() {}
+
+func (x *Replan) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Replan.ProtoReflect.Descriptor instead.
+func (*Replan) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Replan) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *Replan) GetPlanner() []byte {
+	if x != nil {
+		return x.Planner
+	}
+	return nil
+}
+
+func (x *Replan) GetGrowGain() float64 {
+	if x != nil {
+		return x.GrowGain
+	}
+	return 0
+}
+
+func (x *Replan) GetMinSamplesPerSecond() float64 {
+	if x != nil {
+		return x.MinSamplesPerSecond
+	}
+	return 0
+}
+
 // Member is a node of a generation and the global ranks it runs.
 type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -844,7 +938,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_proto_gpucoord_proto_msgTypes[6]
+	mi := &file_proto_gpucoord_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +950,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[6]
+	mi := &file_proto_gpucoord_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +963,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{6}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Member) GetNode() string {
@@ -957,14 +1051,32 @@ type Generation struct {
 	Stopping []*Member `protobuf:"bytes,12,rep,name=stopping,proto3" json:"stopping,omitempty"`
 	// unrestorable are the steps of the job that a generation could not
 	// restore, with why: no later generation resumes from them.
-	Unrestorable  []*Unrestorable `protobuf:"bytes,13,rep,name=unrestorable,proto3" json:"unrestorable,omitempty"`
+	Unrestorable []*Unrestorable `protobuf:"bytes,13,rep,name=unrestorable,proto3" json:"unrestorable,omitempty"`
+	// tp, pp, vpp and zero are the generation's layout (with dp); 0 means
+	// the job spec's (generations made before re-planning). A re-planned
+	// generation's differ from the spec's.
+	Tp   int32 `protobuf:"varint,14,opt,name=tp,proto3" json:"tp,omitempty"`
+	Pp   int32 `protobuf:"varint,15,opt,name=pp,proto3" json:"pp,omitempty"`
+	Vpp  int32 `protobuf:"varint,16,opt,name=vpp,proto3" json:"vpp,omitempty"`
+	Zero int32 `protobuf:"varint,17,opt,name=zero,proto3" json:"zero,omitempty"`
+	// estimate is the planner's estimate for the layout ("41.2 of 80 GiB per
+	// GPU, 1.31 s/step estimated"), when the job has a planner; step_seconds
+	// its step time.
+	Estimate    string  `protobuf:"bytes,18,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	StepSeconds float64 `protobuf:"fixed64,19,opt,name=step_seconds,json=stepSeconds,proto3" json:"step_seconds,omitempty"`
+	// resume_tp, resume_pp and resume_vpp are the layout of the generation
+	// that wrote resume_step (0: this generation's own): the files a rank
+	// restores from were cut for it.
+	ResumeTp      int32 `protobuf:"varint,20,opt,name=resume_tp,json=resumeTp,proto3" json:"resume_tp,omitempty"`
+	ResumePp      int32 `protobuf:"varint,21,opt,name=resume_pp,json=resumePp,proto3" json:"resume_pp,omitempty"`
+	ResumeVpp     int32 `protobuf:"varint,22,opt,name=resume_vpp,json=resumeVpp,proto3" json:"resume_vpp,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Generation) Reset() {
 	*x = Generation{}
-	mi := &file_proto_gpucoord_proto_msgTypes[7]
+	mi := &file_proto_gpucoord_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -976,7 +1088,7 @@ func (x *Generation) String() string {
 func (*Generation) ProtoMessage() {}
 
 func (x *Generation) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[7]
+	mi := &file_proto_gpucoord_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -989,7 +1101,7 @@ func (x *Generation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Generation.ProtoReflect.Descriptor instead.
 func (*Generation) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{7}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Generation) GetJob() string {
@@ -1083,6 +1195,69 @@ func (x *Generation) GetUnrestorable() []*Unrestorable {
 	return nil
 }
 
+func (x *Generation) GetTp() int32 {
+	if x != nil {
+		return x.Tp
+	}
+	return 0
+}
+
+func (x *Generation) GetPp() int32 {
+	if x != nil {
+		return x.Pp
+	}
+	return 0
+}
+
+func (x *Generation) GetVpp() int32 {
+	if x != nil {
+		return x.Vpp
+	}
+	return 0
+}
+
+func (x *Generation) GetZero() int32 {
+	if x != nil {
+		return x.Zero
+	}
+	return 0
+}
+
+func (x *Generation) GetEstimate() string {
+	if x != nil {
+		return x.Estimate
+	}
+	return ""
+}
+
+func (x *Generation) GetStepSeconds() float64 {
+	if x != nil {
+		return x.StepSeconds
+	}
+	return 0
+}
+
+func (x *Generation) GetResumeTp() int32 {
+	if x != nil {
+		return x.ResumeTp
+	}
+	return 0
+}
+
+func (x *Generation) GetResumePp() int32 {
+	if x != nil {
+		return x.ResumePp
+	}
+	return 0
+}
+
+func (x *Generation) GetResumeVpp() int32 {
+	if x != nil {
+		return x.ResumeVpp
+	}
+	return 0
+}
+
 // Unrestorable is a step a generation could not restore, and why.
 type Unrestorable struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1094,7 +1269,7 @@ type Unrestorable struct {
 
 func (x *Unrestorable) Reset() {
 	*x = Unrestorable{}
-	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	mi := &file_proto_gpucoord_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1106,7 +1281,7 @@ func (x *Unrestorable) String() string {
 func (*Unrestorable) ProtoMessage() {}
 
 func (x *Unrestorable) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	mi := &file_proto_gpucoord_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1119,7 +1294,7 @@ func (x *Unrestorable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Unrestorable.ProtoReflect.Descriptor instead.
 func (*Unrestorable) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{8}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Unrestorable) GetStep() int64 {
@@ -1156,7 +1331,7 @@ type Copies struct {
 
 func (x *Copies) Reset() {
 	*x = Copies{}
-	mi := &file_proto_gpucoord_proto_msgTypes[9]
+	mi := &file_proto_gpucoord_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1168,7 +1343,7 @@ func (x *Copies) String() string {
 func (*Copies) ProtoMessage() {}
 
 func (x *Copies) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[9]
+	mi := &file_proto_gpucoord_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1181,7 +1356,7 @@ func (x *Copies) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copies.ProtoReflect.Descriptor instead.
 func (*Copies) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{9}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Copies) GetNode() string {
@@ -1262,7 +1437,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_proto_gpucoord_proto_msgTypes[10]
+	mi := &file_proto_gpucoord_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1449,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[10]
+	mi := &file_proto_gpucoord_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1462,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{10}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Assignment) GetJob() string {
@@ -1397,7 +1572,7 @@ type Bootstrap struct {
 
 func (x *Bootstrap) Reset() {
 	*x = Bootstrap{}
-	mi := &file_proto_gpucoord_proto_msgTypes[11]
+	mi := &file_proto_gpucoord_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1409,7 +1584,7 @@ func (x *Bootstrap) String() string {
 func (*Bootstrap) ProtoMessage() {}
 
 func (x *Bootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[11]
+	mi := &file_proto_gpucoord_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1422,7 +1597,7 @@ func (x *Bootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bootstrap.ProtoReflect.Descriptor instead.
 func (*Bootstrap) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{11}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Bootstrap) GetMaster() string {
@@ -1472,14 +1647,19 @@ type Step struct {
 	// checkpoints may still keep (keep_checkpoints - 1 at most, newest
 	// first, each without its own earlier): where a generation falls back
 	// when this step cannot be restored.
-	Earlier       []*Step `protobuf:"bytes,11,rep,name=earlier,proto3" json:"earlier,omitempty"`
+	Earlier []*Step `protobuf:"bytes,11,rep,name=earlier,proto3" json:"earlier,omitempty"`
+	// tp, pp and vpp, with dp, are the layout that trained the step (0: the
+	// job spec's).
+	Tp            int32 `protobuf:"varint,12,opt,name=tp,proto3" json:"tp,omitempty"`
+	Pp            int32 `protobuf:"varint,13,opt,name=pp,proto3" json:"pp,omitempty"`
+	Vpp           int32 `protobuf:"varint,14,opt,name=vpp,proto3" json:"vpp,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	mi := &file_proto_gpucoord_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1491,7 +1671,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	mi := &file_proto_gpucoord_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1504,7 +1684,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{12}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Step) GetStep() int64 {
@@ -1584,6 +1764,27 @@ func (x *Step) GetEarlier() []*Step {
 	return nil
 }
 
+func (x *Step) GetTp() int32 {
+	if x != nil {
+		return x.Tp
+	}
+	return 0
+}
+
+func (x *Step) GetPp() int32 {
+	if x != nil {
+		return x.Pp
+	}
+	return 0
+}
+
+func (x *Step) GetVpp() int32 {
+	if x != nil {
+		return x.Vpp
+	}
+	return 0
+}
+
 // Stored reports a node's checkpoints that no commit covers yet, oldest
 // first: for each step, that the node's ranks have all written their files
 // of it and that holders hold them (this node and its replicas; none with
@@ -1598,7 +1799,7 @@ type Stored struct {
 
 func (x *Stored) Reset() {
 	*x = Stored{}
-	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1610,7 +1811,7 @@ func (x *Stored) String() string {
 func (*Stored) ProtoMessage() {}
 
 func (x *Stored) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1623,7 +1824,7 @@ func (x *Stored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stored.ProtoReflect.Descriptor instead.
 func (*Stored) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{13}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Stored) GetSteps() []*StoredStep {
@@ -1646,7 +1847,7 @@ type StoredStep struct {
 
 func (x *StoredStep) Reset() {
 	*x = StoredStep{}
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1859,7 @@ func (x *StoredStep) String() string {
 func (*StoredStep) ProtoMessage() {}
 
 func (x *StoredStep) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1872,7 @@ func (x *StoredStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredStep.ProtoReflect.Descriptor instead.
 func (*StoredStep) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StoredStep) GetStep() int64 {
@@ -1729,7 +1930,7 @@ type RankExit struct {
 
 func (x *RankExit) Reset() {
 	*x = RankExit{}
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1741,7 +1942,7 @@ func (x *RankExit) String() string {
 func (*RankExit) ProtoMessage() {}
 
 func (x *RankExit) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1754,7 +1955,7 @@ func (x *RankExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankExit.ProtoReflect.Descriptor instead.
 func (*RankExit) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RankExit) GetRank() int32 {
@@ -1825,7 +2026,7 @@ type Hang struct {
 
 func (x *Hang) Reset() {
 	*x = Hang{}
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1837,7 +2038,7 @@ func (x *Hang) String() string {
 func (*Hang) ProtoMessage() {}
 
 func (x *Hang) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1850,7 +2051,7 @@ func (x *Hang) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hang.ProtoReflect.Descriptor instead.
 func (*Hang) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Hang) GetLastStep() int64 {
@@ -1892,7 +2093,7 @@ type RankTimes struct {
 
 func (x *RankTimes) Reset() {
 	*x = RankTimes{}
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1904,7 +2105,7 @@ func (x *RankTimes) String() string {
 func (*RankTimes) ProtoMessage() {}
 
 func (x *RankTimes) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1917,7 +2118,7 @@ func (x *RankTimes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTimes.ProtoReflect.Descriptor instead.
 func (*RankTimes) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RankTimes) GetRanks() []*RankTime {
@@ -1938,7 +2139,7 @@ type TimesHistory struct {
 
 func (x *TimesHistory) Reset() {
 	*x = TimesHistory{}
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1950,7 +2151,7 @@ func (x *TimesHistory) String() string {
 func (*TimesHistory) ProtoMessage() {}
 
 func (x *TimesHistory) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1963,7 +2164,7 @@ func (x *TimesHistory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimesHistory.ProtoReflect.Descriptor instead.
 func (*TimesHistory) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TimesHistory) GetWindows() []*RankTimes {
@@ -1985,7 +2186,7 @@ type TimesBatch struct {
 
 func (x *TimesBatch) Reset() {
 	*x = TimesBatch{}
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1997,7 +2198,7 @@ func (x *TimesBatch) String() string {
 func (*TimesBatch) ProtoMessage() {}
 
 func (x *TimesBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2010,7 +2211,7 @@ func (x *TimesBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimesBatch.ProtoReflect.Descriptor instead.
 func (*TimesBatch) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TimesBatch) GetNodes() map[string]*TimesHistory {
@@ -2033,7 +2234,7 @@ type RankTime struct {
 
 func (x *RankTime) Reset() {
 	*x = RankTime{}
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2045,7 +2246,7 @@ func (x *RankTime) String() string {
 func (*RankTime) ProtoMessage() {}
 
 func (x *RankTime) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2058,7 +2259,7 @@ func (x *RankTime) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTime.ProtoReflect.Descriptor instead.
 func (*RankTime) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RankTime) GetRank() int32 {
@@ -2097,7 +2298,7 @@ type Straggler struct {
 
 func (x *Straggler) Reset() {
 	*x = Straggler{}
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2109,7 +2310,7 @@ func (x *Straggler) String() string {
 func (*Straggler) ProtoMessage() {}
 
 func (x *Straggler) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2122,7 +2323,7 @@ func (x *Straggler) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Straggler.ProtoReflect.Descriptor instead.
 func (*Straggler) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Straggler) GetRank() int32 {
@@ -2163,7 +2364,7 @@ type Stragglers struct {
 
 func (x *Stragglers) Reset() {
 	*x = Stragglers{}
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2175,7 +2376,7 @@ func (x *Stragglers) String() string {
 func (*Stragglers) ProtoMessage() {}
 
 func (x *Stragglers) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2188,7 +2389,7 @@ func (x *Stragglers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stragglers.ProtoReflect.Descriptor instead.
 func (*Stragglers) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Stragglers) GetGeneration() int64 {
@@ -2230,7 +2431,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2242,7 +2443,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2255,7 +2456,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReportRequest) GetJob() string {
@@ -2400,7 +2601,7 @@ type Stopped struct {
 
 func (x *Stopped) Reset() {
 	*x = Stopped{}
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2412,7 +2613,7 @@ func (x *Stopped) String() string {
 func (*Stopped) ProtoMessage() {}
 
 func (x *Stopped) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2425,7 +2626,7 @@ func (x *Stopped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stopped.ProtoReflect.Descriptor instead.
 func (*Stopped) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Stopped) GetBelow() int64 {
@@ -2446,7 +2647,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2458,7 +2659,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2471,7 +2672,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReportResponse) GetCommitted() int64 {
@@ -2490,7 +2691,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2703,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2716,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MembersRequest) GetJob() string {
@@ -2535,7 +2736,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2547,7 +2748,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2560,7 +2761,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *MembersResponse) GetGeneration() int64 {
@@ -2587,7 +2788,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2599,7 +2800,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2612,7 +2813,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -2637,7 +2838,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2649,7 +2850,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2662,7 +2863,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
 }
 
 type SubmitRequest struct {
@@ -2674,7 +2875,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2686,7 +2887,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2699,7 +2900,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -2717,7 +2918,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2729,7 +2930,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2742,7 +2943,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 // JobState is where a job stands.
@@ -2768,7 +2969,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2780,7 +2981,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2793,7 +2994,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -2865,7 +3066,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2877,7 +3078,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2890,7 +3091,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -2928,7 +3129,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2940,7 +3141,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2953,7 +3154,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -3001,7 +3202,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3013,7 +3214,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3026,7 +3227,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -3054,7 +3255,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3066,7 +3267,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3079,7 +3280,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CancelResponse) GetState() *JobState {
@@ -3097,7 +3298,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3109,7 +3310,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3122,7 +3323,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
 }
 
 type NodeStatus struct {
@@ -3136,7 +3337,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3148,7 +3349,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3161,7 +3362,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -3196,7 +3397,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3208,7 +3409,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3221,7 +3422,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -3289,7 +3490,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3301,7 +3502,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3314,7 +3515,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -3357,7 +3558,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3369,7 +3570,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3382,7 +3583,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -3423,7 +3624,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3435,7 +3636,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3448,7 +3649,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -3490,7 +3691,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3502,7 +3703,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3515,7 +3716,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -3545,7 +3746,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3557,7 +3758,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3570,7 +3771,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -3605,7 +3806,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3617,7 +3818,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3630,7 +3831,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -3662,7 +3863,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3674,7 +3875,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3687,7 +3888,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -3733,7 +3934,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3745,7 +3946,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3758,7 +3959,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
 }
 
 type ListTokensResponse struct {
@@ -3770,7 +3971,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3782,7 +3983,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3795,7 +3996,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3814,7 +4015,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3826,7 +4027,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3839,7 +4040,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -3857,7 +4058,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3869,7 +4070,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3882,7 +4083,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
 }
 
 type GossipKeysRequest struct {
@@ -3897,7 +4098,7 @@ type GossipKeysRequest struct {
 
 func (x *GossipKeysRequest) Reset() {
 	*x = GossipKeysRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3909,7 +4110,7 @@ func (x *GossipKeysRequest) String() string {
 func (*GossipKeysRequest) ProtoMessage() {}
 
 func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3922,7 +4123,7 @@ func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeysRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *GossipKeysRequest) GetAction() string {
@@ -3943,7 +4144,7 @@ type GossipKeysResponse struct {
 
 func (x *GossipKeysResponse) Reset() {
 	*x = GossipKeysResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3955,7 +4156,7 @@ func (x *GossipKeysResponse) String() string {
 func (*GossipKeysResponse) ProtoMessage() {}
 
 func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3968,7 +4169,7 @@ func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeysResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GossipKeysResponse) GetFingerprints() []string {
@@ -4012,7 +4213,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x03R\aleaseId\x12#\n" +
-	"\rfrom_revision\x18\x03 \x01(\x03R\ffromRevision\"\xcd\b\n" +
+	"\rfrom_revision\x18\x03 \x01(\x03R\ffromRevision\"\xfa\b\n" +
 	"\aJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\x12\x1b\n" +
@@ -4051,10 +4252,16 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
 	"submission\x18\x1f \x01(\tR\n" +
 	"submission\x126\n" +
-	"\rresume_backup\x18  \x01(\v2\x11.gpucoord.v1.StepR\fresumeBackup\x1a6\n" +
+	"\rresume_backup\x18  \x01(\v2\x11.gpucoord.v1.StepR\fresumeBackup\x12+\n" +
+	"\x06replan\x18! \x01(\v2\x13.gpucoord.v1.ReplanR\x06replan\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc2\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x88\x01\n" +
+	"\x06Replan\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x18\n" +
+	"\aplanner\x18\x02 \x01(\fR\aplanner\x12\x1b\n" +
+	"\tgrow_gain\x18\x03 \x01(\x01R\bgrowGain\x123\n" +
+	"\x16min_samples_per_second\x18\x04 \x01(\x01R\x13minSamplesPerSecond\"\xc2\x01\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x1d\n" +
@@ -4063,7 +4270,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x05ranks\x18\x04 \x01(\x05R\x05ranks\x12\x1a\n" +
 	"\binstance\x18\x05 \x01(\tR\binstance\x12'\n" +
 	"\x0fcheckpoint_addr\x18\x06 \x01(\tR\x0echeckpointAddr\x12\x16\n" +
-	"\x06domain\x18\a \x01(\tR\x06domain\"\xb8\x03\n" +
+	"\x06domain\x18\a \x01(\tR\x06domain\"\x96\x05\n" +
 	"\n" +
 	"Generation\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
@@ -4083,7 +4290,17 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	" \x01(\x05R\x05hangs\x12\x16\n" +
 	"\x06output\x18\v \x01(\tR\x06output\x12/\n" +
 	"\bstopping\x18\f \x03(\v2\x13.gpucoord.v1.MemberR\bstopping\x12=\n" +
-	"\funrestorable\x18\r \x03(\v2\x19.gpucoord.v1.UnrestorableR\funrestorable\"4\n" +
+	"\funrestorable\x18\r \x03(\v2\x19.gpucoord.v1.UnrestorableR\funrestorable\x12\x0e\n" +
+	"\x02tp\x18\x0e \x01(\x05R\x02tp\x12\x0e\n" +
+	"\x02pp\x18\x0f \x01(\x05R\x02pp\x12\x10\n" +
+	"\x03vpp\x18\x10 \x01(\x05R\x03vpp\x12\x12\n" +
+	"\x04zero\x18\x11 \x01(\x05R\x04zero\x12\x1a\n" +
+	"\bestimate\x18\x12 \x01(\tR\bestimate\x12!\n" +
+	"\fstep_seconds\x18\x13 \x01(\x01R\vstepSeconds\x12\x1b\n" +
+	"\tresume_tp\x18\x14 \x01(\x05R\bresumeTp\x12\x1b\n" +
+	"\tresume_pp\x18\x15 \x01(\x05R\bresumePp\x12\x1d\n" +
+	"\n" +
+	"resume_vpp\x18\x16 \x01(\x05R\tresumeVpp\"4\n" +
 	"\fUnrestorable\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x10\n" +
 	"\x03why\x18\x02 \x01(\tR\x03why\"j\n" +
@@ -4115,7 +4332,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x02 \x01(\tR\x05probe\x12!\n" +
-	"\fstore_secret\x18\x03 \x01(\fR\vstoreSecret\"\xd7\x02\n" +
+	"\fstore_secret\x18\x03 \x01(\fR\vstoreSecret\"\x89\x03\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x12\n" +
 	"\x04loss\x18\x02 \x01(\x01R\x04loss\x12\x18\n" +
@@ -4131,7 +4348,10 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\vbackup_only\x18\n" +
 	" \x01(\bR\n" +
 	"backupOnly\x12+\n" +
-	"\aearlier\x18\v \x03(\v2\x11.gpucoord.v1.StepR\aearlier\"7\n" +
+	"\aearlier\x18\v \x03(\v2\x11.gpucoord.v1.StepR\aearlier\x12\x0e\n" +
+	"\x02tp\x18\f \x01(\x05R\x02tp\x12\x0e\n" +
+	"\x02pp\x18\r \x01(\x05R\x02pp\x12\x10\n" +
+	"\x03vpp\x18\x0e \x01(\x05R\x03vpp\"7\n" +
 	"\x06Stored\x12-\n" +
 	"\x05steps\x18\x01 \x03(\v2\x17.gpucoord.v1.StoredStepR\x05steps\"r\n" +
 	"\n" +
@@ -4342,7 +4562,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),                // 1: gpucoord.v1.Node
@@ -4351,133 +4571,135 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*Gossip)(nil),              // 4: gpucoord.v1.Gossip
 	(*WatchRequest)(nil),        // 5: gpucoord.v1.WatchRequest
 	(*JobSpec)(nil),             // 6: gpucoord.v1.JobSpec
-	(*Member)(nil),              // 7: gpucoord.v1.Member
-	(*Generation)(nil),          // 8: gpucoord.v1.Generation
-	(*Unrestorable)(nil),        // 9: gpucoord.v1.Unrestorable
-	(*Copies)(nil),              // 10: gpucoord.v1.Copies
-	(*Assignment)(nil),          // 11: gpucoord.v1.Assignment
-	(*Bootstrap)(nil),           // 12: gpucoord.v1.Bootstrap
-	(*Step)(nil),                // 13: gpucoord.v1.Step
-	(*Stored)(nil),              // 14: gpucoord.v1.Stored
-	(*StoredStep)(nil),          // 15: gpucoord.v1.StoredStep
-	(*RankExit)(nil),            // 16: gpucoord.v1.RankExit
-	(*Hang)(nil),                // 17: gpucoord.v1.Hang
-	(*RankTimes)(nil),           // 18: gpucoord.v1.RankTimes
-	(*TimesHistory)(nil),        // 19: gpucoord.v1.TimesHistory
-	(*TimesBatch)(nil),          // 20: gpucoord.v1.TimesBatch
-	(*RankTime)(nil),            // 21: gpucoord.v1.RankTime
-	(*Straggler)(nil),           // 22: gpucoord.v1.Straggler
-	(*Stragglers)(nil),          // 23: gpucoord.v1.Stragglers
-	(*ReportRequest)(nil),       // 24: gpucoord.v1.ReportRequest
-	(*Stopped)(nil),             // 25: gpucoord.v1.Stopped
-	(*ReportResponse)(nil),      // 26: gpucoord.v1.ReportResponse
-	(*MembersRequest)(nil),      // 27: gpucoord.v1.MembersRequest
-	(*MembersResponse)(nil),     // 28: gpucoord.v1.MembersResponse
-	(*LeaveRequest)(nil),        // 29: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),       // 30: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),       // 31: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),      // 32: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),            // 33: gpucoord.v1.JobState
-	(*FollowRequest)(nil),       // 34: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),            // 35: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),       // 36: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),      // 37: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),       // 38: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),          // 39: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),           // 40: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),        // 41: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),      // 42: gpucoord.v1.StatusResponse
-	(*JoinRequest)(nil),         // 43: gpucoord.v1.JoinRequest
-	(*JoinResponse)(nil),        // 44: gpucoord.v1.JoinResponse
-	(*CreateTokenRequest)(nil),  // 45: gpucoord.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil), // 46: gpucoord.v1.CreateTokenResponse
-	(*TokenInfo)(nil),           // 47: gpucoord.v1.TokenInfo
-	(*ListTokensRequest)(nil),   // 48: gpucoord.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),  // 49: gpucoord.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),  // 50: gpucoord.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil), // 51: gpucoord.v1.RevokeTokenResponse
-	(*GossipKeysRequest)(nil),   // 52: gpucoord.v1.GossipKeysRequest
-	(*GossipKeysResponse)(nil),  // 53: gpucoord.v1.GossipKeysResponse
-	nil,                         // 54: gpucoord.v1.JobSpec.EnvEntry
-	nil,                         // 55: gpucoord.v1.TimesBatch.NodesEntry
+	(*Replan)(nil),              // 7: gpucoord.v1.Replan
+	(*Member)(nil),              // 8: gpucoord.v1.Member
+	(*Generation)(nil),          // 9: gpucoord.v1.Generation
+	(*Unrestorable)(nil),        // 10: gpucoord.v1.Unrestorable
+	(*Copies)(nil),              // 11: gpucoord.v1.Copies
+	(*Assignment)(nil),          // 12: gpucoord.v1.Assignment
+	(*Bootstrap)(nil),           // 13: gpucoord.v1.Bootstrap
+	(*Step)(nil),                // 14: gpucoord.v1.Step
+	(*Stored)(nil),              // 15: gpucoord.v1.Stored
+	(*StoredStep)(nil),          // 16: gpucoord.v1.StoredStep
+	(*RankExit)(nil),            // 17: gpucoord.v1.RankExit
+	(*Hang)(nil),                // 18: gpucoord.v1.Hang
+	(*RankTimes)(nil),           // 19: gpucoord.v1.RankTimes
+	(*TimesHistory)(nil),        // 20: gpucoord.v1.TimesHistory
+	(*TimesBatch)(nil),          // 21: gpucoord.v1.TimesBatch
+	(*RankTime)(nil),            // 22: gpucoord.v1.RankTime
+	(*Straggler)(nil),           // 23: gpucoord.v1.Straggler
+	(*Stragglers)(nil),          // 24: gpucoord.v1.Stragglers
+	(*ReportRequest)(nil),       // 25: gpucoord.v1.ReportRequest
+	(*Stopped)(nil),             // 26: gpucoord.v1.Stopped
+	(*ReportResponse)(nil),      // 27: gpucoord.v1.ReportResponse
+	(*MembersRequest)(nil),      // 28: gpucoord.v1.MembersRequest
+	(*MembersResponse)(nil),     // 29: gpucoord.v1.MembersResponse
+	(*LeaveRequest)(nil),        // 30: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),       // 31: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),       // 32: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),      // 33: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),            // 34: gpucoord.v1.JobState
+	(*FollowRequest)(nil),       // 35: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),            // 36: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),       // 37: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),      // 38: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),       // 39: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),          // 40: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),           // 41: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),        // 42: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),      // 43: gpucoord.v1.StatusResponse
+	(*JoinRequest)(nil),         // 44: gpucoord.v1.JoinRequest
+	(*JoinResponse)(nil),        // 45: gpucoord.v1.JoinResponse
+	(*CreateTokenRequest)(nil),  // 46: gpucoord.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil), // 47: gpucoord.v1.CreateTokenResponse
+	(*TokenInfo)(nil),           // 48: gpucoord.v1.TokenInfo
+	(*ListTokensRequest)(nil),   // 49: gpucoord.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),  // 50: gpucoord.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),  // 51: gpucoord.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil), // 52: gpucoord.v1.RevokeTokenResponse
+	(*GossipKeysRequest)(nil),   // 53: gpucoord.v1.GossipKeysRequest
+	(*GossipKeysResponse)(nil),  // 54: gpucoord.v1.GossipKeysResponse
+	nil,                         // 55: gpucoord.v1.JobSpec.EnvEntry
+	nil,                         // 56: gpucoord.v1.TimesBatch.NodesEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	54, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
-	13, // 3: gpucoord.v1.JobSpec.resume_backup:type_name -> gpucoord.v1.Step
-	7,  // 4: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
-	10, // 5: gpucoord.v1.Generation.checkpoint:type_name -> gpucoord.v1.Copies
-	7,  // 6: gpucoord.v1.Generation.stopping:type_name -> gpucoord.v1.Member
-	9,  // 7: gpucoord.v1.Generation.unrestorable:type_name -> gpucoord.v1.Unrestorable
-	6,  // 8: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
-	8,  // 9: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
-	10, // 10: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
-	13, // 11: gpucoord.v1.Step.earlier:type_name -> gpucoord.v1.Step
-	15, // 12: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
-	17, // 13: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
-	21, // 14: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
-	18, // 15: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
-	55, // 16: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
-	22, // 17: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
-	12, // 18: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
-	13, // 19: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
-	16, // 20: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
-	18, // 21: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
-	14, // 22: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
-	25, // 23: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
-	6,  // 24: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 25: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	33, // 26: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	8,  // 27: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	13, // 28: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	13, // 29: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
-	33, // 30: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 31: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	6,  // 32: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	33, // 33: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	8,  // 34: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	13, // 35: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	41, // 36: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	22, // 37: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	39, // 38: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	40, // 39: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	47, // 40: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	47, // 41: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	19, // 42: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
-	43, // 43: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	45, // 44: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	48, // 45: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	50, // 46: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	52, // 47: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 48: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 49: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	24, // 50: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	29, // 51: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	27, // 52: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
-	31, // 53: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	34, // 54: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	36, // 55: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	38, // 56: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	44, // 57: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	46, // 58: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	49, // 59: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	51, // 60: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	53, // 61: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 62: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	11, // 63: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	26, // 64: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	30, // 65: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	28, // 66: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
-	32, // 67: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	35, // 68: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	37, // 69: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	42, // 70: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	57, // [57:71] is the sub-list for method output_type
-	43, // [43:57] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	55, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	14, // 3: gpucoord.v1.JobSpec.resume_backup:type_name -> gpucoord.v1.Step
+	7,  // 4: gpucoord.v1.JobSpec.replan:type_name -> gpucoord.v1.Replan
+	8,  // 5: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
+	11, // 6: gpucoord.v1.Generation.checkpoint:type_name -> gpucoord.v1.Copies
+	8,  // 7: gpucoord.v1.Generation.stopping:type_name -> gpucoord.v1.Member
+	10, // 8: gpucoord.v1.Generation.unrestorable:type_name -> gpucoord.v1.Unrestorable
+	6,  // 9: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
+	9,  // 10: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
+	11, // 11: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
+	14, // 12: gpucoord.v1.Step.earlier:type_name -> gpucoord.v1.Step
+	16, // 13: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
+	18, // 14: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
+	22, // 15: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
+	19, // 16: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
+	56, // 17: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
+	23, // 18: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
+	13, // 19: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
+	14, // 20: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
+	17, // 21: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
+	19, // 22: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
+	15, // 23: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
+	26, // 24: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
+	6,  // 25: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 26: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	34, // 27: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	9,  // 28: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	14, // 29: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	14, // 30: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
+	34, // 31: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 32: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	6,  // 33: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	34, // 34: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	9,  // 35: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	14, // 36: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	42, // 37: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	23, // 38: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	40, // 39: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	41, // 40: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	48, // 41: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	48, // 42: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	20, // 43: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
+	44, // 44: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	46, // 45: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	49, // 46: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	51, // 47: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	53, // 48: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 49: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 50: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	25, // 51: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	30, // 52: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	28, // 53: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
+	32, // 54: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	35, // 55: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	37, // 56: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	39, // 57: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	45, // 58: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	47, // 59: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	50, // 60: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	52, // 61: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	54, // 62: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 63: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	12, // 64: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	27, // 65: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	31, // 66: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	29, // 67: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
+	33, // 68: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	36, // 69: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	38, // 70: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	43, // 71: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	58, // [58:72] is the sub-list for method output_type
+	44, // [44:58] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -4485,7 +4707,7 @@ func file_proto_gpucoord_proto_init() {
 	if File_proto_gpucoord_proto != nil {
 		return
 	}
-	file_proto_gpucoord_proto_msgTypes[23].OneofWrappers = []any{
+	file_proto_gpucoord_proto_msgTypes[24].OneofWrappers = []any{
 		(*ReportRequest_Bootstrap)(nil),
 		(*ReportRequest_Step)(nil),
 		(*ReportRequest_Exit)(nil),
@@ -4499,7 +4721,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   55,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
