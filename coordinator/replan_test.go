@@ -87,7 +87,7 @@ func TestDecideReplan(t *testing.T) {
 			v:    pool(committed(runningOn(pending(4, auto(func(s *pb.JobSpec) { s.Replan.Mode, s.MinNodes = ReplanOff, 2 })), 1, "n0", "n1", "n2", "n3")), "n0", "n1"),
 			want: want{phase: pb.JobState_PENDING, reason: "paused", strikes: map[string]int{"n2": 1, "n3": 1}, policy: &jobPolicy{PendingSince: ms(t0)}}},
 		{name: "a dp 1 job (2 GPUs a node) loses a node: one node's layout, not a pause",
-			v: pool(committed(runningOn(pending(2, auto(func(s *pb.JobSpec) { s.GpusPerNode = 2 })), 1, "n0", "n1")), "n0"),
+			v:    pool(committed(runningOn(pending(2, auto(func(s *pb.JobSpec) { s.GpusPerNode = 2 })), 1, "n0", "n1")), "n0"),
 			plan: tablePlanner{bests: map[int]choice{1: est(2, 1, 1, 2.5)}},
 			want: want{phase: pb.JobState_RUNNING, reason: "re-planned tp 2 pp 2 dp 1 -> tp 2 pp 1 dp 1: 1 node, 41.2 of 80 GiB per GPU, 2.5 s/step estimated",
 				gen: "n0", genNum: 2, dp: 1, resume: 10, strikes: map[string]int{"n1": 1}},
