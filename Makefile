@@ -39,8 +39,8 @@ test-short: ## The unit and integration tests alone (-short: no cluster in a box
 	$(GO) test -race -short -count=1 -timeout 5m $(PKGS)
 
 .PHONY: stress
-stress: ## Kill or preempt an agent at 40 random steps of an elastic job, kill a host of a job with held checkpoints at 20, cut a job's host off at 40 (shared and held checkpoints) and freeze an agent 20 times, measuring the overlap of generations (an hour; needs root; not part of make test)
-	GPUCOORD_STRESS=1 $(GO) test -count=1 -timeout 90m -run 'TestElasticStress|TestClusterHeldStress|TestClusterPartitionStress|TestWorkerFrozenStress' -v ./cmd/gpucoord
+stress: ## Kill or preempt an agent at 40 random steps of an elastic job, kill a host of a job with held checkpoints at 20, cut a job's host off at 40 (shared and held checkpoints) and freeze an agent 20 times, measuring the overlap of generations, and lose one or two hosts of a re-planning job at 20 random steps (80 minutes; needs root; not part of make test)
+	GPUCOORD_STRESS=1 $(GO) test -count=1 -timeout 120m -run 'TestElasticStress|TestClusterHeldStress|TestClusterPartitionStress|TestWorkerFrozenStress|TestClusterReplanStress' -v ./cmd/gpucoord
 
 .PHONY: chaos
 chaos: ## Seeded faults (agents, ranks, hosts cut off, partitions, frozen agents, coordinators, etcd members, delayed links, full /dev/shm) over two jobs on the cluster in a box, and a history checker; SEED=1 DURATION=30m (needs root; make test runs 60 s of seed 1)
