@@ -36,11 +36,12 @@ type PlannerInput struct {
 }
 
 // Limits are the degrees a re-plan may choose: a list allows those values
-// alone; an empty one allows any for tp and pp, and the spec's own for
+// alone; an empty one allows any for tp, pp and dp, and the spec's own for
 // vpp and zero.
 type Limits struct {
 	TP   []int `json:"tp,omitempty"`
 	PP   []int `json:"pp,omitempty"`
+	DP   []int `json:"dp,omitempty"`
 	VPP  []int `json:"vpp,omitempty"`
 	Zero []int `json:"zero,omitempty"`
 }
@@ -170,7 +171,7 @@ func (p *searchPlanner) allows(c topology.Config, n int) bool {
 			vpp = 2 // topology.ShapeSpec's default for interleaved
 		}
 	}
-	if !in(p.in.Limits.TP, c.TP, -1) || !in(p.in.Limits.PP, c.PP, -1) || !in(p.in.Limits.VPP, max(c.VPP, 1), vpp) ||
+	if !in(p.in.Limits.TP, c.TP, -1) || !in(p.in.Limits.PP, c.PP, -1) || !in(p.in.Limits.DP, c.DP, -1) || !in(p.in.Limits.VPP, max(c.VPP, 1), vpp) ||
 		!in(p.in.Limits.Zero, c.Zero, int(p.spec.GetZero())) {
 		return false
 	}

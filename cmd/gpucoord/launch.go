@@ -71,7 +71,7 @@ type launchFlags struct {
 	// Re-planning: --replan, the planner's model and cluster, the limits
 	// and the thresholds.
 	replan, planModel, planCluster string
-	replanTP, replanPP             []int
+	replanTP, replanPP, replanDP   []int
 	replanGain, minSamples         float64
 }
 
@@ -185,6 +185,7 @@ with that rank named.`,
 	fl.StringVar(&f.planCluster, "plan-cluster", "dgx-h100", "with --plan-model: the nodes' GPUs, memory and links (a plan --cluster preset or YAML file)")
 	fl.IntSliceVar(&f.replanTP, "replan-tp", nil, "tensor-parallel degrees a re-plan may choose (default: any the model and a node allow)")
 	fl.IntSliceVar(&f.replanPP, "replan-pp", nil, "pipeline degrees a re-plan may choose (default: any the model allows)")
+	fl.IntSliceVar(&f.replanDP, "replan-dp", nil, "data-parallel degrees a re-plan may choose (default: any the global batch splits into)")
 	fl.Float64Var(&f.replanGain, "replan-gain", coordinator.DefaultGrowGain, "grow into returning nodes only when the planner estimates steps this much shorter (0.1: 10%)")
 	fl.Float64Var(&f.minSamples, "min-samples-per-second", 0, "never run a re-planned layout estimated slower than this; pause instead")
 	fl.StringVar(&f.workdir, "workdir", "", "directory the ranks start in; must exist on every node (default: this directory)")
@@ -328,7 +329,7 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 // planner's input (model, cluster, the job's global batch, the degrees it
 // may choose: for a native job, those its model splits into).
 func (f *launchFlags) replanSpec(c *cobra.Command, spec *pb.JobSpec, job *engine.Job) error {
-	for _, name := range []string{"plan-cluster", "replan-tp", "replan-pp"} {
+	for _, name := range []string{"plan-cluster", "replan-tp", "replan-pp", "replan-dp"} {
 		if c.Flags().Changed(name) && f.planModel == "" {
 			return fmt.Errorf("--%s is for re-planning: give --plan-model too", name)
 		}
@@ -356,7 +357,7 @@ func (f *launchFlags) replanSpec(c *cobra.Command, spec *pb.JobSpec, job *engine
 		// by every re-plan.
 		base.GlobalBatch = topology.DefaultGlobalBatch(cl, base.MicroBatch)
 	}
-	limits := coordinator.Limits{TP: f.replanTP, PP: f.replanPP}
+	limits := coordinator.Limits{TP: f.replanTP, PP: f.replanPP, DP: f.replanDP}
 	if job != nil {
 		// The native engine splits model.hidden over tp and model.blocks
 		// over pp (times vpp): only those degrees.

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -22,14 +23,20 @@ import (
 var replanArgs = []string{"--plan-model", "gpt-1.7b", "--plan-cluster", "dgx-h100"}
 
 // plannerBest is the layout `gpucoord plan --auto` ranks first for the
-// re-planning tests' job on nodes nodes of 2 GPUs ("tp 2 pp 1 dp 2") and
-// its estimated step. The search fixes what a re-plan keeps (micro-batch,
-// recomputation, vpp, zero, schedule); mlp48's hidden (256) and blocks
-// (8) allow every tp and pp up to 2 GPUs a node and 8 nodes.
+// re-planning tests' native job on nodes nodes of 2 GPUs ("tp 2 pp 1 dp
+// 2") and its estimated step. The search fixes what a re-plan keeps
+// (micro-batch, recomputation, vpp, zero, schedule); mlp48's hidden (256)
+// and blocks (8) allow every tp and pp up to 2 GPUs a node and 8 nodes.
 func plannerBest(t *testing.T, exe string, nodes int) (string, float64) {
+	return plannerBestOf(t, exe, nodes, 2, 48, 4)
+}
+
+// plannerBestOf is plan --auto's first layout for gpt-1.7b on nodes nodes
+// of gpus DGX H100 GPUs at a global batch and micro-batch.
+func plannerBestOf(t *testing.T, exe string, nodes, gpus, global, micro int) (string, float64) {
 	t.Helper()
-	out, err := exec.CommandContext(t.Context(), exe, "plan", "--auto", "--cluster", "dgx-h100", "--nodes", strconv.Itoa(nodes), "--gpus-per-node", "2",
-		"--model", "gpt-1.7b", "--global-batch", "48", "--micro-batch", "4", "--recompute", "none", "--zero", "0", "--vpp", "1",
+	out, err := exec.CommandContext(t.Context(), exe, "plan", "--auto", "--cluster", "dgx-h100", "--nodes", strconv.Itoa(nodes), "--gpus-per-node", strconv.Itoa(gpus),
+		"--model", "gpt-1.7b", "--global-batch", strconv.Itoa(global), "--micro-batch", strconv.Itoa(micro), "--recompute", "none", "--zero", "0", "--vpp", "1",
 		"--schedule", "1f1b", "--top", "1", "--json").Output()
 	if err != nil {
 		t.Fatalf("plan --auto on %d nodes: %v", nodes, err)
@@ -178,5 +185,83 @@ func TestClusterReplanStress(t *testing.T) {
 		}
 		at, back := 5+rng.IntN(60), i%2 == 0
 		t.Run(fmt.Sprintf("kill-%v-at-%d-back-%v", victims, at, back), func(t *testing.T) { replanRun(t, victims, at, back) })
+	}
+}
+
+// gptSteps reads gpt3d.py's "step N loss L" lines (a restarted
+// generation's repeat overwrites the step).
+func gptSteps(out string) map[int]float64 {
+	m := map[int]float64{}
+	for _, line := range strings.Split(out, "\n") {
+		if i := strings.Index(line, "] step "); i >= 0 {
+			line = line[i+2:]
+		}
+		var n int
+		var l float64
+		if k, _ := fmt.Sscanf(line, "step %d loss %g", &n, &l); k == 2 {
+			m[n] = l
+		}
+	}
+	return m
+}
+
+// TestClusterTorchGPT3DReplan: examples/pytorch/gpt3d.py at tp 2, pp 2,
+// dp 2 on two hosts of 4 ranks (gloo, float64) checkpoints every step,
+// layout-independent, without a shared directory. One host is killed:
+// gpucoord re-plans the job onto the host left (the layout plan --auto
+// ranks first there, within what gpt3d splits into) and restarts it from
+// the last commit; gpt3d assembles the whole tensors from the slices the
+// old layout wrote and cuts its new ones, and every step's loss equals
+// the one-process run's within 1e-5.
+func TestClusterTorchGPT3DReplan(t *testing.T) {
+	t.Parallel()
+	py := torchPython(t)
+	const steps = 50
+	one := exec.CommandContext(t.Context(), py, "../../examples/pytorch/gpt3d.py")
+	one.Env = append(os.Environ(), "GPT3D_DTYPE=float64", "GPT3D_STEPS="+strconv.Itoa(steps))
+	ref, err := one.Output()
+	if err != nil {
+		t.Fatalf("one process: %v", err)
+	}
+	want := gptSteps(string(ref))
+	b := newBoxCluster(t, testcluster.Config{Hosts: 3})
+	for _, f := range []string{"gpucoord_progress.py", "gpucoord_groups.py"} {
+		b.Install("../../examples/pytorch/" + f) // beside the program, which imports them
+	}
+	prog := b.Install("../../examples/pytorch/gpt3d.py")
+	// The planner's global batch for a program is its default on the
+	// submitted nodes: 8 GPUs x micro-batch 1.
+	onOne, _ := plannerBestOf(t, b.exe, 1, 4, 8, 1)
+	b.coordinator(t, b.Host(1), b.local)
+	b.worker(t, b.Host(2), 4)
+	b.worker(t, b.Host(3), 4)
+	p := b.run(t, b.Host(1), append(append([]string{"launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2",
+		"--max-restarts", "3", "--replan-tp", "1,2,4", "--replan-pp", "1,2,4", "--replan-dp", "1,2,4"}, replanArgs...),
+		"--env", "GPT3D_DTYPE=float64", "--env", "GPT3D_STEPS="+strconv.Itoa(steps), "--", py, prog)...)
+	p.waitLine(t, "generation 1: 2 nodes (h2, h3), 8 ranks, tp 2 pp 2 dp 2", time.Minute)
+	p.waitLine(t, "] step 15 loss", 2*time.Minute)
+	b.Host(3).Kill()
+	line := p.waitLine(t, "generation 2:", time.Minute)
+	t.Logf("%s", line)
+	if m := genLine.FindStringSubmatch(line); m == nil || m[3] != "h2" || m[4] != onOne || !strings.Contains(line, "re-planned tp 2 pp 2 dp 2 -> "+onOne) {
+		t.Fatalf("generation 2 is not %s on h2 (plan --auto's for one host):\n%s", onOne, p.output())
+	}
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	out := p.output()
+	if r := regexp.MustCompile(`resumed after step (\d+) at (tp \d+ pp \d+ dp \d+)`).FindStringSubmatch(out); r == nil || r[2] != onOne {
+		t.Errorf("gpt3d did not say it resumed at %s:\n%s", onOne, out)
+	} else {
+		t.Logf("gpt3d resumed after step %s at %s", r[1], r[2])
+	}
+	got := gptSteps(out)
+	if len(want) != steps || len(got) != steps {
+		t.Fatalf("%d steps in one process, %d in the job:\n%s", len(want), len(got), out)
+	}
+	for n := 1; n <= steps; n++ {
+		if math.Abs(got[n]-want[n]) > 1e-5*math.Abs(want[n]) {
+			t.Errorf("step %d: loss %.9g, %.9g in one process", n, got[n], want[n])
+		}
 	}
 }

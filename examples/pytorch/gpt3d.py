@@ -27,6 +27,15 @@ layout. The last stage's first TP rank of DP replica 0 prints
 
     step N loss L
 
+Under gpucoord every rank speaks the progress channel (gpucoord_progress)
+and the job checkpoints every step, independently of the layout: each
+rank of DP replica 0 writes its slices of the global tensors, by name,
+each with its offsets in the whole tensor, under GPUCOORD_CHECKPOINT_DIR/N
+(tp<T>-pp<P>.pt). A restarted job (GPUCOORD_RESUME_STEP) assembles the
+whole tensors from every file there and cuts its own slices, so it
+resumes under any tp, pp and dp: a job gpucoord re-plans after a loss
+goes on on the same curve.
+
 Environment: GPT3D_STEPS (default 50), GPT3D_MICRO (micro-batches per
 replica, 4), GPT3D_BATCH (global batch, 16), GPT3D_DTYPE (float32 or
 float64), GPT3D_LR (SGD's learning rate, 0.3). The sums over TP and DP run
@@ -37,11 +46,13 @@ sooner.
 import math
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpucoord_progress import Progress, checkpoint_dir, resume_step  # noqa: E402
 
 STEPS = int(os.environ.get("GPT3D_STEPS", "50"))
 MICRO = int(os.environ.get("GPT3D_MICRO", "4"))
@@ -116,11 +127,11 @@ def full_weights():
 
 
 class Stage:
-    """This rank's part of the model: its stage's blocks, its TP slices."""
+    """This rank's part of the model: its stage's blocks, its TP slices of
+    the whole tensors w (full_weights(), or a checkpoint's)."""
 
-    def __init__(self, g):
+    def __init__(self, g, w):
         self.g = g
-        w = full_weights()
         per = LAYERS // g.pp_size
         self.layers = range(g.pp_rank * per, (g.pp_rank + 1) * per)
         self.first, self.last = g.pp_rank == 0, g.pp_rank == g.pp_size - 1
@@ -132,15 +143,39 @@ class Stage:
             p["wte"], p["wpe"] = w["wte"], w["wpe"]
         if self.last:
             p["head"] = w["head"]
-        cols = slice(t * heads * head_dim, (t + 1) * heads * head_dim)
-        hid = slice(t * 4 * HIDDEN // n, (t + 1) * 4 * HIDDEN // n)
+        c0, h0 = t * heads * head_dim, t * 4 * HIDDEN // n
+        cols, hid = slice(c0, c0 + heads * head_dim), slice(h0, h0 + 4 * HIDDEN // n)
+        # Where each parameter lies in its whole tensor: the shape it is
+        # cut from and its offsets there (a checkpoint's pieces).
+        self.pieces = {k: (tuple(w[k].shape), (0, 0)) for k in p}
         for layer in self.layers:
             qkv = w[f"{layer}.qkv"].view(HIDDEN, 3, HIDDEN)[:, :, cols]
             p[f"{layer}.qkv"] = qkv.reshape(HIDDEN, -1)
+            self.pieces[f"{layer}.qkv"] = ((HIDDEN, 3, HIDDEN), (0, 0, c0))
             p[f"{layer}.proj"] = w[f"{layer}.proj"][cols, :]
+            self.pieces[f"{layer}.proj"] = (tuple(w[f"{layer}.proj"].shape), (c0, 0))
             p[f"{layer}.fc1"] = w[f"{layer}.fc1"][:, hid]
+            self.pieces[f"{layer}.fc1"] = (tuple(w[f"{layer}.fc1"].shape), (0, h0))
             p[f"{layer}.fc2"] = w[f"{layer}.fc2"][hid, :]
+            self.pieces[f"{layer}.fc2"] = (tuple(w[f"{layer}.fc2"].shape), (h0, 0))
         self.params = {k: v.clone().requires_grad_(True) for k, v in p.items()}
+
+    def save(self, step):
+        """Write this rank's slices of step's state: each parameter by its
+        whole tensor's name, with that tensor's shape and its offsets."""
+        g, d = self.g, checkpoint_dir(step)
+        os.makedirs(d, exist_ok=True)
+        out = {}
+        for k, v in self.params.items():
+            shape, offset = self.pieces[k]
+            local = v.detach()
+            if len(shape) == 3:  # qkv: (HIDDEN, 3, heads of this rank)
+                local = local.view(HIDDEN, 3, -1)
+            out[k] = {"shape": shape, "offset": offset, "data": local.to("cpu").clone()}
+        path = os.path.join(d, f"tp{g.tp_rank}-pp{g.pp_rank}.pt")
+        torch.save(out, path + ".tmp")
+        os.replace(path + ".tmp", path)
+
 
     def forward(self, x):
         """x: token ids (first stage) or the previous stage's activations."""
@@ -162,6 +197,28 @@ class Stage:
         if self.last:
             x = torch.nn.functional.layer_norm(x, (HIDDEN,)) @ p["head"]
         return x
+
+
+def load_weights(step):
+    """The whole tensors of step's checkpoint, assembled from every rank's
+    slices there, whatever layout wrote them."""
+    d = checkpoint_dir(step)
+    w = {}
+    files = sorted(f for f in os.listdir(d) if f.endswith(".pt"))
+    if not files:
+        sys.exit(f"no checkpoint files of step {step} in {d}")
+    for f in files:
+        for k, piece in torch.load(os.path.join(d, f)).items():
+            shape, offset, data = piece["shape"], piece["offset"], piece["data"]
+            if k not in w:
+                w[k] = torch.full(shape, float("nan"), dtype=data.dtype)
+            w[k][tuple(slice(o, o + n) for o, n in zip(offset, data.shape))] = data
+    for k, v in w.items():
+        if torch.isnan(v).any():
+            sys.exit(f"checkpoint of step {step} in {d}: {k} is not whole (files: {files})")
+        w[k] = v.view(HIDDEN, 3 * HIDDEN) if v.dim() == 3 else v
+        w[k] = w[k].to(DEVICE, DTYPE)
+    return w
 
 
 def batch(step):
@@ -275,11 +332,29 @@ def main():
         g = Single()
     if BATCH % (g.dp_size * MICRO) or LAYERS % g.pp_size or HEADS % g.tp_size:
         sys.exit(f"batch {BATCH} over dp {g.dp_size} x {MICRO} micro-batches, {LAYERS} layers over pp {g.pp_size}, {HEADS} heads over tp {g.tp_size}: one does not split")
-    stage = Stage(g)
-    for step in range(1, STEPS + 1):
+    start = resume_step()
+    stage = Stage(g, load_weights(start) if start > 0 else full_weights())
+    if start > 0 and g.tp_rank == 0 and g.pp_rank == 0 and g.dp_rank == 0:
+        print(f"resumed after step {start} at tp {g.tp_size} pp {g.pp_size} dp {g.dp_size}", flush=True)
+    under = bool(os.environ.get("GPUCOORD_PROGRESS"))
+    prog = Progress()
+    last = g.pp_ranks[-1] if g.pp_size > 1 else None
+    for step in range(start + 1, STEPS + 1):
+        began = time.monotonic()
         loss = train_step(stage, g, step)
         if loss is not None and g.tp_rank == 0 and g.dp_rank == 0:
             print(f"step {step} loss {loss:.9f}", flush=True)
+        if not under:
+            continue
+        # Every rank reports the loss: the last stage's, sent to the rest.
+        t = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64, device=DEVICE)
+        if g.pp_size > 1:
+            dist.broadcast(t, src=last, group=g.pp)
+        if g.dp_rank == 0:
+            stage.save(step)
+        prog.checkpoint(step)
+        prog.step(step, loss=t.item(), seconds=time.monotonic() - began)
+    prog.close()
     if dist.is_initialized():
         dist.destroy_process_group()
 
