@@ -396,3 +396,46 @@ func TestPlanFailures(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanFailuresLlama70B: plan --failures 4 for llama-70b on 16 DGX H100
+// nodes (the default global batch, 128 sequences, kept by every row): each
+// row's layout and step time are what plan --auto chooses on the nodes the
+// row uses, at that batch.
+func TestPlanFailuresLlama70B(t *testing.T) {
+	out, code, err := runCLI(t, "plan", "--cluster", "dgx-h100", "--nodes", "16", "--model", "llama-70b", "--failures", "4", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %v\n%s", code, err, out)
+	}
+	var doc planFailuresJSON
+	if err := json.Unmarshal([]byte(out), &doc); err != nil || len(doc.Failures) != 5 {
+		t.Fatalf("%v %+v\n%s", err, doc, out)
+	}
+	for _, f := range doc.Failures {
+		if f.Pauses {
+			t.Errorf("%d nodes left: pauses", f.Nodes)
+			continue
+		}
+		auto, code, err := runCLI(t, "plan", "--auto", "--cluster", "dgx-h100", "--nodes", strconv.Itoa(f.Used), "--model", "llama-70b",
+			"--global-batch", "128", "--top", "1", "--json")
+		if code != 0 {
+			t.Fatalf("plan --auto on %d nodes: exit %d: %v", f.Used, code, err)
+		}
+		var best struct {
+			Plans []struct {
+				Parallel struct {
+					TP, PP, DP, VPP, Zero int
+					MicroBatch            int `json:"micro_batch"`
+				}
+				Step struct{ Seconds float64 } `json:"step"`
+			} `json:"plans"`
+		}
+		if err := json.Unmarshal([]byte(auto), &best); err != nil || len(best.Plans) == 0 {
+			t.Fatalf("plan --auto on %d nodes: %v\n%s", f.Used, err, auto)
+		}
+		a := best.Plans[0]
+		if a.Parallel.TP != f.TP || a.Parallel.PP != f.PP || a.Parallel.DP != f.DP || max(a.Parallel.VPP, 1) != max(f.VPP, 1) ||
+			a.Parallel.Zero != f.Zero || a.Parallel.MicroBatch != f.MicroBatch || a.Step.Seconds != f.StepSec {
+			t.Errorf("%d lost: --failures %s (%.4g s), --auto on %d nodes %+v (%.4g s)", f.Lost, f.Layout, f.StepSec, f.Used, a.Parallel, a.Step.Seconds)
+		}
+	}
+}
