@@ -329,6 +329,21 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 // planner's input (model, cluster, the job's global batch, the degrees it
 // may choose: for a native job, those its model splits into).
 func (f *launchFlags) replanSpec(c *cobra.Command, spec *pb.JobSpec, job *engine.Job) error {
+	if job != nil && job.Replan != nil {
+		r := job.Replan
+		// The job file's replan section, where no flag overrides it.
+		for name, set := range map[string]func(){
+			"replan":                 func() { f.replan = r.Mode },
+			"plan-model":             func() { f.planModel = r.Model },
+			"plan-cluster":           func() { f.planCluster = cmp.Or(r.Cluster, f.planCluster) },
+			"replan-gain":            func() { f.replanGain = cmp.Or(r.Gain, f.replanGain) },
+			"min-samples-per-second": func() { f.minSamples = r.MinSamplesPerSecond },
+		} {
+			if !c.Flags().Changed(name) {
+				set()
+			}
+		}
+	}
 	for _, name := range []string{"plan-cluster", "replan-tp", "replan-pp", "replan-dp"} {
 		if c.Flags().Changed(name) && f.planModel == "" {
 			return fmt.Errorf("--%s is for re-planning: give --plan-model too", name)
@@ -476,7 +491,9 @@ func printLaunchPlan(w io.Writer, spec *pb.JobSpec, asJSON bool) error {
 		Order  string          `json:"order"`
 		Nodes  []nodeRow       `json:"nodes"`
 		Groups topology.Groups `json:"groups"`
-	}{Job: spec.Id, World: l.World(), TP: l.TP, PP: l.PP, DP: l.DP, Order: cmp.Or(spec.Order, l.Order.String()), Groups: l.Groups()}
+		Replan *replanJSON     `json:"replan,omitempty"`
+	}{Job: spec.Id, World: l.World(), TP: l.TP, PP: l.PP, DP: l.DP, Order: cmp.Or(spec.Order, l.Order.String()), Groups: l.Groups(),
+		Replan: newReplanJSON(spec)}
 	g := int(spec.GpusPerNode)
 	for n := range int(spec.Nodes) {
 		name := fmt.Sprintf("node%d", n)
@@ -514,7 +531,45 @@ func printLaunchPlan(w io.Writer, spec *pb.JobSpec, asJSON bool) error {
 	}{{"tp", doc.Groups.TP}, {"pp", doc.Groups.PP}, {"dp", doc.Groups.DP}} {
 		fmt.Fprintf(w, "  %s groups: %v\n", ax.name, ax.groups)
 	}
+	if r := doc.Replan; r != nil {
+		line := "  when the nodes change: " + r.Mode
+		if r.Model != "" {
+			line += fmt.Sprintf(" (the planner's fastest layout of %s on %s", r.Model, r.Cluster)
+			for _, x := range []struct {
+				name string
+				v    []int
+			}{{"tp", r.Limits.TP}, {"pp", r.Limits.PP}, {"dp", r.Limits.DP}} {
+				if len(x.v) > 0 {
+					line += fmt.Sprintf(", %s %s", x.name, strings.Trim(strings.Join(strings.Fields(fmt.Sprint(x.v)), ","), "[]"))
+				}
+			}
+			line += fmt.Sprintf("; grows for %.0f%% shorter steps)", 100*r.GrowGain)
+		}
+		fmt.Fprintln(w, line)
+	}
 	return nil
+}
+
+// replanJSON is launch --dry-run's account of a job's re-planning.
+type replanJSON struct {
+	Mode     string             `json:"mode"`
+	Model    string             `json:"model,omitempty"`
+	Cluster  string             `json:"cluster,omitempty"`
+	Limits   coordinator.Limits `json:"limits,omitzero"`
+	GrowGain float64            `json:"grow_gain,omitempty"`
+	MinRate  float64            `json:"min_samples_per_second,omitempty"`
+}
+
+func newReplanJSON(spec *pb.JobSpec) *replanJSON {
+	r := &replanJSON{Mode: coordinator.ReplanMode(spec)}
+	if b := spec.GetReplan().GetPlanner(); len(b) > 0 {
+		var in coordinator.PlannerInput
+		if json.Unmarshal(b, &in) == nil {
+			r.Model, r.Cluster, r.Limits = in.Model.Name, in.Cluster.Name, in.Limits
+		}
+		r.GrowGain, r.MinRate = cmp.Or(spec.GetReplan().GetGrowGain(), coordinator.DefaultGrowGain), spec.GetReplan().GetMinSamplesPerSecond()
+	}
+	return r
 }
 
 // plural returns "s" unless n is 1.

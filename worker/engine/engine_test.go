@@ -268,7 +268,7 @@ seed: 3
 		wantErr string
 	}{
 		{"good", good, ""},
-		{"unknown field", good + "epochs: 3\n", `unknown field "epochs" (known: batch, model, name, optimizer, seed, steps)`},
+		{"unknown field", good + "epochs: 3\n", `unknown field "epochs" (known: batch, model, name, optimizer, replan, seed, steps)`},
 		{"unknown model field", strings.Replace(good, "outputs: 3}", "outputs: 3, hiden: 4}", 1),
 			`unknown field "hiden" in model (known: activation, blocks, hidden, loss, outputs, width)`},
 		{"bad activation", strings.Replace(good, "outputs: 3}", "outputs: 3, activation: relu6}", 1), "model.activation"},

@@ -41,6 +41,20 @@ type Job struct {
 	Steps int `yaml:"steps"`
 	// Seed fixes the initial weights, the teacher and the data.
 	Seed uint64 `yaml:"seed"`
+	// Replan is how gpucoord launch re-plans the job when its nodes
+	// change (launch's --replan flags override it); the engine does not
+	// read it.
+	Replan *ReplanSpec `yaml:"replan,omitempty"`
+}
+
+// ReplanSpec is a job file's replan section: launch's --replan,
+// --plan-model, --plan-cluster, --replan-gain and --min-samples-per-second.
+type ReplanSpec struct {
+	Mode                string  `yaml:"mode,omitempty"`
+	Model               string  `yaml:"model,omitempty"`
+	Cluster             string  `yaml:"cluster,omitempty"`
+	Gain                float64 `yaml:"gain,omitempty"`
+	MinSamplesPerSecond float64 `yaml:"min_samples_per_second,omitempty"`
 }
 
 // ModelSpec is a residual MLP: Blocks blocks of
