@@ -66,7 +66,7 @@ var genLine = regexp.MustCompile(`generation (\d+): (\d+) nodes? \(([^)]*)\), \d
 // restarts the victims' agents and checks the job grows back into the
 // planner's layout for four. Every loss is train --np 1's.
 func replanRun(t *testing.T, victims []int, at int, back bool) {
-	const steps = 400
+	const steps = 160
 	b := newBoxCluster(t, testcluster.Config{Hosts: 5})
 	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 	left := 4 - len(victims)
