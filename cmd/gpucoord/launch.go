@@ -397,6 +397,9 @@ func (f *launchFlags) replanSpec(c *cobra.Command, spec *pb.JobSpec, job *engine
 		return err
 	}
 	spec.Replan = &pb.Replan{Mode: f.replan, Planner: in, GrowGain: f.replanGain, MinSamplesPerSecond: f.minSamples}
+	if coordinator.ReplanMode(spec) == coordinator.ReplanAuto && !c.Flags().Changed("min-nodes") {
+		spec.MinNodes = 0 // re-planned down to one node, not Slurm's default of one replica's nodes
+	}
 	return nil
 }
 
