@@ -10,5 +10,7 @@
 package gpucoordpb
 
 // ProtocolVersion is the version of this protocol. A coordinator refuses an
-// agent that speaks another.
-const ProtocolVersion = 5
+// agent that speaks another. 6: a generation carries its own layout (an
+// agent of 5 would run a re-planned generation at the spec's), and agents
+// check replicated checkpoints with CRC-32C.
+const ProtocolVersion = 6

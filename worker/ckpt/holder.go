@@ -40,11 +40,11 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -71,9 +71,17 @@ const maxStepFiles = 1 << 16
 // most: a header and padding per file, and the checksums entry.
 const streamSlack = maxStepFiles*1024 + 17<<20
 
-// sumsEntry is the last entry of a step's tar stream: "<sha256>  <name>"
-// lines, one per file.
-const sumsEntry = ".sha256"
+// sumsEntry is the last entry of a step's tar stream: "<crc32c>  <name>"
+// lines, one per file. The stream runs over mutual TLS, whose AES-GCM
+// already authenticates every byte against a peer: the checksum catches a
+// file that changed while it was read or a stream cut short, for which
+// CRC-32C (hardware-computed, Castagnoli) is enough at a fraction of
+// SHA-256's cost (BenchmarkReplicate: 30% of the replication's CPU was
+// SHA-256).
+const sumsEntry = ".crc32c"
+
+// castagnoli is CRC-32C's table.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Holder is one node's store of checkpoints.
 type Holder struct {
@@ -601,7 +609,7 @@ func writeTar(ctx context.Context, w io.Writer, dir string) error {
 		if err := tw.WriteHeader(&tar.Header{Name: filepath.ToSlash(rel), Mode: 0o644, Size: fi.Size(), ModTime: fi.ModTime(), Typeflag: tar.TypeReg}); err != nil {
 			return err
 		}
-		hash := sha256.New()
+		hash := crc32.New(castagnoli)
 		n, err := io.CopyBuffer(io.MultiWriter(tw, hash), io.LimitReader(f, fi.Size()), buf)
 		if err != nil {
 			return err
@@ -693,7 +701,7 @@ func readTar(r io.Reader, dst string, limit int64) error {
 			return err
 		}
 		files = append(files, staged{tmp: tmp, final: final})
-		hash := sha256.New()
+		hash := crc32.New(castagnoli)
 		_, err = io.CopyBuffer(io.MultiWriter(f, hash), tr, buf)
 		if cerr := f.Close(); err == nil {
 			err = cerr
