@@ -74,6 +74,11 @@ func ValidateSpecWith(j *pb.JobSpec, name func(field string) string) error {
 			j.GetResumeBackup().GetStep(), j.GetResumeBackup().GetDp(), name("checkpoint_backup"), j.GetCheckpointBackup())
 	case j.GetHangTimeoutMs() != 0 && j.GetHangTimeoutMs() < 100:
 		return fmt.Errorf("%s %dms: want at least 100ms (0 derives it from the step times)", name("hang_timeout_ms"), j.GetHangTimeoutMs())
+	case j.GetCheckpointOverhead() < 0 || j.GetCheckpointOverhead() >= 1:
+		return fmt.Errorf("%s %g: want a share of the step time in [0, 1), such as 0.05", name("checkpoint_overhead"), j.GetCheckpointOverhead())
+	case j.GetCheckpointOverhead() > 0 && (j.GetCheckpointEvery() > 0 || len(j.GetNativeJob()) == 0):
+		return fmt.Errorf("%s chooses the native engine's checkpoint interval: not with %s, nor for a program (which checkpoints when it says)",
+			name("checkpoint_overhead"), name("checkpoint_every"))
 	case j.GetWorkdir() != "" && !filepath.IsAbs(j.GetWorkdir()):
 		return fmt.Errorf("%s %q: want an absolute path", name("workdir"), j.GetWorkdir())
 	}

@@ -88,6 +88,7 @@ func NativeConfig(asg *pb.Assignment) (*engine.Config, error) {
 	// it into (the rank's GPUCOORD_CHECKPOINT_DIR), where ranks checkpoint
 	// every step unless the job says otherwise.
 	cfg.CheckpointEvery = int(spec.GetCheckpointEvery())
+	cfg.CheckpointOverhead = spec.GetCheckpointOverhead()
 	if g := asg.Generation; g.GetResumeTp() > 0 {
 		// The files of the resume step were cut by the generation that
 		// wrote them (re-planned, maybe another layout than this one's).
@@ -100,7 +101,7 @@ func NativeConfig(asg *pb.Assignment) (*engine.Config, error) {
 			return nil, fmt.Errorf("%s is not set: the agent holds this job's checkpoints", EnvCheckpointDir)
 		}
 		cfg.LocalCheckpoints = true
-		if cfg.CheckpointEvery == 0 {
+		if cfg.CheckpointEvery == 0 && spec.GetCheckpointOverhead() == 0 {
 			cfg.CheckpointEvery = 1
 		}
 	}

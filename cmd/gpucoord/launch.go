@@ -73,6 +73,7 @@ type launchFlags struct {
 	replan, planModel, planCluster string
 	replanTP, replanPP, replanDP   []int
 	replanGain, minSamples         float64
+	ckptOverhead                   string
 }
 
 func newLaunchCmd() *cobra.Command {
@@ -168,6 +169,7 @@ with that rank named.`,
 	fl.BoolVar(&f.evictStragglers, "evict-stragglers", false, "treat a node with a straggling rank (2x the median compute time for 3 windows) as failed: the job goes on without it")
 	fl.IntVar(&f.minNodes, "min-nodes", 0, "after a node is lost, go on with as few as this many nodes (default --nodes: no shrinking)")
 	fl.IntVar(&f.ckptEvery, "checkpoint-every", 0, "native: checkpoint every N steps (and after the last); a new generation resumes from the last committed (default: every step when the agents hold the checkpoints, only the last with --checkpoint-dir)")
+	fl.StringVar(&f.ckptOverhead, "checkpoint-overhead", "", "native, instead of --checkpoint-every: choose the interval as the job trains so that checkpoints add at most this share of the step time (5% or 0.05), printing the steps a loss may redo")
 	fl.IntVar(&f.keepCkpts, "keep-checkpoints", 2, "committed checkpoint steps each node keeps; older ones are removed after each commit (0 keeps every one in a --checkpoint-dir, 2 in the agents' memory)")
 	fl.StringVar(&f.ckptDir, "checkpoint-dir", "", "a directory every node mounts for the checkpoints, checked at every generation (default: none, the agents hold them: node-local, in /dev/shm when it has room, replicated to peers)")
 	fl.IntVar(&f.ckptReplicas, "checkpoint-replicas", worker.DefaultReplicas, "without --checkpoint-dir: how many nodes hold each node's files of a step, itself included; a step is committed when all are in place")
@@ -228,6 +230,17 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		spec.CheckpointReplicas = int32(f.ckptReplicas)
 	} else if c.Flags().Changed("checkpoint-replicas") {
 		return nil, errors.New("--checkpoint-replicas is for checkpoints the agents hold, not with --checkpoint-dir")
+	}
+	if f.ckptOverhead != "" {
+		v, pct := strings.CutSuffix(strings.TrimSpace(f.ckptOverhead), "%")
+		x, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return nil, fmt.Errorf("--checkpoint-overhead %q: want a share such as 5%% or 0.05", f.ckptOverhead)
+		}
+		if pct {
+			x /= 100
+		}
+		spec.CheckpointOverhead = x
 	}
 	if spec.CheckpointBackup != "" && !c.Flags().Changed("backup-every") {
 		spec.BackupEvery = 10

@@ -563,9 +563,13 @@ type JobSpec struct {
 	// requeued): its step, and the generation and dp that wrote it.
 	ResumeBackup *Step `protobuf:"bytes,32,opt,name=resume_backup,json=resumeBackup,proto3" json:"resume_backup,omitempty"`
 	// replan says how a generation is laid out when the job's nodes change.
-	Replan        *Replan `protobuf:"bytes,33,opt,name=replan,proto3" json:"replan,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Replan *Replan `protobuf:"bytes,33,opt,name=replan,proto3" json:"replan,omitempty"`
+	// checkpoint_overhead, above 0 (a native job with no checkpoint_every),
+	// makes the ranks choose the checkpoint interval as they train, so that
+	// checkpoints add at most this share of the step time (0.05: 5%).
+	CheckpointOverhead float64 `protobuf:"fixed64,34,opt,name=checkpoint_overhead,json=checkpointOverhead,proto3" json:"checkpoint_overhead,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -827,6 +831,13 @@ func (x *JobSpec) GetReplan() *Replan {
 		return x.Replan
 	}
 	return nil
+}
+
+func (x *JobSpec) GetCheckpointOverhead() float64 {
+	if x != nil {
+		return x.CheckpointOverhead
+	}
+	return 0
 }
 
 // Replan is a job's re-planning policy. Under "auto", a generation made
@@ -4213,7 +4224,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x03R\aleaseId\x12#\n" +
-	"\rfrom_revision\x18\x03 \x01(\x03R\ffromRevision\"\xfa\b\n" +
+	"\rfrom_revision\x18\x03 \x01(\x03R\ffromRevision\"\xab\t\n" +
 	"\aJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\x12\x1b\n" +
@@ -4253,7 +4264,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"submission\x18\x1f \x01(\tR\n" +
 	"submission\x126\n" +
 	"\rresume_backup\x18  \x01(\v2\x11.gpucoord.v1.StepR\fresumeBackup\x12+\n" +
-	"\x06replan\x18! \x01(\v2\x13.gpucoord.v1.ReplanR\x06replan\x1a6\n" +
+	"\x06replan\x18! \x01(\v2\x13.gpucoord.v1.ReplanR\x06replan\x12/\n" +
+	"\x13checkpoint_overhead\x18\" \x01(\x01R\x12checkpointOverhead\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x88\x01\n" +

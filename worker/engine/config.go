@@ -39,6 +39,12 @@ type Config struct {
 	// CheckpointEvery writes a checkpoint after every this many steps, and
 	// after the last; 0 with a CheckpointDir means only after the last.
 	CheckpointEvery int
+	// CheckpointOverhead, above 0 with a CheckpointDir and no
+	// CheckpointEvery, chooses the interval as the run goes so that
+	// checkpoints add at most this share of the training time (0.05: 5%):
+	// Cadence, fed each step's largest time over the world (one all-reduce
+	// of a value per step).
+	CheckpointOverhead float64
 	// Preempted, when set with a CheckpointDir, is asked after every step:
 	// if it is true on any rank (an all-reduce of one value per step), every
 	// rank checkpoints that step, and the preempted ranks return
@@ -143,6 +149,8 @@ func (c *Config) Validate() error {
 		return bad("dp %d and virtual stages %d must be at least 1 (a Config holds them resolved; NewConfig derives them)", c.DP, c.Virtual)
 	case c.Stage().Validate() != nil:
 		return bad("ZeRO stage %d: want 0, 1, 2 or 3", c.Zero)
+	case c.CheckpointOverhead < 0 || c.CheckpointOverhead >= 1 || c.CheckpointOverhead > 0 && c.CheckpointEvery > 0:
+		return bad("checkpoint overhead %g with checkpoint every %d: want a share in [0, 1) and not both", c.CheckpointOverhead, c.CheckpointEvery)
 	case c.CheckpointEvery < 0 || c.Resume < 0 || c.Resume > c.Job.Steps:
 		return bad("checkpoint every %d and resume after %d steps: want both >= 0 and resume <= steps %d", c.CheckpointEvery, c.Resume, c.Job.Steps)
 	case sharding.CheckKeep(c.KeepCheckpoints) != nil:

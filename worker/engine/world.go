@@ -127,6 +127,10 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 	}
 	bg := &background{r: r, root: cfg.CheckpointDir, done: cfg.Checkpointed}
 	defer bg.wait()
+	var cadence *Cadence
+	if cfg.CheckpointOverhead > 0 && cfg.CheckpointDir != "" {
+		cadence = NewCadence(cfg.CheckpointOverhead)
+	}
 	for s := cfg.Resume; s < cfg.Job.Steps; s++ {
 		start := time.Now()
 		loss, err := r.Step(ctx, s)
@@ -155,7 +159,11 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 			preempted = flag[0] > 0
 		}
 		n := s + 1
-		due := cfg.CheckpointDir != "" && (preempted || n == cfg.Job.Steps || cfg.CheckpointEvery > 0 && n%cfg.CheckpointEvery == 0)
+		every := cfg.CheckpointEvery > 0 && n%cfg.CheckpointEvery == 0
+		if cadence != nil {
+			every = cadence.Due(n - cfg.Resume)
+		}
+		due := cfg.CheckpointDir != "" && (preempted || n == cfg.Job.Steps || every)
 		if due && cfg.LocalCheckpoints {
 			// Snapshot now, write while the next step runs; a preempted
 			// rank waits for its write.
@@ -184,6 +192,18 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 		// and barrier, and the wait for the one before to be stored.
 		res.Seconds = time.Since(start).Seconds()
 		res.SamplesPerSec = float64(cfg.Job.Batch.Global) / res.Seconds
+		if cadence != nil {
+			// Every rank tells its Cadence the same: the world's slowest.
+			t := []float64{res.Seconds}
+			if err := world.AllReduce(ctx, collectives.Float64s(t), collectives.Max); err != nil {
+				return r, fmt.Errorf("rank %d %+v: step time: %w", world.Rank(), coord, err)
+			}
+			was := cadence.Interval()
+			cadence.Observe(n-cfg.Resume, t[0], due)
+			if cadence.Interval() != was && world.Rank() == 0 {
+				r.log.Info("checkpoint cadence", "after_step", n, "choice", cadence.String())
+			}
+		}
 		if report != nil {
 			if err := report(res); err != nil {
 				return r, err
