@@ -110,6 +110,10 @@ func replanRun(t *testing.T, victims []int, at int, back bool) {
 	if m[4] != shrunk || !strings.HasSuffix(replanned.FindString(last), "-> "+shrunk) {
 		t.Fatalf("the generation on the %d hosts left is not %s (plan --auto's):\n%s", left, shrunk, p.output())
 	}
+	// Its ranks start once the lost hosts' leases have ended (and the
+	// fence margin): no two generations at once.
+	p.waitLine(t, fmt.Sprintf(`"generation":%s,"dp":`, m[1]), time.Minute)
+	t.Logf("its first step %s after the kill", time.Since(killed).Round(time.Millisecond))
 	for _, n := range names {
 		if strings.Contains(m[3], n) {
 			t.Errorf("the generation on the hosts left runs on %s, killed", n)
