@@ -67,7 +67,14 @@ func TestCheckpointCosts(t *testing.T) {
 						sampled <- peak
 						return
 					case <-tick.C:
-						peak = max(peak, dirBytes("/dev/shm/gpucoord-checkpoints"))
+						// launch --standalone's agents hold theirs in a
+						// directory of their own there.
+						var held int64
+						dirs, _ := filepath.Glob("/dev/shm/gpucoord-standalone-*")
+						for _, d := range dirs {
+							held += dirBytes(d)
+						}
+						peak = max(peak, held)
 					}
 				}
 			}()
