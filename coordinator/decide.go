@@ -842,7 +842,9 @@ func admit(v *view, now time.Time, p policy) decision {
 	if r.lost != "" {
 		return d // a running job grows from a step it can restore, or not at all
 	}
-	return nextGeneration(v, r, nodes[:f.n], f, "nodes joined: "+strings.Join(added[:max(0, min(len(added), f.n-len(j.gen.Members)))], ", "), now)
+	// nodes are the members, then the added: fit took the first f.n.
+	joined := added[:min(len(added), f.n-len(j.gen.Members))]
+	return nextGeneration(v, r, nodes[:f.n], f, "nodes joined: "+strings.Join(joined, ", "), now)
 }
 
 // nextGeneration is the decision to run generation g+1 of the job on
