@@ -65,6 +65,7 @@ type launchFlags struct {
 	// for each other at start, and the step launch runs in (nil outside
 	// one).
 	slurmMode, mungeSocket string
+	gossipProfile          string
 	spares                 int
 	bootTimeout            time.Duration
 	slurm                  *slurm.Env
@@ -179,6 +180,7 @@ with that rank named.`,
 	fl.StringArrayVar(&f.env, "env", nil, "KEY=VALUE added to every rank's environment (repeatable)")
 	fl.StringVar(&f.output, "output", outputAll, "the ranks' output to show: all (each line behind its rank's tag), rank0, or failed (the last lines of a rank that fails)")
 	fl.StringVar(&f.slurmMode, "slurm", string(slurm.ModeAuto), "run as the tasks of a Slurm step (srun --ntasks-per-node=1 gpucoord launch ...): auto (when SLURM_JOB_ID and SLURM_STEP_ID are set and neither --standalone nor --coordinator is given), on, or off")
+	fl.StringVar(&f.gossipProfile, "gossip-profile", "lan", "under Slurm: the step's failure detection, as coordinator --gossip-profile: lan (a dead node found in about a second) or wan (round trips of hundreds of ms, or nodes whose cores training starves; tens of seconds)")
 	fl.IntVar(&f.spares, "spares", 0, "under Slurm: nodes of the step kept as hot spares (--nodes defaults to the step's nodes less these)")
 	fl.StringVar(&f.mungeSocket, "munge-socket", "", "under Slurm: munged's socket (default: slurm.conf's AuthInfo=socket=, else munge's own)")
 	fl.DurationVar(&f.bootTimeout, "slurm-start-timeout", 2*time.Minute, "under Slurm: how long the step's tasks wait for each other at start")
@@ -203,6 +205,9 @@ func (f *launchFlags) spec(c *cobra.Command, args []string) (*pb.JobSpec, error)
 		}
 	} else if f.standalone == (f.coordinator != "") && !f.dryRun {
 		return nil, errors.New("give exactly one of --standalone and --coordinator ADDR (or run launch as the tasks of a Slurm step: srun --ntasks-per-node=1 gpucoord launch ...)")
+	}
+	if f.slurm == nil && c.Flags().Changed("gossip-profile") {
+		return nil, errors.New("--gossip-profile is for launch under Slurm, where its tasks run the coordinators (give a coordinator its own --gossip-profile)")
 	}
 	if f.standalone && f.hostfile != "" {
 		return nil, errors.New("--hostfile names the nodes of a cluster (--coordinator ADDR); a --standalone cluster's nodes are node0 to nodeN-1 on this machine: give --nodes and --gpus-per-node")

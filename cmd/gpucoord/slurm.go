@@ -27,6 +27,7 @@ import (
 
 	"github.com/gpucoord/gpucoord/client"
 	"github.com/gpucoord/gpucoord/coordinator"
+	"github.com/gpucoord/gpucoord/internal/gossip"
 	"github.com/gpucoord/gpucoord/internal/inproc"
 	"github.com/gpucoord/gpucoord/internal/pki"
 	"github.com/gpucoord/gpucoord/internal/slurm"
@@ -94,6 +95,9 @@ func (f *launchFlags) slurmDefaults(c *cobra.Command) error {
 		f.nodes = env.NNodes - f.spares
 	} else if changed("spares") && f.nodes != env.NNodes-f.spares {
 		return fmt.Errorf("--nodes %d and --spares %d: the step has %d nodes; give one of them", f.nodes, f.spares, env.NNodes)
+	}
+	if _, err := gossip.Profile(f.gossipProfile); err != nil {
+		return fmt.Errorf("--gossip-profile: %w", err)
 	}
 	if f.nodes > env.NNodes {
 		return fmt.Errorf("--nodes %d: the Slurm step has %d nodes (%s)", f.nodes, env.NNodes, env.Nodes[0]+"...")
@@ -350,6 +354,9 @@ func (t *slurmTask) nodeConfig(spec *pb.JobSpec, g slurmboot.Grant, self *slurmb
 		}
 		cc2 := coordinator.DefaultConfig()
 		cc2.Name, cc2.Listen, cc2.Logger = t.node, self.Addr, t.log
+		if cc2.GossipTuning, err = gossip.Profile(t.f.gossipProfile); err != nil {
+			return nc, nil, nil, fmt.Errorf("--gossip-profile: %w", err)
+		}
 		cc2.TLS.CA, cc2.TLSCAKey = caFile, keyFile
 		cc2.Etcd.DataDir, cc2.Etcd.Name = filepath.Join(t.state, "etcd"), t.node
 		cc2.Etcd.ClusterToken = "slurm-" + t.env.JobID + "." + t.env.StepID
