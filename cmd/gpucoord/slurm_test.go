@@ -428,15 +428,19 @@ func TestSlurmRequeue(t *testing.T) {
 	if out, err := b.slurm.Run(ctx, "scontrol", "requeue", id); err != nil {
 		t.Fatalf("scontrol requeue: %v\n%s", err, out)
 	}
-	// slurmctld holds a requeued job back for a while (Reason=BeginTime):
-	// start it now, and again while it waits (under make test's load it
-	// once sat pending past the test's time with its nodes idle).
+	// slurmctld holds a requeued job back for cred_expire (15 s in the
+	// box; Reason=BeginTime), during which its nodes refuse the job's
+	// old credential: started sooner it is killed ("Job credential
+	// revoked", as make test once saw after a nudge at once). Under make
+	// test's load it once sat pending past the test's time with its nodes
+	// idle: nudge it only well after cred_expire.
+	requeued := time.Now()
 	var nudged time.Time
 	eventually(t, 3*time.Minute, "the second run's end", func() bool {
 		if strings.Count(b.output(id), `"event":"end"`) == 2 {
 			return b.gone(ctx, id)
 		}
-		if time.Since(nudged) > 10*time.Second {
+		if time.Since(requeued) > 45*time.Second && time.Since(nudged) > 10*time.Second {
 			if st, err := b.slurm.Run(ctx, "squeue", "--noheader", "--jobs="+id, "--format=%T"); err == nil && strings.Contains(st, "PENDING") {
 				b.slurm.Run(ctx, "scontrol", "update", "JobId="+id, "StartTime=now")
 				nudged = time.Now()

@@ -165,7 +165,10 @@ func (s *Slurm) slurmConf(cfg SlurmConfig) string {
 		"SlurmdUser=root",
 		"AuthType=auth/munge",
 		"CredType=cred/munge",
-		"AuthInfo=socket=" + s.socket(),
+		// cred_expire: how long a requeued job waits before it starts
+		// again (120 s by default), and how long its nodes refuse its old
+		// credential; 15 s keeps the requeue tests short.
+		"AuthInfo=socket=" + s.socket() + ",cred_expire=15",
 		"SlurmctldPort=" + strconv.Itoa(slurmctldPort),
 		"SlurmdPort=" + strconv.Itoa(slurmdPort),
 		// /tmp is each host's own.
