@@ -1082,20 +1082,7 @@ func TestTorchGPT3D(t *testing.T) {
 	if err != nil {
 		t.Fatalf("launch: %v\n%s\n%s", err, out.String(), errOut.String())
 	}
-	steps := func(s string) map[int]float64 {
-		m := map[int]float64{}
-		for _, line := range strings.Split(s, "\n") {
-			var n int
-			var l float64
-			if i := strings.Index(line, "step "); i >= 0 {
-				if k, _ := fmt.Sscanf(line[i:], "step %d loss %g", &n, &l); k == 2 {
-					m[n] = l
-				}
-			}
-		}
-		return m
-	}
-	want, got := steps(string(ref)), steps(out.String())
+	want, got := gptSteps(string(ref)), gptSteps(out.String())
 	if len(want) != 50 || len(got) != 50 {
 		t.Fatalf("%d steps in one process, %d in 3D:\n%s", len(want), len(got), out.String())
 	}

@@ -175,16 +175,24 @@ func TestClusterReplanDP1(t *testing.T) {
 		"--max-restarts", "3", "--steps", strconv.Itoa(steps), "--json"}, replanArgs...), b.job)...)
 	p.waitLine(t, "generation 1: 2 nodes (h2, h3), 4 ranks, tp 2 pp 2 dp 1", time.Minute)
 	p.waitLine(t, `{"step":20,`, 2*time.Minute)
-	b.Host(3).Kill()
-	line := p.waitLine(t, "generation 2:", time.Minute)
-	t.Logf("%s", line)
-	if m := genLine.FindStringSubmatch(line); m == nil || m[3] != "h2" || m[4] != one || !strings.Contains(line, "re-planned tp 2 pp 2 dp 1 -> "+one) {
-		t.Fatalf("generation 2 is not %s on h2 (plan --auto's for one host):\n%s", one, p.output())
-	}
+	killH3ReplannedOnH2(t, b, p, one)
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
 	sameLosses(t, losses(t, p.output()), want)
+}
+
+// killH3ReplannedOnH2 kills h3 of a job at tp 2 pp 2 dp 1 on h2 and h3
+// and checks its next generation runs want (plan --auto's layout for one
+// host) on h2, re-planned.
+func killH3ReplannedOnH2(t *testing.T, b *boxCluster, p *proc, want string) {
+	t.Helper()
+	b.Host(3).Kill()
+	line := p.waitLine(t, "generation 2:", time.Minute)
+	t.Logf("%s", line)
+	if m := genLine.FindStringSubmatch(line); m == nil || m[3] != "h2" || m[4] != want || !strings.Contains(line, "re-planned tp 2 pp 2 dp 1 -> "+want) {
+		t.Fatalf("generation 2 is not %s on h2 (plan --auto's for one host):\n%s", want, p.output())
+	}
 }
 
 // TestClusterReplanStress is TestClusterReplan at 20 random losses (one or
@@ -262,12 +270,7 @@ func TestClusterTorchGPT3DReplan(t *testing.T) {
 		"--env", "GPT3D_DTYPE=float64", "--env", "GPT3D_STEPS="+strconv.Itoa(steps), "--", py, prog)...)
 	p.waitLine(t, "generation 1: 2 nodes (h2, h3), 4 ranks, tp 2 pp 2 dp 1", time.Minute)
 	p.waitLine(t, "] step 10 loss", 2*time.Minute)
-	b.Host(3).Kill()
-	line := p.waitLine(t, "generation 2:", time.Minute)
-	t.Logf("%s", line)
-	if m := genLine.FindStringSubmatch(line); m == nil || m[3] != "h2" || m[4] != onOne || !strings.Contains(line, "re-planned tp 2 pp 2 dp 1 -> "+onOne) {
-		t.Fatalf("generation 2 is not %s on h2 (plan --auto's for one host):\n%s", onOne, p.output())
-	}
+	killH3ReplannedOnH2(t, b, p, onOne)
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
