@@ -58,6 +58,10 @@ bench-checkpoint: ## Checkpoint overhead per step, and recovery after a host kil
 bench-load: ## Control plane under 256, 1,024 and 2,048 simulated agents: rendezvous, loss to next generation, CPU, memory, etcd requests per step (minutes; not part of make test)
 	GPUCOORD_BENCH_LOAD=$${NODES:-256,1024,2048} $(GO) test -count=1 -timeout 30m -run TestControlPlaneLoad -v ./cmd/gpucoord
 
+.PHONY: bench-plan
+bench-plan: ## The whole `gpucoord plan` process for 32,768 GPUs, text and --json, beside `gpucoord --version`: median, min and max wall ms of RUNS=10 runs and peak RSS (BASE=old binary times it alongside; scripts/bench_plan.sh; seconds; not part of make test)
+	GO=$(GO) scripts/bench_plan.sh $${RUNS:-10}
+
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck (staticcheck 2026.2.2, fetched through the module proxy)
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

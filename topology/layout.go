@@ -91,12 +91,20 @@ func (l Layout) Group(a Axis, r Rank) []Rank {
 }
 
 // groups enumerates the groups along axis a: one per rank whose coordinate
-// on a is zero, visited in rank order.
+// on a is zero, in rank order. Those bases are runs of stride ranks, every
+// stride*size ranks (as crossing visits them), and the groups share one
+// array of the world's ranks, each capped at its own size.
 func (l Layout) groups(a Axis) [][]Rank {
-	out := make([][]Rank, 0, l.World()/l.size(a))
-	for r := range l.World() {
-		if l.Coord(Rank(r)).get(a) == 0 {
-			out = append(out, l.Group(a, Rank(r)))
+	s, n := l.stride[axisIndex(a)], l.size(a)
+	all := make([]Rank, 0, l.World())
+	out := make([][]Rank, 0, l.World()/n)
+	for r0 := 0; r0 < l.World(); r0 += s * n {
+		for base := r0; base < r0+s; base++ {
+			at := len(all)
+			for k := range n {
+				all = append(all, Rank(base+k*s))
+			}
+			out = append(out, all[at:len(all):len(all)])
 		}
 	}
 	return out

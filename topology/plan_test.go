@@ -56,6 +56,42 @@ func TestGroupsMegatronDocstring(t *testing.T) {
 	}
 }
 
+// TestGroupsMatchNaive checks the groups, formed from their bases by
+// strides, against their definition: one per rank whose coordinate on the
+// axis is zero, in rank order, that rank's Group. It also appends to every
+// group, which must not write into the next (they share an array).
+func TestGroupsMatchNaive(t *testing.T) {
+	for _, order := range []string{"tp-cp-dp-pp", "tp-dp-pp", "pp-tp-dp", "dp-pp-tp", "pp-dp-tp", "dp-tp-pp"} {
+		for _, sz := range [][3]int{{1, 1, 1}, {2, 4, 2}, {8, 1, 3}, {1, 5, 1}, {4, 3, 7}, {2, 2, 16}} {
+			l, err := NewLayout(sz[0], sz[1], sz[2], order)
+			if err != nil {
+				t.Fatalf("NewLayout(%v, %s): %v", sz, order, err)
+			}
+			got := l.Groups()
+			for _, ax := range []struct {
+				a   Axis
+				got [][]Rank
+			}{{AxisTP, got.TP}, {AxisPP, got.PP}, {AxisDP, got.DP}} {
+				var want [][]Rank
+				for r := range l.World() {
+					if l.Coord(Rank(r)).get(ax.a) == 0 {
+						want = append(want, l.Group(ax.a, Rank(r)))
+					}
+				}
+				if !reflect.DeepEqual(ax.got, want) {
+					t.Errorf("%s %v %s groups = %v, want %v", order, sz, ax.a, ax.got, want)
+				}
+				for i := range ax.got {
+					_ = append(ax.got[i], -1)
+				}
+				if !reflect.DeepEqual(ax.got, want) {
+					t.Errorf("%s %v %s groups after appending = %v, want %v", order, sz, ax.a, ax.got, want)
+				}
+			}
+		}
+	}
+}
+
 func TestGroupsHandWorked(t *testing.T) {
 	m, _ := ModelPreset("gpt-1.7b") // 24 heads, 24 layers
 	tests := []struct {

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/gpucoord/gpucoord/topology"
+	"github.com/gpucoord/gpucoord/topology/estimate"
 )
 
 // runCLI runs gpucoord with args and returns stdout and the exit code main
@@ -186,6 +187,69 @@ func TestPlanJSON(t *testing.T) {
 	}
 	if doc.Fits == nil || !*doc.Fits || len(doc.Reasons) != 0 {
 		t.Errorf("fits = %v", doc.Fits)
+	}
+}
+
+// TestPlanJSONMatchesEncoder checks that writePlanJSON, which writes the
+// rank map and the groups itself, prints what encoding/json prints for the
+// whole document: across orders, a plan that does not fit, a bare
+// parameter count, and empty and missing ranks and groups.
+func TestPlanJSONMatchesEncoder(t *testing.T) {
+	var docs []planJSON
+	for _, tc := range []struct {
+		model   string
+		nodes   int
+		mod     func(*topology.Config)
+		wantFit bool
+	}{
+		{"gpt-1.7b", 2, func(c *topology.Config) { c.TP, c.PP, c.Zero = 2, 4, 2 }, true},
+		{"gpt-13b", 4, func(c *topology.Config) { c.TP, c.PP, c.Order = 4, 2, "pp-tp-dp" }, true},
+		{"gpt-13b", 4, func(c *topology.Config) { c.TP, c.PP, c.Order = 8, 2, "pipe-data-model" }, true},
+		{"gpt-175b", 1, func(c *topology.Config) { c.TP = 8 }, false},
+		{"", 2, func(c *topology.Config) { c.PP = 2 }, true},
+	} {
+		cl, err := topology.ClusterPreset("dgx-h100")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl.Nodes = tc.nodes
+		m := topology.Model{Name: "7.5e+09 params", Params: 7.5e9}
+		if tc.model != "" {
+			if m, err = topology.LoadModel(tc.model); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cfg := topology.DefaultConfig()
+		tc.mod(&cfg)
+		p, err := topology.New(cl, m, cfg)
+		if err != nil {
+			t.Fatalf("%s on %d nodes: %v", tc.model, tc.nodes, err)
+		}
+		r, err := estimate.Evaluate(p)
+		if err != nil {
+			t.Fatalf("%s on %d nodes: %v", tc.model, tc.nodes, err)
+		}
+		if r.Fits != tc.wantFit {
+			t.Fatalf("%s on %d nodes: fits %v, want %v", tc.model, tc.nodes, r.Fits, tc.wantFit)
+		}
+		docs = append(docs, planJSON{Schema: planSchema, Layout: planLayout(p), Document: estimate.NewDocument(p, r)})
+	}
+	empty := docs[0]
+	empty.Ranks, empty.Groups = []topology.RankInfo{}, topology.Groups{TP: [][]topology.Rank{}, PP: [][]topology.Rank{{}, nil}}
+	missing := docs[0]
+	missing.Ranks, missing.Groups = nil, topology.Groups{}
+	docs = append(docs, empty, missing)
+	for i, doc := range docs {
+		var want, got bytes.Buffer
+		if err := writeIndented(&want, doc); err != nil {
+			t.Fatal(err)
+		}
+		if err := writePlanJSON(&got, doc); err != nil {
+			t.Fatalf("doc %d: %v", i, err)
+		}
+		if got.String() != want.String() {
+			t.Errorf("doc %d: writePlanJSON differs from encoding/json:\n%s\nwant\n%s", i, got.String(), want.String())
+		}
 	}
 }
 
