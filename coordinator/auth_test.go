@@ -145,7 +145,7 @@ func TestAuthority(t *testing.T) {
 	if _, err := user.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); err != nil {
 		t.Fatal(err)
 	}
-	g := next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" }).Generation
+	g := whole(t, co, next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" }))
 	var n1First int32 = -1
 	for _, m := range g.Members {
 		if m.Node == "n1" {

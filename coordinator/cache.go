@@ -51,11 +51,10 @@ type cache struct {
 	holds map[string]string
 	// fences are revoked nodes' latest deadlines, by node.
 	fences map[string]fence
-	// assigned is each running job's assignment, and encoded its wire
-	// form, made once per change for every stream; empty is a node's
-	// without a job. assignRev is the revision of the last change.
-	assigned  map[string]*pb.Assignment
-	encoded   map[string]encoded
+	// assigned is each running job's assignment, kept while it does not
+	// change, with each node's part made once for its stream; empty is a
+	// node's without a job. assignRev is the revision of the last change.
+	assigned  map[string]*jobAssignment
 	empty     encoded
 	live      []string // the jobs not ended (Assignment.live_jobs)
 	assignRev int64
@@ -315,7 +314,8 @@ func (c *cache) finish(rev int64, assign bool) {
 // reindex rebuilds the node -> running job index and wakes the Watch
 // streams.
 func (c *cache) reindex() {
-	c.holder, c.assigned, c.encoded = map[string]string{}, map[string]*pb.Assignment{}, map[string]encoded{}
+	prev := c.assigned
+	c.holder, c.assigned = map[string]string{}, map[string]*jobAssignment{}
 	keys := c.ring.keys()
 	var live []string
 	for id, j := range c.jobs {
@@ -338,7 +338,11 @@ func (c *cache) reindex() {
 		boot := j.boots[j.gen.Number]
 		a := &pb.Assignment{Job: id, Spec: j.spec, Generation: j.gen, Open: j.open >= j.gen.Number, Master: boot.GetMaster(), Probe: boot.GetProbe(),
 			StoreSecret: boot.GetStoreSecret(), Revision: c.assignRev, GossipKeys: keys, LiveJobs: live}
-		c.assigned[id], c.encoded[id] = a, mustMarshal(a)
+		if ja := prev[id]; ja != nil && ja.same(a) {
+			c.assigned[id] = ja
+		} else {
+			c.assigned[id] = newJobAssignment(a)
+		}
 	}
 	c.live = live
 	c.empty = mustMarshal(&pb.Assignment{Revision: c.assignRev, GossipKeys: keys, LiveJobs: live})
@@ -715,7 +719,8 @@ func (c *cache) assignment(node string) (*pb.Assignment, encoded, <-chan struct{
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if id := c.holder[node]; id != "" {
-		return c.assigned[id], c.encoded[id], c.changed
+		a, wire := c.assigned[id].forNode(node)
+		return a, wire, c.changed
 	}
 	return &pb.Assignment{Revision: c.assignRev, GossipKeys: c.ring.keys(), LiveJobs: c.live}, c.empty, c.changed
 }

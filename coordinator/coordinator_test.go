@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucoord/gpucoord/internal/gossip"
 	"github.com/gpucoord/gpucoord/internal/pki"
@@ -164,6 +167,29 @@ func next(t *testing.T, ch <-chan *pb.Assignment, ok func(*pb.Assignment) bool) 
 	}
 }
 
+// whole is the generation a's view is of, whole, as the coordinator holds
+// it, after checking the view: the node itself at its place, a subset of
+// the members, and their count.
+func whole(t *testing.T, co *Coordinator, a *pb.Assignment) *pb.Generation {
+	t.Helper()
+	g, _ := co.cache.generation(a.Job)
+	if g.GetNumber() != a.Generation.GetNumber() {
+		t.Fatalf("job %s: the coordinator holds generation %d, the assignment %d", a.Job, g.GetNumber(), a.Generation.GetNumber())
+	}
+	if int(a.GroupWorld) != len(g.Members) || a.GroupRank < 0 || int(a.GroupRank) >= len(g.Members) {
+		t.Fatalf("assignment of generation %d: place %d of %d, the generation has %d members", g.Number, a.GroupRank, a.GroupWorld, len(g.Members))
+	}
+	for _, m := range a.Generation.Members {
+		if !slices.ContainsFunc(g.Members, func(w *pb.Member) bool { return proto.Equal(w, m) }) {
+			t.Fatalf("the view of generation %d names %v, not a member", g.Number, m)
+		}
+	}
+	if !slices.ContainsFunc(a.Generation.Members, func(m *pb.Member) bool { return proto.Equal(m, g.Members[a.GroupRank]) }) {
+		t.Fatalf("the view of generation %d lacks its own node %s", g.Number, g.Members[a.GroupRank].Node)
+	}
+	return g
+}
+
 // final follows a job until it ends and returns its last state.
 func final(t *testing.T, c pb.CoordinatorClient, id string) *pb.JobState {
 	t.Helper()
@@ -194,6 +220,45 @@ func spec(id string, nodes, gpus int32) *pb.JobSpec {
 	return &pb.JobSpec{Id: id, Nodes: nodes, GpusPerNode: gpus, Tp: 2, Pp: 2, Command: []string{"true"}, CheckpointDir: "/shared/ckpt"}
 }
 
+// TestAssignmentView: each node of a job whose agents hold its
+// checkpoints receives its part of the generation: its place and the
+// count, the node it replicates to (in the other rack), and as members
+// only itself, that node and the one replicating to it.
+func TestAssignmentView(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr())
+	var chans []<-chan *pb.Assignment
+	for i, rack := range []string{"r1", "r1", "r2", "r2"} {
+		n := node(fmt.Sprintf("n%d", i), 2)
+		n.FailureDomain = rack
+		ch, _ := agent(t, c, n)
+		chans = append(chans, ch)
+	}
+	s := spec("j", 4, 2)
+	s.CheckpointDir, s.CheckpointReplicas = "", 2
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); err != nil {
+		t.Fatal(err)
+	}
+	// n0 and n1 (r1) replicate to n2 and n3 (r2), and back.
+	want := map[int]struct{ replica, members string }{
+		0: {"n2", "n0 n2"}, 1: {"n3", "n1 n3"}, 2: {"n0", "n0 n2"}, 3: {"n1", "n1 n3"},
+	}
+	for i, ch := range chans {
+		a := next(t, ch, func(a *pb.Assignment) bool { return a.Job == "j" })
+		g := whole(t, co, a)
+		var names []string
+		for _, m := range a.Generation.Members {
+			names = append(names, m.Node)
+		}
+		if a.GroupRank != int32(i) || a.GroupWorld != 4 || fmt.Sprint(a.Replicas) != "["+want[i].replica+"]" || strings.Join(names, " ") != want[i].members {
+			t.Errorf("n%d: place %d of %d, replicas %v, members %v; want %d of 4, [%s], %s", i, a.GroupRank, a.GroupWorld, a.Replicas, names, i, want[i].replica, want[i].members)
+		}
+		if a.Generation.World != g.World || a.Generation.Dp != g.Dp || a.Generation.Number != g.Number || a.Generation.Stopping != nil {
+			t.Errorf("n%d: view %v of generation %v", i, a.Generation, g)
+		}
+	}
+}
+
 // TestJobLifecycle: two nodes register, a job of 2x4 ranks freezes into
 // generation 1 with ranks laid out node by node, rank 0's node bootstraps,
 // both get the master address, and the job succeeds when all 8 ranks
@@ -208,7 +273,7 @@ func TestJobLifecycle(t *testing.T) {
 	}
 	g0 := next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j1" })
 	next(t, a1, func(a *pb.Assignment) bool { return a.Job == "j1" })
-	g := g0.Generation
+	g := whole(t, co, g0)
 	if g.Number != 1 || g.World != 8 || g.Dp != 2 || len(g.Members) != 2 ||
 		g.Members[0].Node != "n0" || g.Members[0].FirstRank != 0 || g.Members[1].Node != "n1" || g.Members[1].FirstRank != 4 {
 		t.Fatalf("generation = %v", g)
@@ -360,7 +425,7 @@ func TestLastCallTakesMoreNodes(t *testing.T) {
 	s.Tp, s.Pp, s.MaxNodes, s.LastCallMs = 1, 1, 3, 1000
 	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})
 	agent(t, c, node("n1", 2))
-	g := next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" }).Generation
+	g := whole(t, co, next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" }))
 	if len(g.Members) != 2 || g.World != 4 || g.Dp != 4 {
 		t.Fatalf("generation = %v, want both nodes", g)
 	}
@@ -630,7 +695,7 @@ func TestRecoveryGenerations(t *testing.T) {
 	report(t, c, "j", 1, &pb.Step{Step: 3})
 	stored(t, c, "j", 1, 3, "n0") // not committed: n1 has not stored it
 	kill1()
-	g := next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
+	g := whole(t, co, next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }))
 	if len(g.Members) != 1 || g.Members[0].Node != "n0" || g.World != 4 || g.Dp != 1 || g.ResumeStep != 2 || g.Reason != "node lost: n1 (ranks 4-7)" {
 		t.Fatalf("generation 2 = %v", g)
 	}
@@ -640,7 +705,7 @@ func TestRecoveryGenerations(t *testing.T) {
 	report(t, c, "j", 2, &pb.Step{Step: 3})
 	stored(t, c, "j", 2, 3, "n0")
 	report(t, c, "j", 2, &pb.RankExit{Rank: 2, Code: 9})
-	g = next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 3 }).Generation
+	g = whole(t, co, next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 3 }))
 	if len(g.Members) != 1 || g.ResumeStep != 3 || !strings.Contains(g.Reason, "rank 2 on n0 exited with code 9") {
 		t.Fatalf("generation 3 = %v", g)
 	}
@@ -648,7 +713,7 @@ func TestRecoveryGenerations(t *testing.T) {
 	agent(t, c, node("n2", 4))
 	report(t, c, "j", 3, &pb.Step{Step: 4})
 	stored(t, c, "j", 3, 4, "n0")
-	g = next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 4 }).Generation
+	g = whole(t, co, next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 4 }))
 	if d := time.Since(registered); d < 300*time.Millisecond {
 		t.Errorf("n2 admitted %s after it registered, before StableFor", d)
 	}
@@ -687,7 +752,7 @@ func TestPauseBelowMinNodes(t *testing.T) {
 		t.Errorf("members = %v, want n0 alive and n1 lost", m)
 	}
 	agent(t, c, node("n2", 4))
-	g := next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
+	g := whole(t, co, next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }))
 	if len(g.Members) != 2 || g.Members[0].Node != "n0" || g.Members[1].Node != "n2" || g.Reason != "resumed on 2 nodes after a pause" {
 		t.Fatalf("generation 2 = %v", g)
 	}
@@ -722,7 +787,7 @@ func TestShrinkKeepsGlobalBatch(t *testing.T) {
 	}
 	next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 1 })
 	kill3()
-	g := next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
+	g := whole(t, co, next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }))
 	if len(g.Members) != 2 || g.Dp != 2 {
 		t.Fatalf("generation 2 = %v, want 2 nodes at dp 2", g)
 	}
@@ -803,7 +868,7 @@ func TestStragglers(t *testing.T) {
 			c.Report(t.Context(), &pb.ReportRequest{Job: "e", Generation: 1, Node: n.node, Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: n.ranks}}})
 		}
 	}
-	g := next(t, b0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
+	g := whole(t, co, next(t, b0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }))
 	if len(g.Members) != 1 || g.Members[0].Node != "n2" || g.Reason != "stragglers evicted: n3" {
 		t.Fatalf("generation 2 of e = %v", g)
 	}
@@ -942,12 +1007,12 @@ func TestResumeBackup(t *testing.T) {
 	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); err != nil {
 		t.Fatal(err)
 	}
-	g := next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 1 }).Generation
+	g := whole(t, co, next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 1 }))
 	if g.ResumeStep != 40 || !g.FromBackup || g.Reason != "an earlier run's step 40, from the backup tier" {
 		t.Fatalf("generation 1 = %v", g)
 	}
 	report(t, c, "j", 1, &pb.RankExit{Rank: 1, Code: 3})
-	g = next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
+	g = whole(t, co, next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }))
 	if g.ResumeStep != 40 || !g.FromBackup {
 		t.Fatalf("generation 2 = %v", g)
 	}

@@ -160,6 +160,11 @@ func OpenEtcd(ctx context.Context, c EtcdConfig) (*Etcd, error) {
 		Password:    c.Password,
 		Logger:      zap.NewNop(),
 		DialOptions: e.requests.dialOptions(),
+		// A generation of thousands of nodes is one transaction of
+		// megabytes (its members, and each node's holds key): the
+		// client sends what the server takes (etcdRequestLimit).
+		MaxCallSendMsgSize: etcdRequestLimit + 1<<20,
+		MaxCallRecvMsgSize: 2*etcdRequestLimit + 1<<20,
 	}
 	if c.CAFile != "" || c.CertFile != "" || strings.HasPrefix(e.Endpoints[0], "https://") {
 		tc, err := tlsConfig(c)
@@ -249,6 +254,16 @@ func lockDataDir(dir string) (*os.File, error) {
 // port the kernel picks; only this coordinator talks to it), its peer port
 // a unix socket in DataDir for a one-member cluster, or its URL in
 // Members, with mutual TLS, in a static cluster.
+// The embedded etcd's limits on one transaction, and the client's on one
+// request: enough for a generation of 16,384 nodes (three operations and
+// about 200 bytes a member). An external etcd needs --max-txn-ops and
+// --max-request-bytes as large for jobs of more than 60 nodes
+// (docs/LAUNCH.md).
+const (
+	etcdTxnOps       = 64 << 10
+	etcdRequestLimit = 16 << 20
+)
+
 func startEmbedded(c EtcdConfig) (*embed.Etcd, error) {
 	dir := c.DataDir
 	cfg := embed.NewConfig()
@@ -299,6 +314,10 @@ func startEmbedded(c EtcdConfig) (*embed.Etcd, error) {
 	// launch that lost its coordinator to resume its Follow stream) and
 	// compact the rest, so a long job does not grow the database forever.
 	cfg.AutoCompactionMode, cfg.AutoCompactionRetention = embed.CompactorModePeriodic, "1h"
+	// A generation's transaction compares and writes each member's holds
+	// key and carries its member list: etcd's defaults (128 operations,
+	// 1.5 MiB) stop a job at 60 nodes.
+	cfg.MaxTxnOps, cfg.MaxRequestBytes = etcdTxnOps, etcdRequestLimit
 	srv, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd in %s: %w", dir, err)

@@ -105,7 +105,7 @@ func TestLeaderKilledWhileApplying(t *testing.T) {
 			next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 1 })
 			kill1()
 			waitLeader(t, cb, b.cfg.Name)
-			g := next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }).Generation
+			g := whole(t, b, next(t, a0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }))
 			if when == "before" {
 				for deadline := time.Now().Add(10 * time.Second); a.leading.Load(); time.Sleep(10 * time.Millisecond) {
 					if time.Now().After(deadline) { // the refused write ends a's term

@@ -339,7 +339,7 @@ func TestReportFencedByInstance(t *testing.T) {
 	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); err != nil {
 		t.Fatal(err)
 	}
-	g := next(t, ch, func(a *pb.Assignment) bool { return a.Job == "j" }).Generation
+	g := whole(t, co, next(t, ch, func(a *pb.Assignment) bool { return a.Job == "j" }))
 	step := func(lease int64) error {
 		_, err := c.Report(t.Context(), &pb.ReportRequest{Job: "j", Generation: g.Number, Node: "n1", LeaseId: lease,
 			Kind: &pb.ReportRequest_Step{Step: &pb.Step{Step: 1}}})
@@ -425,7 +425,7 @@ func TestStoppedReportBounded(t *testing.T) {
 	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); err != nil {
 		t.Fatal(err)
 	}
-	g := next(t, ch, func(a *pb.Assignment) bool { return a.Job == "j" }).Generation
+	g := whole(t, co, next(t, ch, func(a *pb.Assignment) bool { return a.Job == "j" }))
 	stopped := func(below int64) error {
 		_, err := c.Report(t.Context(), &pb.ReportRequest{Job: "j", Node: "n1", LeaseId: resp.LeaseId,
 			Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: below}}})

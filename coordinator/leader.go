@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
@@ -155,6 +156,9 @@ func (l *leader) run(ctx context.Context) error {
 		case errors.Is(err, errDeposed):
 			return err
 		case err != nil && ctx.Err() == nil:
+			if errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrRequestTooLarge) {
+				err = fmt.Errorf("%w: etcd refuses a transaction this large; start etcd with --max-txn-ops 65536 --max-request-bytes 16777216, as the embedded etcd runs", err)
+			}
 			l.log.Warn("reconcile", "job", id, "err", err)
 			q.retry(id)
 		case err == nil:

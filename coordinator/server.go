@@ -53,8 +53,11 @@ type server struct {
 	// times buffers the compute times reported here until they are
 	// written.
 	times *timesBuffer
-	// background holds the writes streams leave behind when they end.
+	// background holds the writes streams leave behind when they end, and
+	// the groups of stored records being written.
 	background sync.WaitGroup
+	// stored writes the Stored reports in groups.
+	stored *storedWriter
 	// gossip is the pool's key and label, handed to agents at Register.
 	gossip gossip.Secure
 	// secure says the coordinator serves mutual TLS: every call but Join
@@ -657,7 +660,9 @@ func (s *server) Members(ctx context.Context, req *pb.MembersRequest) (*pb.Membe
 	}
 	resp := &pb.MembersResponse{Generation: g.Number}
 	for _, m := range g.Members {
-		resp.Nodes = append(resp.Nodes, m.Node)
+		if req.GetNode() == "" || m.Node == req.GetNode() {
+			resp.Nodes = append(resp.Nodes, m.Node)
+		}
 	}
 	return resp, nil
 }
@@ -888,14 +893,15 @@ const maxStored = 64
 
 // reportStored records a node's checkpoints of generation gen that no
 // commit covers yet, and commits the newest step every member of the
-// generation has stored (commitOf). The node's record is written in one
-// transaction on the generation's revision; then this coordinator's view,
+// generation has stored (commitOf). The record goes to etcd in this
+// coordinator's next group of the generation's records (storedWriter),
+// written on the generation's revision; then this coordinator's view,
 // once at that write's revision, holds every record written before it
-// (so that of two members storing the last copies at once the later one
-// sees both) and counts, per step, the nodes that stored it: a report
-// reads no other record, and only the report that completes a step looks
-// at each member's. The commit is a second transaction on the generation
-// and the commit's revisions. It returns the job's last committed step.
+// (so that of two coordinators storing the last copies at once the later
+// sees both) and counts, per step, the nodes that stored it: only a group
+// that completes a step looks at each member's record. The commit is a
+// second transaction on the generation and the commit's revisions. It
+// returns the job's last committed step.
 func (s *server) reportStored(ctx context.Context, id string, gen int64, node string, st *pb.Stored) (int64, error) {
 	if node == "" || len(st.GetSteps()) == 0 || len(st.GetSteps()) > maxStored {
 		return 0, status.Errorf(codes.InvalidArgument, "stored: want a node and 1 to %d steps", maxStored)
@@ -925,55 +931,11 @@ func (s *server) reportStored(ctx context.Context, id string, gen int64, node st
 				return 0, status.Errorf(codes.FailedPrecondition, "job %s: generation %d is not the current one", id, gen)
 			}
 		}
-		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", rev)).
-			Then(clientv3.OpPut(s.k.stored(id, node), encode(rec))).Commit()
-		if err != nil {
-			return 0, etcdErr(err)
+		committed, stale, err := s.stored.store(ctx, id, g, rev, node, rec)
+		if !stale {
+			return committed, err
 		}
-		if !resp.Succeeded {
-			g = nil // re-read
-			continue
-		}
-		// The view at this write holds every record written before it:
-		// of two members storing the last copies at once, the later sees
-		// both.
-		if err := s.cache.waitRev(ctx, resp.Header.Revision); err != nil {
-			return 0, status.FromContextError(err).Err()
-		}
-		c, prev, prevRev := s.cache.nextCommit(id, g)
-		if c == nil {
-			return prev, nil
-		}
-		ops := []clientv3.Op{clientv3.OpPut(s.k.commit(id), encode(c))}
-		if c.Backup {
-			ops = append(ops, clientv3.OpPut(s.k.backup(id), encode(c)))
-		}
-		cresp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", rev),
-			clientv3.Compare(clientv3.ModRevision(s.k.commit(id)), "=", prevRev)).Then(ops...).
-			Else(clientv3.OpGet(s.k.generation(id), clientv3.WithKeysOnly()), clientv3.OpGet(s.k.commit(id), clientv3.WithKeysOnly())).Commit()
-		if err != nil {
-			return 0, etcdErr(err)
-		}
-		if cresp.Succeeded {
-			s.log.Debug("committed", "job", id, "generation", gen, "step", c.Step, "backup", c.Backup)
-			return c.Step, nil
-		}
-		// Another report committed, or a new generation began: look again
-		// once the view has the write that did (the keys' own revisions:
-		// the watch brings them).
-		var newer int64
-		for _, r := range cresp.Responses {
-			for _, kv := range r.GetResponseRange().GetKvs() {
-				newer = max(newer, kv.ModRevision)
-			}
-		}
-		if err := s.cache.waitRev(ctx, newer); err != nil {
-			return 0, status.FromContextError(err).Err()
-		}
-		g, rev = s.cache.generation(id)
-		if g.GetNumber() != gen {
-			g = nil
-		}
+		g = nil // re-read
 	}
 	return 0, status.Errorf(codes.Aborted, "job %s: stored report of %s kept conflicting", id, node)
 }

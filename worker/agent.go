@@ -1028,7 +1028,7 @@ func (r *runner) refuseRestart(ctx context.Context, asg *pb.Assignment) {
 		return
 	}
 	r.fenced = nil
-	me, _ := member(asg, r.agent.cfg.Name)
+	me := member(asg, r.agent.cfg.Name)
 	if me == nil {
 		return
 	}

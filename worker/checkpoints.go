@@ -16,8 +16,6 @@ import (
 
 // Checkpoint defaults when the agents hold a job's checkpoints.
 const (
-	// DefaultReplicas is how many nodes hold each node's files of a step.
-	DefaultReplicas = 2
 	// defaultKeep is how many committed steps each node keeps when the job
 	// says 0 (keep all, which in memory would never end).
 	defaultKeep = 2
@@ -221,11 +219,7 @@ func (c *checkpoints) store(ctx context.Context, step int64) error {
 		if err := a.holder.Seal(asg.Job, asg.Generation.GetNumber(), step); err != nil {
 			return err
 		}
-		copies := int(spec.GetCheckpointReplicas())
-		if copies == 0 {
-			copies = DefaultReplicas
-		}
-		peers := ckpt.Replicas(asg.Generation.Members, a.cfg.Name, copies, (*pb.Member).GetDomain)
+		peers := asg.Replicas // the coordinator chose them
 		addrs := map[string]string{}
 		for _, m := range asg.Generation.Members {
 			addrs[m.Node] = m.CheckpointAddr
@@ -305,7 +299,7 @@ func (c *checkpoints) committed(step int64) {
 	}
 	if dir := spec.GetCheckpointBackup(); dir != "" {
 		dir = SharedCheckpointDir(dir, c.asg.Job)
-		if me, _ := member(c.asg, c.a.cfg.Name); me != nil && me.FirstRank == 0 {
+		if me := member(c.asg, c.a.cfg.Name); me != nil && me.FirstRank == 0 {
 			ckpt.PruneBackup(dir, keep, step)
 		}
 	}

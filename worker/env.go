@@ -153,15 +153,15 @@ func layout(a *pb.Assignment) (topology.Layout, error) {
 	return topology.NewLayout(int(g.TP), int(g.PP), int(a.Generation.GetDp()), a.Spec.GetOrder())
 }
 
-// member returns node's place in the assignment's generation and its index
-// (the torchrun GROUP_RANK).
-func member(a *pb.Assignment, node string) (*pb.Member, int) {
-	for i, m := range a.Generation.GetMembers() {
+// member returns node's place in the assignment's generation (its view
+// holds the node and a few others).
+func member(a *pb.Assignment, node string) *pb.Member {
+	for _, m := range a.Generation.GetMembers() {
 		if m.Node == node {
-			return m, i
+			return m
 		}
 	}
-	return nil, -1
+	return nil
 }
 
 // RankEnv returns the environment of global rank r on node: torchrun's
@@ -174,7 +174,7 @@ func RankEnv(a *pb.Assignment, node NodeEnv, r int, planPath, ckptDir string) ([
 	if err != nil {
 		return nil, err
 	}
-	m, group := member(a, node.Name)
+	m := member(a, node.Name)
 	if m == nil {
 		return nil, fmt.Errorf("node %s is not in generation %d of job %s", node.Name, a.Generation.GetNumber(), a.Job)
 	}
@@ -190,8 +190,8 @@ func RankEnv(a *pb.Assignment, node NodeEnv, r int, planPath, ckptDir string) ([
 		"LOCAL_RANK=" + itoa(r-int(m.FirstRank)),
 		"WORLD_SIZE=" + itoa(l.World()),
 		"LOCAL_WORLD_SIZE=" + itoa(int(m.Ranks)),
-		"GROUP_RANK=" + itoa(group),
-		"GROUP_WORLD_SIZE=" + itoa(len(a.Generation.GetMembers())),
+		"GROUP_RANK=" + itoa(int(a.GroupRank)),
+		"GROUP_WORLD_SIZE=" + itoa(int(a.GroupWorld)),
 		"ROLE_NAME=default",
 		"ROLE_RANK=" + itoa(r),
 		"ROLE_WORLD_SIZE=" + itoa(l.World()),

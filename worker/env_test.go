@@ -11,7 +11,7 @@ import (
 // (agent --cuda) and absent elsewhere; the coordinates follow Megatron-LM's
 // order on the second node.
 func TestRankEnvDevices(t *testing.T) {
-	asg := &pb.Assignment{Job: "j", Master: "10.0.0.1:29500",
+	asg := &pb.Assignment{Job: "j", Master: "10.0.0.1:29500", GroupRank: 1, GroupWorld: 2,
 		Spec: &pb.JobSpec{Tp: 2, Pp: 2, GpusPerNode: 4},
 		Generation: &pb.Generation{Number: 3, Dp: 2, World: 8, Members: []*pb.Member{
 			{Node: "a", FirstRank: 0, Ranks: 4}, {Node: "b", FirstRank: 4, Ranks: 4}}}}

@@ -60,7 +60,7 @@ func (g *generation) fail(code int32, format string, args ...any) error {
 // it ended.
 func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.Bootstrap, hooks runHooks) {
 	log := a.log.With("job", asg.Job, "generation", asg.Generation.GetNumber())
-	me, _ := member(asg, a.cfg.Name)
+	me := member(asg, a.cfg.Name)
 	if me == nil {
 		log.Error("assignment without this node")
 		return
@@ -97,7 +97,7 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 // node must read it; "" when there is none to check.
 func (g *generation) probeDir() string {
 	dir := cmp.Or(g.asg.Spec.GetCheckpointDir(), g.asg.Spec.GetCheckpointBackup())
-	if dir == "" || len(g.asg.Generation.GetMembers()) < 2 {
+	if dir == "" || g.asg.GroupWorld < 2 {
 		return ""
 	}
 	return dir

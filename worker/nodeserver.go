@@ -40,9 +40,10 @@ func (a *Agent) sawAssignment(asg *pb.Assignment) {
 }
 
 // members asks the coordinator the agent follows for job's current
-// generation and its nodes: what the node server serves a job's held
-// checkpoints by once this node has left the job.
-func (a *Agent) members(ctx context.Context, job string) (int64, []string, error) {
+// generation and whether node is one of its members (the node alone, or
+// none): what the node server serves a job's held checkpoints by to a
+// member its assignment did not name, or once this node has left the job.
+func (a *Agent) members(ctx context.Context, job, node string) (int64, []string, error) {
 	a.mu.Lock()
 	client := a.client
 	a.mu.Unlock()
@@ -51,7 +52,7 @@ func (a *Agent) members(ctx context.Context, job string) (int64, []string, error
 	}
 	cctx, cancel := context.WithTimeout(ctx, reportTimeout)
 	defer cancel()
-	resp, err := client.Members(cctx, &pb.MembersRequest{Job: job})
+	resp, err := client.Members(cctx, &pb.MembersRequest{Job: job, Node: node})
 	if err != nil {
 		return 0, nil, err
 	}

@@ -176,7 +176,7 @@ func TestStoreStuckPeer(t *testing.T) {
 	})
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
 	agent := &Agent{cfg: &Config{Name: "a"}, holder: a.holder, log: log}
-	asg := &pb.Assignment{Job: "j", Spec: &pb.JobSpec{CheckpointReplicas: 2}, Generation: &pb.Generation{Number: 1, Members: []*pb.Member{
+	asg := &pb.Assignment{Job: "j", Spec: &pb.JobSpec{CheckpointReplicas: 2}, Replicas: []string{"b"}, GroupWorld: 2, Generation: &pb.Generation{Number: 1, Members: []*pb.Member{
 		{Node: "a", FirstRank: 0, Ranks: 1, CheckpointAddr: a.addr},
 		{Node: "b", FirstRank: 1, Ranks: 1, CheckpointAddr: stuck.Addr().String()},
 	}}}

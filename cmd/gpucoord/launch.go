@@ -33,7 +33,6 @@ import (
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/schedule"
 	"github.com/gpucoord/gpucoord/topology"
-	"github.com/gpucoord/gpucoord/worker"
 	"github.com/gpucoord/gpucoord/worker/engine"
 	"github.com/gpucoord/gpucoord/worker/ranklog"
 )
@@ -173,7 +172,7 @@ with that rank named.`,
 	fl.StringVar(&f.ckptOverhead, "checkpoint-overhead", "", "native, instead of --checkpoint-every: choose the interval as the job trains so that checkpoints add at most this share of the step time (5% or 0.05), printing the steps a loss may redo")
 	fl.IntVar(&f.keepCkpts, "keep-checkpoints", 2, "committed checkpoint steps each node keeps; older ones are removed after each commit (0 keeps every one in a --checkpoint-dir, 2 in the agents' memory)")
 	fl.StringVar(&f.ckptDir, "checkpoint-dir", "", "a directory every node mounts for the checkpoints, checked at every generation (default: none, the agents hold them: node-local, in /dev/shm when it has room, replicated to peers)")
-	fl.IntVar(&f.ckptReplicas, "checkpoint-replicas", worker.DefaultReplicas, "without --checkpoint-dir: how many nodes hold each node's files of a step, itself included; a step is committed when all are in place")
+	fl.IntVar(&f.ckptReplicas, "checkpoint-replicas", pb.DefaultReplicas, "without --checkpoint-dir: how many nodes hold each node's files of a step, itself included; a step is committed when all are in place")
 	fl.StringVar(&f.ckptBackup, "checkpoint-backup", "", "without --checkpoint-dir: a second tier, a directory every node mounts, copied to every --backup-every steps; a job whose replicas of a step are all lost resumes from it")
 	fl.IntVar(&f.backupEvery, "backup-every", 0, "with --checkpoint-backup: copy every this many steps there (default 10)")
 	fl.DurationVar(&f.hangTimeout, "hang-timeout", 0, "a rank with no progress line (step, checkpoint, heartbeat) for this long is hung: its stacks are captured and the generation restarts (default 10x the median step time, at least 30s)")

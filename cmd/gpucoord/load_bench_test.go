@@ -22,7 +22,9 @@ import (
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucoord/gpucoord/internal/gossip"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
@@ -49,7 +51,19 @@ func TestControlPlaneLoad(t *testing.T) {
 	if sizes == "" {
 		t.Skip("a benchmark: set GPUCOORD_BENCH_LOAD=256,1024,2048 (make bench-load)")
 	}
-	bin := buildBinary(t)
+	// Another build, e.g. an earlier commit's, to compare, with the
+	// protocol version it speaks.
+	bin := os.Getenv("GPUCOORD_BENCH_LOAD_BIN")
+	if bin == "" {
+		bin = buildBinary(t)
+	}
+	if v := os.Getenv("GPUCOORD_BENCH_LOAD_PROTOCOL"); v != "" {
+		p, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("GPUCOORD_BENCH_LOAD_PROTOCOL=%q: %v", v, err)
+		}
+		loadProtocol = int32(p)
+	}
 	var rows []string
 	for _, s := range strings.Split(sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -58,7 +72,7 @@ func TestControlPlaneLoad(t *testing.T) {
 		}
 		t.Run(strconv.Itoa(n), func(t *testing.T) { rows = append(rows, loadRun(t, bin, n)) })
 	}
-	t.Logf("control plane under load:\n| nodes | rendezvous | loss to next generation | coordinator CPU (cores) | resident MB | etcd requests / step | etcd writes / step |\n|---|---|---|---|---|---|---|\n%s",
+	t.Logf("control plane under load:\n| nodes | registration | rendezvous | loss to next generation (pool) | coordinator CPU (cores) | resident MB | etcd requests / step | etcd writes / step | bytes / node, generation 1 | bytes / node, generation 2 |\n|---|---|---|---|---|---|---|---|---|---|\n%s",
 		strings.Join(rows, "\n"))
 }
 
@@ -71,12 +85,13 @@ type slimAssignment struct {
 	job, master string
 	gen         int64
 	renewal     bool
+	size        int // bytes on the wire
 }
 
 // parse reads the fields of pb.Assignment (job 1, generation 3, master 4,
 // renewal 8) and the generation's number (2), skipping the rest.
 func (s *slimAssignment) parse(b []byte) error {
-	*s = slimAssignment{}
+	*s = slimAssignment{size: len(b)}
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -147,7 +162,7 @@ func watchSlim(ctx context.Context, cc *grpc.ClientConn, req *pb.WatchRequest, f
 			if err != nil {
 				return nil, err
 			}
-			return &slimAssignment{job: a.Job, master: a.Master, gen: a.Generation.GetNumber(), renewal: a.Renewal}, nil
+			return &slimAssignment{job: a.Job, master: a.Master, gen: a.Generation.GetNumber(), renewal: a.Renewal, size: proto.Size(a)}, nil
 		}, nil
 	}
 	cs, err := cc.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, pb.Coordinator_Watch_FullMethodName,
@@ -187,7 +202,9 @@ type simAgent struct {
 }
 
 // holding counts the agents whose latest assignment is generation gen of
-// the job with rank 0's address, and tells when a target is reached.
+// the job with rank 0's address, and tells when a target is reached. It
+// also counts the bytes of the assignments (renewals aside) each agent
+// received since the last expect.
 type holding struct {
 	mu      sync.Mutex
 	job     string
@@ -196,13 +213,14 @@ type holding struct {
 	target  int
 	reached chan struct{}
 	at      map[string]int64 // agent -> generation it holds
+	bytes   map[string]int   // agent -> assignment bytes since expect
 }
 
 func (h *holding) expect(job string, gen int64, target int) <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.job, h.gen, h.target, h.reached = job, gen, target, make(chan struct{})
-	h.count = 0
+	h.count, h.bytes = 0, map[string]int{}
 	for _, g := range h.at {
 		if g == gen {
 			h.count++
@@ -214,9 +232,24 @@ func (h *holding) expect(job string, gen int64, target int) <-chan struct{} {
 	return h.reached
 }
 
+// received is the mean and the largest of the bytes the agents holding
+// the expected generation received since expect.
+func (h *holding) received() (mean float64, most int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	total, n := 0, 0
+	for agent, g := range h.at {
+		if g == h.gen {
+			total, n, most = total+h.bytes[agent], n+1, max(most, h.bytes[agent])
+		}
+	}
+	return float64(total) / float64(max(n, 1)), most
+}
+
 func (h *holding) saw(agent string, a *slimAssignment) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.bytes[agent] += a.size
 	g := int64(0)
 	if a.job == h.job && a.master != "" {
 		g = a.gen
@@ -285,22 +318,32 @@ func etcdRequests(t *testing.T, metrics string) (all, writes float64) {
 	return all, writes
 }
 
+// loadProtocol is the protocol version the simulated agents speak.
+var loadProtocol = int32(pb.ProtocolVersion)
+
 func loadRun(t *testing.T, bin string, n int) string {
 	addr, metrics := freeAddr(t), freeAddr(t)
 	co := start(t, bin, "coordinator", "--listen", addr, "--metrics", metrics, "--data-dir", t.TempDir(), "--log-level", "warn")
 	co.waitLine(t, "coordinator listening", 30*time.Second)
 	pid := co.cmd.Process.Pid
 
-	h := &holding{at: map[string]int64{}}
+	h := &holding{at: map[string]int64{}, bytes: map[string]int{}}
 	agents := make([]*simAgent, n)
 	full := os.Getenv("GPUCOORD_BENCH_LOAD_DECODE") == "full"
 	const rank0 = "n0000" // first by name: rank 0 in every generation here
+	var streams sync.WaitGroup
+	defer streams.Wait() // after stop, which ends them
 	ctx, stop := context.WithCancel(t.Context())
 	defer stop()
-	var streams sync.WaitGroup
-	defer streams.Wait()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(64)
+	var victim *gossip.Pool // the last agent's member of the failure-detection pool
+	defer func() {
+		if victim != nil {
+			victim.Shutdown()
+		}
+	}()
+	registering := time.Now()
 	for i := range n {
 		g.Go(func() error {
 			name := fmt.Sprintf("n%04d", i)
@@ -309,10 +352,27 @@ func loadRun(t *testing.T, bin string, n int) string {
 				return err
 			}
 			cl := pb.NewCoordinatorClient(cc)
-			resp, err := cl.Register(gctx, &pb.RegisterRequest{Node: &pb.Node{Name: name, Host: "127.0.0.1", Gpus: 8, Protocol: pb.ProtocolVersion, Instance: name}})
+			resp, err := cl.Register(gctx, &pb.RegisterRequest{Node: &pb.Node{Name: name, Host: "127.0.0.1", Gpus: 8, Protocol: loadProtocol, Instance: name}})
 			if err != nil {
 				cc.Close()
 				return fmt.Errorf("register %s: %w", name, err)
+			}
+			if i == n-1 {
+				// The node that will be lost joins the pool as a real
+				// agent does, so that its loss is found by the pool.
+				gs := resp.GetGossip()
+				tune := gossip.Tuning{ProbeInterval: time.Duration(gs.GetProbeIntervalMs()) * time.Millisecond,
+					ProbeTimeout: time.Duration(gs.GetProbeTimeoutMs()) * time.Millisecond, SuspicionMult: int(gs.GetSuspicionMult())}
+				p, err := gossip.New(gossip.MemberName(name, name), "127.0.0.1:0", "", tune, gossip.Secure{Keys: gs.GetKeys(), Label: gs.GetLabel()}, nil, nil)
+				if err != nil {
+					cc.Close()
+					return err
+				}
+				victim = p
+				if _, err := p.Join(gs.GetSeeds()); err != nil {
+					cc.Close()
+					return fmt.Errorf("%s joining the pool: %w", name, err)
+				}
 			}
 			sctx, cancel := context.WithCancel(ctx)
 			recv, err := watchSlim(sctx, cc, &pb.WatchRequest{Node: name, LeaseId: resp.LeaseId}, full)
@@ -348,6 +408,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
+	registration := time.Since(registering)
 	cl := agents[0].cl
 
 	// Rendezvous.
@@ -358,8 +419,9 @@ func loadRun(t *testing.T, bin string, n int) string {
 		Command: []string{"true"}, MinNodes: 1, MaxRestarts: 3, CheckpointDir: "/shared/ckpt"}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, reached, "every agent holding generation 1")
+	waitFor(t, reached, "every agent holding generation 1", h)
 	rendezvous := time.Since(begin)
+	bytes1, _ := h.received()
 
 	// Steady state: rank 0 reports 10 steps a second, every agent its
 	// compute times each second.
@@ -411,32 +473,35 @@ func loadRun(t *testing.T, bin string, n int) string {
 	cpu1, rss := procStat(t, pid)
 	req1, wr1 := etcdRequests(t, metrics)
 
-	// A node lost: the last agent is killed with its ranks, and a rank on
-	// rank 0's node reports the failure its peers saw.
+	// A node lost: the last agent stops at once, its pool member
+	// without leaving and its stream cut. Nothing reports it: the pool
+	// finds it dead, the coordinator revokes its lease and the leader
+	// makes the next generation.
 	reached = h.expect(job, 2, n-1)
 	begin = time.Now()
+	victim.Shutdown()
 	agents[n-1].cancel()
-	if _, err := cl.Report(ctx, &pb.ReportRequest{Job: job, Generation: 1, Node: agents[0].name,
-		Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: 1, Code: 1, FailedAtUnixMs: time.Now().UnixMilli()}}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, reached, "every surviving agent holding generation 2")
+	waitFor(t, reached, "every surviving agent holding generation 2", h)
 	loss := time.Since(begin)
-
+	bytes2, most2 := h.received()
 	stop()
 	co.cmd.Process.Signal(syscall.SIGTERM)
 	co.wait(t, 30*time.Second)
-	row := fmt.Sprintf("| %d | %s | %s | %.2f | %.0f | %.1f | %.1f |", n, rendezvous.Round(time.Millisecond), loss.Round(time.Millisecond),
-		(cpu1-cpu0).Seconds()/wall.Seconds(), rss, (req1-req0)/steps, (wr1-wr0)/steps)
+	row := fmt.Sprintf("| %d | %s | %s | %s | %.2f | %.0f | %.1f | %.1f | %.0f | %.0f (max %d) |", n, registration.Round(time.Millisecond),
+		rendezvous.Round(time.Millisecond), loss.Round(time.Millisecond),
+		(cpu1-cpu0).Seconds()/wall.Seconds(), rss, (req1-req0)/steps, (wr1-wr0)/steps, bytes1, bytes2, most2)
 	t.Log(row)
 	return row
 }
 
-func waitFor(t *testing.T, ch <-chan struct{}, what string) {
+func waitFor(t *testing.T, ch <-chan struct{}, what string, h *holding) {
 	t.Helper()
 	select {
 	case <-ch:
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("no %s within 2 minutes", what)
+		h.mu.Lock()
+		n := h.count
+		h.mu.Unlock()
+		t.Fatalf("no %s within 2 minutes: %d of %d", what, n, h.target)
 	}
 }

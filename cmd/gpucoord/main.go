@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 )
 
@@ -13,7 +14,9 @@ func main() {
 	// SIGHUP (a dropped ssh session) and SIGTERM stop a command as Ctrl-C
 	// does: launch cancels its job rather than leave it running unseen.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	stopProfile := cpuProfile()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stopProfile()
 	interrupted := ctx.Err() != nil
 	stop()
 	var silent *exitError
@@ -38,5 +41,27 @@ func main() {
 		}
 		fmt.Fprintln(os.Stderr, "gpucoord:", err)
 		os.Exit(1)
+	}
+}
+
+// cpuProfile writes the process's CPU profile to the file
+// GPUCOORD_CPUPROFILE names, if any, until the returned function is
+// called: how the benchmarks see where a coordinator's time goes.
+func cpuProfile() func() {
+	path := os.Getenv("GPUCOORD_CPUPROFILE")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gpucoord: GPUCOORD_CPUPROFILE:", err)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
 	}
 }

@@ -12,5 +12,8 @@ package gpucoordpb
 // ProtocolVersion is the version of this protocol. A coordinator refuses an
 // agent that speaks another. 6: a generation carries its own layout (an
 // agent of 5 would run a re-planned generation at the spec's), and agents
-// check replicated checkpoints with CRC-32C.
-const ProtocolVersion = 6
+// check replicated checkpoints with CRC-32C. 7: an assignment carries the
+// node's part of the generation, its place and its replica holders (an
+// agent of 6 would count GROUP_WORLD_SIZE from the part, and replicate to
+// no one).
+const ProtocolVersion = 7

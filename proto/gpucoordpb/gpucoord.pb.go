@@ -1401,10 +1401,17 @@ func (x *Copies) GetInstances() []string {
 // Assignment is everything a node should run now. An empty job means run
 // nothing; ranks of any other job or generation are stopped.
 type Assignment struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	Job        string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
-	Spec       *JobSpec               `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
-	Generation *Generation            `protobuf:"bytes,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Spec  *JobSpec               `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	// generation is the node's part of the job's generation, so that what a
+	// node receives does not grow with the job: members holds the node
+	// itself, the nodes it sends its checkpoint replicas to (replicas) and
+	// those that send theirs to it; stopping, reason and output are left
+	// out. Everything else is the generation's (checkpoint too: a node
+	// restoring held checkpoints gathers every writer's files). The whole
+	// generation is in etcd, for launch and status.
+	Generation *Generation `protobuf:"bytes,3,opt,name=generation,proto3" json:"generation,omitempty"`
 	// master is rank 0's rendezvous address (host:port) once its node has
 	// reported it; until then only that node acts, to bootstrap.
 	Master string `protobuf:"bytes,4,opt,name=master,proto3" json:"master,omitempty"`
@@ -1441,7 +1448,16 @@ type Assignment struct {
 	// open says the generation's ranks may start: every rank of an earlier
 	// generation of the job is stopped (Generation.stopping). Until then the
 	// node only stops what it ran before.
-	Open          bool `protobuf:"varint,12,opt,name=open,proto3" json:"open,omitempty"`
+	Open bool `protobuf:"varint,12,opt,name=open,proto3" json:"open,omitempty"`
+	// group_rank is the node's place among the generation's members, in
+	// order of their first ranks (torchrun's GROUP_RANK); group_world is how
+	// many members the generation has.
+	GroupRank  int32 `protobuf:"varint,14,opt,name=group_rank,json=groupRank,proto3" json:"group_rank,omitempty"`
+	GroupWorld int32 `protobuf:"varint,15,opt,name=group_world,json=groupWorld,proto3" json:"group_world,omitempty"`
+	// replicas are the nodes the node sends the replicas of its held
+	// checkpoints to, in order (the coordinator chooses them: the next
+	// members after it in other failure domains first).
+	Replicas      []string `protobuf:"bytes,16,rep,name=replicas,proto3" json:"replicas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1565,6 +1581,27 @@ func (x *Assignment) GetOpen() bool {
 		return x.Open
 	}
 	return false
+}
+
+func (x *Assignment) GetGroupRank() int32 {
+	if x != nil {
+		return x.GroupRank
+	}
+	return 0
+}
+
+func (x *Assignment) GetGroupWorld() int32 {
+	if x != nil {
+		return x.GroupWorld
+	}
+	return 0
+}
+
+func (x *Assignment) GetReplicas() []string {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
 }
 
 // Bootstrap is rank 0's node's report that the generation can start: the
@@ -2694,8 +2731,11 @@ func (x *ReportResponse) GetCommitted() int64 {
 }
 
 type MembersRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// node, when set, asks only whether that node is a member: nodes is then
+	// the node alone, or empty.
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2733,6 +2773,13 @@ func (*MembersRequest) Descriptor() ([]byte, []int) {
 func (x *MembersRequest) GetJob() string {
 	if x != nil {
 		return x.Job
+	}
+	return ""
+}
+
+func (x *MembersRequest) GetNode() string {
+	if x != nil {
+		return x.Node
 	}
 	return ""
 }
@@ -4320,7 +4367,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aholders\x18\x02 \x03(\tR\aholders\x12\x14\n" +
 	"\x05addrs\x18\x03 \x03(\tR\x05addrs\x12\x1c\n" +
-	"\tinstances\x18\x04 \x03(\tR\tinstances\"\xa4\x03\n" +
+	"\tinstances\x18\x04 \x03(\tR\tinstances\"\x80\x04\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -4340,7 +4387,12 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	" \x03(\fR\n" +
 	"gossipKeys\x12\x1b\n" +
 	"\tlive_jobs\x18\v \x03(\tR\bliveJobs\x12\x12\n" +
-	"\x04open\x18\f \x01(\bR\x04open\"\\\n" +
+	"\x04open\x18\f \x01(\bR\x04open\x12\x1d\n" +
+	"\n" +
+	"group_rank\x18\x0e \x01(\x05R\tgroupRank\x12\x1f\n" +
+	"\vgroup_world\x18\x0f \x01(\x05R\n" +
+	"groupWorld\x12\x1a\n" +
+	"\breplicas\x18\x10 \x03(\tR\breplicas\"\\\n" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x02 \x01(\tR\x05probe\x12!\n" +
@@ -4432,9 +4484,10 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\aStopped\x12\x14\n" +
 	"\x05below\x18\x01 \x01(\x03R\x05below\".\n" +
 	"\x0eReportResponse\x12\x1c\n" +
-	"\tcommitted\x18\x01 \x01(\x03R\tcommitted\"\"\n" +
+	"\tcommitted\x18\x01 \x01(\x03R\tcommitted\"6\n" +
 	"\x0eMembersRequest\x12\x10\n" +
-	"\x03job\x18\x01 \x01(\tR\x03job\"G\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\"G\n" +
 	"\x0fMembersResponse\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +

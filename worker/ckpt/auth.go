@@ -62,10 +62,12 @@ func (h *Holder) Saw(job string, gen int64, members []string) error {
 }
 
 // SetLookup gives the holder a way to ask the coordinators for a job's
-// current generation: a node that holds a job's checkpoints but has left
-// the job hears of no later generation from its assignments, and would
-// refuse the members of one that gathers from it. Set it before Serve.
-func (h *Holder) SetLookup(f func(ctx context.Context, job string) (gen int64, members []string, err error)) {
+// current generation and whether a node is one of its members (members is
+// then that node alone, or empty): a node hears from its assignments only
+// of the members it exchanges replicas with, and, once it has left the
+// job, of no later generation, and would refuse the other members that
+// gather from it. Set it before Serve.
+func (h *Holder) SetLookup(f func(ctx context.Context, job, node string) (gen int64, members []string, err error)) {
 	h.seenMu.Lock()
 	h.lookup = f
 	h.seenMu.Unlock()
@@ -102,7 +104,7 @@ func (h *Holder) forget(job string) {
 // heard of, is looked up once at the coordinators (SetLookup). It creates
 // nothing for a job it holds nothing of: an unknown job waits on the
 // holder's one channel.
-func (h *Holder) await(ctx context.Context, job string, gen int64) (seen, bool) {
+func (h *Holder) await(ctx context.Context, job, caller string, gen int64) (seen, bool) {
 	var expired <-chan time.Time
 	asked := false
 	for {
@@ -115,7 +117,7 @@ func (h *Holder) await(ctx context.Context, job string, gen int64) (seen, bool) 
 		}
 		if ok && lookup != nil && !asked {
 			asked = true
-			if n, members, err := lookup(ctx, job); err != nil {
+			if n, members, err := lookup(ctx, job, caller); err != nil {
 				h.log.Warn("asking the coordinators for a job's generation", "job", job, "err", err)
 			} else if n > s.Number {
 				if err := h.Saw(job, n, members); err != nil {
@@ -144,11 +146,11 @@ func (h *Holder) await(ctx context.Context, job string, gen int64) (seen, bool) 
 // newest generation of the job this node heard of, waiting for gen when it
 // is newer. An error says why not.
 func (h *Holder) allowGet(ctx context.Context, job, caller string, gen int64) error {
-	s, ok := h.await(ctx, job, gen)
+	s, ok := h.await(ctx, job, caller, gen)
 	switch {
 	case !ok:
 		return fmt.Errorf("node %s knows no generation of job %s", h.node, job)
-	case !slices.Contains(s.Members, caller):
+	case !h.isMember(ctx, job, caller, s, func(n int64) bool { return n >= s.Number }):
 		return fmt.Errorf("node %s is not a member of job %s's generation %d", caller, job, s.Number)
 	}
 	return nil
@@ -160,16 +162,47 @@ func (h *Holder) allowGet(ctx context.Context, job, caller string, gen int64) er
 // is 409 for a generation that is not the current one here, 403 for a
 // caller outside it.
 func (h *Holder) allowPut(ctx context.Context, job, caller string, gen int64) (int, error) {
-	s, ok := h.await(ctx, job, gen)
+	s, ok := h.await(ctx, job, caller, gen)
 	switch {
 	case !ok || s.Number < gen:
 		return http.StatusConflict, fmt.Errorf("node %s has not heard of generation %d of job %s", h.node, gen, job)
 	case s.Number > gen:
 		return http.StatusConflict, fmt.Errorf("generation %d of job %s is over here (generation %d runs)", gen, job, s.Number)
-	case !slices.Contains(s.Members, caller):
+	case !h.isMember(ctx, job, caller, s, func(n int64) bool { return n == gen }):
 		return http.StatusForbidden, fmt.Errorf("node %s is not a member of job %s's generation %d", caller, job, gen)
 	}
 	return 0, nil
+}
+
+// isMember says whether caller is a member of job's generation s. A node
+// knows only the members its assignment names (those it exchanges
+// replicas with); of another it asks the coordinators, and takes a yes
+// for a generation current accepts, keeping it for the next request.
+func (h *Holder) isMember(ctx context.Context, job, caller string, s seen, current func(int64) bool) bool {
+	if slices.Contains(s.Members, caller) {
+		return true
+	}
+	h.seenMu.Lock()
+	lookup := h.lookup
+	h.seenMu.Unlock()
+	if lookup == nil {
+		return false
+	}
+	n, members, err := lookup(ctx, job, caller)
+	if err != nil {
+		h.log.Warn("asking the coordinators whether a node is a member of a job", "job", job, "node", caller, "err", err)
+		return false
+	}
+	if !current(n) || !slices.Contains(members, caller) {
+		return false
+	}
+	h.seenMu.Lock()
+	if cur, ok := h.seen[job]; ok && cur.Number == n && !slices.Contains(cur.Members, caller) {
+		cur.Members = append(slices.Clip(cur.Members), caller)
+		h.seen[job] = cur
+	}
+	h.seenMu.Unlock()
+	return true
 }
 
 // callerNode is the node a request over TLS comes from; false after

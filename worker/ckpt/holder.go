@@ -100,7 +100,7 @@ type Holder struct {
 	seenChanged chan struct{}   // closed and replaced at each Saw
 	// lookup asks the coordinators for a job's current generation (its
 	// number and members' names); nil: none (SetLookup).
-	lookup func(ctx context.Context, job string) (int64, []string, error)
+	lookup func(ctx context.Context, job, node string) (int64, []string, error)
 
 	peerMu      sync.Mutex
 	peerClients map[string]*http.Client // by peer name (clientFor)
@@ -797,42 +797,3 @@ func randHex() string {
 type countWriter int64
 
 func (c *countWriter) Write(p []byte) (int, error) { *c += countWriter(len(p)); return len(p), nil }
-
-// ---- policy ----
-
-// Replicas chooses the peers that hold a replica of self's files: the
-// next copies-1 members after self in the generation's order (a ring, as
-// Gemini places its replicas), preferring members whose failure domain
-// differs from self's and from those already chosen. domain returns a
-// member's failure domain ("" counts as its own).
-func Replicas(members []*pb.Member, self string, copies int, domain func(*pb.Member) string) []string {
-	i := slices.IndexFunc(members, func(m *pb.Member) bool { return m.Node == self })
-	if i < 0 || copies < 2 {
-		return nil
-	}
-	var ring []*pb.Member
-	for k := 1; k < len(members); k++ {
-		ring = append(ring, members[(i+k)%len(members)])
-	}
-	dom := func(m *pb.Member) string {
-		if d := domain(m); d != "" {
-			return d
-		}
-		return "node:" + m.Node
-	}
-	used := map[string]bool{dom(members[i]): true}
-	var out []string
-	taken := map[string]bool{}
-	for _, m := range ring {
-		if len(out) < copies-1 && !used[dom(m)] {
-			out, taken[m.Node] = append(out, m.Node), true
-			used[dom(m)] = true
-		}
-	}
-	for _, m := range ring {
-		if len(out) < copies-1 && !taken[m.Node] {
-			out, taken[m.Node] = append(out, m.Node), true
-		}
-	}
-	return out
-}

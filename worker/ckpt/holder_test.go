@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/gpucoord/gpucoord/internal/pki"
-	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // node is a holder serving on loopback with its CA's node certificate.
@@ -274,41 +273,6 @@ func TestBeginAndPrune(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(h.Root(), "j")); !os.IsNotExist(err) {
 		t.Errorf("job left: %v", err)
-	}
-}
-
-func TestReplicas(t *testing.T) {
-	members := func(names ...string) []*pb.Member {
-		var out []*pb.Member
-		for _, n := range names {
-			out = append(out, &pb.Member{Node: n})
-		}
-		return out
-	}
-	racks := map[string]string{"a": "r1", "b": "r1", "c": "r2", "d": "r2"}
-	none := func(*pb.Member) string { return "" }
-	byRack := func(m *pb.Member) string { return racks[m.Node] }
-	tests := []struct {
-		name    string
-		members []*pb.Member
-		self    string
-		copies  int
-		domain  func(*pb.Member) string
-		want    string
-	}{
-		{"next in the ring", members("a", "b", "c"), "b", 2, none, "[c]"},
-		{"wraps", members("a", "b", "c"), "c", 3, none, "[a b]"},
-		{"fewer members than copies", members("a", "b"), "a", 3, none, "[b]"},
-		{"alone", members("a"), "a", 2, none, "[]"},
-		{"one copy", members("a", "b"), "a", 1, none, "[]"},
-		{"not a member", members("a", "b"), "z", 2, none, "[]"},
-		{"other rack first", members("a", "b", "c", "d"), "a", 2, byRack, "[c]"},
-		{"then any", members("a", "b", "c", "d"), "a", 3, byRack, "[c b]"},
-	}
-	for _, tc := range tests {
-		if got := fmt.Sprint(Replicas(tc.members, tc.self, tc.copies, tc.domain)); got != tc.want {
-			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
-		}
 	}
 }
 

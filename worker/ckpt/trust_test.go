@@ -397,11 +397,11 @@ func TestLeftHolderLooksUp(t *testing.T) {
 	}
 	var asked []string
 	var mu sync.Mutex
-	b.h.SetLookup(func(_ context.Context, job string) (int64, []string, error) {
+	b.h.SetLookup(func(_ context.Context, job, node string) (int64, []string, error) {
 		mu.Lock()
 		asked = append(asked, job)
 		mu.Unlock()
-		return 3, []string{"c", "d"}, nil
+		return 3, slices.DeleteFunc([]string{"c", "d"}, func(m string) bool { return m != node }), nil
 	})
 	if _, err := c.h.Fetch(ctx, b.peer("b"), "j", "a", 3, 3); err != nil {
 		t.Fatalf("c, in generation 3, gathering from b that left the job: %v", err)
@@ -416,5 +416,56 @@ func TestLeftHolderLooksUp(t *testing.T) {
 	defer mu.Unlock()
 	if slices.Contains(asked, "other") {
 		t.Errorf("b looked up a job it holds nothing of: %v", asked)
+	}
+}
+
+// TestMemberOutsideViewLooksUp: a node hears of the members it exchanges
+// replicas with alone (its assignment's view of generation 2 names a and
+// b); c, a member of generation 2 that b's view leaves out, gathers a's
+// step from b: b asks the coordinators once, serves c, and remembers. z,
+// no member, is refused, and a lookup that names a later generation
+// admits nobody to a put of generation 2.
+func TestMemberOutsideViewLooksUp(t *testing.T) {
+	nodes := cluster(t, Limits{PeerWait: 20 * time.Millisecond}, []string{"a", "b"}, "a", "b", "c", "z")
+	a, b, c, z := nodes["a"], nodes["b"], nodes["c"], nodes["z"]
+	ctx := t.Context()
+	for _, n := range []*node{a, b} {
+		if err := n.h.Saw("j", 2, []string{"a", "b"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ownStep(t, a, 3, map[string]string{"shard": "a's weights"})
+	if _, err := a.h.Send(ctx, b.peer("b"), "j", 2, 3); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var asked []string
+	gen := int64(2)
+	b.h.SetLookup(func(_ context.Context, job, node string) (int64, []string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, node)
+		if node == "c" || gen == 3 {
+			return gen, []string{node}, nil
+		}
+		return gen, nil, nil
+	})
+	for range 2 {
+		if _, err := c.h.Fetch(ctx, b.peer("b"), "j", "a", 2, 3); err != nil {
+			t.Fatalf("c, a member outside b's view, gathering: %v", err)
+		}
+	}
+	if _, err := z.h.Fetch(ctx, b.peer("b"), "j", "a", 2, 3); status(err) != 403 {
+		t.Errorf("z, no member, fetching: %v, want 403", err)
+	}
+	mu.Lock()
+	if got := fmt.Sprint(asked); got != "[c z]" {
+		t.Errorf("b asked about %s, want [c z] (c once)", got)
+	}
+	gen = 3
+	mu.Unlock()
+	ownStep(t, z, 3, map[string]string{"shard": "z's weights"})
+	if _, err := z.h.Send(ctx, b.peer("b"), "j", 2, 3); status(err) != 403 {
+		t.Errorf("z placing a replica of generation 2: %v, want 403", err)
 	}
 }

@@ -1,0 +1,81 @@
+package coordinator
+
+import (
+	"bytes"
+	"slices"
+	"sync"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+)
+
+// jobAssignment is one running job's assignment as the cache holds it:
+// the whole generation's, and each member's part of it (Assignment's
+// generation), made when the node's stream first asks and kept until the
+// job's assignment changes. What a node receives so does not grow with
+// the job's nodes.
+type jobAssignment struct {
+	whole    *pb.Assignment
+	index    map[string]int // node -> its place among the members
+	replicas [][]int        // member -> the members holding its replicas
+	sources  [][]int        // member -> the members whose replicas it holds
+
+	mu    sync.Mutex
+	nodes map[string]nodeAssignment
+}
+
+// nodeAssignment is one node's assignment and its wire form.
+type nodeAssignment struct {
+	a    *pb.Assignment
+	wire encoded
+}
+
+func newJobAssignment(a *pb.Assignment) *jobAssignment {
+	g := a.Generation
+	ja := &jobAssignment{whole: a, index: make(map[string]int, len(g.Members)), nodes: map[string]nodeAssignment{}}
+	for i, m := range g.Members {
+		ja.index[m.Node] = i
+	}
+	if a.Spec.GetCheckpointDir() == "" { // held by the agents: they replicate
+		ja.replicas = pb.Replicas(g.Members, pb.ReplicaCount(a.Spec))
+		ja.sources = pb.ReplicaSources(ja.replicas)
+	}
+	return ja
+}
+
+// same reports whether a would be the assignment ja holds (its revision
+// aside): the same spec, generation and bootstrap, opened alike, with the
+// same pool keys and live jobs.
+func (ja *jobAssignment) same(a *pb.Assignment) bool {
+	w := ja.whole
+	return w.Spec == a.Spec && w.Generation == a.Generation && w.Open == a.Open && w.Master == a.Master && w.Probe == a.Probe &&
+		bytes.Equal(w.StoreSecret, a.StoreSecret) && slices.EqualFunc(w.GossipKeys, a.GossipKeys, bytes.Equal) && slices.Equal(w.LiveJobs, a.LiveJobs)
+}
+
+// forNode is node's assignment: the whole one but for the generation,
+// which is the node's view (pb.NodeView), with the node's place and the
+// nodes it replicates to.
+func (ja *jobAssignment) forNode(node string) (*pb.Assignment, encoded) {
+	ja.mu.Lock()
+	defer ja.mu.Unlock()
+	if na, ok := ja.nodes[node]; ok {
+		return na.a, na.wire
+	}
+	i, ok := ja.index[node]
+	if !ok {
+		return ja.whole, mustMarshal(ja.whole) // not a member: cannot happen for a holder
+	}
+	w := ja.whole
+	a := &pb.Assignment{Job: w.Job, Spec: w.Spec, Master: w.Master, Probe: w.Probe, Revision: w.Revision, StoreSecret: w.StoreSecret,
+		GossipKeys: w.GossipKeys, LiveJobs: w.LiveJobs, Open: w.Open, GroupRank: int32(i), GroupWorld: int32(len(w.Generation.Members))}
+	var sources []int
+	if ja.replicas != nil {
+		sources = ja.sources[i]
+		for _, j := range ja.replicas[i] {
+			a.Replicas = append(a.Replicas, w.Generation.Members[j].Node)
+		}
+	}
+	a.Generation = pb.NodeView(w.Generation, i, ja.replicas, sources)
+	na := nodeAssignment{a: a, wire: mustMarshal(a)}
+	ja.nodes[node] = na
+	return na.a, na.wire
+}
