@@ -74,8 +74,46 @@ func (ja *jobAssignment) forNode(node string) (*pb.Assignment, encoded) {
 			a.Replicas = append(a.Replicas, w.Generation.Members[j].Node)
 		}
 	}
+	if r := pb.Relay(i); r != i {
+		a.Relay = w.Generation.Members[r].Node
+	}
 	a.Generation = pb.NodeView(w.Generation, i, ja.replicas, sources)
 	na := nodeAssignment{a: a, wire: mustMarshal(a)}
 	ja.nodes[node] = na
 	return na.a, na.wire
+}
+
+// member is node's entry in generation g of job, found by the running
+// job's index when g is the generation the cache runs (a report reads no
+// list of thousands), else by looking through g; nil for none.
+func (c *cache) member(job string, g *pb.Generation, node string) *pb.Member {
+	c.mu.RLock()
+	ja := c.assigned[job]
+	c.mu.RUnlock()
+	if ja != nil && ja.whole.Generation == g {
+		if i, ok := ja.index[node]; ok {
+			return g.Members[i]
+		}
+		return nil
+	}
+	for _, m := range g.GetMembers() {
+		if m.Node == node {
+			return m
+		}
+	}
+	return nil
+}
+
+// relays says whether relay is the member that forwards node's reports in
+// generation gen of job (Assignment.relay), as the running job's
+// assignment says.
+func (c *cache) relays(job string, gen int64, relay, node string) bool {
+	c.mu.RLock()
+	ja := c.assigned[job]
+	c.mu.RUnlock()
+	if ja == nil || ja.whole.Generation.GetNumber() != gen {
+		return false
+	}
+	i, ok := ja.index[node]
+	return ok && ja.whole.Generation.Members[pb.Relay(i)].Node == relay
 }

@@ -223,7 +223,7 @@ func spec(id string, nodes, gpus int32) *pb.JobSpec {
 // TestAssignmentView: each node of a job whose agents hold its
 // checkpoints receives its part of the generation: its place and the
 // count, the node it replicates to (in the other rack), and as members
-// only itself, that node and the one replicating to it.
+// only itself, that node, the one replicating to it and its relay (n0).
 func TestAssignmentView(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), nil)
 	c := client(t, co.Addr())
@@ -241,7 +241,7 @@ func TestAssignmentView(t *testing.T) {
 	}
 	// n0 and n1 (r1) replicate to n2 and n3 (r2), and back.
 	want := map[int]struct{ replica, members string }{
-		0: {"n2", "n0 n2"}, 1: {"n3", "n1 n3"}, 2: {"n0", "n0 n2"}, 3: {"n1", "n1 n3"},
+		0: {"n2", "n0 n2"}, 1: {"n3", "n0 n1 n3"}, 2: {"n0", "n0 n2"}, 3: {"n1", "n0 n1 n3"},
 	}
 	for i, ch := range chans {
 		a := next(t, ch, func(a *pb.Assignment) bool { return a.Job == "j" })
@@ -670,6 +670,65 @@ func stored(t *testing.T, c pb.CoordinatorClient, job string, gen, step int64, n
 		if i == len(nodes)-1 && len(nodes) > 1 && resp.Committed != step {
 			t.Errorf("step %d stored by %v: committed %d", step, nodes, resp.Committed)
 		}
+	}
+}
+
+// TestRelayedReports: n0, the relay of a three-node job's block, forwards
+// n1's and n2's Stored reports and n2's times in one call; with n0's own
+// report the step is committed. A report of another generation or of
+// another kind than Stored and Times is refused alone, and n1 relays
+// nothing.
+func TestRelayedReports(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr())
+	var chans []<-chan *pb.Assignment
+	for i := range 3 {
+		ch, _ := agent(t, c, node(fmt.Sprintf("n%d", i), 2))
+		chans = append(chans, ch)
+	}
+	s := spec("j", 3, 2)
+	s.Tp, s.Pp = 1, 1
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); err != nil {
+		t.Fatal(err)
+	}
+	for i, ch := range chans {
+		a := next(t, ch, func(a *pb.Assignment) bool { return a.Job == "j" })
+		if want := map[bool]string{true: "", false: "n0"}[i == 0]; a.Relay != want {
+			t.Errorf("n%d's relay %q, want %q", i, a.Relay, want)
+		}
+	}
+	storedBy := func(node string, gen int64) *pb.ReportRequest {
+		return &pb.ReportRequest{Job: "j", Generation: gen, Node: node, Kind: &pb.ReportRequest_Stored{Stored: &pb.Stored{Steps: []*pb.StoredStep{{Step: 5}}}}}
+	}
+	relayed := func(relay string, reports ...*pb.ReportRequest) *pb.ReportResponse {
+		t.Helper()
+		resp, err := c.Report(t.Context(), &pb.ReportRequest{Job: "j", Generation: 1, Node: relay, Kind: &pb.ReportRequest_Relayed{Relayed: &pb.Relayed{Reports: reports}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Relayed) != len(reports) {
+			t.Fatalf("%d answers to %d reports", len(resp.Relayed), len(reports))
+		}
+		return resp
+	}
+	times := &pb.ReportRequest{Job: "j", Generation: 1, Node: "n2", Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: []*pb.RankTime{{Rank: 4, ComputeSeconds: 0.5, Steps: 1}}}}}
+	exit := &pb.ReportRequest{Job: "j", Generation: 1, Node: "n1", Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: 2, Code: 1}}}
+	resp := relayed("n0", storedBy("n1", 1), times, storedBy("n2", 1), storedBy("n2", 2), exit)
+	want := []codes.Code{codes.OK, codes.OK, codes.OK, codes.InvalidArgument, codes.InvalidArgument}
+	for i, a := range resp.Relayed {
+		if codes.Code(a.Code) != want[i] {
+			t.Errorf("relayed report %d: %s %q, want %s", i, codes.Code(a.Code), a.Error, want[i])
+		}
+	}
+	if resp := relayed("n1", storedBy("n2", 1)); codes.Code(resp.Relayed[0].Code) != codes.PermissionDenied {
+		t.Errorf("n1 relaying n2's report: %v, want PermissionDenied", resp.Relayed[0])
+	}
+	if co.cache.committed("j") != 0 {
+		t.Fatal("committed before n0 stored")
+	}
+	stored(t, c, "j", 1, 5, "n0")
+	if got := co.cache.committed("j"); got != 5 {
+		t.Errorf("committed %d after every node stored step 5, want 5", got)
 	}
 }
 

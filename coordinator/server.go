@@ -376,8 +376,7 @@ func withTTL(a *pb.Assignment, ttlMs int64, sent time.Time) *pb.Assignment {
 
 // Report implements pb.CoordinatorServer.
 func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportResponse, error) {
-	id, gen := req.GetJob(), req.GetGeneration()
-	if id == "" {
+	if req.GetJob() == "" {
 		return nil, status.Error(codes.InvalidArgument, "report without a job")
 	}
 	if err := s.asNode(ctx, req.GetNode()); err != nil {
@@ -389,6 +388,16 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 	if err := s.ownRanks(ctx, req); err != nil {
 		return nil, err
 	}
+	if k, ok := req.Kind.(*pb.ReportRequest_Relayed); ok {
+		return s.reportRelayed(ctx, req, k.Relayed)
+	}
+	return s.report(ctx, req)
+}
+
+// report takes a node's report of job's generation (its identity and
+// ranks checked).
+func (s *server) report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportResponse, error) {
+	id, gen := req.GetJob(), req.GetGeneration()
 	var err error
 	switch k := req.Kind.(type) {
 	case *pb.ReportRequest_Bootstrap:
@@ -508,12 +517,7 @@ func (s *server) ownRanks(ctx context.Context, req *pb.ReportRequest) error {
 	if g == nil || g.Number != req.GetGeneration() {
 		return status.Errorf(codes.FailedPrecondition, "job %s: generation %d is not the current one", req.GetJob(), req.GetGeneration())
 	}
-	var m *pb.Member
-	for _, x := range g.Members {
-		if x.Node == req.GetNode() {
-			m = x
-		}
-	}
+	m := s.cache.member(req.GetJob(), g, req.GetNode())
 	if m == nil {
 		return status.Errorf(codes.PermissionDenied, "node %q is not a member of job %s generation %d", req.GetNode(), req.GetJob(), g.Number)
 	}
@@ -886,6 +890,54 @@ func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusRes
 		resp.Jobs = append(resp.Jobs, js)
 	}
 	return resp, nil
+}
+
+// reportRelayed takes the reports a relay forwards for the members of its
+// block (Relayed), each on its own: one of a node the relay does not
+// speak for, of another generation, or of another kind than Stored and
+// Times is refused alone. The Stored reports go in one group
+// (storedWriter): the block's commit is one write.
+func (s *server) reportRelayed(ctx context.Context, relay *pb.ReportRequest, rel *pb.Relayed) (*pb.ReportResponse, error) {
+	if len(rel.GetReports()) > 4*pb.RelayBlock {
+		return nil, status.Errorf(codes.InvalidArgument, "relayed: %d reports, want at most %d", len(rel.GetReports()), 4*pb.RelayBlock)
+	}
+	answers := make([]*pb.RelayedAnswer, len(rel.GetReports()))
+	var wg sync.WaitGroup
+	for i, r := range rel.GetReports() {
+		answers[i] = &pb.RelayedAnswer{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := s.relayedOne(ctx, relay, r)
+			if err != nil {
+				st := status.Convert(err)
+				answers[i].Code, answers[i].Error = int32(st.Code()), st.Message()
+				return
+			}
+			answers[i].Committed = resp.GetCommitted()
+		}()
+	}
+	wg.Wait()
+	return &pb.ReportResponse{Committed: s.cache.committed(relay.GetJob()), Relayed: answers}, nil
+}
+
+func (s *server) relayedOne(ctx context.Context, relay, r *pb.ReportRequest) (*pb.ReportResponse, error) {
+	switch r.Kind.(type) {
+	case *pb.ReportRequest_Stored, *pb.ReportRequest_Times:
+	default:
+		return nil, status.Error(codes.InvalidArgument, "a relay forwards Stored and Times reports alone")
+	}
+	if r.GetJob() != relay.GetJob() || r.GetGeneration() != relay.GetGeneration() {
+		return nil, status.Errorf(codes.InvalidArgument, "relay %s forwards job %s generation %d's reports, not job %s generation %d's",
+			relay.GetNode(), relay.GetJob(), relay.GetGeneration(), r.GetJob(), r.GetGeneration())
+	}
+	if !s.cache.relays(r.GetJob(), r.GetGeneration(), relay.GetNode(), r.GetNode()) {
+		return nil, status.Errorf(codes.PermissionDenied, "node %s does not relay node %s's reports in job %s generation %d", relay.GetNode(), r.GetNode(), r.GetJob(), r.GetGeneration())
+	}
+	if err := s.ownRanks(ctx, r); err != nil {
+		return nil, err
+	}
+	return s.report(ctx, r)
 }
 
 // maxStored bounds the steps one Stored report may name.

@@ -223,6 +223,9 @@ type Agent struct {
 	pool     *gossip.Pool   // nil until the first registration
 	poolKeys [][]byte       // the pool's keys in use
 
+	latest *pb.Assignment // the last assignment received (a.mu)
+	relays relay          // the reports this node relays for its block
+
 	holder   *ckpt.Holder // the checkpoints this node holds; set by Run
 	ckptAddr string       // where peers and clients reach the node server
 	// output keeps what the ranks print, for launch and gpucoord logs.
@@ -412,7 +415,7 @@ func (a *Agent) serveNode(ctx context.Context, peer *pki.Credentials) (<-chan st
 		return nil, fmt.Errorf("worker: node server: %w", err)
 	}
 	a.ckptAddr = net.JoinHostPort(a.net.Host, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
-	mux := nodeMux(a.holder, a.output)
+	mux := nodeMux(a.holder, a.output, a.relayReport)
 	go func() {
 		defer close(done)
 		if err := ckpt.Serve(ctx, ln, server, mux, a.log); err != nil {
@@ -640,6 +643,9 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		a.revision = max(a.revision, asg.Revision)
 		a.mu.Unlock()
 		if !asg.Renewal {
+			a.mu.Lock()
+			a.latest = asg
+			a.mu.Unlock()
 			a.sawAssignment(asg)
 			a.setPoolKeys(asg.GossipKeys)
 			run.apply(ctx, asg)
@@ -1058,8 +1064,17 @@ func errorFilePath(dir string, rank int) string {
 	return filepath.Join(dir, "error-"+strconv.Itoa(rank)+".json")
 }
 
-// reportTimes sends the local ranks' mean compute times every window.
+// reportTimes sends the local ranks' mean compute times every window,
+// through the node's relay.
 func (a *Agent) reportTimes(ctx context.Context, asg *pb.Assignment, times *stepTimes) {
+	// Every node reports at the same instants of its clock (whole
+	// windows), so that a relay forwards its block's times in one call.
+	now := time.Now()
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(now.Truncate(a.cfg.TimesEvery).Add(a.cfg.TimesEvery).Sub(now)):
+	}
 	t := time.NewTicker(a.cfg.TimesEvery)
 	defer t.Stop()
 	for {
@@ -1069,7 +1084,7 @@ func (a *Agent) reportTimes(ctx context.Context, asg *pb.Assignment, times *step
 		case <-t.C:
 		}
 		if ranks := times.take(); len(ranks) > 0 {
-			a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
+			a.reportVia(ctx, asg, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
 				Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: ranks}}})
 		}
 	}

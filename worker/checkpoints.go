@@ -267,7 +267,7 @@ func (c *checkpoints) store(ctx context.Context, step int64) error {
 	}
 	steps := slices.Clone(c.stored)
 	c.mu.Unlock()
-	resp, err := a.reportResp(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
+	resp, err := a.reportVia(ctx, asg, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
 		Kind: &pb.ReportRequest_Stored{Stored: &pb.Stored{Steps: steps}}})
 	if err != nil {
 		return err

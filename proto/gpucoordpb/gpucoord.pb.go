@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35, 0}
 }
 
 // Node is one machine in the pool.
@@ -1457,7 +1457,15 @@ type Assignment struct {
 	// replicas are the nodes the node sends the replicas of its held
 	// checkpoints to, in order (the coordinator chooses them: the next
 	// members after it in other failure domains first).
-	Replicas      []string `protobuf:"bytes,16,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Replicas []string `protobuf:"bytes,16,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// relay is the member this node's Stored and Times reports go through
+	// (its node server, at its checkpoint_addr among the members): the first
+	// of each block of 32 members forwards its block's reports in one call
+	// (Relayed), so that a coordinator answers a call per block, not per
+	// node. Empty: the node reports to the coordinator itself (it is a
+	// relay, or its block has no other member), as it does when its relay
+	// does not answer.
+	Relay         string `protobuf:"bytes,17,opt,name=relay,proto3" json:"relay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1602,6 +1610,13 @@ func (x *Assignment) GetReplicas() []string {
 		return x.Replicas
 	}
 	return nil
+}
+
+func (x *Assignment) GetRelay() string {
+	if x != nil {
+		return x.Relay
+	}
+	return ""
 }
 
 // Bootstrap is rank 0's node's report that the generation can start: the
@@ -2472,6 +2487,7 @@ type ReportRequest struct {
 	//	*ReportRequest_Times
 	//	*ReportRequest_Stored
 	//	*ReportRequest_Stopped
+	//	*ReportRequest_Relayed
 	Kind          isReportRequest_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2596,6 +2612,15 @@ func (x *ReportRequest) GetStopped() *Stopped {
 	return nil
 }
 
+func (x *ReportRequest) GetRelayed() *Relayed {
+	if x != nil {
+		if x, ok := x.Kind.(*ReportRequest_Relayed); ok {
+			return x.Relayed
+		}
+	}
+	return nil
+}
+
 type isReportRequest_Kind interface {
 	isReportRequest_Kind()
 }
@@ -2624,6 +2649,10 @@ type ReportRequest_Stopped struct {
 	Stopped *Stopped `protobuf:"bytes,10,opt,name=stopped,proto3,oneof"`
 }
 
+type ReportRequest_Relayed struct {
+	Relayed *Relayed `protobuf:"bytes,11,opt,name=relayed,proto3,oneof"`
+}
+
 func (*ReportRequest_Bootstrap) isReportRequest_Kind() {}
 
 func (*ReportRequest_Step) isReportRequest_Kind() {}
@@ -2635,6 +2664,56 @@ func (*ReportRequest_Times) isReportRequest_Kind() {}
 func (*ReportRequest_Stored) isReportRequest_Kind() {}
 
 func (*ReportRequest_Stopped) isReportRequest_Kind() {}
+
+func (*ReportRequest_Relayed) isReportRequest_Kind() {}
+
+// Relayed is a relay's call for the members of its block (Assignment.relay):
+// their Stored and Times reports, each with its node and lease, gathered
+// while the relay's last call was under way. The reporting node (node,
+// lease_id) is the relay.
+type Relayed struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reports       []*ReportRequest       `protobuf:"bytes,1,rep,name=reports,proto3" json:"reports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Relayed) Reset() {
+	*x = Relayed{}
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Relayed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Relayed) ProtoMessage() {}
+
+func (x *Relayed) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Relayed.ProtoReflect.Descriptor instead.
+func (*Relayed) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *Relayed) GetReports() []*ReportRequest {
+	if x != nil {
+		return x.Reports
+	}
+	return nil
+}
 
 // Stopped says the reporting node runs no rank of the job of a generation
 // below `below`, and will never start one: its ranks of earlier
@@ -2649,7 +2728,7 @@ type Stopped struct {
 
 func (x *Stopped) Reset() {
 	*x = Stopped{}
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2661,7 +2740,7 @@ func (x *Stopped) String() string {
 func (*Stopped) ProtoMessage() {}
 
 func (x *Stopped) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2674,7 +2753,7 @@ func (x *Stopped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stopped.ProtoReflect.Descriptor instead.
 func (*Stopped) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Stopped) GetBelow() int64 {
@@ -2688,14 +2767,17 @@ type ReportResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// committed is the job's last committed step as the coordinator knows
 	// it: an agent keeps the checkpoints it needs by it.
-	Committed     int64 `protobuf:"varint,1,opt,name=committed,proto3" json:"committed,omitempty"`
+	Committed int64 `protobuf:"varint,1,opt,name=committed,proto3" json:"committed,omitempty"`
+	// relayed answers a Relayed call, report by report: an empty error is
+	// taken.
+	Relayed       []*RelayedAnswer `protobuf:"bytes,2,rep,name=relayed,proto3" json:"relayed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2707,7 +2789,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2720,7 +2802,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReportResponse) GetCommitted() int64 {
@@ -2728,6 +2810,74 @@ func (x *ReportResponse) GetCommitted() int64 {
 		return x.Committed
 	}
 	return 0
+}
+
+func (x *ReportResponse) GetRelayed() []*RelayedAnswer {
+	if x != nil {
+		return x.Relayed
+	}
+	return nil
+}
+
+type RelayedAnswer struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Committed int64                  `protobuf:"varint,1,opt,name=committed,proto3" json:"committed,omitempty"`
+	// code and error are a refusal's gRPC status code and message.
+	Code          int32  `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayedAnswer) Reset() {
+	*x = RelayedAnswer{}
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayedAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayedAnswer) ProtoMessage() {}
+
+func (x *RelayedAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayedAnswer.ProtoReflect.Descriptor instead.
+func (*RelayedAnswer) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RelayedAnswer) GetCommitted() int64 {
+	if x != nil {
+		return x.Committed
+	}
+	return 0
+}
+
+func (x *RelayedAnswer) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *RelayedAnswer) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
 }
 
 type MembersRequest struct {
@@ -2742,7 +2892,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2754,7 +2904,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2767,7 +2917,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MembersRequest) GetJob() string {
@@ -2794,7 +2944,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2806,7 +2956,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2819,7 +2969,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *MembersResponse) GetGeneration() int64 {
@@ -2846,7 +2996,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2858,7 +3008,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2871,7 +3021,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -2896,7 +3046,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2908,7 +3058,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2921,7 +3071,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 type SubmitRequest struct {
@@ -2933,7 +3083,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2945,7 +3095,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2958,7 +3108,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -2976,7 +3126,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2988,7 +3138,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3001,7 +3151,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
 }
 
 // JobState is where a job stands.
@@ -3027,7 +3177,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3039,7 +3189,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3052,7 +3202,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -3124,7 +3274,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3286,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3299,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -3187,7 +3337,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3199,7 +3349,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3212,7 +3362,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -3260,7 +3410,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3272,7 +3422,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3285,7 +3435,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -3313,7 +3463,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3325,7 +3475,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3338,7 +3488,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CancelResponse) GetState() *JobState {
@@ -3356,7 +3506,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3368,7 +3518,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3381,7 +3531,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
 }
 
 type NodeStatus struct {
@@ -3395,7 +3545,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3407,7 +3557,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3420,7 +3570,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -3455,7 +3605,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3467,7 +3617,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3480,7 +3630,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -3548,7 +3698,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3560,7 +3710,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3573,7 +3723,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -3616,7 +3766,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3628,7 +3778,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3641,7 +3791,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -3682,7 +3832,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3694,7 +3844,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3707,7 +3857,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -3749,7 +3899,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3761,7 +3911,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3774,7 +3924,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -3804,7 +3954,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3816,7 +3966,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3829,7 +3979,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -3864,7 +4014,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3876,7 +4026,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3889,7 +4039,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -3921,7 +4071,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3933,7 +4083,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3946,7 +4096,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -3992,7 +4142,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4004,7 +4154,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4017,7 +4167,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
 }
 
 type ListTokensResponse struct {
@@ -4029,7 +4179,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4041,7 +4191,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4054,7 +4204,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -4073,7 +4223,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4085,7 +4235,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4098,7 +4248,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -4116,7 +4266,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4128,7 +4278,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4141,7 +4291,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{53}
 }
 
 type GossipKeysRequest struct {
@@ -4156,7 +4306,7 @@ type GossipKeysRequest struct {
 
 func (x *GossipKeysRequest) Reset() {
 	*x = GossipKeysRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4168,7 +4318,7 @@ func (x *GossipKeysRequest) String() string {
 func (*GossipKeysRequest) ProtoMessage() {}
 
 func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4181,7 +4331,7 @@ func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeysRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *GossipKeysRequest) GetAction() string {
@@ -4202,7 +4352,7 @@ type GossipKeysResponse struct {
 
 func (x *GossipKeysResponse) Reset() {
 	*x = GossipKeysResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[53]
+	mi := &file_proto_gpucoord_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4214,7 +4364,7 @@ func (x *GossipKeysResponse) String() string {
 func (*GossipKeysResponse) ProtoMessage() {}
 
 func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[53]
+	mi := &file_proto_gpucoord_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4227,7 +4377,7 @@ func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeysResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{53}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GossipKeysResponse) GetFingerprints() []string {
@@ -4367,7 +4517,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aholders\x18\x02 \x03(\tR\aholders\x12\x14\n" +
 	"\x05addrs\x18\x03 \x03(\tR\x05addrs\x12\x1c\n" +
-	"\tinstances\x18\x04 \x03(\tR\tinstances\"\x80\x04\n" +
+	"\tinstances\x18\x04 \x03(\tR\tinstances\"\x96\x04\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -4392,7 +4542,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"group_rank\x18\x0e \x01(\x05R\tgroupRank\x12\x1f\n" +
 	"\vgroup_world\x18\x0f \x01(\x05R\n" +
 	"groupWorld\x12\x1a\n" +
-	"\breplicas\x18\x10 \x03(\tR\breplicas\"\\\n" +
+	"\breplicas\x18\x10 \x03(\tR\breplicas\x12\x14\n" +
+	"\x05relay\x18\x11 \x01(\tR\x05relay\"\\\n" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x02 \x01(\tR\x05probe\x12!\n" +
@@ -4465,7 +4616,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +
 	"generation\x12,\n" +
-	"\x05ranks\x18\x02 \x03(\v2\x16.gpucoord.v1.StragglerR\x05ranks\"\x97\x03\n" +
+	"\x05ranks\x18\x02 \x03(\v2\x16.gpucoord.v1.StragglerR\x05ranks\"\xc9\x03\n" +
 	"\rReportRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -4479,12 +4630,20 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x05times\x18\a \x01(\v2\x16.gpucoord.v1.RankTimesH\x00R\x05times\x12-\n" +
 	"\x06stored\x18\b \x01(\v2\x13.gpucoord.v1.StoredH\x00R\x06stored\x120\n" +
 	"\astopped\x18\n" +
-	" \x01(\v2\x14.gpucoord.v1.StoppedH\x00R\astoppedB\x06\n" +
-	"\x04kind\"\x1f\n" +
+	" \x01(\v2\x14.gpucoord.v1.StoppedH\x00R\astopped\x120\n" +
+	"\arelayed\x18\v \x01(\v2\x14.gpucoord.v1.RelayedH\x00R\arelayedB\x06\n" +
+	"\x04kind\"?\n" +
+	"\aRelayed\x124\n" +
+	"\areports\x18\x01 \x03(\v2\x1a.gpucoord.v1.ReportRequestR\areports\"\x1f\n" +
 	"\aStopped\x12\x14\n" +
-	"\x05below\x18\x01 \x01(\x03R\x05below\".\n" +
+	"\x05below\x18\x01 \x01(\x03R\x05below\"d\n" +
 	"\x0eReportResponse\x12\x1c\n" +
-	"\tcommitted\x18\x01 \x01(\x03R\tcommitted\"6\n" +
+	"\tcommitted\x18\x01 \x01(\x03R\tcommitted\x124\n" +
+	"\arelayed\x18\x02 \x03(\v2\x1a.gpucoord.v1.RelayedAnswerR\arelayed\"W\n" +
+	"\rRelayedAnswer\x12\x1c\n" +
+	"\tcommitted\x18\x01 \x01(\x03R\tcommitted\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"6\n" +
 	"\x0eMembersRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\"G\n" +
@@ -4627,7 +4786,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),                // 1: gpucoord.v1.Node
@@ -4655,42 +4814,44 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*Straggler)(nil),           // 23: gpucoord.v1.Straggler
 	(*Stragglers)(nil),          // 24: gpucoord.v1.Stragglers
 	(*ReportRequest)(nil),       // 25: gpucoord.v1.ReportRequest
-	(*Stopped)(nil),             // 26: gpucoord.v1.Stopped
-	(*ReportResponse)(nil),      // 27: gpucoord.v1.ReportResponse
-	(*MembersRequest)(nil),      // 28: gpucoord.v1.MembersRequest
-	(*MembersResponse)(nil),     // 29: gpucoord.v1.MembersResponse
-	(*LeaveRequest)(nil),        // 30: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),       // 31: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),       // 32: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),      // 33: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),            // 34: gpucoord.v1.JobState
-	(*FollowRequest)(nil),       // 35: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),            // 36: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),       // 37: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),      // 38: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),       // 39: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),          // 40: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),           // 41: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),        // 42: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),      // 43: gpucoord.v1.StatusResponse
-	(*JoinRequest)(nil),         // 44: gpucoord.v1.JoinRequest
-	(*JoinResponse)(nil),        // 45: gpucoord.v1.JoinResponse
-	(*CreateTokenRequest)(nil),  // 46: gpucoord.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil), // 47: gpucoord.v1.CreateTokenResponse
-	(*TokenInfo)(nil),           // 48: gpucoord.v1.TokenInfo
-	(*ListTokensRequest)(nil),   // 49: gpucoord.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),  // 50: gpucoord.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),  // 51: gpucoord.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil), // 52: gpucoord.v1.RevokeTokenResponse
-	(*GossipKeysRequest)(nil),   // 53: gpucoord.v1.GossipKeysRequest
-	(*GossipKeysResponse)(nil),  // 54: gpucoord.v1.GossipKeysResponse
-	nil,                         // 55: gpucoord.v1.JobSpec.EnvEntry
-	nil,                         // 56: gpucoord.v1.TimesBatch.NodesEntry
+	(*Relayed)(nil),             // 26: gpucoord.v1.Relayed
+	(*Stopped)(nil),             // 27: gpucoord.v1.Stopped
+	(*ReportResponse)(nil),      // 28: gpucoord.v1.ReportResponse
+	(*RelayedAnswer)(nil),       // 29: gpucoord.v1.RelayedAnswer
+	(*MembersRequest)(nil),      // 30: gpucoord.v1.MembersRequest
+	(*MembersResponse)(nil),     // 31: gpucoord.v1.MembersResponse
+	(*LeaveRequest)(nil),        // 32: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),       // 33: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),       // 34: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),      // 35: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),            // 36: gpucoord.v1.JobState
+	(*FollowRequest)(nil),       // 37: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),            // 38: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),       // 39: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),      // 40: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),       // 41: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),          // 42: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),           // 43: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),        // 44: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),      // 45: gpucoord.v1.StatusResponse
+	(*JoinRequest)(nil),         // 46: gpucoord.v1.JoinRequest
+	(*JoinResponse)(nil),        // 47: gpucoord.v1.JoinResponse
+	(*CreateTokenRequest)(nil),  // 48: gpucoord.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil), // 49: gpucoord.v1.CreateTokenResponse
+	(*TokenInfo)(nil),           // 50: gpucoord.v1.TokenInfo
+	(*ListTokensRequest)(nil),   // 51: gpucoord.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),  // 52: gpucoord.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),  // 53: gpucoord.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil), // 54: gpucoord.v1.RevokeTokenResponse
+	(*GossipKeysRequest)(nil),   // 55: gpucoord.v1.GossipKeysRequest
+	(*GossipKeysResponse)(nil),  // 56: gpucoord.v1.GossipKeysResponse
+	nil,                         // 57: gpucoord.v1.JobSpec.EnvEntry
+	nil,                         // 58: gpucoord.v1.TimesBatch.NodesEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	55, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	57, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
 	14, // 3: gpucoord.v1.JobSpec.resume_backup:type_name -> gpucoord.v1.Step
 	7,  // 4: gpucoord.v1.JobSpec.replan:type_name -> gpucoord.v1.Replan
 	8,  // 5: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
@@ -4705,66 +4866,69 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	18, // 14: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
 	22, // 15: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
 	19, // 16: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
-	56, // 17: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
+	58, // 17: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
 	23, // 18: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
 	13, // 19: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
 	14, // 20: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
 	17, // 21: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
 	19, // 22: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
 	15, // 23: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
-	26, // 24: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
-	6,  // 25: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 26: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	34, // 27: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	9,  // 28: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	14, // 29: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	14, // 30: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
-	34, // 31: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 32: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	6,  // 33: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	34, // 34: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	9,  // 35: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	14, // 36: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	42, // 37: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	23, // 38: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	40, // 39: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	41, // 40: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	48, // 41: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	48, // 42: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	20, // 43: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
-	44, // 44: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	46, // 45: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	49, // 46: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	51, // 47: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	53, // 48: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 49: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 50: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	25, // 51: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	30, // 52: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	28, // 53: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
-	32, // 54: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	35, // 55: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	37, // 56: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	39, // 57: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	45, // 58: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	47, // 59: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	50, // 60: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	52, // 61: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	54, // 62: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 63: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	12, // 64: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	27, // 65: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	31, // 66: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	29, // 67: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
-	33, // 68: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	36, // 69: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	38, // 70: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	43, // 71: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	58, // [58:72] is the sub-list for method output_type
-	44, // [44:58] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	27, // 24: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
+	26, // 25: gpucoord.v1.ReportRequest.relayed:type_name -> gpucoord.v1.Relayed
+	25, // 26: gpucoord.v1.Relayed.reports:type_name -> gpucoord.v1.ReportRequest
+	29, // 27: gpucoord.v1.ReportResponse.relayed:type_name -> gpucoord.v1.RelayedAnswer
+	6,  // 28: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 29: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	36, // 30: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	9,  // 31: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	14, // 32: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	14, // 33: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
+	36, // 34: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 35: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	6,  // 36: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	36, // 37: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	9,  // 38: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	14, // 39: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	44, // 40: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	23, // 41: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	42, // 42: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	43, // 43: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	50, // 44: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	50, // 45: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	20, // 46: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
+	46, // 47: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	48, // 48: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	51, // 49: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	53, // 50: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	55, // 51: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 52: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 53: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	25, // 54: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	32, // 55: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	30, // 56: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
+	34, // 57: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	37, // 58: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	39, // 59: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	41, // 60: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	47, // 61: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	49, // 62: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	52, // 63: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	54, // 64: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	56, // 65: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 66: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	12, // 67: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	28, // 68: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	33, // 69: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	31, // 70: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
+	35, // 71: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	38, // 72: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	40, // 73: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	45, // 74: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	61, // [61:75] is the sub-list for method output_type
+	47, // [47:61] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -4779,6 +4943,7 @@ func file_proto_gpucoord_proto_init() {
 		(*ReportRequest_Times)(nil),
 		(*ReportRequest_Stored)(nil),
 		(*ReportRequest_Stopped)(nil),
+		(*ReportRequest_Relayed)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -4786,7 +4951,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   56,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -60,12 +60,19 @@ func Replicas(members []*Member, copies int) [][]int {
 	return out
 }
 
+// RelayBlock is how many members share a relay (Assignment.relay).
+const RelayBlock = 32
+
+// Relay is the member that forwards member i's Stored and Times reports:
+// the first of its block of RelayBlock (i itself for a relay).
+func Relay(i int) int { return i - i%RelayBlock }
+
 // NodeView is what one node of a generation receives of it (Assignment's
-// generation): the node itself and the members it exchanges checkpoint
-// replicas with (those it sends to, then those that send to it, in the
-// generation's order), without stopping, reason and output. replicas[i]
-// are member i's replica holders (Replicas). It shares the messages of g
-// it keeps; the caller must not change them.
+// generation): the node itself, its relay and the members it exchanges
+// checkpoint replicas with (those it sends to and those that send to it),
+// in the generation's order, without stopping, reason and output.
+// replicas[i] are member i's replica holders (Replicas). It shares the
+// messages of g it keeps; the caller must not change them.
 func NodeView(g *Generation, i int, replicas [][]int, sources []int) *Generation {
 	v := &Generation{}
 	dst := v.ProtoReflect()
@@ -75,7 +82,7 @@ func NodeView(g *Generation, i int, replicas [][]int, sources []int) *Generation
 		}
 		return true
 	})
-	keep := append([]int{i}, sources...)
+	keep := append([]int{i, Relay(i)}, sources...)
 	if i < len(replicas) {
 		keep = append(keep, replicas[i]...)
 	}

@@ -232,11 +232,11 @@ type Peer struct {
 // all dropped and made again as needed.
 const maxPeerClients = 256
 
-// clientFor is the HTTP client that reaches peer: over TLS, it accepts
+// ClientFor is the HTTP client that reaches peer: over TLS, it accepts
 // only a certificate that names peer (a node's certificate proves which
 // node it is, the address proves nothing). Connections are pooled per
 // peer name, so one made to another name is never reused for it.
-func (h *Holder) clientFor(peer string) *http.Client {
+func (h *Holder) ClientFor(peer string) *http.Client {
 	if h.clientTLS == nil {
 		return h.client
 	}

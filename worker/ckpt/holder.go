@@ -263,7 +263,7 @@ func (h *Holder) Send(ctx context.Context, peer Peer, job string, gen, step int6
 		pr.Close()
 		return 0, err
 	}
-	resp, err := h.clientFor(peer.Name).Do(req)
+	resp, err := h.ClientFor(peer.Name).Do(req)
 	if err != nil {
 		if cause := context.Cause(ctx); ctx.Err() != nil && cause != ctx.Err() {
 			err = cause
@@ -307,7 +307,7 @@ func (h *Holder) Fetch(ctx context.Context, peer Peer, job, src string, gen, ste
 	if err != nil {
 		return 0, err
 	}
-	resp, err := h.clientFor(peer.Name).Do(req)
+	resp, err := h.ClientFor(peer.Name).Do(req)
 	if err != nil {
 		return fail(err)
 	}
@@ -396,6 +396,10 @@ func (h *Holder) url(addr, job, src string, step, gen int64) string {
 	}
 	return u.String()
 }
+
+// Scheme is how the node servers are reached: https, or http in
+// plaintext (loopback alone).
+func (h *Holder) Scheme() string { return h.scheme }
 
 // ---- serving ----
 

@@ -158,7 +158,7 @@ func TestReplicateAndGather(t *testing.T) {
 	}
 	req := nodes["c"].h.url(nodes["b"].addr, "job1", "a", 7, 1)
 	r, _ := newPut(ctx, req, "junk")
-	resp, err := nodes["c"].h.clientFor("b").Do(r)
+	resp, err := nodes["c"].h.ClientFor("b").Do(r)
 	if err != nil || resp.StatusCode != 403 {
 		t.Errorf("c putting a's files: %v %v", resp.StatusCode, err)
 	} else {

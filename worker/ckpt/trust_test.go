@@ -177,7 +177,7 @@ func TestPutCapped(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			resp, err := a.h.clientFor("b").Do(req)
+			resp, err := a.h.ClientFor("b").Do(req)
 			pr.Close()
 			if err == nil {
 				resp.Body.Close()
