@@ -117,3 +117,20 @@ func (c *cache) relays(job string, gen int64, relay, node string) bool {
 	i, ok := ja.index[node]
 	return ok && ja.whole.Generation.Members[pb.Relay(i)].Node == relay
 }
+
+// relayOf is the relay of node's block in generation gen of job: whose
+// key its Stored record is kept under. The node itself when the cache
+// runs no such generation.
+func (c *cache) relayOf(job string, gen int64, node string) string {
+	c.mu.RLock()
+	ja := c.assigned[job]
+	c.mu.RUnlock()
+	if ja == nil || ja.whole.Generation.GetNumber() != gen {
+		return node
+	}
+	i, ok := ja.index[node]
+	if !ok {
+		return node
+	}
+	return ja.whole.Generation.Members[pb.Relay(i)].Node
+}

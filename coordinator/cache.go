@@ -96,14 +96,31 @@ type jobEntry struct {
 	// stored is each node's Stored record, and storedN how many records
 	// hold each (generation, step): a commit is looked for only when a
 	// step's count reaches the members', so a report costs no read of
-	// every record.
-	stored  map[string]*pb.Stored
-	storedN map[[2]int64]int
-	exits   map[int64]map[int32]exitKV
+	// every record. The records are kept in blocks (a key each, by the
+	// block's relay): a node's is the one of the block written last that
+	// has it (storedAt, its revision).
+	stored   map[string]*pb.Stored
+	storedN  map[[2]int64]int
+	storedAt map[string]storedSource
+	blocks   map[string]storedBlock
+	exits    map[int64]map[int32]exitKV
 	// times holds, per generation, each coordinator's batch of its nodes'
 	// compute times, with the revision that wrote it.
 	times      map[int64]map[string]timesKV
 	stragglers *pb.Stragglers
+}
+
+// storedSource is the block a node's record was read from, at its
+// revision.
+type storedSource struct {
+	relay string
+	rev   int64
+}
+
+// storedBlock is a block's records and the revision that wrote them.
+type storedBlock struct {
+	rev   int64
+	nodes map[string]*pb.Stored
 }
 
 type timesKV struct {
@@ -460,12 +477,12 @@ func (c *cache) putJob(j *jobEntry, field string, kv *mvccpb.KeyValue, bad func(
 		}
 		j.stopped[strings.TrimPrefix(field, "stopped/")] = s.Below
 	case strings.HasPrefix(field, "stored/"):
-		r := &pb.Stored{}
-		if err := decode(kv.Value, r); err != nil {
+		b := &pb.StoredBlock{}
+		if err := decode(kv.Value, b); err != nil {
 			bad(err)
 			return
 		}
-		j.setStored(strings.TrimPrefix(field, "stored/"), r)
+		j.setBlock(strings.TrimPrefix(field, "stored/"), kv.ModRevision, b.Nodes)
 	case field == "backup":
 		s := &pb.Step{}
 		bad(decode(kv.Value, s))
@@ -508,6 +525,51 @@ func (c *cache) putJob(j *jobEntry, field string, kv *mvccpb.KeyValue, bad func(
 		}
 		j.times[g][coord] = timesKV{rev: kv.ModRevision, batch: t}
 	}
+}
+
+// setBlock replaces the records of relay's block with nodes, written at
+// rev (none: the block's key is gone). A node whose record came from the
+// block has none until a block has it again; one whose record a later
+// block wrote keeps that (a listing comes in key order, not revision
+// order).
+func (j *jobEntry) setBlock(relay string, rev int64, nodes map[string]*pb.Stored) {
+	if j.blocks == nil {
+		j.blocks, j.storedAt = map[string]storedBlock{}, map[string]storedSource{}
+	}
+	for node := range j.blocks[relay].nodes {
+		if j.storedAt[node].relay == relay {
+			j.setStored(node, nil)
+			delete(j.storedAt, node)
+		}
+	}
+	if nodes == nil {
+		delete(j.blocks, relay)
+		return
+	}
+	j.blocks[relay] = storedBlock{rev: rev, nodes: nodes}
+	for node, r := range nodes {
+		if at, ok := j.storedAt[node]; ok && at.rev > rev {
+			continue
+		}
+		j.setStored(node, r)
+		j.storedAt[node] = storedSource{relay: relay, rev: rev}
+	}
+}
+
+// block is the records of relay's block of job and the revision that
+// wrote them (0: none), for a writer to add to.
+func (c *cache) block(job, relay string) (map[string]*pb.Stored, int64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	b := c.jobs[job].blockOf(relay)
+	return maps.Clone(b.nodes), b.rev
+}
+
+func (j *jobEntry) blockOf(relay string) storedBlock {
+	if j == nil {
+		return storedBlock{}
+	}
+	return j.blocks[relay]
 }
 
 // setStored replaces node's Stored record (nil: removes it), keeping the
@@ -619,7 +681,7 @@ func (c *cache) del(key string) {
 		case field == "spec":
 			delete(c.jobs, id) // the job is being forgotten: its keys go in one transaction
 		case strings.HasPrefix(field, "stored/"):
-			j.setStored(strings.TrimPrefix(field, "stored/"), nil)
+			j.setBlock(strings.TrimPrefix(field, "stored/"), 0, nil)
 		case field == "stragglers":
 			j.stragglers = nil
 		case field == "policy":

@@ -3,6 +3,8 @@ package coordinator
 import (
 	"cmp"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -653,6 +655,35 @@ func TestStoredCounts(t *testing.T) {
 	e.setStored("b", nil)
 	if len(e.storedN) != 1 || len(e.stored) != 1 {
 		t.Errorf("after b's record went: counts %v, records %d", e.storedN, len(e.stored))
+	}
+}
+
+// TestStoredBlocks: a node's record is the one of the block written last
+// that has it, whatever order the blocks come in (a listing is in key
+// order); a block rewritten without a node, or deleted, takes away the
+// records it gave.
+func TestStoredBlocks(t *testing.T) {
+	e := &jobEntry{}
+	rec := func(step int64) *pb.Stored { return &pb.Stored{Steps: []*pb.StoredStep{{Step: step, Generation: 1}}} }
+	records := func() string {
+		var out []string
+		for _, n := range slices.Sorted(maps.Keys(e.stored)) {
+			out = append(out, fmt.Sprintf("%s:%d", n, e.stored[n].Steps[0].Step))
+		}
+		return strings.Join(out, " ")
+	}
+	e.setBlock("r1", 20, map[string]*pb.Stored{"a": rec(5), "b": rec(5)})
+	e.setBlock("r0", 10, map[string]*pb.Stored{"a": rec(3), "c": rec(3)}) // older: a keeps r1's
+	if got := records(); got != "a:5 b:5 c:3" {
+		t.Errorf("after r1 then the older r0: %s, want a:5 b:5 c:3", got)
+	}
+	e.setBlock("r1", 30, map[string]*pb.Stored{"b": rec(6)}) // a gone from r1
+	if got := records(); got != "b:6 c:3" {
+		t.Errorf("r1 rewritten with b alone: %s, want b:6 c:3", got)
+	}
+	e.setBlock("r0", 0, nil)
+	if got := records(); got != "b:6" || e.storedN[[2]int64{1, 6}] != 1 || len(e.storedN) != 1 {
+		t.Errorf("r0 deleted: %s, counts %v; want b:6", got, e.storedN)
 	}
 }
 

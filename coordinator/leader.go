@@ -36,7 +36,19 @@ func (c *Coordinator) campaign(ctx context.Context) error {
 			continue
 		}
 		el := concurrency.NewElection(sess, k.leader())
-		if err := el.Campaign(ctx, c.cfg.Name); err != nil {
+		// Campaign, when ctx ends while it waits, resigns with the
+		// client's own context: with etcd gone it would wait until the
+		// client closes, which comes after this returns. It is left to end
+		// then.
+		campaigned := make(chan error, 1)
+		go func() { campaigned <- el.Campaign(ctx, c.cfg.Name) }()
+		select {
+		case err = <-campaigned:
+		case <-ctx.Done():
+			sess.Close()
+			return nil
+		}
+		if err != nil {
 			sess.Close()
 			if ctx.Err() == nil {
 				wait("election: campaign failed", err)

@@ -51,10 +51,10 @@ func (k keys) generation(id string) string { return k.job(id) + "generation" }
 func (k keys) progress(id string) string   { return k.job(id) + "progress" }
 func (k keys) commit(id string) string     { return k.job(id) + "commit" }
 func (k keys) backup(id string) string     { return k.job(id) + "backup" }
-func (k keys) storedAll(id string) string  { return k.job(id) + "stored/" }
-func (k keys) stored(id, node string) string {
-	return k.storedAll(id) + node
-}
+
+// storedBlock is the key of the Stored records of the block whose relay
+// is relay (pb.StoredBlock).
+func (k keys) storedBlock(id, relay string) string { return k.job(id) + "stored/" + relay }
 func (k keys) times(id string, gen int64, coordinator string) string {
 	return k.job(id) + "times/" + strconv.FormatInt(gen, 10) + "/" + coordinator
 }

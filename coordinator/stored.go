@@ -107,27 +107,63 @@ func (w *storedWriter) writeAll(k storedKey) {
 	}
 }
 
-// writeStored writes recs (node -> record) of job's generation g, each
-// transaction on the generation's revision rev, then commits the newest
-// step every member has stored (commitOf) if the view, once at the last
-// write, shows one: a second transaction on the generation's and the
-// commit's revisions. It returns the job's last committed step.
+// writeStored writes recs (node -> record) of job's generation g into
+// their blocks' keys (by the block's relay: pb.StoredBlock), each block
+// added to as the view holds it and written only if no other write
+// changed it since (else read again and retried), every transaction on
+// the generation's revision rev; then commits the newest step every
+// member has stored (commitOf) if the view, once at the last write, shows
+// one: a second transaction on the generation's and the commit's
+// revisions. It returns the job's last committed step, or stale when the
+// generation moved on.
 func (s *server) writeStored(ctx context.Context, id string, g *pb.Generation, rev int64, recs map[string]*pb.Stored) (int64, bool, error) {
-	nodes := slices.Sorted(maps.Keys(recs))
+	byBlock := map[string]map[string]*pb.Stored{}
+	for node, r := range recs {
+		relay := s.cache.relayOf(id, g.Number, node)
+		if byBlock[relay] == nil {
+			byBlock[relay] = map[string]*pb.Stored{}
+		}
+		byBlock[relay][node] = r
+	}
+	relays := slices.Sorted(maps.Keys(byBlock))
 	var last int64
-	for chunk := range slices.Chunk(nodes, storedTxnOps) {
-		ops := make([]clientv3.Op, len(chunk))
-		for i, node := range chunk {
-			ops[i] = clientv3.OpPut(s.k.stored(id, node), encode(recs[node]))
+	for try := 0; len(relays) > 0; try++ {
+		if try == 16 {
+			return 0, false, status.Errorf(codes.Aborted, "job %s: writing stored records kept conflicting", id)
 		}
-		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", rev)).Then(ops...).Commit()
-		if err != nil {
-			return 0, false, etcdErr(err)
+		var conflicted []string
+		for chunk := range slices.Chunk(relays, storedTxnOps/2) {
+			cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", rev)}
+			ops := make([]clientv3.Op, len(chunk))
+			for i, relay := range chunk {
+				nodes, at := s.cache.block(id, relay)
+				if nodes == nil {
+					nodes = map[string]*pb.Stored{}
+				}
+				maps.Copy(nodes, byBlock[relay])
+				key := s.k.storedBlock(id, relay)
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", at))
+				ops[i] = clientv3.OpPut(key, encode(&pb.StoredBlock{Nodes: nodes}))
+			}
+			resp, err := s.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(s.k.generation(id), clientv3.WithKeysOnly())).Commit()
+			if err != nil {
+				return 0, false, etcdErr(err)
+			}
+			if resp.Succeeded {
+				last = resp.Header.Revision
+				continue
+			}
+			if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].ModRevision != rev {
+				return 0, true, nil // a new generation
+			}
+			// Another coordinator wrote one of the blocks: read it again
+			// once the view has the write.
+			if err := s.cache.waitRev(ctx, resp.Header.Revision); err != nil {
+				return 0, false, status.FromContextError(err).Err()
+			}
+			conflicted = append(conflicted, chunk...)
 		}
-		if !resp.Succeeded {
-			return 0, true, nil
-		}
-		last = resp.Header.Revision
+		relays = conflicted
 	}
 	// The view at this write holds every record written before it: of
 	// two coordinators storing the last copies at once, the later sees

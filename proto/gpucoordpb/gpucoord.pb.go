@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36, 0}
 }
 
 // Node is one machine in the pool.
@@ -1897,6 +1897,53 @@ func (x *Stored) GetSteps() []*StoredStep {
 	return nil
 }
 
+// StoredBlock is the Stored records of the members of one relay's block
+// (Assignment.relay), by node: one key a block, so that a commit of N
+// nodes writes N/32 keys, not N.
+type StoredBlock struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         map[string]*Stored     `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoredBlock) Reset() {
+	*x = StoredBlock{}
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoredBlock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoredBlock) ProtoMessage() {}
+
+func (x *StoredBlock) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoredBlock.ProtoReflect.Descriptor instead.
+func (*StoredBlock) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *StoredBlock) GetNodes() map[string]*Stored {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 type StoredStep struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Step    int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
@@ -1910,7 +1957,7 @@ type StoredStep struct {
 
 func (x *StoredStep) Reset() {
 	*x = StoredStep{}
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1922,7 +1969,7 @@ func (x *StoredStep) String() string {
 func (*StoredStep) ProtoMessage() {}
 
 func (x *StoredStep) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1935,7 +1982,7 @@ func (x *StoredStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredStep.ProtoReflect.Descriptor instead.
 func (*StoredStep) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StoredStep) GetStep() int64 {
@@ -1993,7 +2040,7 @@ type RankExit struct {
 
 func (x *RankExit) Reset() {
 	*x = RankExit{}
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2005,7 +2052,7 @@ func (x *RankExit) String() string {
 func (*RankExit) ProtoMessage() {}
 
 func (x *RankExit) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2018,7 +2065,7 @@ func (x *RankExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankExit.ProtoReflect.Descriptor instead.
 func (*RankExit) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RankExit) GetRank() int32 {
@@ -2089,7 +2136,7 @@ type Hang struct {
 
 func (x *Hang) Reset() {
 	*x = Hang{}
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2101,7 +2148,7 @@ func (x *Hang) String() string {
 func (*Hang) ProtoMessage() {}
 
 func (x *Hang) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2114,7 +2161,7 @@ func (x *Hang) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hang.ProtoReflect.Descriptor instead.
 func (*Hang) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Hang) GetLastStep() int64 {
@@ -2156,7 +2203,7 @@ type RankTimes struct {
 
 func (x *RankTimes) Reset() {
 	*x = RankTimes{}
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2168,7 +2215,7 @@ func (x *RankTimes) String() string {
 func (*RankTimes) ProtoMessage() {}
 
 func (x *RankTimes) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2181,7 +2228,7 @@ func (x *RankTimes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTimes.ProtoReflect.Descriptor instead.
 func (*RankTimes) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RankTimes) GetRanks() []*RankTime {
@@ -2202,7 +2249,7 @@ type TimesHistory struct {
 
 func (x *TimesHistory) Reset() {
 	*x = TimesHistory{}
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2261,7 @@ func (x *TimesHistory) String() string {
 func (*TimesHistory) ProtoMessage() {}
 
 func (x *TimesHistory) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,7 +2274,7 @@ func (x *TimesHistory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimesHistory.ProtoReflect.Descriptor instead.
 func (*TimesHistory) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TimesHistory) GetWindows() []*RankTimes {
@@ -2249,7 +2296,7 @@ type TimesBatch struct {
 
 func (x *TimesBatch) Reset() {
 	*x = TimesBatch{}
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2261,7 +2308,7 @@ func (x *TimesBatch) String() string {
 func (*TimesBatch) ProtoMessage() {}
 
 func (x *TimesBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2274,7 +2321,7 @@ func (x *TimesBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimesBatch.ProtoReflect.Descriptor instead.
 func (*TimesBatch) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TimesBatch) GetNodes() map[string]*TimesHistory {
@@ -2297,7 +2344,7 @@ type RankTime struct {
 
 func (x *RankTime) Reset() {
 	*x = RankTime{}
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2309,7 +2356,7 @@ func (x *RankTime) String() string {
 func (*RankTime) ProtoMessage() {}
 
 func (x *RankTime) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2322,7 +2369,7 @@ func (x *RankTime) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTime.ProtoReflect.Descriptor instead.
 func (*RankTime) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RankTime) GetRank() int32 {
@@ -2361,7 +2408,7 @@ type Straggler struct {
 
 func (x *Straggler) Reset() {
 	*x = Straggler{}
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2373,7 +2420,7 @@ func (x *Straggler) String() string {
 func (*Straggler) ProtoMessage() {}
 
 func (x *Straggler) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2386,7 +2433,7 @@ func (x *Straggler) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Straggler.ProtoReflect.Descriptor instead.
 func (*Straggler) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Straggler) GetRank() int32 {
@@ -2427,7 +2474,7 @@ type Stragglers struct {
 
 func (x *Stragglers) Reset() {
 	*x = Stragglers{}
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2439,7 +2486,7 @@ func (x *Stragglers) String() string {
 func (*Stragglers) ProtoMessage() {}
 
 func (x *Stragglers) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2452,7 +2499,7 @@ func (x *Stragglers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stragglers.ProtoReflect.Descriptor instead.
 func (*Stragglers) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Stragglers) GetGeneration() int64 {
@@ -2495,7 +2542,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2507,7 +2554,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2520,7 +2567,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReportRequest) GetJob() string {
@@ -2680,7 +2727,7 @@ type Relayed struct {
 
 func (x *Relayed) Reset() {
 	*x = Relayed{}
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2692,7 +2739,7 @@ func (x *Relayed) String() string {
 func (*Relayed) ProtoMessage() {}
 
 func (x *Relayed) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2705,7 +2752,7 @@ func (x *Relayed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Relayed.ProtoReflect.Descriptor instead.
 func (*Relayed) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Relayed) GetReports() []*ReportRequest {
@@ -2728,7 +2775,7 @@ type Stopped struct {
 
 func (x *Stopped) Reset() {
 	*x = Stopped{}
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2740,7 +2787,7 @@ func (x *Stopped) String() string {
 func (*Stopped) ProtoMessage() {}
 
 func (x *Stopped) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2753,7 +2800,7 @@ func (x *Stopped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stopped.ProtoReflect.Descriptor instead.
 func (*Stopped) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Stopped) GetBelow() int64 {
@@ -2777,7 +2824,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2789,7 +2836,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2802,7 +2849,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReportResponse) GetCommitted() int64 {
@@ -2831,7 +2878,7 @@ type RelayedAnswer struct {
 
 func (x *RelayedAnswer) Reset() {
 	*x = RelayedAnswer{}
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2843,7 +2890,7 @@ func (x *RelayedAnswer) String() string {
 func (*RelayedAnswer) ProtoMessage() {}
 
 func (x *RelayedAnswer) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2856,7 +2903,7 @@ func (x *RelayedAnswer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayedAnswer.ProtoReflect.Descriptor instead.
 func (*RelayedAnswer) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RelayedAnswer) GetCommitted() int64 {
@@ -2892,7 +2939,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2904,7 +2951,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2917,7 +2964,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *MembersRequest) GetJob() string {
@@ -2944,7 +2991,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2956,7 +3003,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2969,7 +3016,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *MembersResponse) GetGeneration() int64 {
@@ -2996,7 +3043,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3008,7 +3055,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3021,7 +3068,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -3046,7 +3093,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3058,7 +3105,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3071,7 +3118,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
 }
 
 type SubmitRequest struct {
@@ -3083,7 +3130,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3095,7 +3142,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3108,7 +3155,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -3126,7 +3173,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3138,7 +3185,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3151,7 +3198,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
 }
 
 // JobState is where a job stands.
@@ -3177,7 +3224,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3189,7 +3236,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3202,7 +3249,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -3274,7 +3321,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3286,7 +3333,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3299,7 +3346,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -3337,7 +3384,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3349,7 +3396,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3362,7 +3409,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -3410,7 +3457,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3422,7 +3469,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3435,7 +3482,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -3463,7 +3510,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3475,7 +3522,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3488,7 +3535,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CancelResponse) GetState() *JobState {
@@ -3506,7 +3553,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3518,7 +3565,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3531,7 +3578,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
 }
 
 type NodeStatus struct {
@@ -3545,7 +3592,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3557,7 +3604,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3570,7 +3617,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -3605,7 +3652,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3617,7 +3664,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3630,7 +3677,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -3698,7 +3745,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3710,7 +3757,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3723,7 +3770,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -3766,7 +3813,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3778,7 +3825,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3791,7 +3838,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -3832,7 +3879,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3844,7 +3891,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3857,7 +3904,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -3899,7 +3946,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3911,7 +3958,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3924,7 +3971,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -3954,7 +4001,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3966,7 +4013,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3979,7 +4026,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -4014,7 +4061,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4026,7 +4073,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4039,7 +4086,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -4071,7 +4118,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4083,7 +4130,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4096,7 +4143,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -4142,7 +4189,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4154,7 +4201,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4167,7 +4214,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
 }
 
 type ListTokensResponse struct {
@@ -4179,7 +4226,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4191,7 +4238,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4204,7 +4251,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -4223,7 +4270,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4235,7 +4282,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4248,7 +4295,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -4266,7 +4313,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[53]
+	mi := &file_proto_gpucoord_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4278,7 +4325,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[53]
+	mi := &file_proto_gpucoord_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4291,7 +4338,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{53}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{54}
 }
 
 type GossipKeysRequest struct {
@@ -4306,7 +4353,7 @@ type GossipKeysRequest struct {
 
 func (x *GossipKeysRequest) Reset() {
 	*x = GossipKeysRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[54]
+	mi := &file_proto_gpucoord_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4318,7 +4365,7 @@ func (x *GossipKeysRequest) String() string {
 func (*GossipKeysRequest) ProtoMessage() {}
 
 func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[54]
+	mi := &file_proto_gpucoord_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4331,7 +4378,7 @@ func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeysRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{54}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GossipKeysRequest) GetAction() string {
@@ -4352,7 +4399,7 @@ type GossipKeysResponse struct {
 
 func (x *GossipKeysResponse) Reset() {
 	*x = GossipKeysResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[55]
+	mi := &file_proto_gpucoord_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4364,7 +4411,7 @@ func (x *GossipKeysResponse) String() string {
 func (*GossipKeysResponse) ProtoMessage() {}
 
 func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[55]
+	mi := &file_proto_gpucoord_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4377,7 +4424,7 @@ func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeysResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{55}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GossipKeysResponse) GetFingerprints() []string {
@@ -4568,7 +4615,13 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x02pp\x18\r \x01(\x05R\x02pp\x12\x10\n" +
 	"\x03vpp\x18\x0e \x01(\x05R\x03vpp\"7\n" +
 	"\x06Stored\x12-\n" +
-	"\x05steps\x18\x01 \x03(\v2\x17.gpucoord.v1.StoredStepR\x05steps\"r\n" +
+	"\x05steps\x18\x01 \x03(\v2\x17.gpucoord.v1.StoredStepR\x05steps\"\x97\x01\n" +
+	"\vStoredBlock\x129\n" +
+	"\x05nodes\x18\x01 \x03(\v2#.gpucoord.v1.StoredBlock.NodesEntryR\x05nodes\x1aM\n" +
+	"\n" +
+	"NodesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12)\n" +
+	"\x05value\x18\x02 \x01(\v2\x13.gpucoord.v1.StoredR\x05value:\x028\x01\"r\n" +
 	"\n" +
 	"StoredStep\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x18\n" +
@@ -4786,7 +4839,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),                // 1: gpucoord.v1.Node
@@ -4804,54 +4857,56 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*Bootstrap)(nil),           // 13: gpucoord.v1.Bootstrap
 	(*Step)(nil),                // 14: gpucoord.v1.Step
 	(*Stored)(nil),              // 15: gpucoord.v1.Stored
-	(*StoredStep)(nil),          // 16: gpucoord.v1.StoredStep
-	(*RankExit)(nil),            // 17: gpucoord.v1.RankExit
-	(*Hang)(nil),                // 18: gpucoord.v1.Hang
-	(*RankTimes)(nil),           // 19: gpucoord.v1.RankTimes
-	(*TimesHistory)(nil),        // 20: gpucoord.v1.TimesHistory
-	(*TimesBatch)(nil),          // 21: gpucoord.v1.TimesBatch
-	(*RankTime)(nil),            // 22: gpucoord.v1.RankTime
-	(*Straggler)(nil),           // 23: gpucoord.v1.Straggler
-	(*Stragglers)(nil),          // 24: gpucoord.v1.Stragglers
-	(*ReportRequest)(nil),       // 25: gpucoord.v1.ReportRequest
-	(*Relayed)(nil),             // 26: gpucoord.v1.Relayed
-	(*Stopped)(nil),             // 27: gpucoord.v1.Stopped
-	(*ReportResponse)(nil),      // 28: gpucoord.v1.ReportResponse
-	(*RelayedAnswer)(nil),       // 29: gpucoord.v1.RelayedAnswer
-	(*MembersRequest)(nil),      // 30: gpucoord.v1.MembersRequest
-	(*MembersResponse)(nil),     // 31: gpucoord.v1.MembersResponse
-	(*LeaveRequest)(nil),        // 32: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),       // 33: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),       // 34: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),      // 35: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),            // 36: gpucoord.v1.JobState
-	(*FollowRequest)(nil),       // 37: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),            // 38: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),       // 39: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),      // 40: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),       // 41: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),          // 42: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),           // 43: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),        // 44: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),      // 45: gpucoord.v1.StatusResponse
-	(*JoinRequest)(nil),         // 46: gpucoord.v1.JoinRequest
-	(*JoinResponse)(nil),        // 47: gpucoord.v1.JoinResponse
-	(*CreateTokenRequest)(nil),  // 48: gpucoord.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil), // 49: gpucoord.v1.CreateTokenResponse
-	(*TokenInfo)(nil),           // 50: gpucoord.v1.TokenInfo
-	(*ListTokensRequest)(nil),   // 51: gpucoord.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),  // 52: gpucoord.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),  // 53: gpucoord.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil), // 54: gpucoord.v1.RevokeTokenResponse
-	(*GossipKeysRequest)(nil),   // 55: gpucoord.v1.GossipKeysRequest
-	(*GossipKeysResponse)(nil),  // 56: gpucoord.v1.GossipKeysResponse
-	nil,                         // 57: gpucoord.v1.JobSpec.EnvEntry
-	nil,                         // 58: gpucoord.v1.TimesBatch.NodesEntry
+	(*StoredBlock)(nil),         // 16: gpucoord.v1.StoredBlock
+	(*StoredStep)(nil),          // 17: gpucoord.v1.StoredStep
+	(*RankExit)(nil),            // 18: gpucoord.v1.RankExit
+	(*Hang)(nil),                // 19: gpucoord.v1.Hang
+	(*RankTimes)(nil),           // 20: gpucoord.v1.RankTimes
+	(*TimesHistory)(nil),        // 21: gpucoord.v1.TimesHistory
+	(*TimesBatch)(nil),          // 22: gpucoord.v1.TimesBatch
+	(*RankTime)(nil),            // 23: gpucoord.v1.RankTime
+	(*Straggler)(nil),           // 24: gpucoord.v1.Straggler
+	(*Stragglers)(nil),          // 25: gpucoord.v1.Stragglers
+	(*ReportRequest)(nil),       // 26: gpucoord.v1.ReportRequest
+	(*Relayed)(nil),             // 27: gpucoord.v1.Relayed
+	(*Stopped)(nil),             // 28: gpucoord.v1.Stopped
+	(*ReportResponse)(nil),      // 29: gpucoord.v1.ReportResponse
+	(*RelayedAnswer)(nil),       // 30: gpucoord.v1.RelayedAnswer
+	(*MembersRequest)(nil),      // 31: gpucoord.v1.MembersRequest
+	(*MembersResponse)(nil),     // 32: gpucoord.v1.MembersResponse
+	(*LeaveRequest)(nil),        // 33: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),       // 34: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),       // 35: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),      // 36: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),            // 37: gpucoord.v1.JobState
+	(*FollowRequest)(nil),       // 38: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),            // 39: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),       // 40: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),      // 41: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),       // 42: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),          // 43: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),           // 44: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),        // 45: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),      // 46: gpucoord.v1.StatusResponse
+	(*JoinRequest)(nil),         // 47: gpucoord.v1.JoinRequest
+	(*JoinResponse)(nil),        // 48: gpucoord.v1.JoinResponse
+	(*CreateTokenRequest)(nil),  // 49: gpucoord.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil), // 50: gpucoord.v1.CreateTokenResponse
+	(*TokenInfo)(nil),           // 51: gpucoord.v1.TokenInfo
+	(*ListTokensRequest)(nil),   // 52: gpucoord.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),  // 53: gpucoord.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),  // 54: gpucoord.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil), // 55: gpucoord.v1.RevokeTokenResponse
+	(*GossipKeysRequest)(nil),   // 56: gpucoord.v1.GossipKeysRequest
+	(*GossipKeysResponse)(nil),  // 57: gpucoord.v1.GossipKeysResponse
+	nil,                         // 58: gpucoord.v1.JobSpec.EnvEntry
+	nil,                         // 59: gpucoord.v1.StoredBlock.NodesEntry
+	nil,                         // 60: gpucoord.v1.TimesBatch.NodesEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	57, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	58, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
 	14, // 3: gpucoord.v1.JobSpec.resume_backup:type_name -> gpucoord.v1.Step
 	7,  // 4: gpucoord.v1.JobSpec.replan:type_name -> gpucoord.v1.Replan
 	8,  // 5: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
@@ -4862,73 +4917,75 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	9,  // 10: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
 	11, // 11: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
 	14, // 12: gpucoord.v1.Step.earlier:type_name -> gpucoord.v1.Step
-	16, // 13: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
-	18, // 14: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
-	22, // 15: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
-	19, // 16: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
-	58, // 17: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
-	23, // 18: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
-	13, // 19: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
-	14, // 20: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
-	17, // 21: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
-	19, // 22: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
-	15, // 23: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
-	27, // 24: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
-	26, // 25: gpucoord.v1.ReportRequest.relayed:type_name -> gpucoord.v1.Relayed
-	25, // 26: gpucoord.v1.Relayed.reports:type_name -> gpucoord.v1.ReportRequest
-	29, // 27: gpucoord.v1.ReportResponse.relayed:type_name -> gpucoord.v1.RelayedAnswer
-	6,  // 28: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 29: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	36, // 30: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	9,  // 31: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	14, // 32: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	14, // 33: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
-	36, // 34: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 35: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	6,  // 36: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	36, // 37: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	9,  // 38: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	14, // 39: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	44, // 40: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	23, // 41: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	42, // 42: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	43, // 43: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	50, // 44: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	50, // 45: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	20, // 46: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
-	46, // 47: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	48, // 48: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	51, // 49: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	53, // 50: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	55, // 51: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 52: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 53: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	25, // 54: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	32, // 55: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	30, // 56: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
-	34, // 57: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	37, // 58: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	39, // 59: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	41, // 60: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	47, // 61: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	49, // 62: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	52, // 63: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	54, // 64: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	56, // 65: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 66: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	12, // 67: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	28, // 68: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	33, // 69: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	31, // 70: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
-	35, // 71: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	38, // 72: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	40, // 73: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	45, // 74: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	61, // [61:75] is the sub-list for method output_type
-	47, // [47:61] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	17, // 13: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
+	59, // 14: gpucoord.v1.StoredBlock.nodes:type_name -> gpucoord.v1.StoredBlock.NodesEntry
+	19, // 15: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
+	23, // 16: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
+	20, // 17: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
+	60, // 18: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
+	24, // 19: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
+	13, // 20: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
+	14, // 21: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
+	18, // 22: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
+	20, // 23: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
+	15, // 24: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
+	28, // 25: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
+	27, // 26: gpucoord.v1.ReportRequest.relayed:type_name -> gpucoord.v1.Relayed
+	26, // 27: gpucoord.v1.Relayed.reports:type_name -> gpucoord.v1.ReportRequest
+	30, // 28: gpucoord.v1.ReportResponse.relayed:type_name -> gpucoord.v1.RelayedAnswer
+	6,  // 29: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 30: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	37, // 31: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	9,  // 32: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	14, // 33: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	14, // 34: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
+	37, // 35: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 36: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	6,  // 37: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	37, // 38: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	9,  // 39: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	14, // 40: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	45, // 41: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	24, // 42: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	43, // 43: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	44, // 44: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	51, // 45: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	51, // 46: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	15, // 47: gpucoord.v1.StoredBlock.NodesEntry.value:type_name -> gpucoord.v1.Stored
+	21, // 48: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
+	47, // 49: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	49, // 50: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	52, // 51: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	54, // 52: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	56, // 53: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 54: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	5,  // 55: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	26, // 56: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	33, // 57: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	31, // 58: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
+	35, // 59: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	38, // 60: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	40, // 61: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	42, // 62: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	48, // 63: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	50, // 64: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	53, // 65: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	55, // 66: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	57, // 67: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 68: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	12, // 69: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	29, // 70: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	34, // 71: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	32, // 72: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
+	36, // 73: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	39, // 74: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	41, // 75: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	46, // 76: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	63, // [63:77] is the sub-list for method output_type
+	49, // [49:63] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -4936,7 +4993,7 @@ func file_proto_gpucoord_proto_init() {
 	if File_proto_gpucoord_proto != nil {
 		return
 	}
-	file_proto_gpucoord_proto_msgTypes[24].OneofWrappers = []any{
+	file_proto_gpucoord_proto_msgTypes[25].OneofWrappers = []any{
 		(*ReportRequest_Bootstrap)(nil),
 		(*ReportRequest_Step)(nil),
 		(*ReportRequest_Exit)(nil),
@@ -4951,7 +5008,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   58,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
