@@ -54,7 +54,8 @@ import (
 // GPUCOORD_BENCH_LOAD=256,1024,2048 (make bench-load); docs/BENCHMARKS.md
 // has the figures. GPUCOORD_BENCH_LOAD_BIN (with
 // GPUCOORD_BENCH_LOAD_PROTOCOL, the protocol version it speaks) times
-// another build of gpucoord.
+// another build of gpucoord, and GPUCOORD_BENCH_LOAD_ARGS adds flags to
+// the coordinator's (--lease-ttl 15s).
 func TestControlPlaneLoad(t *testing.T) {
 	sizes := os.Getenv("GPUCOORD_BENCH_LOAD")
 	if sizes == "" {
@@ -332,9 +333,20 @@ var loadProtocol = int32(pb.ProtocolVersion)
 
 func loadRun(t *testing.T, bin string, n int) string {
 	addr, metrics := freeAddr(t), freeAddr(t)
-	co := start(t, bin, "coordinator", "--listen", addr, "--metrics", metrics, "--data-dir", t.TempDir(), "--log-level", "warn")
+	args := []string{"coordinator", "--listen", addr, "--metrics", metrics, "--data-dir", t.TempDir(), "--log-level", "warn"}
+	args = append(args, strings.Fields(os.Getenv("GPUCOORD_BENCH_LOAD_ARGS"))...) // e.g. --lease-ttl 15s
+	co := start(t, bin, args...)
 	co.waitLine(t, "coordinator listening", 30*time.Second)
 	pid := co.cmd.Process.Pid
+	defer func() {
+		// Stopped, not killed, on every path: a profile it writes
+		// (GPUCOORD_CPUPROFILE) is whole.
+		co.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-co.done:
+		case <-time.After(30 * time.Second):
+		}
+	}()
 
 	h := &holding{at: map[string]int64{}, bytes: map[string]int{}}
 	agents := make([]*simAgent, n)
@@ -418,6 +430,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 		t.Fatal(err)
 	}
 	registration := time.Since(registering)
+	t.Logf("%d agents registered and watching in %s", n, registration.Round(time.Millisecond))
 	cl := agents[0].cl
 
 	// Rendezvous.
@@ -431,6 +444,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 	waitFor(t, reached, "every agent holding generation 1", h)
 	rendezvous := time.Since(begin)
 	bytes1, _ := h.received()
+	t.Logf("rendezvous in %s, %.0f bytes a node", rendezvous.Round(time.Millisecond), bytes1)
 
 	// The floor: for 5 s only the leases are renewed (every stream's,
 	// every third of the TTL) and rank 0 reports 10 steps a second.
@@ -446,6 +460,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 	}
 	cpuB, _ := procStat(t, pid)
 	floor := (cpuB - cpuA).Seconds() / time.Since(wallA).Seconds()
+	t.Logf("leases and steps alone: %.2f cores", floor)
 
 	// Steady state: rank 0 reports 10 steps a second, every agent its
 	// compute times each second.
