@@ -45,6 +45,10 @@ type relay struct {
 	mu      sync.Mutex
 	pending []*relayedReport
 	busy    bool
+	// down is the node's relay that last failed it, passed over until
+	// downUntil.
+	down      string
+	downUntil time.Time
 }
 
 type relayedReport struct {
@@ -149,8 +153,10 @@ func (a *Agent) forward(job string, gen int64) {
 // reportVia sends r, a Stored or Times report of asg's generation,
 // through the node's relay, or to the coordinator itself when it has none
 // or the relay does not take it.
+// A relay that failed is passed over for relayRest: a relay cut off
+// would otherwise cost every report its timeout.
 func (a *Agent) reportVia(ctx context.Context, asg *pb.Assignment, r *pb.ReportRequest) (*pb.ReportResponse, error) {
-	if asg.GetRelay() == "" || a.holder == nil {
+	if asg.GetRelay() == "" || a.holder == nil || a.relays.passOver(asg.Relay) {
 		return a.reportResp(ctx, r)
 	}
 	resp, err := a.throughRelay(ctx, asg, r)
@@ -162,8 +168,24 @@ func (a *Agent) reportVia(ctx context.Context, asg *pb.Assignment, r *pb.ReportR
 	default:
 		return resp, err // taken, or refused for good by the coordinator
 	}
-	a.log.Debug("relay did not take a report: reporting to the coordinator", "relay", asg.Relay, "err", err)
+	a.relays.failed(asg.Relay)
+	a.log.Info("the relay did not take a report: reporting to the coordinator", "relay", asg.Relay, "for", relayRest, "err", err)
 	return a.reportResp(ctx, r)
+}
+
+// relayRest is how long a relay that failed is passed over.
+const relayRest = 10 * time.Second
+
+func (rl *relay) failed(relay string) {
+	rl.mu.Lock()
+	rl.down, rl.downUntil = relay, time.Now().Add(relayRest)
+	rl.mu.Unlock()
+}
+
+func (rl *relay) passOver(relay string) bool {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	return rl.down == relay && time.Now().Before(rl.downUntil)
 }
 
 // throughRelay posts r to asg's relay. A refusal by the coordinator comes

@@ -143,6 +143,10 @@ func TestRelayForwards(t *testing.T) {
 	if _, err := senders[1].reportVia(t.Context(), gone, stored()); err != nil || len(directs[1].seen()) != 1 {
 		t.Errorf("relay gone: %v, %d direct reports, want 1", err, len(directs[1].seen()))
 	}
+	// ... and is passed over for a while, even at its old address.
+	if _, err := senders[1].reportVia(t.Context(), view, stored()); err != nil || len(directs[1].seen()) != 2 || len(co.seen()) != 1 {
+		t.Errorf("after the relay failed: %v, %d direct reports (want 2), %d relayed calls (want 1)", err, len(directs[1].seen()), len(co.seen()))
+	}
 	// A relay of another generation does not take the report.
 	r.mu.Lock()
 	r.latest = &pb.Assignment{Job: "j", Generation: &pb.Generation{Number: 2}}
