@@ -25,3 +25,41 @@ func BenchmarkDecideRendezvous2048(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDecideRendezvous16384 is BenchmarkDecideRendezvous2048 at
+// 16,384 nodes.
+func BenchmarkDecideRendezvous16384(b *testing.B) {
+	names := make([]string, 16384)
+	for i := range names {
+		names[i] = fmt.Sprintf("n%05d", i)
+	}
+	j := pending(16384, func(s *pb.JobSpec) { s.GpusPerNode, s.Tp, s.Pp, s.MinNodes = 8, 8, 1, 1 })
+	v := pool(j, names...)
+	for _, n := range v.nodes {
+		n.Gpus = 8
+	}
+	for b.Loop() {
+		if d := decide(v, t0, testPolicy); d.gen == nil {
+			b.Fatal("no generation")
+		}
+	}
+}
+
+// BenchmarkAssignments16384 times one change of a 16,384-node job's
+// assignment as the coordinator's streams see it: the job's assignment
+// made once (its replicas placed), then each node's part built and
+// encoded.
+func BenchmarkAssignments16384(b *testing.B) {
+	g := &pb.Generation{Job: "j", Number: 2, World: 8 * 16384, Dp: 16384, Tp: 8, Pp: 1}
+	for i := range 16384 {
+		g.Members = append(g.Members, &pb.Member{Node: fmt.Sprintf("n%05d", i), Host: fmt.Sprintf("10.%d.%d.%d", i>>16, (i>>8)&255, i&255),
+			FirstRank: int32(8 * i), Ranks: 8, Instance: "0123456789abcdef", CheckpointAddr: "10.0.0.1:7000", Domain: fmt.Sprintf("rack-%d", i/32)})
+	}
+	a := &pb.Assignment{Job: "j", Spec: &pb.JobSpec{Id: "j", Nodes: 16384, GpusPerNode: 8, Tp: 8, Pp: 1}, Generation: g, Master: "10.0.0.1:29500"}
+	for b.Loop() {
+		ja := newJobAssignment(a)
+		for _, m := range g.Members {
+			ja.forNode(m.Node)
+		}
+	}
+}
