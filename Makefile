@@ -55,8 +55,8 @@ bench-checkpoint: ## Checkpoint overhead per step, and recovery after a host kil
 	GPUCOORD_BENCH_CKPT=$${RUNS:-3} $(GO) test -count=1 -timeout 60m -run TestCheckpointCosts -v ./cmd/gpucoord
 
 .PHONY: bench-load
-bench-load: ## Control plane under 256, 1,024 and 2,048 simulated agents: rendezvous, loss to next generation, CPU, memory, etcd requests per step (minutes; not part of make test)
-	GPUCOORD_BENCH_LOAD=$${NODES:-256,1024,2048} $(GO) test -count=1 -timeout 30m -run TestControlPlaneLoad -v ./cmd/gpucoord
+bench-load: ## Control plane under NODES=256,1024,2048 simulated agents (16384 holds with ARGS="--lease-ttl 15s"): registration, rendezvous, loss through the failure detector, CPU, memory, etcd requests and writes per step, bytes per node per generation (minutes; not part of make test)
+	GPUCOORD_BENCH_LOAD=$${NODES:-256,1024,2048} GPUCOORD_BENCH_LOAD_ARGS="$${ARGS:-}" $(GO) test -count=1 -timeout 30m -run TestControlPlaneLoad -v ./cmd/gpucoord
 
 .PHONY: bench-gossip
 bench-gossip: ## Gossip pool (memberlist) of MEMBERS=8,32,64,128 in one process over loopback UDP and TCP: converge, detection, false deaths, CPU and bytes per member (minutes; not part of make test)
