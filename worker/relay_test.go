@@ -78,8 +78,8 @@ func relayAgent(t *testing.T, p *testPKI, name string, asg *pb.Assignment, co pb
 }
 
 // TestRelayForwards: three nodes of r's block report through r at once:
-// r forwards them in one call and each gets the coordinator's answer; a
-// refusal reaches its node alone. A node posing as another is refused by
+// r forwards them and each gets the coordinator's answer; a refusal
+// reaches its node alone. A node posing as another is refused by
 // r and reports to the coordinator itself, as does one whose relay is
 // gone.
 func TestRelayForwards(t *testing.T) {
@@ -115,10 +115,20 @@ func TestRelayForwards(t *testing.T) {
 	if errs[0] != nil || errs[1] != nil || status.Code(errs[2]) != codes.PermissionDenied {
 		t.Errorf("through the relay: %v", errs)
 	}
-	calls := co.seen()
-	if len(calls) != 1 || len(calls[0].GetRelayed().GetReports()) != 3 || calls[0].Node != "r" {
-		t.Fatalf("the relay made %d calls (%v), want one of the three reports", len(calls), calls)
+	// Every report went through r (in as many calls as the 5 ms window
+	// and the calls under way made: one, unless the senders' handshakes
+	// spread them out).
+	calls, relayed := co.seen(), 0
+	for _, c := range calls {
+		if c.Node != "r" || c.GetRelayed() == nil {
+			t.Errorf("a call to the coordinator not relayed by r: %v", c)
+		}
+		relayed += len(c.GetRelayed().GetReports())
 	}
+	if relayed != 3 {
+		t.Fatalf("the relay forwarded %d reports in %d calls, want 3", relayed, len(calls))
+	}
+	t.Logf("three reports in %d relayed calls", len(calls))
 	for i, d := range directs {
 		if n := len(d.seen()); n != 0 {
 			t.Errorf("%s reported to the coordinator itself %d times", senders[i].cfg.Name, n)
@@ -144,8 +154,8 @@ func TestRelayForwards(t *testing.T) {
 		t.Errorf("relay gone: %v, %d direct reports, want 1", err, len(directs[1].seen()))
 	}
 	// ... and is passed over for a while, even at its old address.
-	if _, err := senders[1].reportVia(t.Context(), view, stored()); err != nil || len(directs[1].seen()) != 2 || len(co.seen()) != 1 {
-		t.Errorf("after the relay failed: %v, %d direct reports (want 2), %d relayed calls (want 1)", err, len(directs[1].seen()), len(co.seen()))
+	if _, err := senders[1].reportVia(t.Context(), view, stored()); err != nil || len(directs[1].seen()) != 2 || len(co.seen()) != len(calls) {
+		t.Errorf("after the relay failed: %v, %d direct reports (want 2), %d relayed calls (want %d)", err, len(directs[1].seen()), len(co.seen()), len(calls))
 	}
 	// A relay of another generation does not take the report.
 	r.mu.Lock()
