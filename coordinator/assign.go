@@ -35,7 +35,7 @@ func newJobAssignment(a *pb.Assignment) *jobAssignment {
 	for i, m := range g.Members {
 		ja.index[m.Node] = i
 	}
-	if a.Spec.GetCheckpointDir() == "" { // held by the agents: they replicate
+	if pb.HeldCheckpoints(a.Spec) { // the agents replicate
 		ja.replicas = pb.Replicas(g.Members, pb.ReplicaCount(a.Spec))
 		ja.sources = pb.ReplicaSources(ja.replicas)
 	}
@@ -108,29 +108,32 @@ func (c *cache) member(job string, g *pb.Generation, node string) *pb.Member {
 // generation gen of job (Assignment.relay), as the running job's
 // assignment says.
 func (c *cache) relays(job string, gen int64, relay, node string) bool {
-	c.mu.RLock()
-	ja := c.assigned[job]
-	c.mu.RUnlock()
-	if ja == nil || ja.whole.Generation.GetNumber() != gen {
-		return false
-	}
-	i, ok := ja.index[node]
-	return ok && ja.whole.Generation.Members[pb.Relay(i)].Node == relay
+	r, ok := c.relayIn(job, gen, node)
+	return ok && r == relay
 }
 
 // relayOf is the relay of node's block in generation gen of job: whose
 // key its Stored record is kept under. The node itself when the cache
 // runs no such generation.
 func (c *cache) relayOf(job string, gen int64, node string) string {
+	if r, ok := c.relayIn(job, gen, node); ok {
+		return r
+	}
+	return node
+}
+
+// relayIn is node's relay in generation gen of job, if the cache runs
+// that generation and node is in it.
+func (c *cache) relayIn(job string, gen int64, node string) (string, bool) {
 	c.mu.RLock()
 	ja := c.assigned[job]
 	c.mu.RUnlock()
 	if ja == nil || ja.whole.Generation.GetNumber() != gen {
-		return node
+		return "", false
 	}
 	i, ok := ja.index[node]
 	if !ok {
-		return node
+		return "", false
 	}
-	return ja.whole.Generation.Members[pb.Relay(i)].Node
+	return ja.whole.Generation.Members[pb.Relay(i)].Node, true
 }

@@ -9,31 +9,17 @@ import (
 
 // BenchmarkDecideRendezvous2048 times the decision that freezes a 2,048-node
 // job's first generation.
-func BenchmarkDecideRendezvous2048(b *testing.B) {
-	names := make([]string, 2048)
-	for i := range names {
-		names[i] = fmt.Sprintf("n%04d", i)
-	}
-	j := pending(2048, func(s *pb.JobSpec) { s.GpusPerNode, s.Tp, s.Pp, s.MinNodes = 8, 8, 1, 1 })
-	v := pool(j, names...)
-	for _, n := range v.nodes {
-		n.Gpus = 8
-	}
-	for b.Loop() {
-		if d := decide(v, t0, testPolicy); d.gen == nil {
-			b.Fatal("no generation")
-		}
-	}
-}
+func BenchmarkDecideRendezvous2048(b *testing.B) { benchDecideRendezvous(b, 2048) }
 
-// BenchmarkDecideRendezvous16384 is BenchmarkDecideRendezvous2048 at
-// 16,384 nodes.
-func BenchmarkDecideRendezvous16384(b *testing.B) {
-	names := make([]string, 16384)
+// BenchmarkDecideRendezvous16384 is the same at 16,384 nodes.
+func BenchmarkDecideRendezvous16384(b *testing.B) { benchDecideRendezvous(b, 16384) }
+
+func benchDecideRendezvous(b *testing.B, n int) {
+	names := make([]string, n)
 	for i := range names {
 		names[i] = fmt.Sprintf("n%05d", i)
 	}
-	j := pending(16384, func(s *pb.JobSpec) { s.GpusPerNode, s.Tp, s.Pp, s.MinNodes = 8, 8, 1, 1 })
+	j := pending(int32(n), func(s *pb.JobSpec) { s.GpusPerNode, s.Tp, s.Pp, s.MinNodes = 8, 8, 1, 1 })
 	v := pool(j, names...)
 	for _, n := range v.nodes {
 		n.Gpus = 8

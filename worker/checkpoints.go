@@ -25,7 +25,7 @@ const (
 
 // held reports whether the agents hold asg's checkpoints (no shared
 // directory).
-func held(asg *pb.Assignment) bool { return asg.Spec.GetCheckpointDir() == "" }
+func held(asg *pb.Assignment) bool { return pb.HeldCheckpoints(asg.Spec) }
 
 // restore gathers, before a generation's ranks start, the files of its
 // resume step from wherever they are: this node's own or replica

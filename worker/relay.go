@@ -156,6 +156,7 @@ func (a *Agent) forward(job string, gen int64) {
 // reportVia sends r, a Stored or Times report of asg's generation,
 // through the node's relay, or to the coordinator itself when it has none
 // or the relay does not take it.
+//
 // A relay that failed is passed over for relayRest: a relay cut off
 // would otherwise cost every report its timeout.
 func (a *Agent) reportVia(ctx context.Context, asg *pb.Assignment, r *pb.ReportRequest) (*pb.ReportResponse, error) {

@@ -11,6 +11,10 @@ import (
 // files of a step, the writer included, when the job does not say.
 const DefaultReplicas = 2
 
+// HeldCheckpoints says the agents hold spec's checkpoints (and replicate
+// them), as they do when it names no shared checkpoint directory.
+func HeldCheckpoints(spec *JobSpec) bool { return spec.GetCheckpointDir() == "" }
+
 // ReplicaCount is how many nodes hold each node's files of a step under
 // spec, the writer included.
 func ReplicaCount(spec *JobSpec) int {
@@ -77,7 +81,7 @@ func NodeView(g *Generation, i int, replicas [][]int, sources []int) *Generation
 	v := &Generation{}
 	dst := v.ProtoReflect()
 	g.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, val protoreflect.Value) bool {
-		if !viewLeavesOut[fd.Number()] {
+		if !viewLeavesOut[fd.Name()] {
 			dst.Set(fd, val) // shared, not copied
 		}
 		return true
@@ -95,7 +99,7 @@ func NodeView(g *Generation, i int, replicas [][]int, sources []int) *Generation
 
 // viewLeavesOut are the fields of a Generation a node's view does not
 // carry: members (it carries its own), stopping, reason and output.
-var viewLeavesOut = map[protoreflect.FieldNumber]bool{3: true, 12: true, 7: true, 11: true}
+var viewLeavesOut = map[protoreflect.Name]bool{"members": true, "stopping": true, "reason": true, "output": true}
 
 // ReplicaSources inverts replicas: for each member, the members that send
 // it their replicas, in the generation's order.
