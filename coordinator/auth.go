@@ -37,6 +37,7 @@ var methodRoles = map[string][]string{
 	pb.Coordinator_Report_FullMethodName:      {pki.RoleNode},
 	pb.Coordinator_Leave_FullMethodName:       {pki.RoleNode},
 	pb.Coordinator_Members_FullMethodName:     {pki.RoleNode},
+	pb.Coordinator_PoolReport_FullMethodName:  {pki.RoleNode},
 	pb.Coordinator_Submit_FullMethodName:      {pki.RoleClient, pki.RoleAdmin},
 	pb.Coordinator_Follow_FullMethodName:      {pki.RoleClient, pki.RoleAdmin},
 	pb.Coordinator_Cancel_FullMethodName:      {pki.RoleClient, pki.RoleAdmin},

@@ -38,6 +38,9 @@ type cache struct {
 	mu    sync.RWMutex
 	rev   int64 // the revision the view is at; 0 until the first list
 	nodes map[string]nodeEntry
+	// pools indexes the nodes that have a gossip address by their failure
+	// domain (gpucoordpb.FailureDomain): the members of each domain's pool.
+	pools map[string]map[string]struct{}
 	// conns holds the nodes whose agent has a Watch stream open (the value
 	// names the stream), so that a node without one is disconnected.
 	conns   map[string]string
@@ -61,11 +64,8 @@ type cache struct {
 	changed   chan struct{} // closed when an assignment may have changed
 	advanced  chan struct{} // closed when rev moves
 	notify    func(jobs []string, pool bool)
-	// ring is the gossip pool's keys; ringChanged says onKeys has not been
-	// told of them yet. onKeys is set before run and never blocks.
-	ring        keyring
-	ringChanged bool
-	onKeys      func([][]byte)
+	// ring is the gossip pools' keys.
+	ring keyring
 }
 
 // nodeEntry is a registered node and its key's create revision (a node
@@ -214,12 +214,12 @@ func viewRev(wr clientv3.WatchResponse) int64 {
 func (c *cache) reset(rev int64, kvs []*mvccpb.KeyValue) {
 	c.mu.Lock()
 	c.nodes, c.conns, c.nodePol, c.jobs = map[string]nodeEntry{}, map[string]string{}, map[string]nodePolicy{}, map[string]*jobEntry{}
+	c.pools = map[string]map[string]struct{}{}
 	c.candidates, c.holds, c.fences = map[string]candidate{}, map[string]string{}, map[string]fence{}
 	for _, kv := range kvs {
 		c.put(kv)
 	}
 	ids := c.ids()
-	c.tellKeys()
 	c.finish(rev, true)
 	notify := c.notify
 	c.mu.Unlock()
@@ -265,23 +265,12 @@ func (c *cache) apply(rev int64, evs []*clientv3.Event) {
 			ids = append(ids, id)
 		}
 	}
-	c.tellKeys()
 	c.finish(rev, assign)
 	notify := c.notify
 	c.mu.Unlock()
 	if notify != nil && (len(ids) > 0 || pool) {
 		notify(ids, pool)
 	}
-}
-
-// tellKeys tells onKeys of the pool's keys when they changed, before any
-// Watch stream wakes to hand them to the agents: this coordinator's own
-// member has them first. The caller holds c.mu.
-func (c *cache) tellKeys() {
-	if c.ringChanged && c.onKeys != nil {
-		c.onKeys(c.ring.keys())
-	}
-	c.ringChanged = false
 }
 
 // gossipKeys returns the pool's keys as etcd holds them (nil before the
@@ -394,7 +383,7 @@ func (c *cache) put(kv *mvccpb.KeyValue) {
 			bad(err)
 			return
 		}
-		c.ring, c.ringChanged = r, true
+		c.ring = r
 	case strings.HasPrefix(key, c.k.leader()+"/"):
 		c.candidates[key] = candidate{name: string(kv.Value), created: kv.CreateRevision}
 	case strings.HasPrefix(key, c.k.nodes()):
@@ -403,7 +392,16 @@ func (c *cache) put(kv *mvccpb.KeyValue) {
 			bad(err)
 			return
 		}
-		c.nodes[strings.TrimPrefix(key, c.k.nodes())] = nodeEntry{node: n, created: kv.CreateRevision, lease: kv.Lease}
+		name := strings.TrimPrefix(key, c.k.nodes())
+		c.unpool(name)
+		c.nodes[name] = nodeEntry{node: n, created: kv.CreateRevision, lease: kv.Lease}
+		if n.GetGossipAddr() != "" {
+			d := pb.FailureDomain(n)
+			if c.pools[d] == nil {
+				c.pools[d] = map[string]struct{}{}
+			}
+			c.pools[d][name] = struct{}{}
+		}
 	case strings.HasPrefix(key, c.k.conns()):
 		c.conns[strings.TrimPrefix(key, c.k.conns())] = string(kv.Value)
 	case strings.HasPrefix(key, c.k.holdsAll()):
@@ -662,7 +660,9 @@ func (c *cache) del(key string) {
 	case strings.HasPrefix(key, c.k.leader()+"/"):
 		delete(c.candidates, key)
 	case strings.HasPrefix(key, c.k.nodes()):
-		delete(c.nodes, strings.TrimPrefix(key, c.k.nodes()))
+		name := strings.TrimPrefix(key, c.k.nodes())
+		c.unpool(name)
+		delete(c.nodes, name)
 	case strings.HasPrefix(key, c.k.conns()):
 		delete(c.conns, strings.TrimPrefix(key, c.k.conns()))
 	case strings.HasPrefix(key, c.k.holdsAll()):
@@ -710,6 +710,20 @@ func (c *cache) del(key string) {
 				}
 			}
 		}
+	}
+}
+
+// unpool takes node out of its domain's pool index. The caller holds c.mu
+// for writing.
+func (c *cache) unpool(node string) {
+	e, ok := c.nodes[node]
+	if !ok {
+		return
+	}
+	d := pb.FailureDomain(e.node)
+	delete(c.pools[d], node)
+	if len(c.pools[d]) == 0 {
+		delete(c.pools, d)
 	}
 }
 
@@ -772,6 +786,34 @@ func (c *cache) nodeLease(node string) (int64, string, bool) {
 	defer c.mu.RUnlock()
 	e, ok := c.nodes[node]
 	return e.lease, e.node.GetInstance(), ok
+}
+
+// registered is node's registration as the view holds it; false when the
+// node is not registered in the view. The Node is shared: read only.
+func (c *cache) registered(node string) (nodeEntry, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e, ok := c.nodes[node]
+	return e, ok
+}
+
+// poolOf returns the gossip addresses of at most most members of domain's
+// pool other than except, in no set order (Go's map order: a different
+// few each call), and how many members the pool has (except included,
+// when it is one).
+func (c *cache) poolOf(domain, except string, most int) (seeds []string, members int) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	pool := c.pools[domain]
+	for name := range pool {
+		if len(seeds) == most {
+			break
+		}
+		if name != except {
+			seeds = append(seeds, c.nodes[name].node.GetGossipAddr())
+		}
+	}
+	return seeds, len(pool)
 }
 
 // assignment returns what node should run now (the generation of the

@@ -39,14 +39,9 @@ type Config struct {
 	// Metrics is the address of the Prometheus /metrics endpoint; empty
 	// serves none.
 	Metrics string
-	// Gossip is the address of this coordinator's member of the gossip
-	// pool (TCP and UDP); port 0 picks a free one, and empty means Listen's
-	// host with a free port. Agents learn it from Register. An unspecified
-	// host (0.0.0.0, ::) binds every interface and advertises the first
-	// address that is not loopback.
-	Gossip string
-	// GossipTuning sets how fast the pool declares a silent member dead;
-	// agents are told to use the same.
+	// GossipTuning sets how fast the agents' pools declare a silent member
+	// dead: agents are told it at Register. The coordinator is a member of
+	// no pool; the agents report the deaths their pools find (PoolReport).
 	GossipTuning gossip.Tuning
 	// TokenFile is the bootstrap join token's file: written (0600) with a
 	// new token, good for every role, when absent; checked against the
@@ -153,15 +148,6 @@ func (c *Config) Validate() error {
 	if err != nil {
 		return errorf(ErrInvalid, "listen address %q: %v", c.Listen, err)
 	}
-	if c.Gossip != "" {
-		ghost, _, err := net.SplitHostPort(c.Gossip)
-		if err != nil {
-			return errorf(ErrInvalid, "gossip address %q: %v", c.Gossip, err)
-		}
-		if IsLoopback(ghost) && !IsLoopback(host) {
-			return errorf(ErrInvalid, "gossip address %s is loopback but the coordinator listens on %s: agents on other hosts could not reach it (leave --gossip out to use the listen host)", c.Gossip, c.Listen)
-		}
-	}
 	if !c.TLS.Empty() && (c.TLS.CA == "" || (c.TLS.Cert == "") != (c.TLS.Key == "") || (c.TLS.Cert == "" && c.TLSCAKey == "")) {
 		return errorf(ErrInvalid, "--tls-ca, --tls-cert and --tls-key go together: name all three (or --tls-ca and --tls-ca-key, and the coordinator issues its own certificate)")
 	}
@@ -184,33 +170,6 @@ func (c *Config) Validate() error {
 // file or an organisation's certificate. Without either it serves
 // plaintext, on loopback only.
 func (c *Config) secure() bool { return c.TokenFile != "" || !c.TLS.Empty() }
-
-// gossipAddr returns where the coordinator's gossip member binds and the
-// host it advertises: the Gossip address, or Listen's host with a free
-// port; an unspecified host advertises the machine's first address that is
-// not loopback.
-func gossipAddr(gossipAddr, listen string) (bind, advertise string) {
-	bind = gossipAddr
-	if bind == "" {
-		host, _, _ := net.SplitHostPort(listen)
-		bind = net.JoinHostPort(host, "0")
-	}
-	host, port, _ := net.SplitHostPort(bind)
-	if host == "" {
-		host, bind = "0.0.0.0", net.JoinHostPort("0.0.0.0", port)
-	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsUnspecified() {
-		return bind, host
-	}
-	if addrs, err := net.InterfaceAddrs(); err == nil {
-		for _, a := range addrs {
-			if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() && !ipn.IP.IsLinkLocalUnicast() {
-				return bind, ipn.IP.String()
-			}
-		}
-	}
-	return bind, "127.0.0.1"
-}
 
 // IsLoopback reports whether host names only this machine.
 func IsLoopback(host string) bool {
@@ -235,8 +194,7 @@ type Coordinator struct {
 	metrics  net.Listener // nil without Config.Metrics
 	registry *prometheus.Registry
 	leading  atomic.Bool
-	pool     *gossip.Pool
-	dead     chan string // members the pool declared dead, for revokeDead
+	dead     chan deathKey // deaths the agents' pools reported, for revokeDead
 	hooks    *hooks
 }
 
@@ -297,15 +255,8 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	if c.cfg.Name == "" {
 		c.cfg.Name = ln.Addr().String()
 	}
-	c.dead = make(chan string, 1024)
-	bind, advertise := gossipAddr(cfg.Gossip, cfg.Listen)
+	c.dead = make(chan deathKey, 1024)
 	sec, cp, err := c.secrets(ctx)
-	if err == nil {
-		c.pool, err = gossip.New(coordinatorMember+c.cfg.Name, bind, advertise, cfg.GossipTuning, sec, c, slogWriter{c.log.With("component", "gossip")})
-		if err != nil {
-			err = errorf(ErrUnavailable, "%v", err)
-		}
-	}
 	if err != nil {
 		ln.Close()
 		if mln != nil {
@@ -315,14 +266,9 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 		return nil, err
 	}
 	c.cache = newCache(e.Client, keys(cfg.Prefix), c.log.With("component", "cache"))
-	c.cache.onKeys = func(keys [][]byte) {
-		if err := c.pool.SetKeys(keys); err != nil {
-			c.log.Error("gossip keys", "err", err)
-		}
-	}
 	c.hooks = &hooks{}
 	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth(), cache: c.cache, hooks: c.hooks,
-		times: newTimesBuffer(cfg.StragglerWindows), gossip: sec, secure: cp != nil}
+		times: newTimesBuffer(cfg.StragglerWindows), gossip: sec, secure: cp != nil, deaths: newDeathReports(), dead: c.dead}
 	c.srv.stored = newStoredWriter(c.srv)
 	opts := append(pb.ServerOptions(), grpc.UnaryInterceptor(c.srv.unary), grpc.StreamInterceptor(c.srv.stream), grpc.ForceServerCodecV2(newPassCodec()))
 	if cp != nil {
@@ -340,7 +286,7 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 }
 
 // secrets reads (or makes, for the first coordinator of a cluster) the
-// gossip pool's key and the cluster's PKI, and writes the bootstrap token
+// gossip pools' key and the cluster's PKI, and writes the bootstrap token
 // file when one is asked for.
 func (c *Coordinator) secrets(ctx context.Context) (gossip.Secure, *clusterPKI, error) {
 	k, now := keys(c.cfg.Prefix), time.Now()
@@ -405,16 +351,13 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return c.srv.times.run(gctx, c.etcd.Client, keys(c.cfg.Prefix), c.cache, c.cfg.Name, c.cfg.TimesFlush, c.log.With("component", "times"))
 	})
 	g.Go(func() error { return c.campaign(gctx) })
-	g.Go(func() error { return c.advertise(gctx) })
 	g.Go(func() error { return c.revokeDead(gctx) })
 	if c.metrics != nil {
 		g.Go(func() error { return serveMetrics(gctx, c.metrics, c.registry) })
 	}
-	c.log.Info("coordinator serving", "addr", c.Addr(), "etcd", strings.Join(c.etcd.Endpoints, ","), "gossip", c.pool.LocalNode().Address())
+	c.log.Info("coordinator serving", "addr", c.Addr(), "etcd", strings.Join(c.etcd.Endpoints, ","))
 	err := g.Wait()
 	c.srv.background.Wait() // before the etcd client closes
-	c.pool.Leave(time.Second)
-	c.pool.Shutdown()
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}

@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/gpucoord/gpucoord/internal/gossip"
 	"github.com/gpucoord/gpucoord/internal/pki"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
@@ -1005,44 +1004,6 @@ func TestEndedJobsForgotten(t *testing.T) {
 	if strings.Join(ids, ",") != "b,c" {
 		t.Errorf("jobs %v, want b (the newest ended) and c (pending)", ids)
 	}
-}
-
-// TestGossipDeathOfEarlierRun: the pool may declare a node's earlier run
-// dead after the node restarted and registered again; only the run that
-// died loses its registration. Events are handled in order, so once n2's
-// matching death has removed n2, n1's stale one has been handled too.
-func TestGossipDeathOfEarlierRun(t *testing.T) {
-	co, _ := testCoordinator(t, testEtcd(t), nil)
-	c := client(t, co.Addr())
-	n1, n2 := node("n1", 1), node("n2", 1)
-	n1.Instance, n2.Instance = "new", "b"
-	agent(t, c, n1)
-	agent(t, c, n2)
-	registered := func(name string) bool {
-		resp, err := co.etcd.Client.Get(t.Context(), keys(co.cfg.Prefix).node(name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(resp.Kvs) == 1
-	}
-	waitGone := func(name string) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for registered(name) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s still registered 10s after its gossip death", name)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	co.Dead(gossip.MemberName("n1", "old"))
-	co.Dead(gossip.MemberName("n2", "b"))
-	waitGone("n2")
-	if !registered("n1") {
-		t.Fatal("the death of n1's earlier run removed its new registration")
-	}
-	co.Dead(gossip.MemberName("n1", "new"))
-	waitGone("n1")
 }
 
 // TestResumeBackup: a job submitted with an earlier run's backup step (a

@@ -262,7 +262,9 @@ func TestFence(t *testing.T) {
 
 // TestGossipKeyShared: coordinators of one cluster (one etcd prefix) use
 // the pool key the first created, whichever starts first; a cluster under
-// another prefix has its own key and label, so the two pools do not mix.
+// another prefix has its own key and label, so the two clusters' pools do
+// not mix. A node naming no failure domain gossips under the cluster's
+// label.
 func TestGossipKeyShared(t *testing.T) {
 	eps := testEtcd(t)
 	a, _ := testCoordinator(t, eps, nil)
@@ -323,10 +325,10 @@ func TestKeyringSteps(t *testing.T) {
 	}
 }
 
-// TestGossipKeyRotation: the pool's keys change without a restart. An
-// agent's member that takes the keys from its assignments (as the agent
-// does) reaches the coordinator's after every step; a member that kept the
-// old key still does after "install", and no longer after "use".
+// TestGossipKeyRotation: the pools' keys change without a restart.
+// Members that take the keys from their assignments (as agents do) reach
+// each other after every step; a member that kept the old key still
+// reaches them after "install", and no longer after "use".
 func TestGossipKeyRotation(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), nil)
 	c := client(t, co.Addr())
@@ -336,24 +338,25 @@ func TestGossipKeyRotation(t *testing.T) {
 	}
 	assignments, _ := watch(t, c, "n0", resp.LeaseId, 0)
 	g := resp.Gossip
-	member := func(name string) *gossip.Pool {
+	member := func(name string, seeds ...string) *gossip.Pool {
 		p, err := gossip.New(name, "127.0.0.1:0", "", co.cfg.GossipTuning, gossip.Secure{Keys: g.Keys, Label: g.Label}, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { p.Shutdown() })
-		if _, err := p.Join(g.Seeds); err != nil {
+		if _, err := p.Join(seeds); len(seeds) > 0 && err != nil {
 			t.Fatal(err)
 		}
 		return p
 	}
-	fresh, stale := member("n0#1"), member("stale#1")
-	coordAddr, err := net.ResolveUDPAddr("udp", co.pool.LocalNode().Address())
+	anchor := member("n0#1")
+	fresh, stale := member("n1#1", anchor.LocalNode().Address()), member("stale#1", anchor.LocalNode().Address())
+	anchorAddr, err := net.ResolveUDPAddr("udp", anchor.LocalNode().Address())
 	if err != nil {
 		t.Fatal(err)
 	}
 	reaches := func(p *gossip.Pool) bool {
-		_, err := p.Ping(co.pool.LocalNode().Name, coordAddr)
+		_, err := p.Ping(anchor.LocalNode().Name, anchorAddr)
 		return err == nil
 	}
 	for _, step := range []struct {
@@ -367,14 +370,16 @@ func TestGossipKeyRotation(t *testing.T) {
 		a := next(t, assignments, func(a *pb.Assignment) bool {
 			return len(a.GossipKeys) == len(out.Fingerprints) && gossip.Fingerprint(a.GossipKeys[0]) == out.Fingerprints[0]
 		})
-		if err := fresh.SetKeys(a.GossipKeys); err != nil {
-			t.Fatal(err)
+		for _, p := range []*gossip.Pool{anchor, fresh} {
+			if err := p.SetKeys(a.GossipKeys); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if !reaches(fresh) {
-			t.Errorf("after %s, a member with the assignment's keys cannot reach the coordinator", step.action)
+			t.Errorf("after %s, a member with the assignment's keys cannot reach another", step.action)
 		}
 		if got := reaches(stale); got != step.staleReach {
-			t.Errorf("after %s, a member with the old key only reaches the coordinator: %v, want %v", step.action, got, step.staleReach)
+			t.Errorf("after %s, a member with the old key only reaches one with the assignment's: %v, want %v", step.action, got, step.staleReach)
 		}
 	}
 	if out, err := c.GossipKeys(t.Context(), &pb.GossipKeysRequest{Action: "list"}); err != nil || len(out.Fingerprints) != 1 {

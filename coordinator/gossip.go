@@ -5,8 +5,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -18,42 +18,226 @@ import (
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
-// coordinatorMember prefixes a coordinator's name in the gossip pool; node
-// names may not start with it.
-const coordinatorMember = "coordinator:"
+// A node gossips in the pool of its failure domain (gpucoordpb.
+// FailureDomain; the nodes that name none share one pool). Coordinators
+// are members of none: a member that sees another of its pool declared
+// dead tells them (PoolReport), and they take it only from a node of the
+// same domain by their own records, once enough of the pool has said so
+// (deathQuorum).
 
-// Dead implements gossip.Events: a member the pool declared dead is handed
-// to revokeDead, which takes its node out of etcd. It never blocks
-// memberlist.
-func (c *Coordinator) Dead(name string) {
-	if strings.HasPrefix(name, coordinatorMember) {
-		return
+// maxSeeds is how many members of its domain's pool a node is given to
+// join: any one live is enough; more make a pool split by a bad moment
+// (two nodes registering at once, each given no seed) mend sooner.
+const maxSeeds = 4
+
+// deathWindow is how long the reports of one death are gathered: a
+// report after it, of a death not acted on, starts the count again.
+const deathWindow = time.Minute
+
+// deathQuorum is how many members of its pool must report a node's death
+// before it is acted on, in a pool of members registered nodes (the dead
+// one included): two, so that one member cut off from the rest of its
+// pool, which sees every other dead, cannot take them out of the
+// cluster; one where the pool has no third member to say otherwise.
+func deathQuorum(members int) int {
+	if members <= 2 {
+		return 1
 	}
-	select {
-	case c.dead <- name:
-	default:
-		c.log.Warn("gossip: dropped a dead-node event", "node", name)
+	return 2
+}
+
+// deathVerdict is what a coordinator makes of a member's death reported by
+// another member of the pool.
+type deathVerdict int
+
+const (
+	// deathCounted: the report counts toward the quorum.
+	deathCounted deathVerdict = iota
+	// deathUnknown: no node of the name is registered (its lease ended, it
+	// left, or it never was).
+	deathUnknown
+	// deathEarlier: the dead member is an earlier run of a node that has
+	// registered again; the run registered now is left alone.
+	deathEarlier
+	// deathForeign: the dead node is of another failure domain than the
+	// reporter, by the coordinator's records: refused.
+	deathForeign
+	// deathSelf: the reporter named itself: ignored.
+	deathSelf
+)
+
+func (v deathVerdict) String() string {
+	return [...]string{"counted", "not registered", "an earlier run", "another failure domain", "the reporter itself"}[v]
+}
+
+// judgeDeath is what the death of dead's run instance, reported by
+// reporter, counts for; dead is nil when no node of its name is
+// registered. Both nodes are as the coordinator registered them, never as
+// a report says.
+func judgeDeath(reporter, dead *pb.Node, instance string) deathVerdict {
+	switch {
+	case dead == nil:
+		return deathUnknown
+	case dead.GetName() == reporter.GetName():
+		return deathSelf
+	case dead.GetInstance() != instance:
+		return deathEarlier
+	case pb.FailureDomain(dead) != pb.FailureDomain(reporter):
+		return deathForeign
+	}
+	return deathCounted
+}
+
+// deathKey names one registration of one run of a node: a run that
+// registered again (a new lease) is another.
+type deathKey struct {
+	member string // node#instance
+	lease  int64
+}
+
+// deathReports gathers the reports of each death, so that a death is acted
+// on once, when the quorum has reported it, however many report it.
+type deathReports struct {
+	mu    sync.Mutex
+	m     map[deathKey]*deathTally
+	swept time.Time
+}
+
+type deathTally struct {
+	first time.Time
+	by    map[string]bool // the reporters
+	acted bool
+}
+
+func newDeathReports() *deathReports { return &deathReports{m: map[deathKey]*deathTally{}} }
+
+// add records reporter's report of k's death at now and says whether the
+// death is to be acted on now: true once, the first time need reporters
+// have reported it within deathWindow.
+func (d *deathReports) add(k deathKey, reporter string, need int, now time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if now.Sub(d.swept) > deathWindow/4 {
+		for k, t := range d.m {
+			if now.Sub(t.first) > deathWindow {
+				delete(d.m, k)
+			}
+		}
+		d.swept = now
+	}
+	t := d.m[k]
+	if t == nil || now.Sub(t.first) > deathWindow && !t.acted {
+		t = &deathTally{first: now, by: map[string]bool{}}
+		d.m[k] = t
+	}
+	t.by[reporter] = true
+	if t.acted || len(t.by) < need {
+		return false
+	}
+	t.acted = true
+	return true
+}
+
+// retry forgets that k was acted on (its revocation failed), so that the
+// next report of it acts again.
+func (d *deathReports) retry(k deathKey) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if t := d.m[k]; t != nil {
+		t.acted = false
 	}
 }
 
-// revokeDead revokes the lease of every node whose member the pool declares
-// dead, so that the node is lost at once for the leader, however its gRPC
-// stream looks (a frozen or cut-off agent keeps its TCP connection open).
-// Only the run that died is removed: a node that restarted and registered
-// again has another instance, and the death of its earlier run, which the
-// pool may declare after the new one registered, leaves it alone. Every
-// coordinator does it; a revocation is idempotent.
+// PoolReport implements pb.CoordinatorServer: a node's report of the
+// members its domain's pool declared dead, and its request for members to
+// join. The reporter must be registered with the lease it names; each
+// death counts only when the dead node is registered, as the run named,
+// in the reporter's domain (judgeDeath), and is handed to revokeDead once
+// deathQuorum members have reported it.
+func (s *server) PoolReport(ctx context.Context, req *pb.PoolReportRequest) (*pb.PoolReportResponse, error) {
+	node := req.GetNode()
+	if err := s.asNode(ctx, node); err != nil {
+		return nil, err
+	}
+	if len(req.GetDead()) > maxPoolReport {
+		return nil, status.Errorf(codes.InvalidArgument, "%d deaths in one report: at most %d", len(req.GetDead()), maxPoolReport)
+	}
+	if _, err := s.leaseHolder(ctx, node, clientv3.LeaseID(req.GetLeaseId())); err != nil {
+		return nil, err
+	}
+	me, ok := s.cache.registered(node)
+	if !ok || me.lease != req.GetLeaseId() {
+		return nil, status.Errorf(codes.Unavailable, "node %q's registration is not in this coordinator's view yet: try again", node)
+	}
+	if me.node.GetGossipAddr() == "" {
+		return nil, status.Errorf(codes.FailedPrecondition, "node %q registered without a gossip address: it is in no pool", node)
+	}
+	s.poolDeaths(me.node, req.GetDead(), time.Now())
+	seeds, members := s.cache.poolOf(pb.FailureDomain(me.node), node, maxSeeds)
+	return &pb.PoolReportResponse{Seeds: seeds, Members: int32(members)}, nil
+}
+
+// maxPoolReport bounds the deaths one report may name: a pool of a
+// failure domain is a few tens of nodes.
+const maxPoolReport = 4096
+
+// poolDeaths judges each of the deaths reporter reports, as of now, and
+// hands those whose quorum it completes to revokeDead. It returns the
+// verdicts, in order.
+func (s *server) poolDeaths(reporter *pb.Node, dead []string, now time.Time) []deathVerdict {
+	out := make([]deathVerdict, len(dead))
+	for i, member := range dead {
+		name, instance := gossip.ParseMember(member)
+		e, ok := s.cache.registered(name)
+		var n *pb.Node
+		if ok {
+			n = e.node
+		}
+		v := judgeDeath(reporter, n, instance)
+		out[i] = v
+		switch v {
+		case deathCounted:
+			_, members := s.cache.poolOf(pb.FailureDomain(n), "", 0)
+			k := deathKey{member: member, lease: e.lease}
+			if s.deaths.add(k, reporter.GetName(), deathQuorum(members), now) {
+				select {
+				case s.dead <- k:
+				default:
+					s.deaths.retry(k)
+					s.log.Warn("gossip: dropped a death: too many at once", "member", member)
+				}
+			}
+		case deathForeign:
+			s.log.Warn("gossip: a death reported from another failure domain: refused", "reporter", reporter.GetName(), "domain", pb.FailureDomain(reporter),
+				"node", name, "its_domain", pb.FailureDomain(n))
+		default:
+			s.log.Debug("gossip: a reported death left alone", "reporter", reporter.GetName(), "member", member, "why", v.String())
+		}
+	}
+	return out
+}
+
+// revokeDead revokes the lease of every node whose death its pool
+// reported (PoolReport), so that the node is lost at once for the leader,
+// however its gRPC stream looks (a frozen or cut-off agent keeps its TCP
+// connection open). Only the run that died is removed: a node that
+// restarted and registered again has another instance, and the death of
+// its earlier run, which the pool may declare after the new one
+// registered, leaves it alone. Every coordinator the reports reach does
+// it; a revocation is idempotent. One that fails is tried again at the
+// death's next report.
 func (c *Coordinator) revokeDead(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case member := <-c.dead:
+		case k := <-c.dead:
 			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			err := c.revokeMember(rctx, member)
+			err := c.revokeMember(rctx, k.member)
 			cancel()
 			if err != nil && ctx.Err() == nil {
-				c.log.Warn("gossip: revoke", "member", member, "err", err)
+				c.srv.deaths.retry(k)
+				c.log.Warn("gossip: revoke", "member", k.member, "err", err)
 			}
 		}
 	}
@@ -93,76 +277,22 @@ func (c *Coordinator) revokeMember(ctx context.Context, member string) error {
 	if _, err := c.etcd.Client.Revoke(ctx, lease); err != nil {
 		return err
 	}
-	c.log.Warn("node failed its gossip probes: removed from the pool", "node", name)
+	c.log.Warn("node failed its gossip probes: removed from the pool", "node", name, "domain", pb.FailureDomain(&n))
 	return nil
 }
 
-// advertise publishes this coordinator's gossip address under
-// coordinators/<name> for as long as it runs (a leased key), joins the
-// members already published, and keeps the key alive.
-func (c *Coordinator) advertise(ctx context.Context) error {
-	k := keys(c.cfg.Prefix)
-	cli := c.etcd.Client
-	for ctx.Err() == nil {
-		lease, err := cli.Grant(ctx, int64(c.cfg.ElectionTTL/time.Second))
-		if err == nil {
-			_, err = cli.Put(ctx, k.coordinator(c.cfg.Name), c.pool.LocalNode().Address(), clientv3.WithLease(lease.ID))
-		}
-		var alive <-chan *clientv3.LeaseKeepAliveResponse
-		if err == nil {
-			if seeds, err := gossipSeeds(ctx, cli, k); err == nil {
-				if _, err := c.pool.Join(seeds); err != nil && len(seeds) > 1 {
-					c.log.Warn("gossip: join", "seeds", seeds, "err", err)
-				}
-			}
-			alive, err = cli.KeepAlive(ctx, lease.ID)
-		}
-		if err != nil {
-			if ctx.Err() == nil {
-				c.log.Warn("gossip: advertise", "err", err)
-			}
-		} else {
-			for range alive { // until ctx ends or the lease is lost
-			}
-		}
-		if ctx.Err() == nil {
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-		} else if err == nil {
-			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			cli.Revoke(rctx, lease.ID)
-			cancel()
-		}
-	}
-	return nil
-}
-
-// gossipSeeds lists the coordinators' gossip addresses.
-func gossipSeeds(ctx context.Context, cli *clientv3.Client, k keys) ([]string, error) {
-	resp, err := cli.Get(ctx, k.coordinators(), clientv3.WithPrefix())
-	if err != nil {
-		return nil, err
-	}
-	seeds := make([]string, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		seeds = append(seeds, string(kv.Value))
-	}
-	return seeds, nil
-}
-
-// gossipFor is what Register tells an agent about the pool: its keys as
-// the cache holds them now.
-func (s *server) gossipFor(ctx context.Context) *pb.Gossip {
-	seeds, _ := gossipSeeds(ctx, s.cli, s.k)
+// gossipFor is what Register tells node n about its domain's pool: some
+// of its members to join, its label, and the keys as the cache holds them
+// now.
+func (s *server) gossipFor(n *pb.Node) *pb.Gossip {
+	seeds, _ := s.cache.poolOf(pb.FailureDomain(n), n.GetName(), maxSeeds)
 	t := s.cfg.GossipTuning
 	keys := s.cache.gossipKeys().keys()
 	if len(keys) == 0 {
 		keys = s.gossip.Keys // the cache has not read them yet
 	}
 	return &pb.Gossip{Seeds: seeds, ProbeIntervalMs: t.ProbeInterval.Milliseconds(), ProbeTimeoutMs: t.ProbeTimeout.Milliseconds(), SuspicionMult: int32(t.SuspicionMult),
-		Keys: keys, Label: s.gossip.Label}
+		Keys: keys, Label: gossip.DomainLabel(s.gossip.Label, pb.FailureDomain(n))}
 }
 
 // keyring is the pool's keys as kept in etcd at gossip/key: hex, comma
@@ -282,8 +412,8 @@ func clusterGossip(ctx context.Context, cli *clientv3.Client, k keys) (gossip.Se
 }
 
 // GossipKeys implements pb.CoordinatorServer: one step of a rotation, in
-// one transaction on the keys as read. Every coordinator and agent takes
-// the new keys from its next assignment; an operator lets them all have
+// one transaction on the keys as read. Every agent takes the new keys
+// from its next assignment; an operator lets them all have
 // it (a few seconds) before the next step.
 func (s *server) GossipKeys(ctx context.Context, req *pb.GossipKeysRequest) (*pb.GossipKeysResponse, error) {
 	resp, err := s.cli.Get(ctx, s.k.gossipKey())
@@ -315,12 +445,4 @@ func (s *server) GossipKeys(ctx context.Context, req *pb.GossipKeysRequest) (*pb
 	id, _ := ctx.Value(identityKey{}).(pki.Identity)
 	s.log.Info("gossip keys changed", "action", req.GetAction(), "keys", strings.Join(next.fingerprints(), ","), "by", id.String())
 	return &pb.GossipKeysResponse{Fingerprints: next.fingerprints()}, nil
-}
-
-// slogWriter turns memberlist's log lines into debug records.
-type slogWriter struct{ log *slog.Logger }
-
-func (w slogWriter) Write(b []byte) (int, error) {
-	w.log.Debug(strings.TrimSpace(string(b)))
-	return len(b), nil
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,8 +59,13 @@ type server struct {
 	background sync.WaitGroup
 	// stored writes the Stored reports in groups.
 	stored *storedWriter
-	// gossip is the pool's key and label, handed to agents at Register.
+	// gossip is the pools' keys and the cluster's label, handed to agents
+	// at Register (each domain's pool has its own label, gossip.DomainLabel).
 	gossip gossip.Secure
+	// deaths gathers the deaths the agents' pools report (PoolReport), and
+	// dead takes those to act on, to revokeDead.
+	deaths *deathReports
+	dead   chan<- deathKey
 	// secure says the coordinator serves mutual TLS: every call but Join
 	// has a verified identity, and a node's calls are held to its own node.
 	secure bool
@@ -142,6 +148,9 @@ func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 	case n.GetHost() == "":
 		return nil, status.Errorf(codes.InvalidArgument, "node %q: no host address", n.GetName())
 	}
+	if err := checkGossipAddr(n); err != nil {
+		return nil, err
+	}
 	if from := peerHost(ctx); IsLoopback(n.GetHost()) && from != "" && !IsLoopback(from) {
 		return nil, status.Errorf(codes.InvalidArgument, "node %q advertises %s, a loopback address, but connects from %s: other nodes could not reach it (start the worker without --advertise-addr, or give its --iface)",
 			n.GetName(), n.GetHost(), from)
@@ -167,7 +176,22 @@ func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 		return nil, status.Errorf(codes.AlreadyExists, "a node named %q is already registered and alive: give this agent another --name", n.Name)
 	}
 	s.log.Info("node registered", "node", n.Name, "host", n.Host, "gpus", n.Gpus)
-	return &pb.RegisterResponse{LeaseId: int64(lease.ID), TtlSeconds: ttl, Gossip: s.gossipFor(ctx)}, nil
+	return &pb.RegisterResponse{LeaseId: int64(lease.ID), TtlSeconds: ttl, Gossip: s.gossipFor(n)}, nil
+}
+
+// checkGossipAddr refuses a gossip address that is not a port on the
+// node's own host: the coordinators hand it to the node's domain as a seed
+// to connect to.
+func checkGossipAddr(n *pb.Node) error {
+	a := n.GetGossipAddr()
+	if a == "" {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(a)
+	if p, perr := strconv.Atoi(port); err != nil || perr != nil || p < 1 || p > 65535 || host != n.GetHost() {
+		return status.Errorf(codes.InvalidArgument, "node %q: gossip address %q: want host:port on its host %s", n.GetName(), a, n.GetHost())
+	}
+	return nil
 }
 
 // catchUp waits, a third of a lease at most, for the view to reach the
@@ -193,11 +217,9 @@ func (s *server) catchUp(ctx context.Context, rev int64) error {
 	return status.Errorf(codes.Unavailable, "this coordinator's view of etcd is behind revision %d: try another", rev)
 }
 
-// validNodeName refuses a name no node may have: pb.CheckNodeName's rule,
-// which also keeps a node's gossip member from passing for a
-// coordinator's (coordinatorMember).
+// validNodeName refuses a name no node may have: pb.CheckNodeName's rule.
 func validNodeName(name string) error {
-	if err := pb.CheckNodeName(name); err != nil || strings.HasPrefix(name, coordinatorMember) {
+	if err := pb.CheckNodeName(name); err != nil {
 		return status.Errorf(codes.InvalidArgument, "node name %q: %s", name, pb.NodeNameRule)
 	}
 	return nil

@@ -37,8 +37,7 @@ import (
 //	                                   deleted in the one that ends the job (one job per node, by etcd)
 //	policy/nodes/<node>                nodePolicy: strikes and cooldown (JSON), kept across registrations
 //	leader                             the election (etcd concurrency package)
-//	coordinators/<name>                a coordinator's gossip address, leased
-//	gossip/key                         the gossip pool's key (hex), created once
+//	gossip/key                         the gossip pools' keys (hex, comma-separated, the one in use first), created once
 type keys string
 
 func (k keys) nodes() string               { return string(k) + "nodes/" }
@@ -76,8 +75,6 @@ func (k keys) gossipKey() string              { return string(k) + "gossip/key" 
 func (k keys) ca() string                     { return string(k) + "pki/ca" }
 func (k keys) tokens() string                 { return string(k) + "tokens/" }
 func (k keys) token(id string) string         { return k.tokens() + id }
-func (k keys) coordinators() string           { return string(k) + "coordinators/" }
-func (k keys) coordinator(name string) string { return k.coordinators() + name }
 func (k keys) bootstrap(id string, gen int64) string {
 	return k.job(id) + "bootstrap/" + strconv.FormatInt(gen, 10)
 }

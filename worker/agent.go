@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -78,11 +79,13 @@ type Config struct {
 	// NVLinkDomain names the node's NVLink domain; empty is the node alone.
 	NVLinkDomain string
 	// FailureDomain names what fails with the node (a rack): the replicas
-	// of its checkpoints go to other domains first. Empty: the NVLink
-	// domain.
+	// of its checkpoints go to other domains first, and the node gossips
+	// in its domain's failure-detection pool. Empty: the NVLink domain
+	// (nodes naming neither share one pool).
 	FailureDomain string
-	// Gossip is the address of the node's member of the failure-detection
-	// pool (TCP and UDP); empty means Bind with a free port.
+	// Gossip is the address of the node's member of its domain's
+	// failure-detection pool (TCP and UDP); empty means Bind with a free
+	// port.
 	Gossip string
 	// Devices sets CUDA_VISIBLE_DEVICES to each rank's local index.
 	Devices bool
@@ -217,11 +220,24 @@ type Agent struct {
 	// stopSeq counts the Stopped reports begun: one not delivered because
 	// this node was not registered is sent again after it registers,
 	// while no later assignment has made it stale.
-	stopSeq  atomic.Int64
-	renewed  chan struct{}  // poked at every renewal, for the fence
-	bg       sync.WaitGroup // reports sent in the background
-	pool     *gossip.Pool   // nil until the first registration
-	poolKeys [][]byte       // the pool's keys in use
+	stopSeq atomic.Int64
+	renewed chan struct{}  // poked at every renewal, for the fence
+	bg      sync.WaitGroup // reports sent in the background
+	// pool is the node's member of its domain's pool (a.mu; nil until the
+	// first registration, and if it could not start), poolTuning its
+	// tuning; poolKeys are the keys it uses (the session goroutine's).
+	// gossipBind and gossipAddr are where it listens and what the
+	// registration says (empty: the node is in no pool).
+	pool       *gossip.Pool
+	poolTuning gossip.Tuning
+	poolKeys   [][]byte
+	gossipBind string
+	gossipAddr string
+	// poolDead takes the members the pool declares dead, to report.
+	poolDead chan string
+	// conns are the connections to every coordinator (Run's): deaths are
+	// reported to all of them.
+	conns []*grpc.ClientConn
 
 	latest *pb.Assignment // the last assignment received (a.mu)
 	relays relay          // the reports this node relays for its block
@@ -282,7 +298,7 @@ func New(cfg *Config) (*Agent, error) {
 	output := ranklog.New(logsDir(cfg.Name, cfg.WorkDir), cfg.Name, ranklog.DefaultLimits, log)
 	clearJobDirs(cfg.WorkDir, cfg.Name, log)
 	return &Agent{cfg: cfg, net: nw, instance: hex.EncodeToString(id[:]), renewed: make(chan struct{}, 1), ready: make(chan struct{}),
-		log: log, output: output, rankUser: ru}, nil
+		log: log, output: output, rankUser: ru, poolDead: make(chan string, 1024)}, nil
 }
 
 // Run registers and serves assignments until ctx ends, then stops its
@@ -313,6 +329,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer cc.Close()
 		conns[i] = cc
 	}
+	a.conns = conns
+	a.reserveGossip()
 	dog, err := startFenceDog(a.cfg.FenceCommand, os.Stderr)
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
@@ -332,9 +350,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer stopSessions()
 	ended := make(chan error, 1)
 	go func() { ended <- a.sessions(sctx, conns, run) }()
-	fenced := make(chan struct{})
+	fenced, kept := make(chan struct{}), make(chan struct{})
 	go func() { defer close(fenced); a.fence(sctx, run) }()
-	defer func() { stopSessions(); <-fenced; a.bg.Wait() }()
+	go func() { defer close(kept); a.keepPool(sctx) }()
+	defer func() { stopSessions(); <-fenced; <-kept; a.bg.Wait() }()
 	select {
 	case <-ctx.Done():
 		run.preempt(a.cfg.Grace)
@@ -344,9 +363,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	run.stop()
 	a.leave()
-	if a.pool != nil {
-		a.pool.Leave(time.Second)
-		a.pool.Shutdown()
+	if pool := a.member(); pool != nil {
+		pool.Leave(time.Second)
+		pool.Shutdown()
 	}
 	return err
 }
@@ -584,7 +603,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		rctx, cancel := context.WithTimeout(ctx, a.cfg.ConnectTimeout+reportTimeout)
 		resp, err := client.Register(rctx, &pb.RegisterRequest{Node: &pb.Node{Name: a.cfg.Name, Host: a.net.Host, Gpus: int32(a.cfg.GPUs),
 			NvlinkDomain: a.cfg.NVLinkDomain, FailureDomain: a.cfg.FailureDomain, Protocol: pb.ProtocolVersion, Version: a.cfg.Version, Instance: a.instance,
-			CheckpointAddr: a.ckptAddr}})
+			CheckpointAddr: a.ckptAddr, GossipAddr: a.gossipAddr}})
 		cancel()
 		if err != nil {
 			switch status.Code(err) {
@@ -778,40 +797,208 @@ func (a *Agent) node() NodeEnv {
 	return NodeEnv{Name: a.cfg.Name, Network: a.net, Devices: a.cfg.Devices, DeviceList: a.cfg.DeviceList}
 }
 
-// joinPool makes this node a member of the gossip pool the coordinators
-// announced (once), and joins their members. A node outside the pool still
-// works; only its failures are noticed later (by its stream or its lease).
-func (a *Agent) joinPool(g *pb.Gossip) {
-	if g == nil || len(g.Seeds) == 0 {
+// reserveGossip picks the address of the node's pool member, before its
+// first registration says it: Gossip, else Bind with a port free for TCP
+// and UDP now. Without one the node registers in no pool.
+func (a *Agent) reserveGossip() {
+	bind := a.cfg.Gossip
+	if bind == "" {
+		bind = net.JoinHostPort(a.net.Bind, "0")
+	}
+	host, port, err := net.SplitHostPort(bind)
+	if err == nil && port == "0" {
+		var p int
+		p, err = gossip.FreePort(host)
+		port = strconv.Itoa(p)
+	}
+	if err != nil {
+		a.log.Warn("gossip address: the node joins no pool", "err", err)
 		return
 	}
-	if a.pool == nil {
-		bind := a.cfg.Gossip
-		if bind == "" {
-			bind = net.JoinHostPort(a.net.Bind, "0")
-		}
+	a.gossipBind, a.gossipAddr = net.JoinHostPort(host, port), net.JoinHostPort(a.net.Host, port)
+}
+
+// member is the node's pool member; nil before the first registration.
+func (a *Agent) member() *gossip.Pool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.pool
+}
+
+// joinPool starts this node's member of its domain's pool (once: the
+// first registration's label and tuning; the first node of a domain, given
+// no seeds, starts the pool alone) and joins the seeds. A node outside the
+// pool still works; only its failures are noticed later (by its stream or
+// its lease).
+func (a *Agent) joinPool(g *pb.Gossip) {
+	if g == nil || a.gossipAddr == "" {
+		return
+	}
+	pool := a.member()
+	if pool == nil {
 		t := gossip.Tuning{ProbeInterval: time.Duration(g.ProbeIntervalMs) * time.Millisecond,
 			ProbeTimeout: time.Duration(g.ProbeTimeoutMs) * time.Millisecond, SuspicionMult: int(g.SuspicionMult)}
-		pool, err := gossip.New(gossip.MemberName(a.cfg.Name, a.instance), bind, a.net.Host, t, gossip.Secure{Keys: g.Keys, Label: g.Label}, nil, nil)
+		var err error
+		pool, err = gossip.New(gossip.MemberName(a.cfg.Name, a.instance), a.gossipBind, a.net.Host, t, gossip.Secure{Keys: g.Keys, Label: g.Label}, poolEvents(a.poolDead), nil)
 		if err != nil {
-			a.log.Warn("gossip pool", "err", err)
+			// Registered with an address no member listens on: the next
+			// registration says none.
+			a.log.Warn("gossip pool: the node joins no pool", "err", err)
+			a.gossipAddr = ""
 			return
 		}
-		a.pool, a.poolKeys = pool, g.Keys
-		a.log.Info("gossip member", "addr", pool.LocalNode().Address())
+		a.mu.Lock()
+		a.pool, a.poolTuning = pool, t
+		a.mu.Unlock()
+		a.poolKeys = g.Keys
+		a.log.Info("gossip member", "addr", pool.LocalNode().Address(), "domain", cmp.Or(a.cfg.FailureDomain, a.cfg.NVLinkDomain), "seeds", len(g.Seeds))
 	}
-	if _, err := a.pool.Join(g.Seeds); err != nil {
-		a.log.Warn("gossip join", "seeds", g.Seeds, "err", err)
+	a.joinSeeds(pool, g.Seeds)
+}
+
+// joinSeeds joins those of seeds that are not alive members of pool
+// already.
+func (a *Agent) joinSeeds(pool *gossip.Pool, seeds []string) {
+	alive := map[string]bool{}
+	for _, m := range pool.Members() {
+		alive[m.Address()] = true
 	}
+	var join []string
+	for _, s := range seeds {
+		if !alive[s] {
+			join = append(join, s)
+		}
+	}
+	if len(join) == 0 {
+		return
+	}
+	if _, err := pool.Join(join); err != nil {
+		a.log.Warn("gossip join", "seeds", join, "err", err)
+	}
+}
+
+// poolEvents hands the members a pool declares dead (or that left) to the
+// agent's keepPool, never blocking memberlist.
+type poolEvents chan string
+
+func (e poolEvents) Dead(name string) {
+	select {
+	case e <- name:
+	default:
+	}
+}
+
+// poolAskMax bounds the pause between two requests for members of a pool
+// that still lacks some.
+const poolAskMax = time.Minute
+
+// keepPool looks after the node's pool member until ctx ends. It reports
+// every death the pool finds to every coordinator (PoolReport): a member
+// of a domain's pool is how the coordinators, members of no pool, learn
+// that a node of the domain is gone (a frozen agent keeps its stream and
+// its lease alive for seconds more). And while its pool has fewer alive
+// members than the coordinators count registered in the domain (it
+// started alone beside another that did too, it lost every member it knew
+// when the rest of its rack restarted, a partition healed), it asks for
+// seeds and joins them, backing off from ten probe intervals to
+// poolAskMax while the count stays short.
+func (a *Agent) keepPool(ctx context.Context) {
+	want := 0 // the pool's registered members, as last answered; 0: not asked yet
+	wait := time.Second
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		var dead []string
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-a.poolDead:
+			dead = append(dead, m)
+			for more := true; more; { // the deaths found meanwhile go in the same report
+				select {
+				case m := <-a.poolDead:
+					dead = append(dead, m)
+				default:
+					more = false
+				}
+			}
+		case <-t.C:
+		}
+		a.mu.Lock()
+		pool, lease, base := a.pool, a.lease, 10*a.poolTuning.ProbeInterval
+		a.mu.Unlock()
+		if pool == nil || lease == 0 {
+			if len(dead) > 0 {
+				a.log.Warn("gossip: deaths not reported: this node is not registered", "dead", dead)
+			}
+			t.Reset(time.Second)
+			continue
+		}
+		// Complete: looked at again, locally, in a while. A node told it is
+		// alone in its domain asks again, less and less often: another
+		// may have registered as it asked.
+		if len(dead) == 0 && want > 1 && pool.NumMembers() >= want {
+			wait = base
+			t.Reset(wait)
+			continue
+		}
+		if len(dead) > 0 {
+			a.log.Warn("gossip: members of this node's pool declared dead: reporting them", "dead", dead)
+		}
+		seeds, members := a.poolReport(ctx, lease, dead)
+		if members > 0 {
+			want = members
+		}
+		a.joinSeeds(pool, seeds)
+		if len(dead) == 0 {
+			wait = min(max(2*wait, base), poolAskMax) // still short: ask less often
+		}
+		t.Reset(wait) // no stale tick after a Reset (Go 1.23's timers)
+	}
+}
+
+// poolReportTimeout bounds one PoolReport call.
+const poolReportTimeout = 3 * time.Second
+
+// poolReport sends the deaths in dead (none: a request for seeds) to every
+// coordinator at once, and returns the seeds and the largest count of
+// members they answered with.
+func (a *Agent) poolReport(ctx context.Context, lease int64, dead []string) (seeds []string, members int) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i, cc := range a.conns {
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, poolReportTimeout)
+			defer cancel()
+			resp, err := pb.NewCoordinatorClient(cc).PoolReport(cctx, &pb.PoolReportRequest{Node: a.cfg.Name, LeaseId: lease, Dead: dead})
+			if err != nil {
+				if ctx.Err() == nil {
+					a.log.Warn("gossip: pool report", "coordinator", a.cfg.Coordinators[i], "err", err)
+				}
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, s := range resp.GetSeeds() {
+				if !slices.Contains(seeds, s) {
+					seeds = append(seeds, s)
+				}
+			}
+			members = max(members, int(resp.GetMembers()))
+		})
+	}
+	wg.Wait()
+	return seeds, members
 }
 
 // setPoolKeys makes keys the pool member's keys when they changed (a
 // rotation step the coordinators announce with every assignment).
 func (a *Agent) setPoolKeys(keys [][]byte) {
-	if a.pool == nil || len(keys) == 0 || slices.EqualFunc(keys, a.poolKeys, bytes.Equal) {
+	pool := a.member()
+	if pool == nil || len(keys) == 0 || slices.EqualFunc(keys, a.poolKeys, bytes.Equal) {
 		return
 	}
-	if err := a.pool.SetKeys(keys); err != nil {
+	if err := pool.SetKeys(keys); err != nil {
 		a.log.Error("gossip keys", "err", err)
 		return
 	}
@@ -823,7 +1010,8 @@ func (a *Agent) setPoolKeys(keys [][]byte) {
 	a.log.Info("gossip keys changed", "keys", strings.Join(fps, ","))
 }
 
-// leave revokes the lease, so that the pool forgets this node at once.
+// leave revokes the lease, so that the coordinators forget this node at
+// once.
 func (a *Agent) leave() {
 	a.mu.Lock()
 	client, lease := a.client, a.lease

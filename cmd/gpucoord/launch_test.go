@@ -290,11 +290,11 @@ func coordinatorProc(t *testing.T, exe string, args ...string) (*proc, string) {
 	return p, addr
 }
 
-func workerProc(t *testing.T, exe, coords, name string, gpus int) (*proc, string) {
+func workerProc(t *testing.T, exe, coords, name string, gpus int, args ...string) (*proc, string) {
 	t.Helper()
 	dir := t.TempDir()
-	p := start(t, exe, "worker", "--coordinator", coords, "--name", name, "--gpus-per-node", strconv.Itoa(gpus), "--state-dir", dir, "--grace", "1s",
-		"--checkpoint-local", filepath.Join(dir, "held"))
+	p := start(t, exe, append([]string{"worker", "--coordinator", coords, "--name", name, "--gpus-per-node", strconv.Itoa(gpus), "--state-dir", dir, "--grace", "1s",
+		"--checkpoint-local", filepath.Join(dir, "held")}, args...)...)
 	p.waitLine(t, "msg=registered ", 30*time.Second)
 	return p, dir
 }
@@ -636,11 +636,12 @@ func eachEnviron(f func(pid int, env []byte)) {
 }
 
 // TestWorkerFrozen: an agent stopped with SIGSTOP keeps its TCP connection
-// (and, without gossip, its lease) alive; the gossip pool's probes find it
-// silent, and the job fails naming the node within seconds.
+// (and, for seconds, its lease) alive; the other agent's member of their
+// pool (both name no failure domain: one pool) finds it silent and reports
+// it, and the job fails naming the node within seconds.
 func TestWorkerFrozen(t *testing.T) {
 	exe := buildBinary(t)
-	_, addr := coordinatorProc(t, exe)
+	co, addr := coordinatorProc(t, exe)
 	workerProc(t, exe, addr, "w0", 2)
 	w1, _ := workerProc(t, exe, addr, "w1", 2)
 	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "2", "--pp", "2",
@@ -655,6 +656,59 @@ func TestWorkerFrozen(t *testing.T) {
 	t.Logf("frozen node detected and the job ended %s after SIGSTOP", time.Since(frozen).Round(time.Millisecond))
 	if !strings.Contains(p.output(), "node lost: w1 (ranks 2-3)") {
 		t.Errorf("launch did not name the frozen node:\n%s", p.output())
+	}
+	if line := co.waitLine(t, "node failed its gossip probes", time.Second); !strings.Contains(line, "node=w1 ") {
+		t.Errorf("the coordinator removed another node through the pool: %s", line)
+	}
+}
+
+// TestWorkerFrozenDomain: agents in two failure domains gossip in two
+// pools, rack-a (w0, w1, w2) and rack-b (w3, w4), and a job runs on w0, w1,
+// w3 and w4. w1, frozen with SIGSTOP, is found dead by its own rack's pool:
+// w0 and w2 report it (two of the pool's three members: the quorum), the
+// coordinator removes the node through the pool (its log says so, which
+// the lease's end would not), sooner than the lease could have ended, and
+// the job fails naming it. Neither member of rack-b ever saw it.
+func TestWorkerFrozenDomain(t *testing.T) {
+	exe := buildBinary(t)
+	co, addr := coordinatorProc(t, exe)
+	racks := []struct{ name, rack string }{{"w0", "rack-a"}, {"w1", "rack-a"}, {"w2", "rack-a"}, {"w3", "rack-b"}, {"w4", "rack-b"}}
+	workers := map[string]*proc{}
+	for _, w := range racks {
+		workers[w.name], _ = workerProc(t, exe, addr, w.name, 1, "--failure-domain", w.rack)
+	}
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hosts, []byte("w0 slots=1\nw1 slots=1\nw3 slots=1\nw4 slots=1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, exe, "launch", "--coordinator", addr, "--hostfile", hosts, "--pp", "2", "--steps", "1000000", "../../examples/jobs/mlp.yaml")
+	p.waitLine(t, "step       2/1000000 ", time.Minute)
+	frozen := time.Now()
+	workers["w1"].cmd.Process.Signal(syscall.SIGSTOP)
+	defer workers["w1"].cmd.Process.Signal(syscall.SIGCONT)
+	line := co.waitLine(t, "node failed its gossip probes", 30*time.Second)
+	found := time.Since(frozen)
+	t.Logf("w1 removed through rack-a's pool %s after SIGSTOP: %s", found.Round(time.Millisecond), line)
+	if !strings.Contains(line, "node=w1 ") || !strings.Contains(line, "domain=rack-a") {
+		t.Errorf("the coordinator removed another node: %s", line)
+	}
+	// The lease path: gRPC keepalives end the stream (2 s + 2 s), then the
+	// 2 s lease runs out.
+	if found > 4*time.Second {
+		t.Errorf("w1 removed %s after SIGSTOP: no sooner than its lease could have ended", found.Round(time.Millisecond))
+	}
+	if code := p.wait(t, 30*time.Second); code == 0 || !strings.Contains(p.output(), "node lost: w1 (rank") {
+		t.Errorf("launch exited %d; want the job failed naming w1:\n%s", code, p.output())
+	}
+	for _, w := range racks {
+		saw := strings.Contains(workers[w.name].output(), "members of this node's pool declared dead")
+		switch {
+		case w.name == "w1":
+		case w.rack == "rack-a" && !saw:
+			t.Errorf("%s, of w1's rack, reported no death:\n%s", w.name, workers[w.name].output())
+		case w.rack == "rack-b" && saw:
+			t.Errorf("%s, of the other rack, saw a death:\n%s", w.name, workers[w.name].output())
+		}
 	}
 }
 

@@ -352,6 +352,11 @@ func nodeChecks(ctx context.Context, p strangerPlan, check func(string, error)) 
 	check("register as "+p.OtherNode, wantCode(err, codes.PermissionDenied))
 	_, err = cl.Leave(ctx, &pb.LeaveRequest{Node: p.OtherNode, LeaseId: 1})
 	check("leave as "+p.OtherNode, wantCode(err, codes.PermissionDenied))
+	_, err = cl.PoolReport(ctx, &pb.PoolReportRequest{Node: p.OtherNode, LeaseId: 1, Dead: []string{p.Self}})
+	check("a pool report as "+p.OtherNode, wantCode(err, codes.PermissionDenied))
+	// As itself, but without its lease (the agent's alone).
+	_, err = cl.PoolReport(ctx, &pb.PoolReportRequest{Node: p.Self, LeaseId: 1, Dead: []string{p.OtherNode}})
+	check(p.OtherNode+" reported dead without "+p.Self+"'s lease", wantCode(err, codes.PermissionDenied))
 	_, err = cl.CreateToken(ctx, &pb.CreateTokenRequest{Roles: []string{pki.RoleAdmin}})
 	check("a node creates a token", wantCode(err, codes.PermissionDenied))
 }

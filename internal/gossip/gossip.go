@@ -1,9 +1,11 @@
-// Package gossip builds the memberlist (SWIM) pool that gpucoord's agents
-// and coordinators share for failure detection: every member probes the
-// others over UDP, and a member that stops answering (crashed, frozen or
-// cut off) is suspected and then declared dead within about a second with
-// the default tuning. It is the one place the memberlist configuration is
-// made, so the coordinator and the agent probe alike.
+// Package gossip builds the memberlist (SWIM) pools in which gpucoord's
+// agents find each other's failures, one pool per failure domain (a rack,
+// a few tens of hosts): every member probes the others of its pool over
+// UDP, and a member that stops answering (crashed, frozen or cut off) is
+// suspected and then declared dead within about a second with the default
+// tuning. Pools are kept apart by their labels (DomainLabel). It is the
+// one place the memberlist configuration is made, so that every member
+// probes alike.
 package gossip
 
 import (
@@ -123,10 +125,30 @@ func (s Secure) Validate() error {
 			return fmt.Errorf("gossip key of %d bytes: want 16, 24 or 32", len(k))
 		}
 	}
-	if len(s.Label) > 255 {
+	if len(s.Label) > maxLabel {
 		return fmt.Errorf("gossip label of %d bytes: want at most 255", len(s.Label))
 	}
 	return nil
+}
+
+// maxLabel is the longest label memberlist sends.
+const maxLabel = 255
+
+// DomainLabel is the label of the pool of failure domain domain in the
+// cluster labelled cluster: the cluster's own for the pool of the nodes
+// that name no domain (""), else the cluster's and the domain's names
+// (their SHA-256 where that would be longer than a label may be). A
+// member of one domain's pool never joins another's by mistake: the
+// other's packets carry another label and are dropped.
+func DomainLabel(cluster, domain string) string {
+	if domain == "" {
+		return cluster
+	}
+	if l := cluster + "#" + domain; len(l) <= maxLabel {
+		return l
+	}
+	sum := sha256.Sum256([]byte(cluster + "\x00" + domain))
+	return "gpucoord-domain:" + hex.EncodeToString(sum[:])
 }
 
 // Pool is a member of the pool.
@@ -202,7 +224,7 @@ func New(name, bind, advertise string, t Tuning, sec Secure, events Events, logw
 		return nil, fmt.Errorf("gossip address %q: bad port", bind)
 	}
 	if port == 0 {
-		if port, err = freePort(host); err != nil {
+		if port, err = FreePort(host); err != nil {
 			return nil, err
 		}
 	}
@@ -255,8 +277,10 @@ func configure(c *memberlist.Config, name string, t Tuning, sec Secure, events E
 	return nil
 }
 
-// freePort finds a port free for both TCP and UDP on host.
-func freePort(host string) (int, error) {
+// FreePort finds a port free for both TCP and UDP on host, for a member
+// whose address must be known before it starts (another process may
+// take the port meanwhile; New then fails).
+func FreePort(host string) (int, error) {
 	for range 20 {
 		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {

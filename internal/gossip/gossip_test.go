@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 	"time"
 )
@@ -193,5 +194,59 @@ func TestSetKeys(t *testing.T) {
 	defer open.Shutdown()
 	if err := open.SetKeys([][]byte{a}); err == nil {
 		t.Error("an open pool took keys")
+	}
+}
+
+// TestDomainLabel: each domain of a cluster has a label of its own, the
+// nodes naming none the cluster's; a name too long for a label is hashed,
+// and two members of different domains with the cluster's key do not form
+// one pool.
+func TestDomainLabel(t *testing.T) {
+	const cluster = "gpucoord:/gpucoord/"
+	long := strings.Repeat("r", 253)
+	tests := []struct {
+		domain, want string
+	}{
+		{"", cluster},
+		{"rack7", cluster + "#rack7"},
+		{long, ""}, // hashed: checked below
+	}
+	seen := map[string]string{}
+	for _, tc := range tests {
+		got := DomainLabel(cluster, tc.domain)
+		if tc.want != "" && got != tc.want {
+			t.Errorf("DomainLabel(%q) = %q, want %q", tc.domain, got, tc.want)
+		}
+		if err := (Secure{Label: got}).Validate(); err != nil {
+			t.Errorf("DomainLabel(%.10q…): %v", tc.domain, err)
+		}
+		if other, ok := seen[got]; ok {
+			t.Errorf("domains %.10q and %.10q share label %q", tc.domain, other, got)
+		}
+		seen[got] = tc.domain
+	}
+	if DomainLabel(cluster, long) == DomainLabel(cluster, long[1:]) || DomainLabel(cluster, long) == DomainLabel("gpucoord:/other/", long) {
+		t.Error("hashed labels collide")
+	}
+
+	key, err := NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New("a", "127.0.0.1:0", "", DefaultTuning(), Secure{Keys: [][]byte{key}, Label: DomainLabel(cluster, "rack1")}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Shutdown()
+	b, err := New("b", "127.0.0.1:0", "", DefaultTuning(), Secure{Keys: [][]byte{key}, Label: DomainLabel(cluster, "rack2")}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown()
+	if n, err := b.Join([]string{a.LocalNode().Address()}); err == nil || n != 0 {
+		t.Errorf("a member of rack2 joined rack1's pool: %d, %v", n, err)
+	}
+	if a.NumMembers() != 1 || b.NumMembers() != 1 {
+		t.Errorf("members %d and %d, want each alone", a.NumMembers(), b.NumMembers())
 	}
 }

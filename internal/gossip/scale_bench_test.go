@@ -51,7 +51,9 @@ const (
 // one at a time without Leave, how long until every other member was told
 // the victim is dead; any other member declared dead is a false death.
 // Opt in with GPUCOORD_BENCH_GOSSIP=8,32,64,128 (make bench-gossip); the
-// rows go in docs/BENCHMARKS.md. On a 2-core machine pools of 140 to 230
+// rows go in docs/BENCHMARKS.md. An entry PxN (16x32) runs P pools of N
+// members side by side instead, each under its failure domain's label, as
+// the agents of P racks gossip (domainPoolsRun). On a 2-core machine pools of 140 to 230
 // members and more may collapse while forming (see the joins in
 // poolScaleRun).
 //
@@ -113,11 +115,25 @@ func TestPoolScale(t *testing.T) {
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
 	t.Logf("machine: %d CPUs, GOMAXPROCS %d, load average at start %s; %s", runtime.NumCPU(), runtime.GOMAXPROCS(0), strings.TrimSpace(string(load)), gc)
-	var rows, details []string
+	var rows, details, domains []string
 	for _, s := range strings.Split(sizes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
+		s = strings.TrimSpace(s)
+		if ps, ns, ok := strings.Cut(s, "x"); ok { // pools of a failure domain each
+			pools, perr := strconv.Atoi(ps)
+			n, err := strconv.Atoi(ns)
+			if perr != nil || err != nil || pools < 1 || n < 4 {
+				t.Fatalf("GPUCOORD_BENCH_GOSSIP: %q: want POOLSxMEMBERS, at least 1 pool of at least 4", s)
+			}
+			t.Run(s, func(t *testing.T) {
+				r := domainPoolsRun(t, pools, n, window)
+				domains = append(domains, r.row())
+				t.Logf("%s\n%s", domainHeader, r.row())
+			})
+			continue
+		}
+		n, err := strconv.Atoi(s)
 		if err != nil || n < 4 {
-			t.Fatalf("GPUCOORD_BENCH_GOSSIP: %q: want member counts of at least 4", s)
+			t.Fatalf("GPUCOORD_BENCH_GOSSIP: %q: want member counts of at least 4, or POOLSxMEMBERS", s)
 		}
 		t.Run(strconv.Itoa(n), func(t *testing.T) {
 			r := poolScaleRun(t, n, window)
@@ -125,9 +141,14 @@ func TestPoolScale(t *testing.T) {
 			t.Logf("| members | converge | detection median / max | false deaths | CPU per member (cores) | bytes/s per member sent (mean/max) | process CPU (cores) |\n%s\n%s\n%s", r.row(), detailHeader, r.detail())
 		})
 	}
-	t.Logf("memberlist pool at scale:\n| members | converge | detection median / max (each kill) | false deaths | CPU per member (cores) | bytes/s per member sent (mean/max) | process CPU (cores) |\n|---|---|---|---|---|---|---|\n%s",
-		strings.Join(rows, "\n"))
-	t.Logf("details:\n%s\n%s", detailHeader, strings.Join(details, "\n"))
+	if len(rows) > 0 {
+		t.Logf("memberlist pool at scale:\n| members | converge | detection median / max (each kill) | false deaths | CPU per member (cores) | bytes/s per member sent (mean/max) | process CPU (cores) |\n|---|---|---|---|---|---|---|\n%s",
+			strings.Join(rows, "\n"))
+		t.Logf("details:\n%s\n%s", detailHeader, strings.Join(details, "\n"))
+	}
+	if len(domains) > 0 {
+		t.Logf("pools of failure domains side by side:\n%s\n%s", domainHeader, strings.Join(domains, "\n"))
+	}
 }
 
 const detailHeader = "| members | join retries | settle | window | other processes (cores) | GC share of CPU | packets/s per member sent | packet B/s per member sent | stream B/s per member sent | push-pulls in window | push-pull period | one exchange, both ways (sampled) | CPU per exchange | false suspicions (refuted) | suspicion floor | live heap MB | goroutines |\n" +

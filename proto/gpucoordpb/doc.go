@@ -15,5 +15,8 @@ package gpucoordpb
 // check replicated checkpoints with CRC-32C. 7: an assignment carries the
 // node's part of the generation, its place and its replica holders (an
 // agent of 6 would count GROUP_WORLD_SIZE from the part, and replicate to
-// no one).
-const ProtocolVersion = 7
+// no one). 8: each node gossips in its failure domain's pool, without the
+// coordinators, and reports the deaths its pool finds (PoolReport); its
+// registration carries its pool address (an agent of 7 would join the
+// seeds under the cluster's label, and report no death).
+const ProtocolVersion = 8

@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38, 0}
 }
 
 // Node is one machine in the pool.
@@ -115,6 +115,10 @@ type Node struct {
 	// a switch): the replicas of its checkpoints go to nodes of other
 	// domains first. Empty: its NVLink domain, else the node alone.
 	FailureDomain string `protobuf:"bytes,10,opt,name=failure_domain,json=failureDomain,proto3" json:"failure_domain,omitempty"`
+	// gossip_addr is where the node's member of its domain's gossip pool
+	// listens (host:port, TCP and UDP): the coordinators hand it to nodes
+	// of the same domain as a seed. Empty: the node is in no pool.
+	GossipAddr    string `protobuf:"bytes,11,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -215,6 +219,13 @@ func (x *Node) GetCheckpointAddr() string {
 func (x *Node) GetFailureDomain() string {
 	if x != nil {
 		return x.FailureDomain
+	}
+	return ""
+}
+
+func (x *Node) GetGossipAddr() string {
+	if x != nil {
+		return x.GossipAddr
 	}
 	return ""
 }
@@ -326,9 +337,12 @@ func (x *RegisterResponse) GetGossip() *Gossip {
 	return nil
 }
 
-// Gossip is the memberlist pool of agents and coordinators: the addresses
-// of the coordinators' members (any one is enough to join) and the probe
-// tuning every member must share.
+// Gossip is the memberlist pool of a node's failure domain
+// (Node.failure_domain, else its NVLink domain; the nodes that name
+// neither share one pool): the addresses of some of its registered
+// members (any one live is enough to join; none for the domain's first
+// node, which starts the pool) and the probe tuning every member must
+// share.
 type Gossip struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Seeds           []string               `protobuf:"bytes,1,rep,name=seeds,proto3" json:"seeds,omitempty"`
@@ -337,7 +351,7 @@ type Gossip struct {
 	SuspicionMult   int32                  `protobuf:"varint,4,opt,name=suspicion_mult,json=suspicionMult,proto3" json:"suspicion_mult,omitempty"`
 	// keys encrypt and authenticate the pool's packets (AES-GCM), the first
 	// for what a member sends, any of them for what it receives; label names
-	// the cluster. A packet without them is dropped.
+	// the cluster and the domain. A packet without them is dropped.
 	Keys          [][]byte `protobuf:"bytes,7,rep,name=keys,proto3" json:"keys,omitempty"`
 	Label         string   `protobuf:"bytes,6,opt,name=label,proto3" json:"label,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -416,6 +430,128 @@ func (x *Gossip) GetLabel() string {
 	return ""
 }
 
+// PoolReportRequest is a node's report on its domain's pool (node and
+// lease_id as in ReportRequest).
+type PoolReportRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Node    string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	LeaseId int64                  `protobuf:"varint,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// dead are members (node#instance) the reporter's pool declared dead;
+	// none when the node only asks for seeds (its pool has lost every
+	// member it knew).
+	Dead          []string `protobuf:"bytes,3,rep,name=dead,proto3" json:"dead,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolReportRequest) Reset() {
+	*x = PoolReportRequest{}
+	mi := &file_proto_gpucoord_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolReportRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolReportRequest) ProtoMessage() {}
+
+func (x *PoolReportRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolReportRequest.ProtoReflect.Descriptor instead.
+func (*PoolReportRequest) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PoolReportRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *PoolReportRequest) GetLeaseId() int64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *PoolReportRequest) GetDead() []string {
+	if x != nil {
+		return x.Dead
+	}
+	return nil
+}
+
+type PoolReportResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// seeds are gossip addresses of other registered nodes of the
+	// reporter's domain.
+	Seeds []string `protobuf:"bytes,1,rep,name=seeds,proto3" json:"seeds,omitempty"`
+	// members is how many registered nodes the reporter's domain's pool
+	// has, the reporter included: a member that knows fewer alive asks
+	// again, and joins the seeds it lacks.
+	Members       int32 `protobuf:"varint,2,opt,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolReportResponse) Reset() {
+	*x = PoolReportResponse{}
+	mi := &file_proto_gpucoord_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolReportResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolReportResponse) ProtoMessage() {}
+
+func (x *PoolReportResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolReportResponse.ProtoReflect.Descriptor instead.
+func (*PoolReportResponse) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PoolReportResponse) GetSeeds() []string {
+	if x != nil {
+		return x.Seeds
+	}
+	return nil
+}
+
+func (x *PoolReportResponse) GetMembers() int32 {
+	if x != nil {
+		return x.Members
+	}
+	return 0
+}
+
 type WatchRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Node    string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -431,7 +567,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[4]
+	mi := &file_proto_gpucoord_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -443,7 +579,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[4]
+	mi := &file_proto_gpucoord_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -456,7 +592,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{4}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *WatchRequest) GetNode() string {
@@ -574,7 +710,7 @@ type JobSpec struct {
 
 func (x *JobSpec) Reset() {
 	*x = JobSpec{}
-	mi := &file_proto_gpucoord_proto_msgTypes[5]
+	mi := &file_proto_gpucoord_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +722,7 @@ func (x *JobSpec) String() string {
 func (*JobSpec) ProtoMessage() {}
 
 func (x *JobSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[5]
+	mi := &file_proto_gpucoord_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +735,7 @@ func (x *JobSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobSpec.ProtoReflect.Descriptor instead.
 func (*JobSpec) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{5}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *JobSpec) GetId() string {
@@ -869,7 +1005,7 @@ type Replan struct {
 
 func (x *Replan) Reset() {
 	*x = Replan{}
-	mi := &file_proto_gpucoord_proto_msgTypes[6]
+	mi := &file_proto_gpucoord_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +1017,7 @@ func (x *Replan) String() string {
 func (*Replan) ProtoMessage() {}
 
 func (x *Replan) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[6]
+	mi := &file_proto_gpucoord_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +1030,7 @@ func (x *Replan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replan.ProtoReflect.Descriptor instead.
 func (*Replan) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{6}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Replan) GetMode() string {
@@ -949,7 +1085,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_proto_gpucoord_proto_msgTypes[7]
+	mi := &file_proto_gpucoord_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -961,7 +1097,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[7]
+	mi := &file_proto_gpucoord_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -974,7 +1110,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{7}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Member) GetNode() string {
@@ -1087,7 +1223,7 @@ type Generation struct {
 
 func (x *Generation) Reset() {
 	*x = Generation{}
-	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	mi := &file_proto_gpucoord_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1235,7 @@ func (x *Generation) String() string {
 func (*Generation) ProtoMessage() {}
 
 func (x *Generation) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[8]
+	mi := &file_proto_gpucoord_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1248,7 @@ func (x *Generation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Generation.ProtoReflect.Descriptor instead.
 func (*Generation) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{8}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Generation) GetJob() string {
@@ -1280,7 +1416,7 @@ type Unrestorable struct {
 
 func (x *Unrestorable) Reset() {
 	*x = Unrestorable{}
-	mi := &file_proto_gpucoord_proto_msgTypes[9]
+	mi := &file_proto_gpucoord_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1292,7 +1428,7 @@ func (x *Unrestorable) String() string {
 func (*Unrestorable) ProtoMessage() {}
 
 func (x *Unrestorable) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[9]
+	mi := &file_proto_gpucoord_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1305,7 +1441,7 @@ func (x *Unrestorable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Unrestorable.ProtoReflect.Descriptor instead.
 func (*Unrestorable) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{9}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Unrestorable) GetStep() int64 {
@@ -1342,7 +1478,7 @@ type Copies struct {
 
 func (x *Copies) Reset() {
 	*x = Copies{}
-	mi := &file_proto_gpucoord_proto_msgTypes[10]
+	mi := &file_proto_gpucoord_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1490,7 @@ func (x *Copies) String() string {
 func (*Copies) ProtoMessage() {}
 
 func (x *Copies) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[10]
+	mi := &file_proto_gpucoord_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1503,7 @@ func (x *Copies) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copies.ProtoReflect.Descriptor instead.
 func (*Copies) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{10}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Copies) GetNode() string {
@@ -1472,7 +1608,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_proto_gpucoord_proto_msgTypes[11]
+	mi := &file_proto_gpucoord_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +1620,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[11]
+	mi := &file_proto_gpucoord_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +1633,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{11}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Assignment) GetJob() string {
@@ -1635,7 +1771,7 @@ type Bootstrap struct {
 
 func (x *Bootstrap) Reset() {
 	*x = Bootstrap{}
-	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1647,7 +1783,7 @@ func (x *Bootstrap) String() string {
 func (*Bootstrap) ProtoMessage() {}
 
 func (x *Bootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[12]
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1660,7 +1796,7 @@ func (x *Bootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bootstrap.ProtoReflect.Descriptor instead.
 func (*Bootstrap) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{12}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Bootstrap) GetMaster() string {
@@ -1722,7 +1858,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1734,7 +1870,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[13]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1747,7 +1883,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{13}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Step) GetStep() int64 {
@@ -1862,7 +1998,7 @@ type Stored struct {
 
 func (x *Stored) Reset() {
 	*x = Stored{}
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1874,7 +2010,7 @@ func (x *Stored) String() string {
 func (*Stored) ProtoMessage() {}
 
 func (x *Stored) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1887,7 +2023,7 @@ func (x *Stored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stored.ProtoReflect.Descriptor instead.
 func (*Stored) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Stored) GetSteps() []*StoredStep {
@@ -1909,7 +2045,7 @@ type StoredBlock struct {
 
 func (x *StoredBlock) Reset() {
 	*x = StoredBlock{}
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +2057,7 @@ func (x *StoredBlock) String() string {
 func (*StoredBlock) ProtoMessage() {}
 
 func (x *StoredBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2070,7 @@ func (x *StoredBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredBlock.ProtoReflect.Descriptor instead.
 func (*StoredBlock) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StoredBlock) GetNodes() map[string]*Stored {
@@ -1957,7 +2093,7 @@ type StoredStep struct {
 
 func (x *StoredStep) Reset() {
 	*x = StoredStep{}
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1969,7 +2105,7 @@ func (x *StoredStep) String() string {
 func (*StoredStep) ProtoMessage() {}
 
 func (x *StoredStep) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1982,7 +2118,7 @@ func (x *StoredStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredStep.ProtoReflect.Descriptor instead.
 func (*StoredStep) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StoredStep) GetStep() int64 {
@@ -2040,7 +2176,7 @@ type RankExit struct {
 
 func (x *RankExit) Reset() {
 	*x = RankExit{}
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2052,7 +2188,7 @@ func (x *RankExit) String() string {
 func (*RankExit) ProtoMessage() {}
 
 func (x *RankExit) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2065,7 +2201,7 @@ func (x *RankExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankExit.ProtoReflect.Descriptor instead.
 func (*RankExit) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RankExit) GetRank() int32 {
@@ -2136,7 +2272,7 @@ type Hang struct {
 
 func (x *Hang) Reset() {
 	*x = Hang{}
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2148,7 +2284,7 @@ func (x *Hang) String() string {
 func (*Hang) ProtoMessage() {}
 
 func (x *Hang) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +2297,7 @@ func (x *Hang) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hang.ProtoReflect.Descriptor instead.
 func (*Hang) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Hang) GetLastStep() int64 {
@@ -2203,7 +2339,7 @@ type RankTimes struct {
 
 func (x *RankTimes) Reset() {
 	*x = RankTimes{}
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2215,7 +2351,7 @@ func (x *RankTimes) String() string {
 func (*RankTimes) ProtoMessage() {}
 
 func (x *RankTimes) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2228,7 +2364,7 @@ func (x *RankTimes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTimes.ProtoReflect.Descriptor instead.
 func (*RankTimes) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RankTimes) GetRanks() []*RankTime {
@@ -2249,7 +2385,7 @@ type TimesHistory struct {
 
 func (x *TimesHistory) Reset() {
 	*x = TimesHistory{}
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2261,7 +2397,7 @@ func (x *TimesHistory) String() string {
 func (*TimesHistory) ProtoMessage() {}
 
 func (x *TimesHistory) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2274,7 +2410,7 @@ func (x *TimesHistory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimesHistory.ProtoReflect.Descriptor instead.
 func (*TimesHistory) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TimesHistory) GetWindows() []*RankTimes {
@@ -2296,7 +2432,7 @@ type TimesBatch struct {
 
 func (x *TimesBatch) Reset() {
 	*x = TimesBatch{}
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2308,7 +2444,7 @@ func (x *TimesBatch) String() string {
 func (*TimesBatch) ProtoMessage() {}
 
 func (x *TimesBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2321,7 +2457,7 @@ func (x *TimesBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimesBatch.ProtoReflect.Descriptor instead.
 func (*TimesBatch) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TimesBatch) GetNodes() map[string]*TimesHistory {
@@ -2344,7 +2480,7 @@ type RankTime struct {
 
 func (x *RankTime) Reset() {
 	*x = RankTime{}
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2356,7 +2492,7 @@ func (x *RankTime) String() string {
 func (*RankTime) ProtoMessage() {}
 
 func (x *RankTime) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2369,7 +2505,7 @@ func (x *RankTime) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTime.ProtoReflect.Descriptor instead.
 func (*RankTime) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RankTime) GetRank() int32 {
@@ -2408,7 +2544,7 @@ type Straggler struct {
 
 func (x *Straggler) Reset() {
 	*x = Straggler{}
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2420,7 +2556,7 @@ func (x *Straggler) String() string {
 func (*Straggler) ProtoMessage() {}
 
 func (x *Straggler) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2433,7 +2569,7 @@ func (x *Straggler) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Straggler.ProtoReflect.Descriptor instead.
 func (*Straggler) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Straggler) GetRank() int32 {
@@ -2474,7 +2610,7 @@ type Stragglers struct {
 
 func (x *Stragglers) Reset() {
 	*x = Stragglers{}
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2486,7 +2622,7 @@ func (x *Stragglers) String() string {
 func (*Stragglers) ProtoMessage() {}
 
 func (x *Stragglers) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2499,7 +2635,7 @@ func (x *Stragglers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stragglers.ProtoReflect.Descriptor instead.
 func (*Stragglers) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Stragglers) GetGeneration() int64 {
@@ -2542,7 +2678,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2554,7 +2690,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2567,7 +2703,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReportRequest) GetJob() string {
@@ -2727,7 +2863,7 @@ type Relayed struct {
 
 func (x *Relayed) Reset() {
 	*x = Relayed{}
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2739,7 +2875,7 @@ func (x *Relayed) String() string {
 func (*Relayed) ProtoMessage() {}
 
 func (x *Relayed) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2752,7 +2888,7 @@ func (x *Relayed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Relayed.ProtoReflect.Descriptor instead.
 func (*Relayed) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Relayed) GetReports() []*ReportRequest {
@@ -2775,7 +2911,7 @@ type Stopped struct {
 
 func (x *Stopped) Reset() {
 	*x = Stopped{}
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2787,7 +2923,7 @@ func (x *Stopped) String() string {
 func (*Stopped) ProtoMessage() {}
 
 func (x *Stopped) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2800,7 +2936,7 @@ func (x *Stopped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stopped.ProtoReflect.Descriptor instead.
 func (*Stopped) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Stopped) GetBelow() int64 {
@@ -2824,7 +2960,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +2972,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +2985,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReportResponse) GetCommitted() int64 {
@@ -2878,7 +3014,7 @@ type RelayedAnswer struct {
 
 func (x *RelayedAnswer) Reset() {
 	*x = RelayedAnswer{}
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2890,7 +3026,7 @@ func (x *RelayedAnswer) String() string {
 func (*RelayedAnswer) ProtoMessage() {}
 
 func (x *RelayedAnswer) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2903,7 +3039,7 @@ func (x *RelayedAnswer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayedAnswer.ProtoReflect.Descriptor instead.
 func (*RelayedAnswer) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RelayedAnswer) GetCommitted() int64 {
@@ -2939,7 +3075,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2951,7 +3087,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2964,7 +3100,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *MembersRequest) GetJob() string {
@@ -2991,7 +3127,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3003,7 +3139,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3016,7 +3152,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *MembersResponse) GetGeneration() int64 {
@@ -3043,7 +3179,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3055,7 +3191,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3068,7 +3204,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -3093,7 +3229,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3105,7 +3241,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3118,7 +3254,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
 }
 
 type SubmitRequest struct {
@@ -3130,7 +3266,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3142,7 +3278,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3155,7 +3291,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -3173,7 +3309,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3185,7 +3321,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3198,7 +3334,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
 }
 
 // JobState is where a job stands.
@@ -3224,7 +3360,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3236,7 +3372,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3249,7 +3385,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -3321,7 +3457,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3333,7 +3469,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3346,7 +3482,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -3384,7 +3520,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3396,7 +3532,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3409,7 +3545,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -3457,7 +3593,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3469,7 +3605,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3482,7 +3618,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -3510,7 +3646,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3522,7 +3658,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3535,7 +3671,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CancelResponse) GetState() *JobState {
@@ -3553,7 +3689,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3565,7 +3701,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3578,7 +3714,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
 }
 
 type NodeStatus struct {
@@ -3592,7 +3728,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3604,7 +3740,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3617,7 +3753,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -3652,7 +3788,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3664,7 +3800,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3677,7 +3813,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -3745,7 +3881,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3757,7 +3893,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3770,7 +3906,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -3813,7 +3949,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3825,7 +3961,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3838,7 +3974,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -3879,7 +4015,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3891,7 +4027,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3904,7 +4040,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -3946,7 +4082,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3958,7 +4094,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3971,7 +4107,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -4001,7 +4137,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4013,7 +4149,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4026,7 +4162,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -4061,7 +4197,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4073,7 +4209,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4086,7 +4222,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -4118,7 +4254,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4130,7 +4266,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4143,7 +4279,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -4189,7 +4325,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4201,7 +4337,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4214,7 +4350,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{53}
 }
 
 type ListTokensResponse struct {
@@ -4226,7 +4362,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4238,7 +4374,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4251,7 +4387,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -4270,7 +4406,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[53]
+	mi := &file_proto_gpucoord_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4282,7 +4418,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[53]
+	mi := &file_proto_gpucoord_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4295,7 +4431,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{53}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -4313,7 +4449,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[54]
+	mi := &file_proto_gpucoord_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4325,7 +4461,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[54]
+	mi := &file_proto_gpucoord_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4338,7 +4474,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{54}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{56}
 }
 
 type GossipKeysRequest struct {
@@ -4353,7 +4489,7 @@ type GossipKeysRequest struct {
 
 func (x *GossipKeysRequest) Reset() {
 	*x = GossipKeysRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[55]
+	mi := &file_proto_gpucoord_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4365,7 +4501,7 @@ func (x *GossipKeysRequest) String() string {
 func (*GossipKeysRequest) ProtoMessage() {}
 
 func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[55]
+	mi := &file_proto_gpucoord_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4378,7 +4514,7 @@ func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeysRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{55}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GossipKeysRequest) GetAction() string {
@@ -4399,7 +4535,7 @@ type GossipKeysResponse struct {
 
 func (x *GossipKeysResponse) Reset() {
 	*x = GossipKeysResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[56]
+	mi := &file_proto_gpucoord_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4411,7 +4547,7 @@ func (x *GossipKeysResponse) String() string {
 func (*GossipKeysResponse) ProtoMessage() {}
 
 func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[56]
+	mi := &file_proto_gpucoord_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4424,7 +4560,7 @@ func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeysResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{56}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GossipKeysResponse) GetFingerprints() []string {
@@ -4438,7 +4574,7 @@ var File_proto_gpucoord_proto protoreflect.FileDescriptor
 
 const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
-	"\x14proto/gpucoord.proto\x12\vgpucoord.v1\"\xb7\x02\n" +
+	"\x14proto/gpucoord.proto\x12\vgpucoord.v1\"\xd8\x02\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x12\n" +
@@ -4450,7 +4586,9 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x12registered_unix_ms\x18\b \x01(\x03R\x10registeredUnixMs\x12'\n" +
 	"\x0fcheckpoint_addr\x18\t \x01(\tR\x0echeckpointAddr\x12%\n" +
 	"\x0efailure_domain\x18\n" +
-	" \x01(\tR\rfailureDomain\"8\n" +
+	" \x01(\tR\rfailureDomain\x12\x1f\n" +
+	"\vgossip_addr\x18\v \x01(\tR\n" +
+	"gossipAddr\"8\n" +
 	"\x0fRegisterRequest\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.gpucoord.v1.NodeR\x04node\"{\n" +
 	"\x10RegisterResponse\x12\x19\n" +
@@ -4464,7 +4602,14 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x10probe_timeout_ms\x18\x03 \x01(\x03R\x0eprobeTimeoutMs\x12%\n" +
 	"\x0esuspicion_mult\x18\x04 \x01(\x05R\rsuspicionMult\x12\x12\n" +
 	"\x04keys\x18\a \x03(\fR\x04keys\x12\x14\n" +
-	"\x05label\x18\x06 \x01(\tR\x05labelJ\x04\b\x05\x10\x06\"b\n" +
+	"\x05label\x18\x06 \x01(\tR\x05labelJ\x04\b\x05\x10\x06\"V\n" +
+	"\x11PoolReportRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\x03R\aleaseId\x12\x12\n" +
+	"\x04dead\x18\x03 \x03(\tR\x04dead\"D\n" +
+	"\x12PoolReportResponse\x12\x14\n" +
+	"\x05seeds\x18\x01 \x03(\tR\x05seeds\x12\x18\n" +
+	"\amembers\x18\x02 \x01(\x05R\amembers\"b\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x03R\aleaseId\x12#\n" +
@@ -4807,7 +4952,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x11GossipKeysRequest\x12\x16\n" +
 	"\x06action\x18\x01 \x01(\tR\x06action\"8\n" +
 	"\x12GossipKeysResponse\x12\"\n" +
-	"\ffingerprints\x18\x01 \x03(\tR\ffingerprints2\xe5\a\n" +
+	"\ffingerprints\x18\x01 \x03(\tR\ffingerprints2\xb4\b\n" +
 	"\vCoordinator\x12;\n" +
 	"\x04Join\x12\x18.gpucoord.v1.JoinRequest\x1a\x19.gpucoord.v1.JoinResponse\x12P\n" +
 	"\vCreateToken\x12\x1f.gpucoord.v1.CreateTokenRequest\x1a .gpucoord.v1.CreateTokenResponse\x12M\n" +
@@ -4820,7 +4965,9 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x05Watch\x12\x19.gpucoord.v1.WatchRequest\x1a\x17.gpucoord.v1.Assignment0\x01\x12A\n" +
 	"\x06Report\x12\x1a.gpucoord.v1.ReportRequest\x1a\x1b.gpucoord.v1.ReportResponse\x12>\n" +
 	"\x05Leave\x12\x19.gpucoord.v1.LeaveRequest\x1a\x1a.gpucoord.v1.LeaveResponse\x12D\n" +
-	"\aMembers\x12\x1b.gpucoord.v1.MembersRequest\x1a\x1c.gpucoord.v1.MembersResponse\x12A\n" +
+	"\aMembers\x12\x1b.gpucoord.v1.MembersRequest\x1a\x1c.gpucoord.v1.MembersResponse\x12M\n" +
+	"\n" +
+	"PoolReport\x12\x1e.gpucoord.v1.PoolReportRequest\x1a\x1f.gpucoord.v1.PoolReportResponse\x12A\n" +
 	"\x06Submit\x12\x1a.gpucoord.v1.SubmitRequest\x1a\x1b.gpucoord.v1.SubmitResponse\x12=\n" +
 	"\x06Follow\x12\x1a.gpucoord.v1.FollowRequest\x1a\x15.gpucoord.v1.JobEvent0\x01\x12A\n" +
 	"\x06Cancel\x12\x1a.gpucoord.v1.CancelRequest\x1a\x1b.gpucoord.v1.CancelResponse\x12A\n" +
@@ -4839,150 +4986,154 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),                // 1: gpucoord.v1.Node
 	(*RegisterRequest)(nil),     // 2: gpucoord.v1.RegisterRequest
 	(*RegisterResponse)(nil),    // 3: gpucoord.v1.RegisterResponse
 	(*Gossip)(nil),              // 4: gpucoord.v1.Gossip
-	(*WatchRequest)(nil),        // 5: gpucoord.v1.WatchRequest
-	(*JobSpec)(nil),             // 6: gpucoord.v1.JobSpec
-	(*Replan)(nil),              // 7: gpucoord.v1.Replan
-	(*Member)(nil),              // 8: gpucoord.v1.Member
-	(*Generation)(nil),          // 9: gpucoord.v1.Generation
-	(*Unrestorable)(nil),        // 10: gpucoord.v1.Unrestorable
-	(*Copies)(nil),              // 11: gpucoord.v1.Copies
-	(*Assignment)(nil),          // 12: gpucoord.v1.Assignment
-	(*Bootstrap)(nil),           // 13: gpucoord.v1.Bootstrap
-	(*Step)(nil),                // 14: gpucoord.v1.Step
-	(*Stored)(nil),              // 15: gpucoord.v1.Stored
-	(*StoredBlock)(nil),         // 16: gpucoord.v1.StoredBlock
-	(*StoredStep)(nil),          // 17: gpucoord.v1.StoredStep
-	(*RankExit)(nil),            // 18: gpucoord.v1.RankExit
-	(*Hang)(nil),                // 19: gpucoord.v1.Hang
-	(*RankTimes)(nil),           // 20: gpucoord.v1.RankTimes
-	(*TimesHistory)(nil),        // 21: gpucoord.v1.TimesHistory
-	(*TimesBatch)(nil),          // 22: gpucoord.v1.TimesBatch
-	(*RankTime)(nil),            // 23: gpucoord.v1.RankTime
-	(*Straggler)(nil),           // 24: gpucoord.v1.Straggler
-	(*Stragglers)(nil),          // 25: gpucoord.v1.Stragglers
-	(*ReportRequest)(nil),       // 26: gpucoord.v1.ReportRequest
-	(*Relayed)(nil),             // 27: gpucoord.v1.Relayed
-	(*Stopped)(nil),             // 28: gpucoord.v1.Stopped
-	(*ReportResponse)(nil),      // 29: gpucoord.v1.ReportResponse
-	(*RelayedAnswer)(nil),       // 30: gpucoord.v1.RelayedAnswer
-	(*MembersRequest)(nil),      // 31: gpucoord.v1.MembersRequest
-	(*MembersResponse)(nil),     // 32: gpucoord.v1.MembersResponse
-	(*LeaveRequest)(nil),        // 33: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),       // 34: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),       // 35: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),      // 36: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),            // 37: gpucoord.v1.JobState
-	(*FollowRequest)(nil),       // 38: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),            // 39: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),       // 40: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),      // 41: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),       // 42: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),          // 43: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),           // 44: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),        // 45: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),      // 46: gpucoord.v1.StatusResponse
-	(*JoinRequest)(nil),         // 47: gpucoord.v1.JoinRequest
-	(*JoinResponse)(nil),        // 48: gpucoord.v1.JoinResponse
-	(*CreateTokenRequest)(nil),  // 49: gpucoord.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil), // 50: gpucoord.v1.CreateTokenResponse
-	(*TokenInfo)(nil),           // 51: gpucoord.v1.TokenInfo
-	(*ListTokensRequest)(nil),   // 52: gpucoord.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),  // 53: gpucoord.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),  // 54: gpucoord.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil), // 55: gpucoord.v1.RevokeTokenResponse
-	(*GossipKeysRequest)(nil),   // 56: gpucoord.v1.GossipKeysRequest
-	(*GossipKeysResponse)(nil),  // 57: gpucoord.v1.GossipKeysResponse
-	nil,                         // 58: gpucoord.v1.JobSpec.EnvEntry
-	nil,                         // 59: gpucoord.v1.StoredBlock.NodesEntry
-	nil,                         // 60: gpucoord.v1.TimesBatch.NodesEntry
+	(*PoolReportRequest)(nil),   // 5: gpucoord.v1.PoolReportRequest
+	(*PoolReportResponse)(nil),  // 6: gpucoord.v1.PoolReportResponse
+	(*WatchRequest)(nil),        // 7: gpucoord.v1.WatchRequest
+	(*JobSpec)(nil),             // 8: gpucoord.v1.JobSpec
+	(*Replan)(nil),              // 9: gpucoord.v1.Replan
+	(*Member)(nil),              // 10: gpucoord.v1.Member
+	(*Generation)(nil),          // 11: gpucoord.v1.Generation
+	(*Unrestorable)(nil),        // 12: gpucoord.v1.Unrestorable
+	(*Copies)(nil),              // 13: gpucoord.v1.Copies
+	(*Assignment)(nil),          // 14: gpucoord.v1.Assignment
+	(*Bootstrap)(nil),           // 15: gpucoord.v1.Bootstrap
+	(*Step)(nil),                // 16: gpucoord.v1.Step
+	(*Stored)(nil),              // 17: gpucoord.v1.Stored
+	(*StoredBlock)(nil),         // 18: gpucoord.v1.StoredBlock
+	(*StoredStep)(nil),          // 19: gpucoord.v1.StoredStep
+	(*RankExit)(nil),            // 20: gpucoord.v1.RankExit
+	(*Hang)(nil),                // 21: gpucoord.v1.Hang
+	(*RankTimes)(nil),           // 22: gpucoord.v1.RankTimes
+	(*TimesHistory)(nil),        // 23: gpucoord.v1.TimesHistory
+	(*TimesBatch)(nil),          // 24: gpucoord.v1.TimesBatch
+	(*RankTime)(nil),            // 25: gpucoord.v1.RankTime
+	(*Straggler)(nil),           // 26: gpucoord.v1.Straggler
+	(*Stragglers)(nil),          // 27: gpucoord.v1.Stragglers
+	(*ReportRequest)(nil),       // 28: gpucoord.v1.ReportRequest
+	(*Relayed)(nil),             // 29: gpucoord.v1.Relayed
+	(*Stopped)(nil),             // 30: gpucoord.v1.Stopped
+	(*ReportResponse)(nil),      // 31: gpucoord.v1.ReportResponse
+	(*RelayedAnswer)(nil),       // 32: gpucoord.v1.RelayedAnswer
+	(*MembersRequest)(nil),      // 33: gpucoord.v1.MembersRequest
+	(*MembersResponse)(nil),     // 34: gpucoord.v1.MembersResponse
+	(*LeaveRequest)(nil),        // 35: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),       // 36: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),       // 37: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),      // 38: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),            // 39: gpucoord.v1.JobState
+	(*FollowRequest)(nil),       // 40: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),            // 41: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),       // 42: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),      // 43: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),       // 44: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),          // 45: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),           // 46: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),        // 47: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),      // 48: gpucoord.v1.StatusResponse
+	(*JoinRequest)(nil),         // 49: gpucoord.v1.JoinRequest
+	(*JoinResponse)(nil),        // 50: gpucoord.v1.JoinResponse
+	(*CreateTokenRequest)(nil),  // 51: gpucoord.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil), // 52: gpucoord.v1.CreateTokenResponse
+	(*TokenInfo)(nil),           // 53: gpucoord.v1.TokenInfo
+	(*ListTokensRequest)(nil),   // 54: gpucoord.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),  // 55: gpucoord.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),  // 56: gpucoord.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil), // 57: gpucoord.v1.RevokeTokenResponse
+	(*GossipKeysRequest)(nil),   // 58: gpucoord.v1.GossipKeysRequest
+	(*GossipKeysResponse)(nil),  // 59: gpucoord.v1.GossipKeysResponse
+	nil,                         // 60: gpucoord.v1.JobSpec.EnvEntry
+	nil,                         // 61: gpucoord.v1.StoredBlock.NodesEntry
+	nil,                         // 62: gpucoord.v1.TimesBatch.NodesEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	58, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
-	14, // 3: gpucoord.v1.JobSpec.resume_backup:type_name -> gpucoord.v1.Step
-	7,  // 4: gpucoord.v1.JobSpec.replan:type_name -> gpucoord.v1.Replan
-	8,  // 5: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
-	11, // 6: gpucoord.v1.Generation.checkpoint:type_name -> gpucoord.v1.Copies
-	8,  // 7: gpucoord.v1.Generation.stopping:type_name -> gpucoord.v1.Member
-	10, // 8: gpucoord.v1.Generation.unrestorable:type_name -> gpucoord.v1.Unrestorable
-	6,  // 9: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
-	9,  // 10: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
-	11, // 11: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
-	14, // 12: gpucoord.v1.Step.earlier:type_name -> gpucoord.v1.Step
-	17, // 13: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
-	59, // 14: gpucoord.v1.StoredBlock.nodes:type_name -> gpucoord.v1.StoredBlock.NodesEntry
-	19, // 15: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
-	23, // 16: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
-	20, // 17: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
-	60, // 18: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
-	24, // 19: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
-	13, // 20: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
-	14, // 21: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
-	18, // 22: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
-	20, // 23: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
-	15, // 24: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
-	28, // 25: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
-	27, // 26: gpucoord.v1.ReportRequest.relayed:type_name -> gpucoord.v1.Relayed
-	26, // 27: gpucoord.v1.Relayed.reports:type_name -> gpucoord.v1.ReportRequest
-	30, // 28: gpucoord.v1.ReportResponse.relayed:type_name -> gpucoord.v1.RelayedAnswer
-	6,  // 29: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	60, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	16, // 3: gpucoord.v1.JobSpec.resume_backup:type_name -> gpucoord.v1.Step
+	9,  // 4: gpucoord.v1.JobSpec.replan:type_name -> gpucoord.v1.Replan
+	10, // 5: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
+	13, // 6: gpucoord.v1.Generation.checkpoint:type_name -> gpucoord.v1.Copies
+	10, // 7: gpucoord.v1.Generation.stopping:type_name -> gpucoord.v1.Member
+	12, // 8: gpucoord.v1.Generation.unrestorable:type_name -> gpucoord.v1.Unrestorable
+	8,  // 9: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
+	11, // 10: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
+	13, // 11: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
+	16, // 12: gpucoord.v1.Step.earlier:type_name -> gpucoord.v1.Step
+	19, // 13: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
+	61, // 14: gpucoord.v1.StoredBlock.nodes:type_name -> gpucoord.v1.StoredBlock.NodesEntry
+	21, // 15: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
+	25, // 16: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
+	22, // 17: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
+	62, // 18: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
+	26, // 19: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
+	15, // 20: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
+	16, // 21: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
+	20, // 22: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
+	22, // 23: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
+	17, // 24: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
+	30, // 25: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
+	29, // 26: gpucoord.v1.ReportRequest.relayed:type_name -> gpucoord.v1.Relayed
+	28, // 27: gpucoord.v1.Relayed.reports:type_name -> gpucoord.v1.ReportRequest
+	32, // 28: gpucoord.v1.ReportResponse.relayed:type_name -> gpucoord.v1.RelayedAnswer
+	8,  // 29: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
 	0,  // 30: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	37, // 31: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	9,  // 32: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	14, // 33: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	14, // 34: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
-	37, // 35: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	39, // 31: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	11, // 32: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	16, // 33: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	16, // 34: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
+	39, // 35: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
 	1,  // 36: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	6,  // 37: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	37, // 38: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	9,  // 39: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	14, // 40: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	45, // 41: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	24, // 42: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	43, // 43: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	44, // 44: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	51, // 45: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	51, // 46: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	15, // 47: gpucoord.v1.StoredBlock.NodesEntry.value:type_name -> gpucoord.v1.Stored
-	21, // 48: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
-	47, // 49: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	49, // 50: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	52, // 51: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	54, // 52: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	56, // 53: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	8,  // 37: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	39, // 38: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	11, // 39: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	16, // 40: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	47, // 41: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	26, // 42: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	45, // 43: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	46, // 44: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	53, // 45: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	53, // 46: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	17, // 47: gpucoord.v1.StoredBlock.NodesEntry.value:type_name -> gpucoord.v1.Stored
+	23, // 48: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
+	49, // 49: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	51, // 50: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	54, // 51: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	56, // 52: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	58, // 53: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
 	2,  // 54: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	5,  // 55: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	26, // 56: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	33, // 57: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	31, // 58: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
-	35, // 59: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	38, // 60: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	40, // 61: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	42, // 62: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	48, // 63: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	50, // 64: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	53, // 65: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	55, // 66: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	57, // 67: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 68: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	12, // 69: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	29, // 70: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	34, // 71: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	32, // 72: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
-	36, // 73: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	39, // 74: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	41, // 75: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	46, // 76: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	63, // [63:77] is the sub-list for method output_type
-	49, // [49:63] is the sub-list for method input_type
+	7,  // 55: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	28, // 56: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	35, // 57: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	33, // 58: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
+	5,  // 59: gpucoord.v1.Coordinator.PoolReport:input_type -> gpucoord.v1.PoolReportRequest
+	37, // 60: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	40, // 61: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	42, // 62: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	44, // 63: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	50, // 64: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	52, // 65: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	55, // 66: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	57, // 67: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	59, // 68: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 69: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	14, // 70: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	31, // 71: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	36, // 72: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	34, // 73: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
+	6,  // 74: gpucoord.v1.Coordinator.PoolReport:output_type -> gpucoord.v1.PoolReportResponse
+	38, // 75: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	41, // 76: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	43, // 77: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	48, // 78: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	64, // [64:79] is the sub-list for method output_type
+	49, // [49:64] is the sub-list for method input_type
 	49, // [49:49] is the sub-list for extension type_name
 	49, // [49:49] is the sub-list for extension extendee
 	0,  // [0:49] is the sub-list for field type_name
@@ -4993,7 +5144,7 @@ func file_proto_gpucoord_proto_init() {
 	if File_proto_gpucoord_proto != nil {
 		return
 	}
-	file_proto_gpucoord_proto_msgTypes[25].OneofWrappers = []any{
+	file_proto_gpucoord_proto_msgTypes[27].OneofWrappers = []any{
 		(*ReportRequest_Bootstrap)(nil),
 		(*ReportRequest_Step)(nil),
 		(*ReportRequest_Exit)(nil),
@@ -5008,7 +5159,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   60,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -33,6 +33,7 @@ const (
 	Coordinator_Report_FullMethodName      = "/gpucoord.v1.Coordinator/Report"
 	Coordinator_Leave_FullMethodName       = "/gpucoord.v1.Coordinator/Leave"
 	Coordinator_Members_FullMethodName     = "/gpucoord.v1.Coordinator/Members"
+	Coordinator_PoolReport_FullMethodName  = "/gpucoord.v1.Coordinator/PoolReport"
 	Coordinator_Submit_FullMethodName      = "/gpucoord.v1.Coordinator/Submit"
 	Coordinator_Follow_FullMethodName      = "/gpucoord.v1.Coordinator/Follow"
 	Coordinator_Cancel_FullMethodName      = "/gpucoord.v1.Coordinator/Cancel"
@@ -82,6 +83,12 @@ type CoordinatorClient interface {
 	// holds checkpoints of a job it has left learns whom to serve them to.
 	// (node)
 	Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error)
+	// PoolReport is a node's word on its failure domain's gossip pool: the
+	// members its pool declared dead, taken only for nodes of the reporter's
+	// domain by the coordinator's records; answered with the addresses of
+	// other members of that domain, to join.
+	// (node: itself only)
+	PoolReport(ctx context.Context, in *PoolReportRequest, opts ...grpc.CallOption) (*PoolReportResponse, error)
 	// Submit creates a job; an id already used fails with AlreadyExists.
 	// (client, admin)
 	Submit(ctx context.Context, in *SubmitRequest, opts ...grpc.CallOption) (*SubmitResponse, error)
@@ -213,6 +220,16 @@ func (c *coordinatorClient) Members(ctx context.Context, in *MembersRequest, opt
 	return out, nil
 }
 
+func (c *coordinatorClient) PoolReport(ctx context.Context, in *PoolReportRequest, opts ...grpc.CallOption) (*PoolReportResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PoolReportResponse)
+	err := c.cc.Invoke(ctx, Coordinator_PoolReport_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *coordinatorClient) Submit(ctx context.Context, in *SubmitRequest, opts ...grpc.CallOption) (*SubmitResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SubmitResponse)
@@ -305,6 +322,12 @@ type CoordinatorServer interface {
 	// holds checkpoints of a job it has left learns whom to serve them to.
 	// (node)
 	Members(context.Context, *MembersRequest) (*MembersResponse, error)
+	// PoolReport is a node's word on its failure domain's gossip pool: the
+	// members its pool declared dead, taken only for nodes of the reporter's
+	// domain by the coordinator's records; answered with the addresses of
+	// other members of that domain, to join.
+	// (node: itself only)
+	PoolReport(context.Context, *PoolReportRequest) (*PoolReportResponse, error)
 	// Submit creates a job; an id already used fails with AlreadyExists.
 	// (client, admin)
 	Submit(context.Context, *SubmitRequest) (*SubmitResponse, error)
@@ -356,6 +379,9 @@ func (UnimplementedCoordinatorServer) Leave(context.Context, *LeaveRequest) (*Le
 }
 func (UnimplementedCoordinatorServer) Members(context.Context, *MembersRequest) (*MembersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Members not implemented")
+}
+func (UnimplementedCoordinatorServer) PoolReport(context.Context, *PoolReportRequest) (*PoolReportResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PoolReport not implemented")
 }
 func (UnimplementedCoordinatorServer) Submit(context.Context, *SubmitRequest) (*SubmitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Submit not implemented")
@@ -563,6 +589,24 @@ func _Coordinator_Members_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Coordinator_PoolReport_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PoolReportRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).PoolReport(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_PoolReport_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).PoolReport(ctx, req.(*PoolReportRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Coordinator_Submit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SubmitRequest)
 	if err := dec(in); err != nil {
@@ -670,6 +714,10 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Members",
 			Handler:    _Coordinator_Members_Handler,
+		},
+		{
+			MethodName: "PoolReport",
+			Handler:    _Coordinator_PoolReport_Handler,
 		},
 		{
 			MethodName: "Submit",
