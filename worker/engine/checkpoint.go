@@ -126,59 +126,75 @@ func (r *Rank) block(cs *chunkState) (*sharding.Shard, error) {
 // GPUCOORD_CHECKPOINT_DIR/<step>.
 func LocalDir(root string, step int) string { return filepath.Join(root, strconv.Itoa(step)) }
 
-// Snapshot is a copy of one rank's blocks of its state after a step: what
-// a local checkpoint writes while the next step runs.
-type Snapshot struct {
+// LocalCheckpoint is one rank's files of a step's node-local checkpoint,
+// staged by StageLocal and not yet in place. Call Place or Discard exactly
+// once.
+type LocalCheckpoint struct {
 	steps  int
-	shards []*sharding.Shard
+	staged []*sharding.StagedShard
 }
 
-// Snapshot copies this rank's blocks of every chunk's state after steps
-// optimizer steps, into reuse's buffers when it has the right sizes (a
-// rank alternates two snapshots, so a step costs no allocation).
-func (r *Rank) Snapshot(reuse *Snapshot, steps int) (*Snapshot, error) {
-	s := reuse
-	if s == nil || len(s.shards) != len(r.chunks) {
-		s = &Snapshot{shards: make([]*sharding.Shard, len(r.chunks))}
-	}
-	s.steps = steps
-	for i, cs := range r.chunks {
-		b, err := r.block(cs)
+// StageLocal writes this rank's shard of each chunk's state after steps
+// optimizer steps under LocalDir(root, steps) straight from the rank's own
+// buffers (sharding.StageShard): the one copy of the state a local
+// checkpoint makes, into the files the agent seals and replicates. When it
+// returns the rank may train on; the files are placed (fsynced and renamed,
+// Place) while it does. A local checkpoint has no manifest and waits for
+// no other rank (they write on their own nodes; RestoreLocal seals the
+// step once its files are gathered).
+func (r *Rank) StageLocal(ctx context.Context, root string, steps int) (*LocalCheckpoint, error) {
+	dir := LocalDir(root, steps)
+	c := &LocalCheckpoint{steps: steps}
+	for _, cs := range r.chunks {
+		st, err := sharding.StageShard(ctx, r.chunkRoot(dir, cs), int64(steps), cs.part, r.coord.DP, r.ownVectors(cs))
 		if err != nil {
-			return nil, err
+			c.Discard()
+			return nil, fmt.Errorf("engine: local checkpoint of step %d: %w", steps, err)
 		}
-		dst := s.shards[i]
-		if dst == nil {
-			dst = &sharding.Shard{Vectors: map[string][]float32{}}
-			s.shards[i] = dst
-		}
-		dst.Rank, dst.Range = b.Rank, b.Range
-		for name, v := range b.Vectors {
-			if len(dst.Vectors[name]) != len(v) {
-				dst.Vectors[name] = make([]float32, len(v))
-			}
-			copy(dst.Vectors[name], v)
-		}
+		c.staged = append(c.staged, st)
 	}
-	return s, nil
+	return c, nil
 }
 
-// WriteLocal writes s under LocalDir(root, s's step): this rank's shard of
-// each chunk, with no manifest and no wait for any other rank (they write
-// on their own nodes; RestoreLocal seals the step once its files are
-// gathered). It may run while the rank trains on.
-func (r *Rank) WriteLocal(ctx context.Context, root string, s *Snapshot) error {
-	dir := LocalDir(root, s.steps)
-	for i, cs := range r.chunks {
-		if _, err := sharding.WriteShard(ctx, r.chunkRoot(dir, cs), int64(s.steps), cs.part, s.shards[i]); err != nil {
-			return fmt.Errorf("engine: local checkpoint of step %d: %w", s.steps, err)
+// Place puts every staged file in place (fsync, rename, fsync of its
+// directory); on error the rest are discarded.
+func (c *LocalCheckpoint) Place() error {
+	for i, st := range c.staged {
+		if err := st.Place(); err != nil {
+			for _, rest := range c.staged[i+1:] {
+				rest.Discard()
+			}
+			return fmt.Errorf("engine: local checkpoint of step %d: %w", c.steps, err)
 		}
 	}
 	return nil
 }
 
+// Discard removes every staged file.
+func (c *LocalCheckpoint) Discard() {
+	for _, st := range c.staged {
+		st.Discard()
+	}
+}
+
+// ownVectors is this rank's block of chunk cs's state vectors as views of
+// the rank's buffers, no copy: of a replicated buffer the real part of the
+// rank's block (sharding.StageShard writes the padding as zeros, as
+// sharding.ShardOf leaves it), a sharded one whole.
+func (r *Rank) ownVectors(cs *chunkState) map[string][]float32 {
+	real, _ := cs.part.Owned(r.coord.DP) // the rank's block, padding left out
+	out := map[string][]float32{}
+	for name, v := range cs.vectors() {
+		if len(v) == cs.part.PaddedLen() {
+			v = v[real.Lo:real.Hi]
+		}
+		out[name] = v
+	}
+	return out
+}
+
 // RestoreLocal loads the state after steps steps from LocalDir(root,
-// steps), where the files every rank wrote with WriteLocal (at any layout)
+// steps), where the files every rank wrote with StageLocal (at any layout)
 // have been gathered: it seals every chunk root of the layout that wrote
 // them (sharding.Seal; Config.CheckpointLayout, or found as Restore finds
 // it, sealing each candidate) and reads them as Restore does. The ranks

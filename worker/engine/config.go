@@ -51,12 +51,13 @@ type Config struct {
 	// ErrPreempted while the others go on. A node told to leave (a cloud's
 	// preemption notice) so loses no step.
 	Preempted func() bool
-	// LocalCheckpoints makes CheckpointDir node-local: every rank
-	// snapshots its state into memory after each checkpointed step and
-	// writes it under CheckpointDir/<step> in the background while the
-	// next step runs (Rank.WriteLocal), with no manifest and no barrier;
-	// Resume reads with Rank.RestoreLocal. The agent that gathered and
-	// replicates the files commits a step.
+	// LocalCheckpoints makes CheckpointDir node-local: after each
+	// checkpointed step every rank writes its state straight into its
+	// files under CheckpointDir/<step> (Rank.StageLocal: one copy, no
+	// buffer in between) and places them (fsync, rename) in the background
+	// while the next step runs, with no manifest and no barrier; Resume
+	// reads with Rank.RestoreLocal. The agent that gathered and replicates
+	// the files commits a step.
 	LocalCheckpoints bool
 	// Checkpointed, when set, is told of every step whose checkpoint this
 	// rank has written; with LocalCheckpoints it is called from the

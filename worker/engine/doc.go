@@ -35,7 +35,7 @@
 // format) per (TP rank, chunk) position, root/tp<t>-of-<T>/chunk<c>-of-<C>
 // with C = PP*Virtual, each sharded over the DP ranks as the ZeRO stage's
 // partition cuts the chunk's flat buffer; with Config.LocalCheckpoints the
-// ranks write their shards on their own nodes (Rank.WriteLocal) and
+// ranks write their shards on their own nodes (Rank.StageLocal) and
 // Rank.RestoreLocal seals the gathered files. Tensors are named for the
 // whole model (block<i>.w1 ..., head.w), so Rank.Restore reads a
 // checkpoint written at any layout of the same model: any TP, PP,

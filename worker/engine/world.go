@@ -165,8 +165,8 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 		}
 		due := cfg.CheckpointDir != "" && (preempted || n == cfg.Job.Steps || every)
 		if due && cfg.LocalCheckpoints {
-			// Snapshot now, write while the next step runs; a preempted
-			// rank waits for its write.
+			// Copy the state into the step's files now, place them while
+			// the next step runs; a preempted rank waits for the placing.
 			if err := bg.start(ctx, n); err != nil {
 				return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
 			}
@@ -188,8 +188,9 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 				cfg.Checkpointed(n)
 			}
 		}
-		// A step's time is all of it: its checkpoint's snapshot, or write
-		// and barrier, and the wait for the one before to be stored.
+		// A step's time is all of it: its checkpoint's copy into its
+		// files, or write and barrier, and the wait for the one before to
+		// be stored.
 		res.Seconds = time.Since(start).Seconds()
 		res.SamplesPerSec = float64(cfg.Job.Batch.Global) / res.Seconds
 		if cadence != nil {
@@ -216,31 +217,30 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 	return r, bg.wait()
 }
 
-// background writes a rank's local checkpoints one at a time while it
-// trains: start snapshots the state (waiting first for the write before,
-// which bounds the memory to two snapshots) and writes it in a goroutine;
-// wait returns the last write's error. done is told of each step written.
+// background places a rank's local checkpoints one at a time while it
+// trains: start writes the state straight into the step's files (the one
+// copy, made before the next step changes the state; it waits first for
+// the placing before) and places them (fsync, rename) in a goroutine; wait
+// returns the last placing's error. done is told of each step placed.
 type background struct {
-	r     *Rank
-	root  string
-	done  func(int)
-	spare *Snapshot
-	cur   *Snapshot
-	errc  chan error
-	last  int // the step of the last write started
+	r    *Rank
+	root string
+	done func(int)
+	errc chan error
+	last int // the step of the last checkpoint started
 }
 
 func (b *background) start(ctx context.Context, steps int) error {
 	if err := b.wait(); err != nil {
 		return err
 	}
-	snap, err := b.r.Snapshot(b.spare, steps)
+	c, err := b.r.StageLocal(ctx, b.root, steps)
 	if err != nil {
 		return err
 	}
-	b.cur, b.spare, b.errc, b.last = snap, nil, make(chan error, 1), steps
+	b.errc, b.last = make(chan error, 1), steps
 	go func() {
-		err := b.r.WriteLocal(ctx, b.root, snap)
+		err := c.Place()
 		if err == nil && b.done != nil {
 			b.done(steps)
 		}
@@ -254,7 +254,7 @@ func (b *background) wait() error {
 		return nil
 	}
 	err := <-b.errc
-	b.errc, b.spare, b.cur = nil, b.cur, nil
+	b.errc = nil
 	return err
 }
 
