@@ -113,6 +113,7 @@ type checkpoints struct {
 	tell func(step int64)
 
 	mu       sync.Mutex
+	recent   []time.Duration  // the local ranks' last step times (replicaPace)
 	written  map[int]int64    // each local rank's newest "checkpoint N"
 	queued   int64            // newest step every local rank has written
 	stored   []*pb.StoredStep // stored, not known committed
@@ -139,6 +140,12 @@ func (c *checkpoints) handle(rank int, e progress.Event, _ time.Time) {
 		}
 		if ok {
 			c.times.add(rank, secs)
+			c.mu.Lock()
+			c.recent = append(c.recent, time.Duration(secs*float64(time.Second)))
+			if len(c.recent) > paceWindow {
+				c.recent = c.recent[len(c.recent)-paceWindow:]
+			}
+			c.mu.Unlock()
 		}
 		if rank == 0 {
 			s := &pb.Step{Step: e.Step}
@@ -224,6 +231,9 @@ func (c *checkpoints) store(ctx context.Context, step int64) error {
 		for _, m := range asg.Generation.Members {
 			addrs[m.Node] = m.CheckpointAddr
 		}
+		c.mu.Lock()
+		pace := replicaPace(c.recent, len(peers))
+		c.mu.Unlock()
 		start := time.Now()
 		var mu sync.Mutex
 		var wg sync.WaitGroup
@@ -233,7 +243,7 @@ func (c *checkpoints) store(ctx context.Context, step int64) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				n, err := a.holder.Send(ctx, ckpt.Peer{Name: p, Addr: addrs[p]}, asg.Job, asg.Generation.GetNumber(), step)
+				n, err := a.holder.SendPaced(ctx, ckpt.Peer{Name: p, Addr: addrs[p]}, asg.Job, asg.Generation.GetNumber(), step, pace)
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
@@ -247,7 +257,8 @@ func (c *checkpoints) store(ctx context.Context, step int64) error {
 			return err
 		}
 		x.Holders = append([]string{a.cfg.Name}, peers...)
-		c.log.Debug("replicated", "step", step, "peers", peers, "bytes", sent, "took", time.Since(start))
+		c.log.Debug("replicated", "step", step, "peers", peers, "bytes", sent, "took", time.Since(start),
+			"paced_within", pace.Within)
 	}
 	if dir := spec.GetCheckpointBackup(); dir != "" && spec.GetBackupEvery() > 0 && step%int64(spec.GetBackupEvery()) == 0 {
 		dir = SharedCheckpointDir(dir, asg.Job)
@@ -303,6 +314,43 @@ func (c *checkpoints) committed(step int64) {
 			ckpt.PruneBackup(dir, keep, step)
 		}
 	}
+}
+
+// Replication pacing (ckpt.Pace): a step's replicas are spread over part
+// of a step instead of bursting at its start, where they would take the
+// cores the ranks train on.
+const (
+	// replicaShare is the most of one core a step's replicas take, all
+	// peers together, while they are ahead of their bound.
+	replicaShare = 0.25
+	// replicaWithin is the part of a step's compute time a step's replicas
+	// may be spread over. The ranks wait for a step to be stored before
+	// they train past the next one, so the rest of that step is left for
+	// writing and sealing the files, the report that stores the step, and
+	// slack: pacing never makes them wait.
+	replicaWithin = 0.5
+	// paceWindow is how many of the local ranks' latest step times the
+	// pace is taken from (their median).
+	paceWindow = 16
+)
+
+// replicaPace is how a step's replicas to peers peers are paced when the
+// local ranks' latest step times (their compute time, or the whole step
+// where a program reports no compute time) are recent: spread over
+// replicaWithin of the median, at replicaShare of a core shared by the
+// peers' streams. Not paced before any step time is known, or with no
+// peer.
+func replicaPace(recent []time.Duration, peers int) ckpt.Pace {
+	if len(recent) == 0 || peers < 1 {
+		return ckpt.Pace{}
+	}
+	s := slices.Clone(recent)
+	slices.Sort(s)
+	step := s[len(s)/2]
+	if step <= 0 {
+		return ckpt.Pace{}
+	}
+	return ckpt.Pace{Share: replicaShare / float64(peers), Within: time.Duration(replicaWithin * float64(step))}
 }
 
 // progressEnv is a rank's GPUCOORD_PROGRESS.

@@ -16,7 +16,12 @@
 //	                               rename
 //
 // A step's files move as one tar stream whose last entry lists every
-// file's SHA-256; a receiver places nothing it has not checked. A step
+// file's CRC-32C; a receiver places nothing it has not checked. The
+// sender writes each file's bytes from the file straight into the TLS
+// connection, and may spread them over part of a step (SendPaced, Pace)
+// so that they do not take the ranks' cores in a burst. They are read
+// and encrypted in user space: crypto/tls has no kernel TLS, so sendfile
+// or splice from the file to the socket cannot be used. A step
 // that comes in is staged in a directory of its own (fsynced when the root
 // is on a disk), marked whole and renamed into place once, so a crash
 // leaves either the step or nothing that counts.
@@ -244,6 +249,13 @@ func (h *Holder) Remove(job string) error {
 // certificate must name it, and the whole replica must be placed within
 // Limits.ReplicaTimeout plus a second per 64 MiB of the step.
 func (h *Holder) Send(ctx context.Context, peer Peer, job string, gen, step int64) (int64, error) {
+	return h.SendPaced(ctx, peer, job, gen, step, Pace{})
+}
+
+// SendPaced is Send with its work spread as pace says (Pace): the agent
+// paces each step's replicas by the ranks' step time, so that they do not
+// take the cores of the step in a burst.
+func (h *Holder) SendPaced(ctx context.Context, peer Peer, job string, gen, step int64, pace Pace) (int64, error) {
 	dir := h.stepDir(job, h.node, step)
 	if !h.Has(job, h.node, step) {
 		return 0, fmt.Errorf("replicating step %d to %s: %w", step, peer.Name, ErrNotWhole)
@@ -255,12 +267,9 @@ func (h *Holder) Send(ctx context.Context, peer Peer, job string, gen, step int6
 	deadline := h.lim.replicaDeadline(size)
 	ctx, cancel := context.WithTimeoutCause(ctx, deadline, fmt.Errorf("no replica placed within %s", deadline))
 	defer cancel()
-	pr, pw := io.Pipe()
-	var n countWriter
-	go func() { pw.CloseWithError(writeTar(ctx, io.MultiWriter(pw, &n), dir)) }()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, h.url(peer.Addr, job, h.node, step, gen), pr)
+	body := &tarBody{write: func(w io.Writer) error { return writeTar(ctx, w, dir, newPacer(pace, size)) }}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, h.url(peer.Addr, job, h.node, step, gen), body)
 	if err != nil {
-		pr.Close()
 		return 0, err
 	}
 	resp, err := h.ClientFor(peer.Name).Do(req)
@@ -275,7 +284,61 @@ func (h *Holder) Send(ctx context.Context, peer Peer, job string, gen, step int6
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return 0, fmt.Errorf("replicating step %d to %s (%s): %s: %s", step, peer.Name, peer.Addr, resp.Status, strings.TrimSpace(string(msg)))
 	}
-	return int64(n), nil
+	return body.n.Load(), nil
+}
+
+// tarBody is a step's tar stream as a request body. The transport copies
+// it with WriteTo, which writes the stream straight into the connection:
+// no pipe and no goroutine between the files and TLS. Read, for a
+// transport that reads instead, runs WriteTo through a pipe.
+type tarBody struct {
+	write func(w io.Writer) error
+	n     atomic.Int64 // bytes written
+	once  sync.Once
+	pr    *io.PipeReader
+}
+
+// WriteTo writes the stream to w.
+func (b *tarBody) WriteTo(w io.Writer) (int64, error) {
+	cw := &sentCounter{w: w, n: &b.n}
+	err := b.write(cw)
+	return cw.sent, err
+}
+
+func (b *tarBody) Read(p []byte) (int, error) {
+	b.once.Do(func() {
+		var pw *io.PipeWriter
+		b.pr, pw = io.Pipe()
+		go func() {
+			_, err := b.WriteTo(pw)
+			pw.CloseWithError(err)
+		}()
+	})
+	return b.pr.Read(p)
+}
+
+// Close ends a stream being read; one written with WriteTo is over when
+// WriteTo returns.
+func (b *tarBody) Close() error {
+	b.once.Do(func() {}) // no pipe from here on
+	if b.pr != nil {
+		b.pr.Close()
+	}
+	return nil
+}
+
+// sentCounter passes writes to w and counts them.
+type sentCounter struct {
+	w    io.Writer
+	n    *atomic.Int64
+	sent int64
+}
+
+func (c *sentCounter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.sent += int64(n)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // stepBytesHeader, on a step served, is the size of its files: the
@@ -495,7 +558,7 @@ func (h *Holder) get(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-tar")
 	w.Header().Set(stepBytesHeader, strconv.FormatInt(size, 10))
 	w.WriteHeader(http.StatusOK)
-	if err := writeTar(r.Context(), w, dir); err != nil {
+	if err := writeTar(r.Context(), w, dir, nil); err != nil {
 		// The stream ends without its checksums: the reader fails.
 		h.log.Warn("serving a checkpoint", "job", job, "node", src, "step", step, "err", err)
 		panic(http.ErrAbortHandler)
@@ -575,12 +638,18 @@ func SafeName(s string) bool { return pb.CheckNodeName(s) == nil }
 // ---- the tar stream ----
 
 // writeTar writes the files under dir (not those whose name starts with a
-// dot), then the checksums entry.
-func writeTar(ctx context.Context, w io.Writer, dir string) error {
-	bw := bufio.NewWriterSize(w, 1<<20)
+// dot), then the checksums entry. A file's bytes go from the file straight
+// to w, in pieces of paceChunk bytes when pc paces (it is told of each
+// piece and pauses as its Pace says), else of 1 MiB; only the tar headers
+// and padding are buffered.
+func writeTar(ctx context.Context, w io.Writer, dir string, pc *pacer) error {
+	bw := bufio.NewWriterSize(w, 64<<10)
 	tw := tar.NewWriter(bw)
 	var sums strings.Builder
 	buf := make([]byte, 1<<20)
+	if pc != nil {
+		buf = buf[:paceChunk]
+	}
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -613,10 +682,32 @@ func writeTar(ctx context.Context, w io.Writer, dir string) error {
 		if err := tw.WriteHeader(&tar.Header{Name: filepath.ToSlash(rel), Mode: 0o644, Size: fi.Size(), ModTime: fi.ModTime(), Typeflag: tar.TypeReg}); err != nil {
 			return err
 		}
-		hash := crc32.New(castagnoli)
-		n, err := io.CopyBuffer(io.MultiWriter(tw, hash), io.LimitReader(f, fi.Size()), buf)
-		if err != nil {
+		// The header goes out now, so that the file's bytes pass the
+		// buffer by (bufio writes a piece larger than its free space
+		// straight through when it holds nothing).
+		if err := bw.Flush(); err != nil {
 			return err
+		}
+		hash := crc32.New(castagnoli)
+		var n int64
+		for n < fi.Size() {
+			k, err := f.Read(buf[:min(int64(len(buf)), fi.Size()-n)])
+			if k > 0 {
+				hash.Write(buf[:k])
+				if _, err := tw.Write(buf[:k]); err != nil {
+					return err
+				}
+				n += int64(k)
+				if err := pc.sent(ctx, k); err != nil {
+					return err
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return err
+			}
 		}
 		if n != fi.Size() {
 			return fmt.Errorf("%s shrank while it was sent", rel)
@@ -646,7 +737,9 @@ func writeTar(ctx context.Context, w io.Writer, dir string) error {
 // places nothing. Files of more than limit bytes in all are refused
 // (ErrTooLarge) at the header that crosses it, before its bytes are read.
 func readTar(r io.Reader, dst string, limit int64) error {
-	tr := tar.NewReader(bufio.NewReaderSize(r, 1<<20))
+	// A small buffer for the headers: a file's bytes, read in pieces
+	// larger than it, pass it by.
+	tr := tar.NewReader(bufio.NewReaderSize(r, 64<<10))
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return err
 	}

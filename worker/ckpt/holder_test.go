@@ -49,15 +49,21 @@ func newCA(t testing.TB) (*pki.CA, []byte) {
 
 func startNode(t testing.TB, name string, c *pki.Credentials) *node {
 	t.Helper()
+	return startNodeIn(t, t.TempDir(), name, c)
+}
+
+// startNodeIn is startNode with its root at root.
+func startNodeIn(t testing.TB, root, name string, c *pki.Credentials) *node {
+	t.Helper()
 	var h *Holder
 	if c == nil {
-		h = New(t.TempDir(), name, nil, nil, nil)
+		h = New(root, name, nil, nil, nil)
 	} else {
 		srv, cli, err := pki.PeerTLS(*c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		h = New(t.TempDir(), name, srv, cli, nil)
+		h = New(root, name, srv, cli, nil)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -220,7 +226,7 @@ func TestStreamChecked(t *testing.T) {
 	src := t.TempDir()
 	writeFiles(t, src, map[string]string{"a/b": "hello", "c": strings.Repeat("y", 100000)})
 	var buf bytes.Buffer
-	if err := writeTar(t.Context(), &buf, src); err != nil {
+	if err := writeTar(t.Context(), &buf, src, nil); err != nil {
 		t.Fatal(err)
 	}
 	whole := buf.Bytes()
