@@ -20,6 +20,13 @@
 // the ranks to another node). The agent moves between coordinators without
 // stopping its ranks, and never starts a generation it already ran.
 //
+// The agent's member of its failure domain's gossip pool (internal/gossip;
+// Config.FailureDomain) finds a frozen, crashed or cut-off node of the
+// domain in about a second, and the agent reports it to every coordinator
+// (PoolReport), members of no pool themselves. While its pool counts fewer
+// members than the coordinators have registered in the domain, the agent
+// asks them for members to join.
+//
 // # Addresses
 //
 // ResolveNetwork finds what the node advertises (the address that routes

@@ -186,11 +186,11 @@ func newGossipKeyCmd() *cobra.Command {
 	var t adminTarget
 	cmd := &cobra.Command{
 		Use:   "gossip-key install|use|remove|list --coordinator ADDR --token-file ADMIN_TOKEN",
-		Short: "Rotate the gossip pool's key without a restart, one step at a time",
-		Long: `The gossip pool (failure detection) is encrypted with a key the coordinators
-keep in etcd and hand to agents. A rotation takes three steps; let every
-agent take each one (its next assignment brings it, within a second)
-before the next:
+		Short: "Rotate the gossip pools' key without a restart, one step at a time",
+		Long: `The gossip pools (failure detection, one per failure domain) are
+encrypted with a key the coordinators keep in etcd and hand to agents. A
+rotation takes three steps; let every agent take each one (its next
+assignment brings it, within a second) before the next:
 
   install  a new key that every member accepts, and none sends with yet
   use      send with the new key (the old one is still accepted)

@@ -124,6 +124,11 @@ func domainPoolsRun(t *testing.T, pools, n int, window time.Duration) (r domainR
 	})
 	defer stopProgress()
 	for b := 1; b < n && err == nil; b += scaleJoinBatch {
+		if time.Since(start) > scaleConvergeLimit {
+			f, _, names := deaths.falseDeaths()
+			err = fmt.Errorf("joins not done after %s: %d of %d in each pool, %d false deaths of %d members so far", scaleConvergeLimit, b, n, f, len(names))
+			break
+		}
 		for p := range pools {
 			for i := b; i < min(n, b+scaleJoinBatch) && err == nil; i++ {
 				seeds := []string{members[p][rng.IntN(i)].ml.LocalNode().Address(), members[p][rng.IntN(i)].ml.LocalNode().Address()}
