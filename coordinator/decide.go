@@ -248,7 +248,7 @@ func running(v *view, now time.Time, p policy) decision {
 			lost = lost || v.member(m) == nil
 		}
 		if !lost {
-			d.log(false, "generation waits for earlier ranks to stop", "job", j.spec.Id, "generation", j.gen.Number, "nodes", strings.Join(waiting, ","))
+			d.log(false, "generation waits for earlier ranks to stop", "job", j.spec.Id, "generation", j.gen.Number, "nodes", someNames(waiting))
 			return d
 		}
 	}
@@ -878,7 +878,7 @@ func nextGeneration(v *view, r restore, nodes []*pb.Node, f fitting, why string,
 	// The ranks that may still run: the generation's, once it opened;
 	// else those it was waiting for.
 	if j.open >= j.gen.Number {
-		gen.Stopping = j.gen.Members
+		gen.Stopping = stoppingOf(j.gen.Members)
 	} else {
 		gen.Stopping = j.gen.Stopping
 	}
@@ -1122,6 +1122,17 @@ func buildGeneration(spec *pb.JobSpec, number int64, nodes []*pb.Node, f fitting
 	return g
 }
 
+// stoppingOf is members as Generation.stopping keeps them: a node and its
+// run are all that fenced reads, and a copy of the whole members would
+// double a large generation's value.
+func stoppingOf(members []*pb.Member) []*pb.Member {
+	out := make([]*pb.Member, len(members))
+	for i, m := range members {
+		out[i] = &pb.Member{Node: m.Node, Instance: m.Instance}
+	}
+	return out
+}
+
 // memberOf names the node running rank r.
 func memberOf(g *pb.Generation, r int32) string {
 	for _, m := range g.Members {
@@ -1132,13 +1143,26 @@ func memberOf(g *pb.Generation, r int32) string {
 	return ""
 }
 
-// memberNames lists a generation's nodes, comma-separated.
+// memberNames lists a generation's nodes, comma-separated, as a log line
+// holds them (someNames).
 func memberNames(g *pb.Generation) string {
 	names := make([]string, len(g.Members))
 	for i, m := range g.Members {
 		names[i] = m.Node
 	}
-	return strings.Join(names, ",")
+	return someNames(names)
+}
+
+// logNames is how many nodes a log line names.
+const logNames = 16
+
+// someNames joins names with commas, the first logNames of them and how
+// many more: a line about a 16,384-node generation stays a line.
+func someNames(names []string) string {
+	if len(names) <= logNames {
+		return strings.Join(names, ",")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:logNames], ","), len(names)-logNames)
 }
 
 // forget lists the ended jobs to delete so that at most keep remain: the

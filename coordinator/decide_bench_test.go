@@ -36,11 +36,7 @@ func benchDecideRendezvous(b *testing.B, n int) {
 // made once (its replicas placed), then each node's part built and
 // encoded.
 func BenchmarkAssignments16384(b *testing.B) {
-	g := &pb.Generation{Job: "j", Number: 2, World: 8 * 16384, Dp: 16384, Tp: 8, Pp: 1}
-	for i := range 16384 {
-		g.Members = append(g.Members, &pb.Member{Node: fmt.Sprintf("n%05d", i), Host: fmt.Sprintf("10.%d.%d.%d", i>>16, (i>>8)&255, i&255),
-			FirstRank: int32(8 * i), Ranks: 8, Instance: "0123456789abcdef", CheckpointAddr: "10.0.0.1:7000", Domain: fmt.Sprintf("rack-%d", i/32)})
-	}
+	g := bigGeneration(16384)
 	a := &pb.Assignment{Job: "j", Spec: &pb.JobSpec{Id: "j", Nodes: 16384, GpusPerNode: 8, Tp: 8, Pp: 1}, Generation: g, Master: "10.0.0.1:29500"}
 	for b.Loop() {
 		ja := newJobAssignment(a)
@@ -48,4 +44,36 @@ func BenchmarkAssignments16384(b *testing.B) {
 			ja.forNode(m.Node)
 		}
 	}
+}
+
+// bigGeneration is generation 2 of an n-node job of 8 GPUs a node, in
+// racks of 32.
+func bigGeneration(n int) *pb.Generation {
+	g := &pb.Generation{Job: "j", Number: 2, World: 8 * int32(n), Dp: int32(n), Tp: 8, Pp: 1}
+	for i := range n {
+		g.Members = append(g.Members, &pb.Member{Node: fmt.Sprintf("n%05d", i), Host: fmt.Sprintf("10.%d.%d.%d", i>>16, (i>>8)&255, i&255),
+			FirstRank: int32(8 * i), Ranks: 8, Instance: "0123456789abcdef", CheckpointAddr: "10.0.0.1:7000", Domain: fmt.Sprintf("rack-%d", i/32)})
+	}
+	return g
+}
+
+// BenchmarkGenerationValue16384 times a 16,384-node generation's value in
+// etcd: the leader encodes it once, and every coordinator's cache decodes
+// it.
+func BenchmarkGenerationValue16384(b *testing.B) {
+	g := bigGeneration(16384)
+	v := encode(g)
+	b.Logf("%d bytes", len(v))
+	b.Run("encode", func(b *testing.B) {
+		for b.Loop() {
+			encode(g)
+		}
+	})
+	b.Run("decode", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := decodeGeneration([]byte(v)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -406,8 +406,8 @@ func TestSubmitRetried(t *testing.T) {
 }
 
 // TestStoppedReportBounded: a node says it runs nothing of a job below a
-// generation that exists, at most the current one's successor (read in
-// the report's own transaction). "Nothing ever" (an agent that left the
+// generation that exists, at most the current one's successor (the
+// cache's number, and etcd's when the report goes beyond it). "Nothing ever" (an agent that left the
 // job said so once) stayed in etcd and covered the ranks of a later
 // generation the node joined: its successor opened while they ran (the
 // chaos test, seed 11: 774 ms of two generations at once).
@@ -439,5 +439,13 @@ func TestStoppedReportBounded(t *testing.T) {
 	}
 	if err := stopped(g.Number + 1); err != nil {
 		t.Errorf("stopped below generation %d of a job at %d: %v", g.Number+1, g.Number, err)
+	}
+	if err := stopped(1); err != nil {
+		t.Errorf("stopped below generation 1 after %d: %v (a late report is nothing to do)", g.Number+1, err)
+	}
+	_, err = c.Report(t.Context(), &pb.ReportRequest{Job: "nosuch", Node: "n1", LeaseId: resp.LeaseId,
+		Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: 1}}})
+	if status.Code(err) != codes.NotFound {
+		t.Errorf("stopped of a job that does not exist: %v, want NotFound", err)
 	}
 }

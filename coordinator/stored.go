@@ -4,8 +4,6 @@ import (
 	"context"
 	"maps"
 	"slices"
-	"sync"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -18,93 +16,50 @@ import (
 // --max-txn-ops is 128.
 const storedTxnOps = 128
 
-// storedWriter writes the Stored records that reach this coordinator in
-// groups, a group commit: the records of one generation of a job that
-// arrive while a group is being written go in the next, in as few
-// transactions as etcd takes, and the writer that wrote a group (not each
-// report) looks for the commit it completes. A commit of N nodes so costs
-// about N/128 writes of records at each coordinator, not N, and its
-// latency is a few round trips to etcd whatever N is.
-type storedWriter struct {
-	s  *server
-	mu sync.Mutex
-	// open are the groups collecting records, by job and the revision of
-	// the generation they were reported in; busy, those a writer is
-	// writing.
-	open map[storedKey]*storedGroup
-	busy map[storedKey]bool
-}
+// The Stored records that reach this coordinator are written in groups
+// (groupCommit): the records of one generation of a job that arrive while
+// a group is being written go in the next, in as few transactions as etcd
+// takes, and the writer of a group (not each report) looks for the commit
+// it completes. A commit of N nodes so costs about N/128 writes of
+// records at each coordinator, not N, and its latency is a few round
+// trips to etcd whatever N is.
+type storedWriter = groupCommit[storedKey, storedItem, storedOutcome]
 
+// storedKey is a group: a job's generation, by its revision.
 type storedKey struct {
 	job    string
 	genRev int64
 }
 
-// storedGroup is the records a write carries, and its outcome for every
-// report in it (set before done closes).
-type storedGroup struct {
-	gen  *pb.Generation
-	recs map[string]*pb.Stored // node -> its newest record
-	done chan struct{}
+// storedItem is one node's record, with the generation it was reported in.
+type storedItem struct {
+	gen *pb.Generation
+	rec *pb.Stored
+}
 
-	committed int64 // the job's last committed step after the write
-	stale     bool  // the generation moved on: nothing was written
+// storedOutcome is a group's: the job's last committed step after the
+// write, or stale when the generation moved on (nothing was written).
+type storedOutcome struct {
+	committed int64
+	stale     bool
 	err       error
 }
 
 func newStoredWriter(s *server) *storedWriter {
-	return &storedWriter{s: s, open: map[storedKey]*storedGroup{}, busy: map[storedKey]bool{}}
-}
-
-// store writes node's record rec in the next group of job's generation g
-// (written at genRev) and waits for that group's write and commit. stale
-// says the generation is no longer g: nothing was written.
-func (w *storedWriter) store(ctx context.Context, job string, g *pb.Generation, genRev int64, node string, rec *pb.Stored) (committed int64, stale bool, err error) {
-	k := storedKey{job, genRev}
-	w.mu.Lock()
-	grp := w.open[k]
-	if grp == nil {
-		grp = &storedGroup{gen: g, recs: map[string]*pb.Stored{}, done: make(chan struct{})}
-		w.open[k] = grp
-	}
-	grp.recs[node] = rec
-	lead := !w.busy[k]
-	w.busy[k] = true
-	w.mu.Unlock()
-	if lead {
-		// The write outlives the report that started it: others wait on
-		// it. The server's background group holds it at shutdown.
-		w.s.background.Add(1)
-		go func() {
-			defer w.s.background.Done()
-			w.writeAll(k)
-		}()
-	}
-	select {
-	case <-grp.done:
-		return grp.committed, grp.stale, grp.err
-	case <-ctx.Done():
-		return 0, false, status.FromContextError(ctx.Err()).Err()
-	}
-}
-
-// writeAll writes k's groups, one after the other, until none is open.
-func (w *storedWriter) writeAll(k storedKey) {
-	for {
-		w.mu.Lock()
-		grp := w.open[k]
-		delete(w.open, k)
-		if grp == nil {
-			delete(w.busy, k)
-			w.mu.Unlock()
-			return
+	return newGroupCommit(&s.background, func(ctx context.Context, k storedKey, items map[string]storedItem) map[string]storedOutcome {
+		var g *pb.Generation
+		recs := make(map[string]*pb.Stored, len(items))
+		for node, it := range items {
+			g, recs[node] = it.gen, it.rec
 		}
-		w.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		grp.committed, grp.stale, grp.err = w.s.writeStored(ctx, k.job, grp.gen, k.genRev, grp.recs)
-		cancel()
-		close(grp.done)
-	}
+		var o storedOutcome
+		o.committed, o.stale, o.err = s.writeStored(ctx, k.job, g, k.genRev, recs)
+		out := make(map[string]storedOutcome, len(items))
+		for node := range items {
+			out[node] = o
+		}
+		return out
+	})
 }
 
 // writeStored writes recs (node -> record) of job's generation g into

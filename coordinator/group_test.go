@@ -1,0 +1,161 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+)
+
+// TestGroupCommit: the first item of a key is written at once; the items
+// that arrive while that write is under way go together in the next; each
+// report gets its own outcome; keys are written apart; a report whose
+// context ends stops waiting.
+func TestGroupCommit(t *testing.T) {
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	started, release := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	calls := map[string][][]string{}
+	w := newGroupCommit(&bg, func(_ context.Context, k string, items map[string]int) map[string]string {
+		mu.Lock()
+		calls[k] = append(calls[k], slices.Sorted(maps.Keys(items)))
+		first := k == "j" && len(calls[k]) == 1
+		mu.Unlock()
+		if first {
+			close(started)
+			<-release
+		}
+		out := map[string]string{}
+		for name, v := range items {
+			out[name] = fmt.Sprintf("%s/%s=%d", k, name, v)
+		}
+		return out
+	})
+	type result struct{ name, got string }
+	results := make(chan result, 12)
+	add := func(ctx context.Context, k, name string, v int) {
+		got, err := w.add(ctx, k, name, v)
+		if err != nil {
+			got = err.Error()
+		}
+		results <- result{name, got}
+	}
+	go add(t.Context(), "j", "a", 1)
+	<-started
+	for i := range 10 {
+		go add(t.Context(), "j", fmt.Sprintf("n%d", i), i)
+	}
+	// Another key is written apart, while j's write is under way.
+	if got, err := w.add(t.Context(), "k", "a", 7); err != nil || got != "k/a=7" {
+		t.Errorf("k: %q, %v", got, err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := w.add(ctx, "j", "late", 0); status.Code(err) != codes.Canceled {
+		t.Errorf("a report whose context ended: %v, want Canceled", err)
+	}
+	// Every report is in j's next group before the first write ends.
+	for {
+		w.mu.Lock()
+		n := len(w.open["j"].items)
+		w.mu.Unlock()
+		if n == 11 { // n0..n9 and late
+			break
+		}
+		runtime.Gosched()
+	}
+	close(release)
+	for range 11 {
+		r := <-results
+		want := "j/a=1"
+		if r.name != "a" {
+			want = fmt.Sprintf("j/%s=%c", r.name, r.name[1])
+		}
+		if r.got != want {
+			t.Errorf("%s: %q, want %q", r.name, r.got, want)
+		}
+	}
+	bg.Wait()
+	want := [][]string{{"a"}, {"late", "n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7", "n8", "n9"}}
+	if fmt.Sprint(calls["j"]) != fmt.Sprint(want) {
+		t.Errorf("j's writes: %v, want %v", calls["j"], want)
+	}
+}
+
+// TestStoppedReportsGrouped: Stopped reports of many nodes at once, as
+// at every new generation, are all written (in groups); a later report of
+// a lower generation leaves each alone.
+func TestStoppedReportsGrouped(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr())
+	reg, err := c.Register(t.Context(), &pb.RegisterRequest{Node: node("m", 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, _ := watch(t, c, "m", reg.LeaseId, 0)
+	s := spec("j", 1, 1)
+	s.Tp, s.Pp = 1, 1
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); err != nil {
+		t.Fatal(err)
+	}
+	next(t, ch, func(a *pb.Assignment) bool { return a.Job == "j" }) // generation 1
+	const n = 150                                                    // more than one transaction's worth
+	report := func(node string, below int64) error {
+		_, err := c.Report(t.Context(), &pb.ReportRequest{Job: "j", Node: node, Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: below}}})
+		return err
+	}
+	for _, below := range []int64{1, 0} {
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for i := range n {
+			wg.Go(func() {
+				if err := report(fmt.Sprintf("n%03d", i), 1+below); err != nil {
+					errs <- err
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	}
+	resp, err := co.etcd.Client.Get(t.Context(), keys(co.cfg.Prefix).stoppedAll("j"), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for _, kv := range resp.Kvs {
+		if string(kv.Key) == keys(co.cfg.Prefix).stopped("j", "m") {
+			continue // the watching node's own (the test's agent reports it)
+		}
+		got++
+		st := &pb.Stopped{}
+		if err := decode(kv.Value, st); err != nil || st.Below != 2 {
+			t.Errorf("%s: %v, %v: want below 2 (a lower report after it changes nothing)", kv.Key, st, err)
+		}
+	}
+	if got != n {
+		t.Errorf("%d stopped keys, want %d", got, n)
+	}
+	if err := report("n000", 1); err != nil {
+		t.Error(err)
+	}
+	if err := report("x", 1); err != nil {
+		t.Error(err)
+	}
+	_, err = c.Report(t.Context(), &pb.ReportRequest{Job: "nosuch", Node: "n000", Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: 1}}})
+	if status.Code(err) != codes.NotFound {
+		t.Errorf("a job that does not exist: %v, want NotFound", err)
+	}
+}
