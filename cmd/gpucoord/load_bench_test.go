@@ -35,11 +35,14 @@ import (
 // with its own Watch stream and lease, as real agents. Per size it reports
 //   - registration: until every agent is registered and watching;
 //   - rendezvous: from Submit of an N-node job until every agent holds
-//     generation 1 and rank 0's address;
-//   - loss: the last agent, a real member of the failure-detection pool,
-//     stops (its member without leaving, its stream cut) and nothing
-//     reports it: until every surviving agent holds generation 2 and its
-//     rank 0's address;
+//     generation 1, opened, and rank 0's address;
+//   - loss: the last agent, a real member of its failure domain's pool
+//     (with one other), stops (its member without leaving, its stream
+//     cut): its pool finds it dead and the other member reports it. Until
+//     every surviving agent holds generation 2, and until it opens with
+//     its rank 0's address (each agent reports it stopped generation 1's
+//     ranks, as real agents do, and the lost node's own deadline, its
+//     lease, must pass: the fence);
 //   - the coordinator process's CPU (cores, from /proc) over 5 s of lease
 //     renewals and rank 0's 10 steps a second alone, then over 10 s of
 //     steady state: rank 0 reporting 10 steps a second and every agent,
@@ -54,8 +57,9 @@ import (
 // GPUCOORD_BENCH_LOAD=256,1024,2048 (make bench-load); docs/BENCHMARKS.md
 // has the figures. GPUCOORD_BENCH_LOAD_BIN (with
 // GPUCOORD_BENCH_LOAD_PROTOCOL, the protocol version it speaks) times
-// another build of gpucoord, and GPUCOORD_BENCH_LOAD_ARGS adds flags to
-// the coordinator's (--lease-ttl 15s).
+// another build of gpucoord, GPUCOORD_BENCH_LOAD_ARGS adds flags to the
+// coordinator's (--lease-ttl 15s), and GPUCOORD_BENCH_LOAD_LOG=path keeps
+// the coordinator's output in path.N for N nodes.
 func TestControlPlaneLoad(t *testing.T) {
 	sizes := os.Getenv("GPUCOORD_BENCH_LOAD")
 	if sizes == "" {
@@ -82,7 +86,7 @@ func TestControlPlaneLoad(t *testing.T) {
 		}
 		t.Run(strconv.Itoa(n), func(t *testing.T) { rows = append(rows, loadRun(t, bin, n)) })
 	}
-	t.Logf("control plane under load:\n| nodes | registration | rendezvous | loss to next generation (pool) | coordinator CPU, cores (leases and steps alone) | resident MB | etcd requests / step | etcd writes / step | bytes / node, generation 1 | bytes / node, generation 2 |\n|---|---|---|---|---|---|---|---|---|---|\n%s",
+	t.Logf("control plane under load:\n| nodes | registration | rendezvous | loss through the pool: every agent has generation 2 (it opens) | coordinator CPU, cores (leases and steps alone) | resident MB | etcd requests / step | etcd writes / step | bytes / node, generation 1 | bytes / node, generation 2 |\n|---|---|---|---|---|---|---|---|---|---|\n%s",
 		strings.Join(rows, "\n"))
 }
 
@@ -92,14 +96,14 @@ func TestControlPlaneLoad(t *testing.T) {
 // decoding on this machine's cores would measure the benchmark, not the
 // coordinator (GPUCOORD_BENCH_LOAD_DECODE=full does, to show it).
 type slimAssignment struct {
-	job, master string
-	gen         int64
-	renewal     bool
-	size        int // bytes on the wire
+	job, master   string
+	gen           int64
+	renewal, open bool
+	size          int // bytes on the wire
 }
 
 // parse reads the fields of pb.Assignment (job 1, generation 3, master 4,
-// renewal 8) and the generation's number (2), skipping the rest.
+// renewal 8, open 12) and the generation's number (2), skipping the rest.
 func (s *slimAssignment) parse(b []byte) error {
 	*s = slimAssignment{size: len(b)}
 	for len(b) > 0 {
@@ -137,6 +141,9 @@ func (s *slimAssignment) parse(b []byte) error {
 		case num == 8 && typ == protowire.VarintType:
 			x, m := protowire.ConsumeVarint(b)
 			s.renewal, n = x != 0, m
+		case num == 12 && typ == protowire.VarintType:
+			x, m := protowire.ConsumeVarint(b)
+			s.open, n = x != 0, m
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 		}
@@ -172,7 +179,7 @@ func watchSlim(ctx context.Context, cc *grpc.ClientConn, req *pb.WatchRequest, f
 			if err != nil {
 				return nil, err
 			}
-			return &slimAssignment{job: a.Job, master: a.Master, gen: a.Generation.GetNumber(), renewal: a.Renewal, size: proto.Size(a)}, nil
+			return &slimAssignment{job: a.Job, master: a.Master, gen: a.Generation.GetNumber(), renewal: a.Renewal, open: a.Open, size: proto.Size(a)}, nil
 		}, nil
 	}
 	cs, err := cc.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, pb.Coordinator_Watch_FullMethodName,
@@ -224,6 +231,43 @@ type holding struct {
 	reached chan struct{}
 	at      map[string]int64 // agent -> generation it holds
 	bytes   map[string]int   // agent -> assignment bytes since expect
+
+	// The phases of a rendezvous: when the first agent and the last got
+	// the generation (before rank 0's address), and when rank 0's node
+	// reported its address.
+	named         map[string]bool
+	first, all    time.Time
+	bootstrapSent time.Time
+}
+
+// phases says when, after begin, the first and the last agent got the
+// expected generation and rank 0's node reported its address.
+func (h *holding) phases(begin time.Time) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	d := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.Sub(begin).Round(time.Millisecond).String()
+	}
+	return fmt.Sprintf("first agent %s, every agent %s, rank 0's address reported %s", d(h.first), d(h.all), d(h.bootstrapSent))
+}
+
+// allAt is when the last agent got the expected generation, opened or
+// not.
+func (h *holding) allAt() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.all
+}
+
+func (h *holding) bootstrapped() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.bootstrapSent.IsZero() {
+		h.bootstrapSent = time.Now()
+	}
 }
 
 func (h *holding) expect(job string, gen int64, target int) <-chan struct{} {
@@ -231,6 +275,7 @@ func (h *holding) expect(job string, gen int64, target int) <-chan struct{} {
 	defer h.mu.Unlock()
 	h.job, h.gen, h.target, h.reached = job, gen, target, make(chan struct{})
 	h.count, h.bytes = 0, map[string]int{}
+	h.named, h.first, h.all, h.bootstrapSent = map[string]bool{}, time.Time{}, time.Time{}, time.Time{}
 	for _, g := range h.at {
 		if g == gen {
 			h.count++
@@ -260,8 +305,17 @@ func (h *holding) saw(agent string, a *slimAssignment) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.bytes[agent] += a.size
+	if a.job == h.job && a.gen == h.gen && h.named != nil && !h.named[agent] {
+		h.named[agent] = true
+		if len(h.named) == 1 {
+			h.first = time.Now()
+		}
+		if len(h.named) == h.target {
+			h.all = time.Now()
+		}
+	}
 	g := int64(0)
-	if a.job == h.job && a.master != "" {
+	if a.job == h.job && a.open && a.master != "" {
 		g = a.gen
 	}
 	if h.at[agent] == g {
@@ -346,6 +400,11 @@ func loadRun(t *testing.T, bin string, n int) string {
 		case <-co.done:
 		case <-time.After(30 * time.Second):
 		}
+		if path := os.Getenv("GPUCOORD_BENCH_LOAD_LOG"); path != "" { // the coordinator's log, e.g. with ARGS="--log-level info"
+			if err := os.WriteFile(fmt.Sprintf("%s.%d", path, n), []byte(co.output()), 0o644); err != nil {
+				t.Log(err)
+			}
+		}
 	}()
 
 	h := &holding{at: map[string]int64{}, bytes: map[string]int{}}
@@ -358,76 +417,109 @@ func loadRun(t *testing.T, bin string, n int) string {
 	defer stop()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(64)
-	var victim *gossip.Pool // the last agent's member of the failure-detection pool
+	// The last two agents are a failure domain of their own, each with a
+	// real member of its pool, as real agents: the last is the node that
+	// will be lost, and the other finds it dead and reports it
+	// (PoolReport), as an agent does. They register after the others, one
+	// after the other, so that the second joins the first's pool.
+	const lostRack = "rack-lost"
+	var pools []*gossip.Pool
+	var victim *gossip.Pool // the last agent's member
 	defer func() {
-		if victim != nil {
-			victim.Shutdown()
+		for _, p := range pools {
+			p.Shutdown()
 		}
 	}()
 	registering := time.Now()
-	for i := range n {
-		g.Go(func() error {
-			name := fmt.Sprintf("n%04d", i)
-			cc, err := pb.Dial(addr, nil, 0)
-			if err != nil {
-				return err
+	register := func(rctx context.Context, i int) error {
+		name := fmt.Sprintf("n%04d", i)
+		cc, err := pb.Dial(addr, nil, 0)
+		if err != nil {
+			return err
+		}
+		cl := pb.NewCoordinatorClient(cc)
+		node := &pb.Node{Name: name, Host: "127.0.0.1", Gpus: 8, Protocol: loadProtocol, Instance: name}
+		pooled := i >= n-2
+		if pooled {
+			node.FailureDomain, node.GossipAddr = lostRack, freeAddr(t)
+		}
+		resp, err := cl.Register(rctx, &pb.RegisterRequest{Node: node})
+		if err != nil {
+			cc.Close()
+			return fmt.Errorf("register %s: %w", name, err)
+		}
+		if pooled {
+			gs := resp.GetGossip()
+			tune := gossip.Tuning{ProbeInterval: time.Duration(gs.GetProbeIntervalMs()) * time.Millisecond,
+				ProbeTimeout: time.Duration(gs.GetProbeTimeoutMs()) * time.Millisecond, SuspicionMult: int(gs.GetSuspicionMult())}
+			var events gossip.Events
+			if i == n-2 {
+				events = witness{ctx: t.Context(), cl: cl, node: name, lease: resp.LeaseId}
 			}
-			cl := pb.NewCoordinatorClient(cc)
-			resp, err := cl.Register(gctx, &pb.RegisterRequest{Node: &pb.Node{Name: name, Host: "127.0.0.1", Gpus: 8, Protocol: loadProtocol, Instance: name}})
+			p, err := gossip.New(gossip.MemberName(name, name), node.GossipAddr, "", tune, gossip.Secure{Keys: gs.GetKeys(), Label: gs.GetLabel()}, events, nil)
 			if err != nil {
 				cc.Close()
-				return fmt.Errorf("register %s: %w", name, err)
+				return err
 			}
+			pools = append(pools, p)
 			if i == n-1 {
-				// The node that will be lost joins the pool as a real
-				// agent does, so that its loss is found by the pool.
-				gs := resp.GetGossip()
-				tune := gossip.Tuning{ProbeInterval: time.Duration(gs.GetProbeIntervalMs()) * time.Millisecond,
-					ProbeTimeout: time.Duration(gs.GetProbeTimeoutMs()) * time.Millisecond, SuspicionMult: int(gs.GetSuspicionMult())}
-				p, err := gossip.New(gossip.MemberName(name, name), "127.0.0.1:0", "", tune, gossip.Secure{Keys: gs.GetKeys(), Label: gs.GetLabel()}, nil, nil)
-				if err != nil {
-					cc.Close()
-					return err
-				}
 				victim = p
 				if _, err := p.Join(gs.GetSeeds()); err != nil {
 					cc.Close()
-					return fmt.Errorf("%s joining the pool: %w", name, err)
+					return fmt.Errorf("%s joining its rack's pool: %w", name, err)
 				}
 			}
-			sctx, cancel := context.WithCancel(ctx)
-			recv, err := watchSlim(sctx, cc, &pb.WatchRequest{Node: name, LeaseId: resp.LeaseId}, full)
-			if err != nil {
-				cancel()
-				cc.Close()
-				return err
-			}
-			agents[i] = &simAgent{name: name, cc: cc, cl: cl, cancel: cancel}
-			streams.Add(1)
-			go func() {
-				defer streams.Done()
-				defer cc.Close()
-				for {
-					a, err := recv()
-					if err != nil {
-						return
-					}
-					if a.renewal {
-						continue
-					}
-					if a.job != "" && a.master == "" && name == rank0 {
-						// This node runs rank 0: it reports its address.
-						go cl.Report(sctx, &pb.ReportRequest{Job: a.job, Generation: a.gen, Node: name,
-							Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: "127.0.0.1:29500"}}})
-					}
-					h.saw(name, a)
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		recv, err := watchSlim(sctx, cc, &pb.WatchRequest{Node: name, LeaseId: resp.LeaseId}, full)
+		if err != nil {
+			cancel()
+			cc.Close()
+			return err
+		}
+		agents[i] = &simAgent{name: name, cc: cc, cl: cl, cancel: cancel}
+		streams.Add(1)
+		go func() {
+			defer streams.Done()
+			defer cc.Close()
+			var stopped int64 // the generation below which this node said it runs nothing
+			for {
+				a, err := recv()
+				if err != nil {
+					return
 				}
-			}()
-			return nil
-		})
+				if a.renewal {
+					continue
+				}
+				if a.job != "" && !a.open && a.gen > stopped {
+					// A generation that waits for earlier ranks to
+					// stop: the node stops its own and says so, as
+					// every real agent does.
+					stopped = a.gen
+					go cl.Report(sctx, &pb.ReportRequest{Job: a.job, Node: name, LeaseId: resp.LeaseId,
+						Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: a.gen}}})
+				}
+				if a.job != "" && a.open && a.master == "" && name == rank0 {
+					// This node runs rank 0: it reports its address.
+					h.bootstrapped()
+					go cl.Report(sctx, &pb.ReportRequest{Job: a.job, Generation: a.gen, Node: name,
+						Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: "127.0.0.1:29500"}}})
+				}
+				h.saw(name, a)
+			}
+		}()
+		return nil
+	}
+	for i := range n - 2 {
+		g.Go(func() error { return register(gctx, i) })
 	}
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
+	}
+	for i := n - 2; i < n; i++ {
+		if err := register(ctx, i); err != nil {
+			t.Fatal(err)
+		}
 	}
 	registration := time.Since(registering)
 	t.Logf("%d agents registered and watching in %s", n, registration.Round(time.Millisecond))
@@ -444,7 +536,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 	waitFor(t, reached, "every agent holding generation 1", h)
 	rendezvous := time.Since(begin)
 	bytes1, _ := h.received()
-	t.Logf("rendezvous in %s, %.0f bytes a node", rendezvous.Round(time.Millisecond), bytes1)
+	t.Logf("rendezvous in %s, %.0f bytes a node (%s)", rendezvous.Round(time.Millisecond), bytes1, h.phases(begin))
 
 	// The floor: for 5 s only the leases are renewed (every stream's,
 	// every third of the TTL) and rank 0 reports 10 steps a second.
@@ -545,15 +637,30 @@ func loadRun(t *testing.T, bin string, n int) string {
 	agents[n-1].cancel()
 	waitFor(t, reached, "every surviving agent holding generation 2", h)
 	loss := time.Since(begin)
+	t.Logf("loss to generation 2 in %s (%s)", loss.Round(time.Millisecond), h.phases(begin))
+	everyAgent := h.allAt().Sub(begin)
 	bytes2, most2 := h.received()
 	stop()
 	co.cmd.Process.Signal(syscall.SIGTERM)
 	co.wait(t, 30*time.Second)
 	row := fmt.Sprintf("| %d | %s | %s | %s | %.2f (%.2f) | %.0f | %.1f | %.1f | %.0f | %.0f (max %d) |", n, registration.Round(time.Millisecond),
-		rendezvous.Round(time.Millisecond), loss.Round(time.Millisecond),
+		rendezvous.Round(time.Millisecond), fmt.Sprintf("%s (%s)", everyAgent.Round(time.Millisecond), loss.Round(time.Millisecond)),
 		(cpu1-cpu0).Seconds()/wall.Seconds(), floor, rss, (req1-req0)/steps, (wr1-wr0)/steps, bytes1, bytes2, most2)
 	t.Log(row)
 	return row
+}
+
+// witness is the pool events of an agent that reports the members its
+// pool declares dead, as an agent does (PoolReport).
+type witness struct {
+	ctx   context.Context
+	cl    pb.CoordinatorClient
+	node  string
+	lease int64
+}
+
+func (w witness) Dead(member string) {
+	go w.cl.PoolReport(w.ctx, &pb.PoolReportRequest{Node: w.node, LeaseId: w.lease, Dead: []string{member}})
 }
 
 func waitFor(t *testing.T, ch <-chan struct{}, what string, h *holding) {
