@@ -159,3 +159,27 @@ func TestStoppedReportsGrouped(t *testing.T) {
 		t.Errorf("a job that does not exist: %v, want NotFound", err)
 	}
 }
+
+// TestOthersGetTheMaster: a generation reaches the nodes that do not run
+// rank 0 once, with rank 0's address; rank 0's node gets it first without
+// (it bootstraps: its test agent reports testMaster), then with.
+func TestOthersGetTheMaster(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr())
+	ch0, _ := agent(t, c, node("n0", 4))
+	ch1, _ := agent(t, c, node("n1", 4))
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 2, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	a0 := next(t, ch0, func(a *pb.Assignment) bool { return a.Job == "j" })
+	if m := a0.Generation.Members[0]; m.FirstRank != 0 || m.Node != "n0" {
+		t.Fatalf("n0's view: %v: want n0 running rank 0 (members in name order)", a0.Generation.Members)
+	}
+	if a0.Master != "" || !a0.Open {
+		t.Fatalf("rank 0's node first got %v: want the generation opened, without the address", a0)
+	}
+	next(t, ch0, func(a *pb.Assignment) bool { return a.Job == "j" && a.Master == testMaster })
+	if a1 := next(t, ch1, func(a *pb.Assignment) bool { return a.Job == "j" }); a1.Master != testMaster {
+		t.Errorf("n1 first got the generation without rank 0's address: %v", a1)
+	}
+}
