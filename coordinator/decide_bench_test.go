@@ -3,6 +3,10 @@ package coordinator
 import (
 	"fmt"
 	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
@@ -76,4 +80,50 @@ func BenchmarkGenerationValue16384(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkGenerationTxn16384 times, against an embedded etcd, the
+// transaction that writes a 16,384-node job's generation: the first
+// (every node new: its holds key compared absent and written) and the
+// next after one node is lost (only the lost node's key released).
+func BenchmarkGenerationTxn16384(b *testing.B) {
+	e, err := OpenEtcd(b.Context(), EtcdConfig{DataDir: b.TempDir(), DialTimeout: 5 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	k := keys("/bench/")
+	gen1 := bigGeneration(16384)
+	gen1.Number = 1
+	gen2 := proto.Clone(gen1).(*pb.Generation)
+	gen2.Number, gen2.Members = 2, gen2.Members[:16383]
+	gen2.Stopping = stoppingOf(gen1.Members)
+	for b.Loop() {
+		b.StopTimer()
+		if _, err := e.Client.Delete(b.Context(), "/bench/", clientv3.WithPrefix()); err != nil {
+			b.Fatal(err)
+		}
+		j := &job{spec: &pb.JobSpec{Id: "j"}}
+		cmps, ops := generationTxn(k, j, gen1, nil)
+		b.StartTimer()
+		t0 := time.Now()
+		if resp, err := e.Client.Txn(b.Context()).If(cmps...).Then(ops...).Commit(); err != nil || !resp.Succeeded {
+			b.Fatalf("generation 1: %v, %v", resp, err)
+		}
+		first := time.Since(t0)
+		gr, err := e.Client.Get(b.Context(), k.generation("j"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		j.gen, j.commitRev = gen1, 0
+		cmps, ops = generationTxn(k, j, gen2, nil)
+		t1 := time.Now()
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k.generation("j")), "=", gr.Kvs[0].ModRevision))
+		if resp, err := e.Client.Txn(b.Context()).If(cmps...).Then(ops...).Commit(); err != nil || !resp.Succeeded {
+			b.Fatalf("generation 2: %v, %v", resp, err)
+		}
+		b.ReportMetric(float64(first.Milliseconds()), "ms/gen1")
+		b.ReportMetric(float64(time.Since(t1).Milliseconds()), "ms/gen2")
+		b.ReportMetric(float64(len(ops)), "ops/gen2")
+	}
 }
