@@ -59,7 +59,8 @@ import (
 // GPUCOORD_BENCH_LOAD_PROTOCOL, the protocol version it speaks) times
 // another build of gpucoord, GPUCOORD_BENCH_LOAD_ARGS adds flags to the
 // coordinator's (--lease-ttl 15s), and GPUCOORD_BENCH_LOAD_LOG=path keeps
-// the coordinator's output in path.N for N nodes.
+// the coordinator's output in path.N for N nodes, and
+// GPUCOORD_BENCH_LOAD_DATA=/dev/shm puts etcd's data there.
 func TestControlPlaneLoad(t *testing.T) {
 	sizes := os.Getenv("GPUCOORD_BENCH_LOAD")
 	if sizes == "" {
@@ -387,7 +388,17 @@ var loadProtocol = int32(pb.ProtocolVersion)
 
 func loadRun(t *testing.T, bin string, n int) string {
 	addr, metrics := freeAddr(t), freeAddr(t)
-	args := []string{"coordinator", "--listen", addr, "--metrics", metrics, "--data-dir", t.TempDir(), "--log-level", "warn"}
+	data := t.TempDir()
+	if dir := os.Getenv("GPUCOORD_BENCH_LOAD_DATA"); dir != "" {
+		// etcd's data elsewhere, e.g. /dev/shm: what is measured is then
+		// the control plane, not the fsyncs of a disk others write to.
+		var err error
+		if data, err = os.MkdirTemp(dir, "bench-load-"); err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(data)
+	}
+	args := []string{"coordinator", "--listen", addr, "--metrics", metrics, "--data-dir", data, "--log-level", "warn"}
 	args = append(args, strings.Fields(os.Getenv("GPUCOORD_BENCH_LOAD_ARGS"))...) // e.g. --lease-ttl 15s
 	co := start(t, bin, args...)
 	co.waitLine(t, "coordinator listening", 30*time.Second)
