@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,27 +31,59 @@ import (
 //     the kill to the first step of the next generation, and the steps
 //     trained again, held against a shared directory every step and every
 //     10 steps.
+//
+// GPUCOORD_BENCH_CKPT_BASE=<a gpucoord binary> (make bench-checkpoint
+// BASE=...) makes it a before and after on the same noisy machine at the
+// same time: only the first and third rows, each run with this build and
+// with that binary (one built from an earlier commit), interleaved, the
+// order reversed every other run.
+//
+// Besides the rows over all runs, each row's median of each run is
+// printed, and its overhead in each run against the reference row of the
+// same run and build: on a shared machine the load drifts between runs,
+// and a row compared with its neighbour in time drifts least.
 func TestCheckpointCosts(t *testing.T) {
 	runs, _ := strconv.Atoi(os.Getenv("GPUCOORD_BENCH_CKPT"))
 	if runs < 1 {
 		t.Skip("a benchmark: set GPUCOORD_BENCH_CKPT=RUNS (make bench-checkpoint)")
 	}
 	exe := buildBinary(t)
-	configs := []struct {
+	type config struct {
 		name string
 		args func(dir string) []string
-	}{
-		{"last step only, shared directory", func(dir string) []string { return []string{"--checkpoint-dir", dir} }},
-		{"every step, shared directory", func(dir string) []string { return []string{"--checkpoint-dir", dir, "--checkpoint-every", "1"} }},
-		{"every step, held by the agents", func(string) []string { return nil }},
-		{"every step, held, one copy (no replication)", func(string) []string { return []string{"--checkpoint-replicas", "1"} }},
-		{"every 10 steps, held by the agents", func(string) []string { return []string{"--checkpoint-every", "10"} }},
-		{"held, --checkpoint-overhead 5%", func(string) []string { return []string{"--checkpoint-overhead", "5%"} }},
+		exe  string // "": this build
+	}
+	configs := []config{
+		{"last step only, shared directory", func(dir string) []string { return []string{"--checkpoint-dir", dir} }, ""},
+		{"every step, shared directory", func(dir string) []string { return []string{"--checkpoint-dir", dir, "--checkpoint-every", "1"} }, ""},
+		{"every step, held by the agents", func(string) []string { return nil }, ""},
+		{"every step, held, one copy (no replication)", func(string) []string { return []string{"--checkpoint-replicas", "1"} }, ""},
+		{"every 10 steps, held by the agents", func(string) []string { return []string{"--checkpoint-every", "10"} }, ""},
+		{"held, --checkpoint-overhead 5%", func(string) []string { return []string{"--checkpoint-overhead", "5%"} }, ""},
+	}
+	held := configs[2].name // the row whose /dev/shm peak is printed
+	ref := func(c config) string { return configs[0].name }
+	if base := os.Getenv("GPUCOORD_BENCH_CKPT_BASE"); base != "" {
+		configs = []config{configs[0], configs[2],
+			{name: configs[0].name + " (base binary)", args: configs[0].args, exe: base},
+			{name: configs[2].name + " (base binary)", args: configs[2].args, exe: base}}
+		ref = func(c config) string {
+			if c.exe != "" {
+				return configs[2].name
+			}
+			return configs[0].name
+		}
 	}
 	steps := map[string][]float64{}
+	perRun := map[string][]float64{}     // each run's median
+	cpuPerStep := map[string][]float64{} // each run's CPU time over its 80 steps
 	var stateBytes, heldPeak int64
-	for range runs {
-		for _, c := range configs {
+	for i := range runs {
+		order := slices.Clone(configs)
+		if i%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, c := range order {
 			dir := t.TempDir()
 			args := append([]string{"launch", "--standalone", "--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--steps", "80", "--json"},
 				c.args(dir)...)
@@ -78,20 +111,31 @@ func TestCheckpointCosts(t *testing.T) {
 					}
 				}
 			}()
-			out, err := runOut(t, exe, append(args, "../../examples/jobs/mlp-bench.yaml")...)
+			run := exe
+			if c.exe != "" {
+				run = c.exe
+			}
+			out, cpu, err := runOut(t, run, append(args, "../../examples/jobs/mlp-bench.yaml")...)
 			close(stop)
-			if p := <-sampled; c.name == configs[2].name {
+			if p := <-sampled; c.name == held {
 				heldPeak = max(heldPeak, p)
 			}
 			if err != nil {
 				t.Fatalf("%s: %v\n%s", c.name, err, out)
 			}
+			var got []float64
 			for _, line := range strings.Split(out, "\n") {
 				var s launchStep
 				if strings.HasPrefix(line, `{"step"`) && json.Unmarshal([]byte(line), &s) == nil && s.Step > 5 {
-					steps[c.name] = append(steps[c.name], s.Seconds)
+					got = append(got, s.Seconds)
 				}
 			}
+			if len(got) == 0 {
+				t.Fatalf("%s: no steps after the fifth in its output:\n%s", c.name, out)
+			}
+			steps[c.name] = append(steps[c.name], got...)
+			perRun[c.name] = append(perRun[c.name], median(got))
+			cpuPerStep[c.name] = append(cpuPerStep[c.name], cpu.Seconds()/80)
 			if c.name == configs[0].name {
 				stateBytes = dirBytes(dir)
 			}
@@ -115,6 +159,28 @@ func TestCheckpointCosts(t *testing.T) {
 	}
 	t.Logf("step times over %d runs of 75 steps each (state of one step, every rank's files: %.1f MB; held in /dev/shm at most, both nodes: %.1f MB):\n%s",
 		runs, float64(stateBytes)/1e6, float64(heldPeak)/1e6, tab.String())
+	// Run by run, against the reference of the same run: the step time,
+	// and the CPU time per step of the whole run (startup included, the
+	// same in every row), which other work on the machine disturbs far
+	// less than it does the step time.
+	byRun := func(xs map[string][]float64, unit string, scale float64) string {
+		var tab strings.Builder
+		fmt.Fprintf(&tab, "| checkpoints | run by run | against the reference of the same run | their median |\n|---|---|---|---|\n")
+		for _, c := range configs {
+			var vs, over []string
+			var overs []float64
+			for i, v := range xs[c.name] {
+				vs = append(vs, fmt.Sprintf("%.1f", scale*v))
+				o := 100 * (v/xs[ref(c)][i] - 1)
+				overs = append(overs, o)
+				over = append(over, fmt.Sprintf("%+.1f%%", o))
+			}
+			fmt.Fprintf(&tab, "| %s | %s %s | %s | %+.1f%% |\n", c.name, strings.Join(vs, ", "), unit, strings.Join(over, ", "), median(overs))
+		}
+		return tab.String()
+	}
+	t.Logf("median step, run by run:\n%s", byRun(perRun, "ms", 1e3))
+	t.Logf("CPU time per step (the whole run's, every process, over its 80 steps), run by run:\n%s", byRun(cpuPerStep, "ms", 1e3))
 
 	type rec struct {
 		resume []time.Duration
@@ -177,15 +243,21 @@ func killLastHost(t *testing.T, args []string) (time.Duration, int) {
 	return resume, last - from
 }
 
-// runOut runs exe args and returns its combined output.
-func runOut(t *testing.T, exe string, args ...string) (string, error) {
+// runOut runs exe args and returns its combined output and the CPU time
+// (user and system) of it and the descendants it waited for: with launch
+// --standalone, the coordinator, the agents and every rank.
+func runOut(t *testing.T, exe string, args ...string) (string, time.Duration, error) {
 	t.Helper()
 	p := start(t, exe, args...)
 	code := p.wait(t, 5*time.Minute)
-	if code != 0 {
-		return p.output(), fmt.Errorf("exit %d", code)
+	var cpu time.Duration
+	if ps := p.cmd.ProcessState; ps != nil {
+		cpu = ps.UserTime() + ps.SystemTime()
 	}
-	return p.output(), nil
+	if code != 0 {
+		return p.output(), cpu, fmt.Errorf("exit %d", code)
+	}
+	return p.output(), cpu, nil
 }
 
 // dirBytes is the size of the regular files under dir.
