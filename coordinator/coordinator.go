@@ -39,6 +39,13 @@ type Config struct {
 	// Metrics is the address of the Prometheus /metrics endpoint; empty
 	// serves none.
 	Metrics string
+	// HTTP is the address of the dashboard (web.go); empty serves none.
+	// On loopback it is plaintext and open to this machine; off loopback
+	// it is TLS and asks for a client certificate of the cluster's CA, so
+	// the coordinator must serve mutual TLS (TokenFile or TLS).
+	HTTP string
+	// Planner answers the dashboard's plan form; nil leaves it out.
+	Planner PlanFunc
 	// GossipTuning sets how fast the agents' pools declare a silent member
 	// dead: agents are told it at Register. The coordinator is a member of
 	// no pool; the agents report the deaths their pools find (PoolReport).
@@ -144,6 +151,9 @@ func (c *Config) Validate() error {
 	if err := c.GossipTuning.Validate(); err != nil {
 		return errorf(ErrInvalid, "%v", err)
 	}
+	if err := c.validateHTTP(); err != nil {
+		return err
+	}
 	host, _, err := net.SplitHostPort(c.Listen)
 	if err != nil {
 		return errorf(ErrInvalid, "listen address %q: %v", c.Listen, err)
@@ -196,6 +206,7 @@ type Coordinator struct {
 	leading  atomic.Bool
 	dead     chan deathKey // deaths the agents' pools reported, for revokeDead
 	hooks    *hooks
+	web      *web // nil without Config.HTTP
 }
 
 // hooks are fault points for tests, at the lines where a crash or a race
@@ -270,7 +281,7 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth(), cache: c.cache, hooks: c.hooks,
 		times: newTimesBuffer(cfg.StragglerWindows), gossip: sec, secure: cp != nil, deaths: newDeathReports(), dead: c.dead}
 	c.srv.stored, c.srv.stopped = newStoredWriter(c.srv), newStoppedWriter(c.srv)
-	opts := append(pb.ServerOptions(), grpc.UnaryInterceptor(c.srv.unary), grpc.StreamInterceptor(c.srv.stream), grpc.ForceServerCodecV2(newPassCodec()))
+	opts := append(pb.ServerOptions(), grpc.UnaryInterceptor(c.srv.unary), grpc.ChainUnaryInterceptor(c.withDashboard), grpc.StreamInterceptor(c.srv.stream), grpc.ForceServerCodecV2(newPassCodec()))
 	if cp != nil {
 		c.srv.ca = cp.ca
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cp.tls)))
@@ -282,6 +293,14 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	c.grpc = grpc.NewServer(opts...)
 	pb.RegisterCoordinatorServer(c.grpc, c.srv)
 	c.registerHealth()
+	if err := c.openWeb(cp); err != nil {
+		ln.Close()
+		if mln != nil {
+			mln.Close()
+		}
+		e.Close()
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -354,6 +373,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	g.Go(func() error { return c.revokeDead(gctx) })
 	if c.metrics != nil {
 		g.Go(func() error { return serveMetrics(gctx, c.metrics, c.registry) })
+	}
+	if c.web != nil {
+		g.Go(func() error { return c.web.run(gctx) })
 	}
 	c.log.Info("coordinator serving", "addr", c.Addr(), "etcd", strings.Join(c.etcd.Endpoints, ","))
 	err := g.Wait()

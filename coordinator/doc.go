@@ -31,6 +31,15 @@
 // membership change the leader acts on makes a new one, and agents drop
 // anything of an older generation.
 //
+// # Dashboard
+//
+// With Config.HTTP a coordinator serves a dashboard (web.go): a page
+// embedded in the binary (webui/), and JSON and server-sent events built
+// from the same cache (webhub.go keeps the model, webview.go reads the
+// cache for it): one rebuild per change of the cache, at most every
+// 100 ms, whatever the number of viewers, and only the sections that
+// changed are sent. A standby's dashboard shows what the leader's does.
+//
 // # Usage
 //
 //	c, err := coordinator.New(ctx, cfg) // binds the port, opens etcd

@@ -3302,7 +3302,10 @@ func (x *SubmitRequest) GetSpec() *JobSpec {
 }
 
 type SubmitResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// dashboard is the URL of the answering coordinator's dashboard, as the
+	// caller reached it; empty when it serves none.
+	Dashboard     string `protobuf:"bytes,1,opt,name=dashboard,proto3" json:"dashboard,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3335,6 +3338,13 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
 	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *SubmitResponse) GetDashboard() string {
+	if x != nil {
+		return x.Dashboard
+	}
+	return ""
 }
 
 // JobState is where a job stands.
@@ -3940,9 +3950,12 @@ func (x *MemberStatus) GetState() string {
 type StatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// leader is the name of the coordinator that leads.
-	Leader        string        `protobuf:"bytes,1,opt,name=leader,proto3" json:"leader,omitempty"`
-	Nodes         []*NodeStatus `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	Jobs          []*JobStatus  `protobuf:"bytes,3,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	Leader string        `protobuf:"bytes,1,opt,name=leader,proto3" json:"leader,omitempty"`
+	Nodes  []*NodeStatus `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Jobs   []*JobStatus  `protobuf:"bytes,3,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	// dashboard is the URL of the answering coordinator's dashboard, as the
+	// caller reached it; empty when it serves none.
+	Dashboard     string `protobuf:"bytes,4,opt,name=dashboard,proto3" json:"dashboard,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3996,6 +4009,13 @@ func (x *StatusResponse) GetJobs() []*JobStatus {
 		return x.Jobs
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetDashboard() string {
+	if x != nil {
+		return x.Dashboard
+	}
+	return ""
 }
 
 type JoinRequest struct {
@@ -4855,8 +4875,9 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\blease_id\x18\x02 \x01(\x03R\aleaseId\"\x0f\n" +
 	"\rLeaveResponse\"9\n" +
 	"\rSubmitRequest\x12(\n" +
-	"\x04spec\x18\x01 \x01(\v2\x14.gpucoord.v1.JobSpecR\x04spec\"\x10\n" +
-	"\x0eSubmitResponse\"\xee\x02\n" +
+	"\x04spec\x18\x01 \x01(\v2\x14.gpucoord.v1.JobSpecR\x04spec\".\n" +
+	"\x0eSubmitResponse\x12\x1c\n" +
+	"\tdashboard\x18\x01 \x01(\tR\tdashboard\"\xee\x02\n" +
 	"\bJobState\x121\n" +
 	"\x05phase\x18\x01 \x01(\x0e2\x1b.gpucoord.v1.JobState.PhaseR\x05phase\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1b\n" +
@@ -4916,11 +4937,12 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
 	"first_rank\x18\x02 \x01(\x05R\tfirstRank\x12\x14\n" +
 	"\x05ranks\x18\x03 \x01(\x05R\x05ranks\x12\x14\n" +
-	"\x05state\x18\x04 \x01(\tR\x05state\"\x83\x01\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\"\xa1\x01\n" +
 	"\x0eStatusResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\tR\x06leader\x12-\n" +
 	"\x05nodes\x18\x02 \x03(\v2\x17.gpucoord.v1.NodeStatusR\x05nodes\x12*\n" +
-	"\x04jobs\x18\x03 \x03(\v2\x16.gpucoord.v1.JobStatusR\x04jobs\"]\n" +
+	"\x04jobs\x18\x03 \x03(\v2\x16.gpucoord.v1.JobStatusR\x04jobs\x12\x1c\n" +
+	"\tdashboard\x18\x04 \x01(\tR\tdashboard\"]\n" +
 	"\vJoinRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12\x12\n" +

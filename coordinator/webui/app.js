@@ -1,0 +1,963 @@
+// The gpucoord dashboard. It keeps the coordinator's model (sections of
+// JSON by key: web.go lists them) from one EventSource: a "snapshot"
+// event with the whole model, then a "delta" per change (sections set,
+// deleted, points appended). Each delta updates only what it touched.
+// window.gpucoordStats records how long each took (performance.now()
+// around the model and DOM update) for the browser tests and the
+// benchmark.
+'use strict';
+
+const $ = (sel, el = document) => el.querySelector(sel);
+const SVGNS = 'http://www.w3.org/2000/svg';
+
+// el builds an element: el('td', {class: 'num'}, 'text', child, ...).
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'class') e.className = v;
+    else if (k === 'text') e.textContent = v;
+    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? '' : v);
+  }
+  for (const c of children) {
+    if (c === undefined || c === null || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function svg(tag, attrs) {
+  const e = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  return e;
+}
+
+const model = window.gpucoordModel = new Map();
+let me = {};
+let route = {view: 'pool'};
+const stats = window.gpucoordStats = {snapshots: [], applies: [], loadedMs: null};
+
+const STATE = {
+  P: 'pending', W: 'starting', T: 'restarting', R: 'running', S: 'straggling', H: 'hung',
+  F: 'failed', X: 'exited', D: 'disconnected', L: 'lost', E: 'ended',
+};
+const STATE_ORDER = ['running', 'straggling', 'hung', 'starting', 'restarting', 'pending', 'disconnected', 'lost', 'failed', 'exited', 'ended'];
+const COLOUR = {};
+for (const s of STATE_ORDER) COLOUR[s] = getComputedStyle(document.documentElement).getPropertyValue('--' + s).trim() || '#999';
+
+// ---- formatting
+
+const fmt = {
+  num(v, d = 0) { return v === undefined || v === null ? '–' : Number(v).toLocaleString('en-US', {maximumFractionDigits: d, minimumFractionDigits: d}); },
+  loss(v) { return v === undefined || v === null ? '–' : Number(v).toPrecision(5); },
+  gib(b) { return (b / 2 ** 30).toFixed(1) + ' GiB'; },
+  bytes(b) {
+    if (b >= 2 ** 30) return (b / 2 ** 30).toFixed(2) + ' GiB';
+    if (b >= 2 ** 20) return (b / 2 ** 20).toFixed(1) + ' MiB';
+    if (b >= 2 ** 10) return (b / 2 ** 10).toFixed(1) + ' KiB';
+    return b + ' B';
+  },
+  sec(s) {
+    if (s === undefined || s === null) return '–';
+    if (s < 1e-3) return (s * 1e6).toFixed(0) + ' µs';
+    if (s < 1) return (s * 1e3).toFixed(s < 0.01 ? 2 : 1) + ' ms';
+    return s.toFixed(s < 10 ? 2 : 1) + ' s';
+  },
+  time(ms) { return ms ? new Date(ms).toLocaleTimeString([], {hour12: false}) : '–'; },
+  ago(ms) {
+    if (!ms) return '–';
+    const s = Math.max(0, (Date.now() - ms) / 1000);
+    if (s < 90) return s.toFixed(0) + ' s ago';
+    if (s < 5400) return (s / 60).toFixed(0) + ' min ago';
+    return (s / 3600).toFixed(1) + ' h ago';
+  },
+};
+
+// hue gives a stable hue for a name (a job's ring in the pool).
+function hue(s) {
+  let h = 0;
+  for (const c of s) h = (h * 31 + c.charCodeAt(0)) % 360;
+  return h;
+}
+
+// ---- the model
+
+function get(key) { return model.get(key); }
+
+function jobIds() {
+  const ids = [];
+  for (const k of model.keys()) if (k.startsWith('job/')) ids.push(k.slice(4));
+  ids.sort((a, b) => (get('job/' + a).order || 0) - (get('job/' + b).order || 0));
+  return ids;
+}
+
+// apply adds a message to the model and returns the keys it touched.
+function apply(m) {
+  const touched = new Set();
+  if (m.reset) model.clear();
+  for (const [k, v] of Object.entries(m.set || {})) { model.set(k, v); touched.add(k); }
+  for (const k of m.del || []) { model.delete(k); touched.add(k); }
+  for (const [k, pts] of Object.entries(m.append || {})) {
+    const cur = model.get(k) || [];
+    for (const p of pts) cur.push(p);
+    model.set(k, cur);
+    touched.add(k);
+  }
+  return touched;
+}
+
+function connect() {
+  const live = $('#live');
+  const es = new EventSource('events');
+  es.addEventListener('snapshot', ev => {
+    const t0 = performance.now();
+    apply(JSON.parse(ev.data));
+    renderAll();
+    const t1 = performance.now();
+    stats.snapshots.push({ms: t1 - t0, bytes: ev.data.length, at: t1});
+    if (stats.loadedMs === null) stats.loadedMs = t1;
+    live.textContent = 'live';
+    live.className = 'live on';
+  });
+  es.addEventListener('delta', ev => {
+    const t0 = performance.now();
+    const m = JSON.parse(ev.data);
+    const touched = apply(m);
+    update(touched);
+    const t1 = performance.now();
+    stats.applies.push({seq: m.seq, ms: t1 - t0, bytes: ev.data.length, keys: touched.size, at: t1});
+    if (stats.applies.length > 2000) stats.applies.splice(0, 1000);
+  });
+  es.onerror = () => {
+    live.textContent = 'reconnecting';
+    live.className = 'live off';
+  };
+}
+
+// ---- routing
+
+function parseRoute() {
+  const h = location.hash.replace(/^#\/?/, '');
+  const parts = h.split('/').map(decodeURIComponent);
+  if (parts[0] === 'jobs' && parts[1]) return {view: 'job', job: parts[1]};
+  if (parts[0] === 'jobs') return {view: 'jobs'};
+  if (parts[0] === 'plan') return {view: 'plan'};
+  return {view: 'pool'};
+}
+
+function show() {
+  route = parseRoute();
+  for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== 'view-' + route.view;
+  for (const a of document.querySelectorAll('nav a')) {
+    const on = a.dataset.nav === route.view || (route.view === 'job' && a.dataset.nav === 'jobs');
+    a.classList.toggle('on', on);
+  }
+  job.rank = null;
+  renderAll();
+}
+
+function renderAll() {
+  renderMeta();
+  if (route.view === 'pool') { renderCounters(); renderJobsTable('#jobs-table'); renderPool(); }
+  if (route.view === 'jobs') renderJobsTable('#jobs-table-2');
+  if (route.view === 'job') renderJob();
+  if (route.view === 'plan') renderPlanForm();
+}
+
+// update redraws what the touched keys show in the current view.
+function update(touched) {
+  if (touched.has('meta')) renderMeta();
+  if (route.view === 'pool') {
+    let nodes = false, jobs = false;
+    for (const k of touched) {
+      if (k.startsWith('node/')) { updateNode(k.slice(5)); nodes = true; }
+      if (k.startsWith('job/')) jobs = true;
+    }
+    if (nodes) { renderCounters(); renderDomainHeads(); }
+    if (jobs) { renderJobsTable('#jobs-table'); renderCounters(); }
+  } else if (route.view === 'jobs') {
+    for (const k of touched) if (k.startsWith('job/')) { renderJobsTable('#jobs-table-2'); break; }
+  } else if (route.view === 'job') {
+    const id = route.job;
+    if (touched.has('members/' + id) || touched.has('job/' + id) && !job.drawn) { renderJob(); return; }
+    if (touched.has('job/' + id)) renderJobHead();
+    if (touched.has('ranks/' + id) || touched.has('times/' + id) || touched.has('job/' + id)) updateGrid();
+    if (touched.has('points/' + id) || touched.has('gens/' + id)) renderCharts();
+    if (touched.has('gens/' + id)) renderGens();
+    if (touched.has('hangs/' + id) || touched.has('gens/' + id)) renderHangs();
+    if (touched.has('commit/' + id)) renderCommit();
+    if (touched.has('members/' + id)) renderMembers();
+    if (touched.has('exits/' + id) || touched.has('ranks/' + id)) renderRankDetail();
+    if (touched.has('prev/' + id)) renderPrev();
+  }
+}
+
+function renderMeta() {
+  const m = get('meta') || {};
+  $('#coordinator').textContent = m.coordinator ? (m.leading ? 'leader ' : 'standby of ' + m.leader + ' · ') + m.coordinator : '';
+  $('#coordinator').title = 'this page is served by coordinator ' + (m.coordinator || '?') + '; the leader is ' + (m.leader || '?') + '; etcd revision ' + (m.revision || '?');
+  $('#role').textContent = me.role ? me.role + ' ' + me.name : '';
+}
+
+// ---- the pool
+
+const pool = {tiles: new Map(), domains: new Map(), compact: null, filter: ''};
+
+function nodes() {
+  const out = [];
+  for (const [k, v] of model) if (k.startsWith('node/')) out.push(v);
+  return out;
+}
+
+function renderCounters() {
+  const c = {registered: 0, disconnected: 0, lost: 0, spare: 0, gpus: 0, busy: 0};
+  for (const n of nodes()) {
+    c[n.health]++;
+    if (n.spare) c.spare++;
+    if (n.job && n.health !== 'lost') c.busy++;
+    if (n.health !== 'lost') c.gpus += n.gpus;
+  }
+  let running = 0;
+  for (const id of jobIds()) if (get('job/' + id).phase === 'running') running++;
+  const box = $('#pool-counters');
+  box.replaceChildren(
+    counter(c.registered, 'nodes registered'),
+    counter(c.disconnected, 'disconnected', c.disconnected ? 'warn' : ''),
+    counter(c.lost, 'lost', c.lost ? 'bad' : ''),
+    counter(c.busy, 'running a job'),
+    counter(c.spare, 'spare'),
+    counter(c.gpus, 'GPUs'),
+    counter(running, 'jobs running'),
+  );
+}
+
+function counter(n, label, cls) {
+  return el('div', {class: 'counter ' + (cls || '')}, el('div', {class: 'n', text: fmt.num(n)}), el('div', {class: 'l', text: label}));
+}
+
+function renderJobsTable(sel) {
+  const tbody = $(sel + ' tbody');
+  const ids = jobIds();
+  const rows = ids.map(id => {
+    const j = get('job/' + id);
+    const g = j.generation;
+    const states = j.states || {};
+    const gist = STATE_ORDER.filter(s => states[s]).map(s => states[s] + ' ' + s).join(', ');
+    return el('tr', {class: 'link', 'data-job': id, onclick: () => { location.hash = '#/jobs/' + encodeURIComponent(id); }},
+      el('td', {}, el('a', {href: '#/jobs/' + encodeURIComponent(id), text: id})),
+      el('td', {}, el('span', {class: 'phase ' + j.phase, text: j.phase})),
+      el('td', {text: j.layout.label + ' · ' + j.layout.world + ' ranks'}),
+      el('td', {class: 'num', text: g ? g.number + (j.open || j.phase !== 'running' ? '' : ' (starting)') : '–'}),
+      el('td', {class: 'num', text: j.step ? fmt.num(j.step.step) : '–'}),
+      el('td', {class: 'num', text: j.step ? fmt.loss(j.step.loss) : '–'}),
+      el('td', {class: 'num', text: fmt.num(j.committed_step)}),
+      el('td', {class: 'hint', text: gist}));
+  });
+  tbody.replaceChildren(...rows);
+  const empty = $('#jobs-empty');
+  if (empty && sel === '#jobs-table') empty.hidden = ids.length > 0;
+}
+
+function renderPool() {
+  const all = nodes();
+  const compact = all.length > 200;
+  pool.compact = compact;
+  pool.tiles.clear();
+  pool.domains.clear();
+  const byDomain = new Map();
+  for (const n of all) {
+    const d = n.domain || '(no domain)';
+    if (!byDomain.has(d)) byDomain.set(d, []);
+    byDomain.get(d).push(n);
+  }
+  const names = [...byDomain.keys()].sort();
+  const frag = document.createDocumentFragment();
+  for (const d of names) frag.append(domainBox(d, byDomain.get(d).sort((a, b) => a.name.localeCompare(b.name, 'en', {numeric: true}))));
+  $('#domains').replaceChildren(frag);
+  $('#domains').classList.toggle('compact', compact);
+  if (!all.length) $('#domains').append(el('p', {class: 'empty', text: 'No node has registered: gpucoord worker --coordinator ADDR on each node.'}));
+  renderDomainHeads();
+  $('#pool-legend').replaceChildren(
+    legend('registered, running a job', 'var(--registered)'), legend('spare (registered, idle)', 'var(--spare)'),
+    legend('disconnected', 'var(--disconnected)'), legend('lost', 'var(--lost)'));
+  applyFilter();
+}
+
+function legend(label, colour, count) {
+  const s = el('span', {}, label);
+  s.style.setProperty('--c', colour);
+  if (count !== undefined) s.append(el('b', {text: fmt.num(count)}));
+  return s;
+}
+
+function domainBox(d, list) {
+  const wrap = el('div', {class: 'nodes' + (pool.compact ? ' tiny' : '')});
+  const box = el('div', {class: 'domain', 'data-domain': d}, el('h3', {}, d, el('span', {class: 'hint'})), wrap);
+  pool.domains.set(d, {box, wrap});
+  for (const n of list) wrap.append(tile(n));
+  return box;
+}
+
+function tile(n) {
+  const t = el('div', {'data-node': n.name}, el('div', {class: 'nm', text: n.name}), el('div', {class: 'sub'}));
+  t.addEventListener('click', () => nodeDetail(n.name));
+  t.addEventListener('mouseenter', ev => tip(ev, nodeTip(get('node/' + n.name))));
+  t.addEventListener('mouseleave', untip);
+  pool.tiles.set(n.name, t);
+  paintTile(t, n);
+  return t;
+}
+
+function paintTile(t, n) {
+  t.className = 'node ' + (n.spare ? 'spare' : n.health);
+  if (n.job) t.style.borderColor = `hsl(${hue(n.job)},55%,32%)`;
+  else t.style.removeProperty('border-color');
+  t.dataset.health = n.health;
+  t.lastChild.textContent = n.health === 'registered' ? (n.job || 'spare') + ' · ' + n.gpus + ' GPUs' : n.health;
+}
+
+function nodeTip(n) {
+  if (!n) return '';
+  return `${n.name} (${n.host || '?'})\n${n.health}${n.spare ? ', spare' : ''}${n.job ? ', job ' + n.job : ''}\n${n.gpus} GPUs · domain ${n.domain || '–'}` +
+    `${n.stream ? '\nstream on ' + n.stream : ''}${n.gossip ? '\ngossip pool member' : ''}`;
+}
+
+function updateNode(name) {
+  const n = get('node/' + name);
+  const t = pool.tiles.get(name);
+  if (!n) {
+    if (t) { t.remove(); pool.tiles.delete(name); }
+    return;
+  }
+  if (!t) {
+    const d = n.domain || '(no domain)';
+    if (!pool.domains.has(d) || nodes().length > 200 !== pool.compact) { renderPool(); return; }
+    const nt = tile(n);
+    const wrap = pool.domains.get(d).wrap;
+    const next = [...wrap.children].find(c => c.dataset.node.localeCompare(name, 'en', {numeric: true}) > 0);
+    wrap.insertBefore(nt, next || null);
+    applyFilter();
+    return;
+  }
+  if (n.domain && !pool.domains.get(n.domain)?.wrap.contains(t)) { renderPool(); return; }
+  paintTile(t, n);
+}
+
+function renderDomainHeads() {
+  const per = new Map();
+  for (const n of nodes()) {
+    const d = n.domain || '(no domain)';
+    const c = per.get(d) || {n: 0, disconnected: 0, lost: 0, spare: 0};
+    c.n++;
+    if (n.health !== 'registered') c[n.health]++;
+    if (n.spare) c.spare++;
+    per.set(d, c);
+  }
+  for (const [d, {box}] of pool.domains) {
+    const c = per.get(d);
+    if (!c) { box.remove(); pool.domains.delete(d); continue; }
+    const parts = [c.n + (c.n === 1 ? ' node' : ' nodes')];
+    if (c.spare) parts.push(c.spare + ' spare');
+    if (c.disconnected) parts.push(c.disconnected + ' disconnected');
+    if (c.lost) parts.push(c.lost + ' lost');
+    box.querySelector('h3 .hint').textContent = parts.join(' · ');
+  }
+}
+
+function applyFilter() {
+  const f = pool.filter;
+  for (const [name, t] of pool.tiles) t.classList.toggle('hidden', f !== '' && !name.includes(f) && !(get('node/' + name)?.job || '').includes(f));
+}
+
+function nodeDetail(name) {
+  const n = get('node/' + name);
+  const box = $('#node-detail');
+  if (!n) { box.hidden = true; return; }
+  box.hidden = false;
+  box.replaceChildren(el('h3', {text: 'node ' + n.name}), kv([
+    ['health', n.health + (n.spare ? ' (spare)' : '')], ['host', n.host || '–'], ['GPUs', n.gpus], ['failure domain', n.domain || '–'],
+    ['job', n.job ? el('a', {href: '#/jobs/' + encodeURIComponent(n.job), text: n.job}) : 'none'],
+    ['Watch stream', n.stream ? 'on coordinator ' + n.stream + ' (it renews the lease every third of its TTL)' : 'none'],
+    ['gossip', n.gossip ? 'member of its domain\'s pool' : 'not a member'],
+    ['registered', n.registered_unix_ms ? fmt.time(n.registered_unix_ms) + ' (' + fmt.ago(n.registered_unix_ms) + ')' : '–'],
+    ['agent version', n.version || '–'], ['strikes', n.strikes || 0],
+    ['cooldown until', n.cooldown_until_unix_ms ? fmt.time(n.cooldown_until_unix_ms) : '–'],
+  ]));
+}
+
+function kv(rows) {
+  const dl = el('dl', {class: 'kv'});
+  for (const [k, v] of rows) dl.append(el('dt', {text: k}), el('dd', {}, v));
+  return dl;
+}
+
+// ---- a job
+
+const job = {drawn: false, rank: null, layout: null, members: null};
+
+function renderJob() {
+  const id = route.job;
+  const j = get('job/' + id);
+  job.drawn = !!j;
+  if (!j) {
+    $('#job-id').textContent = id;
+    $('#job-phase').textContent = 'unknown';
+    $('#job-reason').textContent = model.size ? 'This coordinator knows no job ' + id + ' (ended jobs are kept up to --keep-jobs).' : 'loading…';
+    $('#grid').replaceChildren();
+    return;
+  }
+  renderJobHead();
+  buildGrid();
+  renderCharts();
+  renderGens();
+  renderHangs();
+  renderCommit();
+  renderMembers();
+  renderRankDetail();
+}
+
+function renderJobHead() {
+  const id = route.job;
+  const j = get('job/' + id);
+  if (!j) return;
+  $('#job-id').textContent = id;
+  const ph = $('#job-phase');
+  ph.textContent = j.phase;
+  ph.className = 'phase ' + j.phase;
+  $('#job-reason').textContent = j.reason || '';
+  const cancel = $('#job-cancel');
+  cancel.hidden = !me.may_cancel || ['succeeded', 'failed', 'cancelled'].includes(j.phase);
+  const g = j.generation;
+  const facts = [
+    ['layout', j.layout.label], ['ranks', fmt.num(j.layout.world)], ['nodes', fmt.num(j.layout.nodes)],
+    ['generation', g ? g.number + (j.open || j.phase !== 'running' ? '' : ' starting') : '–'],
+    ['step', j.step ? fmt.num(j.step.step) : '–'], ['loss', j.step ? fmt.loss(j.step.loss) : '–'],
+    ['step time', j.step ? fmt.sec(j.step.seconds) : '–'], ['samples/s', j.step ? fmt.num(j.step.samples_per_sec, 1) : '–'],
+    ['committed', fmt.num(j.committed_step)], ['stragglers', (j.stragglers || []).length],
+    ['program', j.native ? 'native engine' : (j.command || []).join(' ')],
+  ];
+  $('#job-facts').replaceChildren(...facts.map(([l, v]) => el('div', {class: 'fact'}, el('div', {class: 'l', text: l}), el('div', {class: 'v', text: v}))));
+  if (j.failure) {
+    $('#job-reason').append(el('details', {open: true}, el('summary', {text: `last output of rank ${j.failure.rank} on ${j.failure.node || '?'} (exit ${j.failure.exit_code})`}),
+      el('pre', {class: 'stacks', text: j.failure.output || '(none)'})));
+  }
+}
+
+function coordOf(r, L) {
+  return {tp: Math.floor(r / L.strides[0]) % L.tp, pp: Math.floor(r / L.strides[1]) % L.pp, dp: Math.floor(r / L.strides[2]) % L.dp};
+}
+
+// Grid draws a generation's ranks as plan --svg does: a row per node, a
+// cell per rank labelled with its rank and tp/pp/dp, a band per TP group;
+// the fill is the rank's state. Past 64 nodes or 1,024 ranks a canvas
+// draws a small cell per rank, a block per node, and the tooltip says the
+// rest. paint repaints only the cells whose state, step or time changed.
+class Grid {
+  constructor(box, onPick) {
+    this.box = box;
+    this.onPick = onPick;
+    this.mode = null;
+    this.states = '';
+    this.cells = [];
+  }
+
+  build(layout, members, info) {
+    this.layout = layout;
+    this.members = members.slice().sort((a, b) => a.first_rank - b.first_rank);
+    this.info = info;
+    this.states = '';
+    this.cells = [];
+    const ms = this.members;
+    if (!ms.length) { this.mode = null; this.box.replaceChildren(); return; }
+    const gpus = Math.max(...ms.map(m => m.ranks));
+    const L = layout;
+    if (ms.length <= 64 && L.world <= 1024) {
+      this.mode = 'svg';
+      const cw = 58, ch = 58, gap = 4, left = 120, top = 6;
+      const W = left + gpus * (cw + gap) + 10, H = top + ms.length * (ch + gap) + 4;
+      const s = svg('svg', {width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: 'grid-svg', 'font-size': 10});
+      ms.forEach((m, i) => {
+        const y = top + i * (ch + gap);
+        const label = svg('text', {x: 8, y: y + ch / 2 + 2, 'font-size': 12, 'font-weight': 600});
+        label.textContent = m.node;
+        const st = svg('text', {x: 8, y: y + ch / 2 + 16, 'font-size': 10, fill: '#66727f', class: 'node-state'});
+        st.textContent = m.state;
+        s.append(label, st);
+        for (let g = 0; g < m.ranks; g++) {
+          const r = m.first_rank + g;
+          const x = left + g * (cw + gap);
+          const c = coordOf(r, L);
+          const tpGroup = r - c.tp * L.strides[0];
+          const grp = svg('g', {'data-rank': r, class: 'rank'});
+          const rect = svg('rect', {class: 'cell', x, y, width: cw, height: ch, rx: 3});
+          const band = svg('rect', {x, y: y + ch - 6, width: cw, height: 6, fill: `hsl(${(tpGroup * 47) % 360},40%,35%)`});
+          const t1 = svg('text', {x: x + cw / 2, y: y + 13, 'text-anchor': 'middle', 'font-size': 12, 'font-weight': 600});
+          t1.textContent = r;
+          const t2 = svg('text', {x: x + cw / 2, y: y + 25, 'text-anchor': 'middle', 'font-size': 9});
+          t2.textContent = `${c.tp}/${c.pp}/${c.dp}`;
+          const t3 = svg('text', {x: x + cw / 2, y: y + 37, 'text-anchor': 'middle', 'font-size': 9, class: 'step'});
+          const t4 = svg('text', {x: x + cw / 2, y: y + 48, 'text-anchor': 'middle', 'font-size': 9, class: 'time'});
+          grp.append(rect, band, t1, t2, t3, t4);
+          grp.addEventListener('click', () => this.onPick && this.onPick(r));
+          grp.addEventListener('mouseenter', ev => tip(ev, this.tipOf(r)));
+          grp.addEventListener('mouseleave', untip);
+          s.append(grp);
+          this.cells[r] = {grp, rect, step: t3, time: t4, state: '', stepText: '', timeText: ''};
+        }
+      });
+      this.box.replaceChildren(s);
+      return;
+    }
+    this.mode = 'canvas';
+    const cell = 6, gapN = 4;
+    const blockW = gpus * cell + gapN;
+    const width = Math.max(600, Math.min(this.box.clientWidth || 1200, 1440));
+    const perRow = Math.max(1, Math.floor((width - 10) / blockW));
+    const rows = Math.ceil(ms.length / perRow);
+    const height = rows * (cell + gapN) + 4;
+    const dpr = window.devicePixelRatio || 1;
+    const cv = el('canvas', {class: 'grid-canvas'});
+    cv.width = Math.ceil(width * dpr);
+    cv.height = Math.ceil(height * dpr);
+    cv.style.width = width + 'px';
+    cv.style.height = height + 'px';
+    const ctx = cv.getContext('2d');
+    ctx.scale(dpr, dpr);
+    this.canvas = {ctx, cell, gapN, blockW, perRow};
+    const at = ev => {
+      const b = cv.getBoundingClientRect();
+      const x = ev.clientX - b.left, y = ev.clientY - b.top;
+      const col = Math.floor(x / blockW), row = Math.floor(y / (cell + gapN));
+      const m = this.members[row * perRow + col];
+      const g = Math.floor((x - col * blockW) / cell);
+      if (!m || col >= perRow || g >= m.ranks) return null;
+      return m.first_rank + g;
+    };
+    cv.addEventListener('mousemove', ev => { const r = at(ev); if (r === null) untip(); else tip(ev, this.tipOf(r)); });
+    cv.addEventListener('mouseleave', untip);
+    cv.addEventListener('click', ev => { const r = at(ev); if (r !== null && this.onPick) this.onPick(r); });
+    this.box.replaceChildren(cv, el('p', {class: 'more', text: `${fmt.num(ms.length)} nodes × ${gpus} GPUs: a cell per rank, a block per node in rank order; hover for a rank, click for its details.`}));
+  }
+
+  // paint shows states (a letter per rank), the step of the running ranks,
+  // each rank's compute time (ms, or none) and the hung ranks' steps.
+  paint(states, step, ms, hung) {
+    this.now = {states, step, ms, hung};
+    if (this.mode === 'svg') {
+      for (let r = 0; r < this.cells.length; r++) {
+        const c = this.cells[r];
+        if (!c) continue;
+        const s = STATE[states[r]] || 'pending';
+        if (c.state !== s) {
+          c.state = s;
+          c.rect.setAttribute('fill', COLOUR[s]);
+          c.grp.dataset.state = s;
+        }
+        let st = s;
+        if (hung && hung.has(r)) st = 'hung @' + hung.get(r).last_step;
+        else if ((s === 'running' || s === 'straggling') && step !== null) st = 'step ' + step;
+        if (c.stepText !== st) { c.stepText = st; c.step.textContent = st; c.grp.dataset.step = step === null ? '' : step; }
+        const t = ms && ms[r] ? fmt.sec(ms[r] / 1000) : '';
+        if (c.timeText !== t) { c.timeText = t; c.time.textContent = t; }
+      }
+    } else if (this.mode === 'canvas') {
+      const {ctx, cell, gapN, blockW, perRow} = this.canvas;
+      const prev = this.states;
+      this.members.forEach((m, i) => {
+        const x0 = (i % perRow) * blockW, y0 = Math.floor(i / perRow) * (cell + gapN);
+        for (let g = 0; g < m.ranks; g++) {
+          const r = m.first_rank + g;
+          if (prev[r] === states[r]) continue;
+          ctx.fillStyle = COLOUR[STATE[states[r]] || 'pending'];
+          ctx.fillRect(x0 + g * cell, y0 + 2, cell - 1, cell);
+        }
+      });
+    }
+    this.states = states;
+  }
+
+  select(r) {
+    if (this.mode === 'svg') for (const c of this.cells) if (c) c.rect.classList.toggle('sel', c.grp.dataset.rank == r);
+  }
+
+  memberOf(r) {
+    for (const m of this.members || []) if (r >= m.first_rank && r < m.first_rank + m.ranks) return m;
+    return null;
+  }
+
+  tipOf(r) {
+    const m = this.memberOf(r);
+    const c = coordOf(r, this.layout);
+    const n = this.now || {};
+    const s = STATE[(n.states || '')[r]] || '?';
+    const ms = n.ms ? n.ms[r] : 0;
+    return `rank ${r}: ${s}\nnode ${m ? m.node : '?'} (${m ? m.state : '?'}), GPU ${m ? r - m.first_rank : '?'}\ntp ${c.tp} pp ${c.pp} dp ${c.dp}` +
+      `${n.step !== null && n.step !== undefined ? '\nstep ' + n.step : ''}${ms ? '\ncompute ' + fmt.sec(ms / 1000) + ' a step' : ''}`;
+  }
+}
+
+let liveGrid = null, prevGrid = null;
+
+function buildGrid() {
+  const id = route.job;
+  const j = get('job/' + id);
+  const members = get('members/' + id) || [];
+  const ranks = get('ranks/' + id) || {states: ''};
+  job.layout = j.layout;
+  liveGrid = liveGrid || new Grid($('#grid'), selectRank);
+  $('#grid-caption').textContent = (ranks.generation ? 'generation ' + ranks.generation + ': ' : '') + j.layout.label + ', order ' + j.layout.order +
+    ' (fill: state; band: TP group; label: rank, t/p/d, step, compute time a step)';
+  liveGrid.build(j.layout, members);
+  job.members = liveGrid.members;
+  if (!members.length) {
+    $('#grid').replaceChildren(el('p', {class: 'empty', text: j.phase === 'pending' ? 'Waiting in rendezvous for ' + j.spec.nodes + ' nodes.' : 'No generation.'}));
+  }
+  updateGrid();
+  renderPrev();
+}
+
+// renderPrev draws the generation before the current one as it ended: a
+// lost node's ranks stay visible there.
+function renderPrev() {
+  const p = get('prev/' + route.job);
+  $('#prev-card').hidden = !p;
+  if (!p) return;
+  prevGrid = prevGrid || new Grid($('#prev-grid'), null);
+  $('#prev-caption').textContent = `generation ${p.generation}: ${p.layout.label}, ended ${fmt.time(p.ended_unix_ms)}`;
+  prevGrid.build(p.layout, p.members);
+  prevGrid.paint(p.states, null, null, null);
+  $('#prev-grid').dataset.generation = p.generation;
+  const counts = {};
+  for (const c of p.states) counts[STATE[c]] = (counts[STATE[c]] || 0) + 1;
+  $('#prev-legend').replaceChildren(...STATE_ORDER.filter(s => counts[s]).map(s => legend(s, COLOUR[s], counts[s])));
+}
+
+// updateGrid repaints the live grid from the model.
+function updateGrid() {
+  const id = route.job;
+  const j = get('job/' + id);
+  const ranks = get('ranks/' + id) || {states: ''};
+  const times = get('times/' + id) || {ms: []};
+  const states = ranks.states || '';
+  const counts = {};
+  for (let i = 0; i < states.length; i++) counts[STATE[states[i]]] = (counts[STATE[states[i]]] || 0) + 1;
+  $('#grid-legend').replaceChildren(...STATE_ORDER.filter(s => counts[s] || ['running', 'straggling', 'hung', 'restarting', 'lost'].includes(s)).map(s => legend(s, COLOUR[s], counts[s] || 0)));
+  if (!j || !liveGrid) return;
+  const step = j.step ? j.step.step : null;
+  const hung = new Map((get('hangs/' + id) || []).filter(h => h.generation === ranks.generation).map(h => [h.rank, h]));
+  liveGrid.paint(states, step, times.generation === ranks.generation ? times.ms : null, hung);
+  $('#grid').dataset.generation = ranks.generation || '';
+  $('#grid').dataset.step = step === null ? '' : step;
+}
+
+function memberOf(r) { return liveGrid ? liveGrid.memberOf(r) : null; }
+
+function selectRank(r) {
+  job.rank = r;
+  liveGrid.select(r);
+  renderRankDetail();
+}
+
+function renderRankDetail() {
+  const box = $('#rank-detail');
+  const r = job.rank;
+  if (r === null || r === undefined || !job.layout) { box.hidden = true; return; }
+  const id = route.job;
+  const ranks = get('ranks/' + id) || {states: ''};
+  const times = get('times/' + id) || {ms: []};
+  const j = get('job/' + id) || {};
+  const m = memberOf(r);
+  const c = coordOf(r, job.layout);
+  const s = STATE[ranks.states[r]] || '?';
+  const exit = (get('exits/' + id) || []).find(e => e.rank === r);
+  const hang = (get('hangs/' + id) || []).filter(h => h.rank === r).pop();
+  const straggler = (j.stragglers || []).find(x => x.rank === r);
+  const ms = times.generation === ranks.generation ? times.ms[r] : 0;
+  box.hidden = false;
+  box.replaceChildren(el('h3', {text: `rank ${r}`}), kv([
+    ['state', s], ['node', m ? m.node + ' (' + m.state + ')' : '–'], ['local GPU', m ? r - m.first_rank : '–'],
+    ['coordinates', `tp ${c.tp}, pp ${c.pp}, dp ${c.dp}`], ['step', j.step ? fmt.num(j.step.step) : '–'],
+    ['compute time', ms ? fmt.sec(ms / 1000) + ' a step (last window)' : '–'],
+    ['straggler', straggler ? straggler.ratio.toFixed(2) + '× the median' : 'no'],
+    ['exit', exit ? `code ${exit.code}${exit.hung ? ' (hung)' : ''}${exit.error ? ': ' + exit.error : ''}` : '–'],
+  ]), el('p', {}, el('button', {onclick: () => loadOutput(r), text: 'Show its output (tail of its log)'})));
+  if (hang) box.append(el('div', {class: 'what', text: `stacks it printed when found hung (generation ${hang.generation}):`}), el('pre', {class: 'stacks', text: hang.stacks || '(none)'}));
+}
+
+async function loadOutput(r) {
+  const card = $('#output-card');
+  card.hidden = false;
+  $('#output-title').textContent = `Output of rank ${r}`;
+  $('#output-refresh').onclick = () => loadOutput(r);
+  const out = $('#output');
+  out.textContent = 'loading…';
+  try {
+    const resp = await fetch(`api/jobs/${encodeURIComponent(route.job)}/logs?rank=${r}&lines=200`);
+    out.textContent = await resp.text();
+  } catch (e) {
+    out.textContent = String(e);
+  }
+}
+
+// chart draws one curve per generation over steps.
+function chart(box, pts, yOf, fmtY, colour, floor) {
+  const W = 560, H = 200, L = 56, R = 10, T = 10, B = 24;
+  const s = svg('svg', {viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: 'none'});
+  const data = pts.filter(p => Number.isFinite(yOf(p)));
+  if (data.length < 1) {
+    const t = svg('text', {x: W / 2, y: H / 2, 'text-anchor': 'middle', class: 'empty'});
+    t.textContent = 'no steps yet';
+    s.append(t);
+    box.replaceChildren(s);
+    return;
+  }
+  let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
+  for (const p of data) { x0 = Math.min(x0, p[0]); x1 = Math.max(x1, p[0]); y0 = Math.min(y0, yOf(p)); y1 = Math.max(y1, yOf(p)); }
+  if (x1 === x0) x1 = x0 + 1;
+  if (y1 === y0) { y1 += Math.abs(y1) * 0.05 + 1e-9; y0 -= Math.abs(y0) * 0.05 + 1e-9; }
+  const pad = (y1 - y0) * 0.06;
+  y0 -= pad; y1 += pad;
+  if (floor !== undefined) y0 = Math.max(y0, floor);
+  const X = v => L + (v - x0) / (x1 - x0) * (W - L - R);
+  const Y = v => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
+  s.append(svg('line', {x1: L, y1: H - B, x2: W - R, y2: H - B, class: 'axis'}), svg('line', {x1: L, y1: T, x2: L, y2: H - B, class: 'axis'}));
+  for (let i = 0; i <= 4; i++) {
+    const v = y0 + (y1 - y0) * i / 4;
+    const t = svg('text', {x: L - 6, y: Y(v) + 3, 'text-anchor': 'end', class: 'tick'});
+    t.textContent = fmtY(v);
+    s.append(t);
+  }
+  for (let i = 0; i <= 4; i++) {
+    const v = x0 + (x1 - x0) * i / 4;
+    const t = svg('text', {x: X(v), y: H - 8, 'text-anchor': 'middle', class: 'tick'});
+    t.textContent = Math.round(v);
+    s.append(t);
+  }
+  // A polyline per generation: a resumed generation redoes steps.
+  const segs = [];
+  for (const p of data) {
+    if (!segs.length || segs[segs.length - 1].gen !== p[3]) segs.push({gen: p[3], pts: []});
+    segs[segs.length - 1].pts.push(p);
+  }
+  segs.forEach((sg, i) => {
+    const step = Math.max(1, Math.floor(sg.pts.length / 1500));
+    let d = '';
+    for (let k = 0; k < sg.pts.length; k += step) d += (d ? 'L' : 'M') + X(sg.pts[k][0]).toFixed(1) + ',' + Y(yOf(sg.pts[k])).toFixed(1);
+    const last = sg.pts[sg.pts.length - 1];
+    d += 'L' + X(last[0]).toFixed(1) + ',' + Y(yOf(last)).toFixed(1);
+    s.append(svg('path', {d, class: 'line', stroke: colour, 'stroke-opacity': i === segs.length - 1 ? 1 : 0.55, 'vector-effect': 'non-scaling-stroke'}));
+    if (i > 0) {
+      const gx = X(sg.pts[0][0]);
+      s.append(svg('line', {x1: gx, y1: T, x2: gx, y2: H - B, class: 'genline', 'vector-effect': 'non-scaling-stroke'}));
+      const t = svg('text', {x: gx + 3, y: T + 9, class: 'tick'});
+      t.textContent = 'g' + sg.gen;
+      s.append(t);
+    }
+  });
+  box.replaceChildren(s);
+}
+
+function renderCharts() {
+  const pts = get('points/' + route.job) || [];
+  chart($('#chart-loss'), pts, p => p[1], v => v.toPrecision(3), '#2f6fb3');
+  chart($('#chart-time'), pts, p => p[2], v => fmt.sec(v), '#c0672a', 0);
+}
+
+function renderGens() {
+  const gens = (get('gens/' + route.job) || []).slice().reverse();
+  const j = get('job/' + route.job) || {};
+  const cur = j.generation ? j.generation.number : -1;
+  const list = $('#gens');
+  list.replaceChildren(...gens.map(g => {
+    const hung = /hung/.test(g.reason || '');
+    const li = el('li', {class: g.number === cur ? 'current' : '', 'data-generation': g.number},
+      el('div', {}, el('span', {class: 'gen', text: 'generation ' + g.number}), ' ',
+        el('span', {class: 'meta', text: `seen ${fmt.time(g.seen_unix_ms)} · ${g.layout} · ${g.nodes ? g.nodes.length : 0} nodes, ${g.world} ranks · ` +
+          (g.resume_step ? 'resumes at step ' + g.resume_step + (g.from_backup ? ' (from the backup tier)' : '') : 'from the start')})),
+      el('div', {class: 'cause', text: g.reason ? 'cause: ' + g.reason : (g.number === 1 ? 'the job\'s first' : '')}),
+      g.estimate ? el('div', {class: 'meta', text: 'planner: ' + g.estimate}) : null,
+      el('details', {}, el('summary', {text: 'nodes'}), el('div', {class: 'meta', text: (g.nodes || []).join(', ')})));
+    if (g.output) li.append(el('details', {}, el('summary', {text: hung ? 'stacks of the hung rank' : 'output of the rank that failed'}), el('pre', {class: 'stacks', text: g.output})));
+    return li;
+  }));
+  if (!gens.length) list.append(el('li', {class: 'meta', text: 'none yet'}));
+}
+
+// renderHangs lists the hung ranks, newest generation first. When a
+// rank hangs its peers soon stop too, waiting for it, and are found hung
+// as well: the stacks of the rank a generation names as its cause are
+// open, the others folded.
+function renderHangs() {
+  const hangs = (get('hangs/' + route.job) || []).slice().reverse();
+  const causes = new Set();
+  for (const g of get('gens/' + route.job) || []) {
+    const m = /rank (\d+) on \S+ hung/.exec(g.reason || '');
+    if (m) causes.add((g.number - 1) + '/' + m[1]);
+  }
+  $('#hangs-card').hidden = hangs.length === 0;
+  $('#hangs').replaceChildren(...hangs.map((h, i) => {
+    const cause = causes.has(h.generation + '/' + h.rank);
+    return el('div', {class: 'hang' + (cause ? ' cause' : ''), 'data-rank': h.rank, 'data-generation': h.generation},
+      el('div', {class: 'what', text: `rank ${h.rank} on ${h.node || '?'} hung in generation ${h.generation}` + (cause ? ': the cause of generation ' + (h.generation + 1) : '')}),
+      el('div', {class: 'meta', text: `after step ${h.last_step}: no progress for ${(h.idle_ms / 1000).toFixed(1)} s${h.stopped ? ', its process stopped (state T)' : ''}; found ${fmt.time(h.found_unix_ms)}`}),
+      el('details', {open: cause || (i === 0 && !causes.size)}, el('summary', {text: 'its stacks'}), el('pre', {class: 'stacks', text: h.stacks || '(it printed no stacks)'})));
+  }));
+}
+
+function renderCommit() {
+  const c = get('commit/' + route.job) || {};
+  const box = $('#commit');
+  const parts = [];
+  if (c.step) {
+    parts.push(el('p', {}, el('b', {text: `step ${fmt.num(c.step)}`}), ` of generation ${c.generation}` + (c.backup ? ', also in the backup tier' : '') +
+      (c.backup_only ? ' (backup tier only)' : '') + (c.earlier && c.earlier.length ? `; earlier kept: ${c.earlier.join(', ')}` : '')));
+  } else {
+    parts.push(el('p', {class: 'empty', text: 'No step committed yet.'}));
+  }
+  if (c.copies && c.copies.length) {
+    parts.push(el('div', {class: 'hint', text: 'where each node\'s files of the commit are'}), table(['node', 'copies on'], c.copies.map(x => [x.node, x.holders.join(', ')]), 40));
+  }
+  if (c.held && c.held.length) {
+    parts.push(el('div', {class: 'hint', text: 'steps each node holds (agent-held checkpoints), and who holds its newest'}),
+      table(['node', 'steps', 'newest copied to'], c.held.map(x => [x.node, x.steps.join(', '), (x.holders || []).join(', ')]), 40));
+  }
+  box.replaceChildren(...parts);
+}
+
+function table(head, rows, most) {
+  const t = el('table', {}, el('thead', {}, el('tr', {}, ...head.map(h => el('th', {text: h})))));
+  const tb = el('tbody');
+  for (const r of rows.slice(0, most)) tb.append(el('tr', {}, ...r.map(v => el('td', {}, v))));
+  t.append(tb);
+  if (rows.length <= most) return t;
+  return el('div', {}, t, el('div', {class: 'more', text: `and ${fmt.num(rows.length - most)} more`}));
+}
+
+function renderMembers() {
+  const ms = get('members/' + route.job) || [];
+  const counts = {};
+  for (const m of ms) counts[m.state] = (counts[m.state] || 0) + 1;
+  $('#members-caption').textContent = Object.entries(counts).map(([k, v]) => v + ' ' + k).join(', ');
+  const rows = ms.slice().sort((a, b) => a.first_rank - b.first_rank).map(m => {
+    const st = el('span', {text: m.state});
+    st.style.color = m.state === 'alive' ? 'var(--running)' : m.state === 'lost' ? 'var(--lost)' : 'var(--disconnected)';
+    return [m.node, `${m.first_rank}–${m.first_rank + m.ranks - 1}`, st, m.domain || '–'];
+  });
+  $('#members').replaceChildren(ms.length ? table(['node', 'ranks', 'state', 'domain'], rows, 64) : el('p', {class: 'empty', text: 'No generation yet.'}));
+}
+
+// ---- the plan form
+
+let presets = null;
+
+async function renderPlanForm() {
+  if (presets) return;
+  presets = {clusters: [], models: []};
+  try { presets = await (await fetch('api/presets')).json(); } catch (e) { /* the selects stay empty */ }
+  const cs = $('#plan-cluster'), ms = $('#plan-model');
+  cs.replaceChildren(...presets.clusters.map(c => el('option', {value: c, selected: c === 'dgx-h100', text: c})));
+  ms.replaceChildren(el('option', {value: '', text: '(from the job file)'}), ...presets.models.map(m => el('option', {value: m, selected: m === 'gpt-13b', text: m})));
+}
+
+function planArgs(form) {
+  const f = new FormData(form);
+  const args = [];
+  for (const name of ['cluster', 'nodes', 'gpus-per-node', 'model', 'tp', 'pp', 'dp', 'zero', 'micro-batch', 'global-batch', 'schedule', 'recompute']) {
+    const v = String(f.get(name) || '').trim();
+    if (v !== '') args.push('--' + name, v);
+  }
+  const more = String(f.get('more') || '').trim();
+  if (more) args.push(...more.split(/\s+/));
+  return {args, job: String(f.get('job') || '')};
+}
+
+async function submitPlan(ev) {
+  ev.preventDefault();
+  const req = planArgs(ev.target);
+  const out = $('#plan-result');
+  out.replaceChildren(el('div', {class: 'card', text: 'planning…'}));
+  let ans;
+  try {
+    const resp = await fetch('api/plan', {method: 'POST', headers: {'Content-Type': 'application/json', 'X-Gpucoord-Request': '1'}, body: JSON.stringify(req)});
+    if (!resp.ok) throw new Error(await resp.text());
+    ans = await resp.json();
+  } catch (e) {
+    out.replaceChildren(el('div', {class: 'card error', text: String(e.message || e)}));
+    return;
+  }
+  $('#plan-command').textContent = ans.command;
+  if (ans.error) {
+    out.replaceChildren(el('div', {class: 'card'}, el('div', {class: 'error', text: ans.error})));
+    return;
+  }
+  renderPlan(out, ans);
+}
+
+function renderPlan(out, ans) {
+  const p = ans.plan;
+  const mem = p.memory, pe = mem.per_gpu_bytes;
+  const parts = [['params', '#4e79a7'], ['grads', '#59a14f'], ['optimizer', '#f28e2b'], ['activations', '#e15759'], ['transient', '#b07aa1'], ['other', '#9c9c9c']];
+  const bar = el('div', {class: 'bar', title: 'per-GPU memory of the worst stage, of the GPU\'s capacity'});
+  for (const [k, c] of parts) {
+    const d = el('div', {title: `${k}: ${fmt.gib(pe[k])}`});
+    d.style.width = (100 * pe[k] / mem.capacity_bytes).toFixed(2) + '%';
+    d.style.background = c;
+    bar.append(d);
+  }
+  const memLegend = el('div', {class: 'legend'}, ...parts.map(([k, c]) => legend(`${k} ${fmt.gib(pe[k])}`, c)));
+  const summary = el('div', {class: 'card', id: 'plan-summary'},
+    el('div', {class: 'card-head'}, el('h2', {text: `${p.model.name} on ${p.cluster.name}: ${p.layout.nodes} × ${p.layout.gpus_per_node} GPUs`}),
+      el('span', {class: 'fits ' + (ans.fits ? 'yes' : 'no'), text: ans.fits ? 'fits' : 'does not fit'})),
+    el('div', {class: 'facts'}, ...[
+      ['layout', `tp ${p.parallel.tp} × pp ${p.parallel.pp} × dp ${p.parallel.dp}`], ['ZeRO', p.parallel.zero], ['schedule', p.parallel.schedule],
+      ['memory / GPU', `${fmt.gib(pe.total)} of ${fmt.gib(mem.capacity_bytes)}`], ['worst stage', mem.worst_stage],
+      ['bubble', (100 * p.pipeline.bubble_fraction).toFixed(1) + ' %'], ['micro-batches', p.pipeline.microbatches],
+      ['step time', fmt.sec(p.step.seconds)], ['TFLOPS / GPU', p.step.tflops_per_gpu.toFixed(0)], ['MFU', (100 * p.step.mfu).toFixed(1) + ' %'],
+      ['tokens / s', fmt.num(p.step.tokens_per_second)],
+    ].map(([l, v]) => el('div', {class: 'fact'}, el('div', {class: 'l', text: l}), el('div', {class: 'v', text: v})))),
+    el('h2', {text: 'Memory per GPU, by part'}), bar, memLegend,
+    (p.reasons && p.reasons.length) ? el('div', {class: 'error', text: p.reasons.join('\n')}) : null);
+  const traffic = el('div', {class: 'card'}, el('div', {class: 'card-head'}, el('h2', {text: 'Traffic per group, a step'})),
+    table(['group', 'collective', 'count', 'message', 'bytes / GPU', 'link', 'time'],
+      p.traffic.map(t => [t.group, t.collective, fmt.num(t.count), fmt.bytes(t.message_bytes), fmt.bytes(t.bytes_per_gpu), t.link, fmt.sec(t.seconds)]), 20),
+    el('div', {class: 'hint', text: `step: pipeline ${fmt.sec(p.step.pipeline_seconds)}, output ${fmt.sec(p.step.output_seconds)}, optimizer ${fmt.sec(p.step.optimizer_seconds)}, data-parallel ${fmt.sec(p.step.dp_seconds)}`}));
+  const stages = el('div', {class: 'card'}, el('div', {class: 'card-head'}, el('h2', {text: 'Memory by stage'})),
+    table(['stage', 'params', 'grads', 'optimizer', 'activations', 'transient', 'other', 'total'],
+      mem.stages.map((s, i) => [i, fmt.gib(s.params), fmt.gib(s.grads), fmt.gib(s.optimizer), fmt.gib(s.activations), fmt.gib(s.transient), fmt.gib(s.other), fmt.gib(s.total)]), 16));
+  const pic = el('div', {class: 'card'}, el('div', {class: 'card-head'}, el('h2', {text: 'Rank grid and pipeline schedule'}), el('span', {class: 'hint', text: 'plan --svg'})),
+    el('div', {class: 'plan-picture'}, el('img', {alt: 'plan --svg', src: 'data:image/svg+xml;charset=utf-8,' + encodeURIComponent(ans.svg)})));
+  const raw = el('details', {class: 'card'}, el('summary', {text: 'plan --json'}), el('pre', {class: 'output', text: JSON.stringify(p, null, 1).slice(0, 200000)}));
+  out.replaceChildren(summary, el('div', {class: 'two'}, traffic, stages), pic, raw);
+}
+
+// ---- tooltip
+
+function tip(ev, text) {
+  const t = $('#tooltip');
+  t.textContent = text;
+  t.style.whiteSpace = 'pre';
+  t.hidden = false;
+  t.style.left = Math.min(ev.clientX + 14, window.innerWidth - 300) + 'px';
+  t.style.top = (ev.clientY + 14) + 'px';
+}
+
+function untip() { $('#tooltip').hidden = true; }
+
+// ---- start
+
+async function start() {
+  try { me = await (await fetch('api/whoami')).json(); } catch (e) { me = {}; }
+  $('#node-filter').addEventListener('input', ev => { pool.filter = ev.target.value.trim(); applyFilter(); });
+  $('#plan-form').addEventListener('submit', submitPlan);
+  $('#job-cancel').addEventListener('click', async () => {
+    if (!confirm(`Cancel job ${route.job}?`)) return;
+    const resp = await fetch(`api/jobs/${encodeURIComponent(route.job)}/cancel`, {method: 'POST', headers: {'X-Gpucoord-Request': '1'}});
+    if (!resp.ok) alert(await resp.text());
+  });
+  window.addEventListener('hashchange', show);
+  show();
+  connect();
+}
+
+start();
