@@ -82,19 +82,32 @@ func (c *Client) Close() error {
 // A Submit that timed out at one coordinator may still have been applied
 // there: its retry at the next then reports ErrExists.
 func (c *Client) Submit(ctx context.Context, spec *pb.JobSpec) error {
+	_, err := c.SubmitJob(ctx, spec)
+	return err
+}
+
+// SubmitJob is Submit returning the coordinator's answer: the URL of its
+// dashboard, when it serves one (SubmitResponse.dashboard).
+func (c *Client) SubmitJob(ctx context.Context, spec *pb.JobSpec) (*pb.SubmitResponse, error) {
 	if spec.GetSubmission() == "" {
 		// A retry after a lost answer finds this submission's own job.
 		var id [8]byte
 		if _, err := rand.Read(id[:]); err != nil {
-			return fmt.Errorf("submission id: %w", err)
+			return nil, fmt.Errorf("submission id: %w", err)
 		}
 		spec = proto.Clone(spec).(*pb.JobSpec)
 		spec.Submission = hex.EncodeToString(id[:])
 	}
-	return c.call(ctx, "Submit", func(ctx context.Context, rpc pb.CoordinatorClient) error {
-		_, err := rpc.Submit(ctx, &pb.SubmitRequest{Spec: spec})
+	var resp *pb.SubmitResponse
+	err := c.call(ctx, "Submit", func(ctx context.Context, rpc pb.CoordinatorClient) error {
+		var err error
+		resp, err = rpc.Submit(ctx, &pb.SubmitRequest{Spec: spec})
 		return err
 	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
 }
 
 // Cancel stops a job, giving reason, and returns the job's state after the

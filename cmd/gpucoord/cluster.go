@@ -199,6 +199,7 @@ func defaultDataDir() string {
 
 func newCoordinatorCmd() *cobra.Command {
 	cfg := coordinator.DefaultConfig()
+	cfg.Planner = webPlan
 	var etcd, profile, members, healthAddr string
 	var logs logFlags
 	cmd := &cobra.Command{
@@ -217,8 +218,19 @@ to the agents (worker --token-file) and to launch, which obtain their own
 certificates with it once. gpucoord token create, list and revoke manage
 more tokens. An organisation's own PKI takes the CA's place with --tls-ca,
 --tls-cert and --tls-key (and --tls-ca-key to let tokens buy certificates).
-On loopback without either, the service is plaintext.`,
+On loopback without either, the service is plaintext.
+
+--http serves a dashboard from files inside the binary: the pool by
+failure domain, each job's rank grid (as plan --svg draws it) coloured
+live by each rank's state, its loss and step-time curves, generations,
+commits and replicas, a hung rank's stacks, a rank's output, and a plan
+form. Every coordinator may serve one; a standby's follows the leader's
+state. On loopback it is plaintext and open to this machine; on any other
+address it is HTTPS and asks for a client certificate of the cluster's CA
+(a client's reads, an admin's may cancel; docs/SECURITY.md). gpucoord
+status --web prints its address.`,
 		Example: `  gpucoord coordinator
+  gpucoord coordinator --http 127.0.0.1:8080
   gpucoord coordinator --listen 0.0.0.0:7070 --token-file /etc/gpucoord/token
   gpucoord coordinator --listen 0.0.0.0:7070 --etcd http://etcd-0:2379,http://etcd-1:2379 --token-file /shared/gpucoord/token`,
 		Args: cobra.NoArgs,
@@ -264,6 +276,9 @@ On loopback without either, the service is plaintext.`,
 			if m := co.MetricsAddr(); m != "" {
 				fmt.Fprintf(c.OutOrStdout(), "metrics on http://%s/metrics\n", m)
 			}
+			if u := co.WebURL(); u != "" {
+				fmt.Fprintf(c.OutOrStdout(), "dashboard on %s\n", u)
+			}
 			if health == nil {
 				return co.Run(c.Context())
 			}
@@ -290,6 +305,7 @@ On loopback without either, the service is plaintext.`,
 	fl.StringVar(&cfg.Prefix, "prefix", cfg.Prefix, "root of every etcd key")
 	fl.StringVar(&healthAddr, "health-listen", "", "serve gRPC health (grpc.health.v1) alone, in plaintext, on HOST:PORT, for probes that speak no TLS: service \"\" while it runs, \"gpucoord.v1.Coordinator\" while it reaches etcd")
 	fl.StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus metrics on HOST:PORT, at http://HOST:PORT/metrics (e.g. 127.0.0.1:9400)")
+	fl.StringVar(&cfg.HTTP, "http", "", "serve the dashboard on HOST:PORT: plaintext and open on loopback (127.0.0.1:8080), TLS with a client certificate of the cluster's CA elsewhere (needs --token-file or --tls-*); gpucoord status --web prints its address")
 	fl.IntVar(&cfg.KeepJobs, "keep-jobs", cfg.KeepJobs, "ended jobs kept in etcd for status; older ones are deleted")
 	fl.DurationVar(&cfg.StableFor, "stable-for", cfg.StableFor, "how long a node must stay registered before a running job takes it in (doubled per strike)")
 	fl.DurationVar(&cfg.FenceMargin, "fence-margin", cfg.FenceMargin, "how long after a lost node's lease has ended its ranks count as stopped, before the job's next generation starts (covers its agent's clock and the kill)")

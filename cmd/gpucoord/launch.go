@@ -832,7 +832,8 @@ func (f *follower) countSteps() {
 // on stdout and is done.
 func (f *follower) submit(ctx context.Context, cl *client.Client) error {
 	f.countSteps()
-	if err := cl.Submit(ctx, f.spec); err != nil {
+	resp, err := cl.SubmitJob(ctx, f.spec)
+	if err != nil {
 		switch {
 		case ctx.Err() != nil:
 			return err
@@ -849,6 +850,9 @@ func (f *follower) submit(ctx context.Context, cl *client.Client) error {
 	}
 	fmt.Fprintf(f.progress, "job %s submitted: %d node%s x %d rank%s, tp %d pp %d, %s\n",
 		f.spec.Id, f.spec.Nodes, plural(int(f.spec.Nodes)), f.spec.GpusPerNode, plural(int(f.spec.GpusPerNode)), f.spec.Tp, f.spec.Pp, what)
+	if u := resp.GetDashboard(); u != "" {
+		fmt.Fprintf(f.progress, "dashboard: %s#/jobs/%s\n", u, f.spec.Id)
+	}
 	switch {
 	case f.json:
 		json.NewEncoder(f.out).Encode(launchEvent{Schema: launchSchema, Event: "submitted", Job: f.spec.Id})

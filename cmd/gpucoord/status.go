@@ -14,10 +14,10 @@ func init() { subcommands = append(subcommands, newStatusCmd) }
 
 func newStatusCmd() *cobra.Command {
 	var coord string
-	var asJSON bool
+	var asJSON, web bool
 	var auth authFlags
 	cmd := &cobra.Command{
-		Use:   "status --coordinator ADDR [--json]",
+		Use:   "status --coordinator ADDR [--json | --web]",
 		Short: "Show the pool, the jobs, their generations and the leader",
 		Long: `status asks the coordinators (the first that answers) for the pool and
 the jobs: every registered node with its host, GPUs and the job it runs;
@@ -25,8 +25,12 @@ every job with its phase, its current generation (nodes, ranks, layout),
 its last step and committed step, each member's state (alive,
 disconnected, lost), its stragglers and, for a failed job, the failing
 rank's last output. --json prints the same as one JSON object (schema
-gpucoord.status/1, docs/LAUNCH.md).`,
+gpucoord.status/1, docs/LAUNCH.md). --web prints only the address of the
+dashboard of the coordinator that answered (coordinator --http), as this
+machine reached it: open it in a browser (off loopback the browser needs a
+client certificate of the cluster's CA, docs/SECURITY.md).`,
 		Example: `  gpucoord status --coordinator 10.0.0.1:7070,10.0.0.2:7070
+  gpucoord status --coordinator 127.0.0.1:7070 --web
   gpucoord status --coordinator 10.0.0.1:7070 --json | jq '.jobs[] | {id, phase}'`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -41,11 +45,20 @@ gpucoord.status/1, docs/LAUNCH.md).`,
 			if err != nil {
 				return callFailed(coord, err, creds)
 			}
+			if web {
+				if resp.GetDashboard() == "" {
+					return fmt.Errorf("the coordinator that answered serves no dashboard: start it with --http HOST:PORT")
+				}
+				fmt.Fprintln(c.OutOrStdout(), resp.GetDashboard())
+				return nil
+			}
 			return printStatus(c.OutOrStdout(), resp, asJSON)
 		},
 	}
 	cmd.Flags().StringVar(&coord, "coordinator", "", "coordinator addresses, comma-separated (the first that answers)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
+	cmd.Flags().BoolVar(&web, "web", false, "print the address of the answering coordinator's dashboard and nothing else")
+	cmd.MarkFlagsMutuallyExclusive("json", "web")
 	auth.register(cmd)
 	return cmd
 }
