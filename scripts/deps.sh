@@ -8,7 +8,8 @@
 # munge (testcluster's Slurm cluster in a box: slurmctld, slurmd, srun) and
 # buildah, podman and runc (make image, and the test that runs the image:
 # runc, since crun refuses a cgroup v1 machine whose v2 hierarchy holds a
-# controller).
+# controller) and chromium (the dashboard's tests drive it headless through
+# the DevTools protocol).
 set -euo pipefail
 need=()
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
@@ -21,6 +22,7 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
+[ -x /usr/bin/chromium ] || need+=(chromium)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" = 0 ] || sudo=sudo
