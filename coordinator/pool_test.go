@@ -153,6 +153,11 @@ func TestPoolReport(t *testing.T) {
 			t.Fatal(err)
 		}
 		lease[name] = resp.LeaseId
+		assignments, _ := watch(t, c, name, resp.LeaseId, 0) // keeps the lease alive
+		go func() {
+			for range assignments {
+			}
+		}()
 		// The next registration's seeds come from the cache.
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 			if _, ok := co.cache.registered(name); ok {

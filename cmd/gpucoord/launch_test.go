@@ -693,8 +693,8 @@ func TestWorkerFrozenDomain(t *testing.T) {
 		t.Errorf("the coordinator removed another node: %s", line)
 	}
 	// The lease path: gRPC keepalives end the stream (2 s + 2 s), then the
-	// 2 s lease runs out.
-	if found > 4*time.Second {
+	// 2 s lease runs out (and no coordinator logs the line above).
+	if found > 5*time.Second {
 		t.Errorf("w1 removed %s after SIGSTOP: no sooner than its lease could have ended", found.Round(time.Millisecond))
 	}
 	if code := p.wait(t, 30*time.Second); code == 0 || !strings.Contains(p.output(), "node lost: w1 (rank") {

@@ -115,21 +115,26 @@ func domainPoolsRun(t *testing.T, pools, n int, window time.Duration) (r domainR
 		return seen
 	}
 
-	// Joins: batch by batch, every pool's batch, then a wait until the
-	// process is quiet (poolScaleRun's way, each pool on its own).
+	// Joins: pool after pool, each in batches with a wait until the
+	// process is quiet after each (poolScaleRun's way). Joining every
+	// pool's batch at once (16 batches of 8 at 16 x 32) saturated both
+	// cores of the test machine with the joins' gossip, and the pools
+	// collapsed: probes timed out, and the false deaths fed on themselves.
 	start := time.Now()
 	stopProgress := progress(t, 10*time.Second, func() string {
 		f, _, names := deaths.falseDeaths()
 		return fmt.Sprintf("false deaths %d (%d members), packets sent %d", f, len(names), sumPackets(all))
 	})
 	defer stopProgress()
-	for b := 1; b < n && err == nil; b += scaleJoinBatch {
-		if time.Since(start) > scaleConvergeLimit {
-			f, _, names := deaths.falseDeaths()
-			err = fmt.Errorf("joins not done after %s: %d of %d in each pool, %d false deaths of %d members so far", scaleConvergeLimit, b, n, f, len(names))
-			break
-		}
-		for p := range pools {
+	var joined []*scaleMember // the members of the pools joined so far, and of this one: waitQuiet's budget is their probing
+	for p := 0; p < pools && err == nil; p++ {
+		joined = append(joined, members[p][0])
+		for b := 1; b < n && err == nil; b += scaleJoinBatch {
+			if time.Since(start) > scaleConvergeLimit {
+				f, _, names := deaths.falseDeaths()
+				err = fmt.Errorf("joins not done after %s: pool %d of %d at %d of %d, %d false deaths of %d members so far", scaleConvergeLimit, p, pools, b, n, f, len(names))
+				break
+			}
 			for i := b; i < min(n, b+scaleJoinBatch) && err == nil; i++ {
 				seeds := []string{members[p][rng.IntN(i)].ml.LocalNode().Address(), members[p][rng.IntN(i)].ml.LocalNode().Address()}
 				for attempt := range scaleJoinAttempts {
@@ -141,8 +146,9 @@ func domainPoolsRun(t *testing.T, pools, n int, window time.Duration) (r domainR
 					}
 				}
 			}
+			joined = append(joined, members[p][b:min(n, b+scaleJoinBatch)]...)
+			waitQuiet(joined, DefaultTuning(), 10*time.Second)
 		}
-		waitQuiet(all, DefaultTuning(), 10*time.Second)
 	}
 	if err != nil {
 		r.joinErr = strings.Join(strings.Fields(err.Error()), " ")
