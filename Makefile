@@ -59,7 +59,7 @@ bench-load: ## Control plane under NODES=256,1024,2048 simulated agents (16384 h
 	GPUCOORD_BENCH_LOAD=$${NODES:-256,1024,2048} GPUCOORD_BENCH_LOAD_ARGS="$${ARGS:-}" $(GO) test -count=1 -timeout 30m -run TestControlPlaneLoad -v ./cmd/gpucoord
 
 .PHONY: bench-gossip
-bench-gossip: ## Gossip pool (memberlist) of MEMBERS=8,32,64,128 in one process over loopback UDP and TCP: converge, detection, false deaths, CPU and bytes per member (minutes; not part of make test)
+bench-gossip: ## Gossip pool (memberlist) of MEMBERS=8,32,64,128 in one process over loopback UDP and TCP, or PxN for P failure-domain pools of N side by side (16x32): converge, detection, false deaths, CPU and bytes per member (minutes; not part of make test)
 	GPUCOORD_BENCH_GOSSIP=$${MEMBERS:-8,32,64,128} $(GO) test -count=1 -timeout 30m -run TestPoolScale -v ./internal/gossip
 
 .PHONY: bench-plan
