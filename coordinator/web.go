@@ -36,9 +36,11 @@ import (
 // moment apart at most.
 //
 //	GET  /                         the page (index.html, app.js, style.css)
-//	GET  /events                   server-sent events: "snapshot", the whole
-//	                               model, then a "delta" per change (webMessage)
-//	GET  /api/snapshot             the whole model, as the first event
+//	GET  /events[?view=pool|jobs|?job=ID]
+//	                               server-sent events: "snapshot", the model
+//	                               (the pool's part, or a job's), then a
+//	                               "delta" per change (webMessage)
+//	GET  /api/snapshot[?...]       the model, as the first event
 //	GET  /api/pool                 the pool by failure domain (gpucoord.web-pool/1)
 //	GET  /api/jobs                 every job's head
 //	GET  /api/jobs/{job}           a job: head, grid, members, generations,
@@ -273,7 +275,7 @@ func (w *web) handler() http.Handler {
 	mux.Handle("GET /", http.FileServerFS(ui))
 	mux.HandleFunc("GET /events", w.events)
 	mux.HandleFunc("GET /api/whoami", func(rw http.ResponseWriter, r *http.Request) { writeJSON(rw, callerOf(r)) })
-	mux.HandleFunc("GET /api/snapshot", func(rw http.ResponseWriter, r *http.Request) { writeRaw(rw, w.hub.snapshot()) })
+	mux.HandleFunc("GET /api/snapshot", func(rw http.ResponseWriter, r *http.Request) { writeRaw(rw, w.hub.snapshot(eventScope(r))) })
 	mux.HandleFunc("GET /api/stats", func(rw http.ResponseWriter, r *http.Request) { writeJSON(rw, w.hub.statsNow()) })
 	mux.HandleFunc("GET /api/presets", func(rw http.ResponseWriter, r *http.Request) {
 		writeJSON(rw, map[string][]string{"clusters": topology.ClusterPresets(), "models": topology.ModelPresets()})
@@ -348,6 +350,20 @@ func writeRaw(rw http.ResponseWriter, b []byte) {
 	rw.Write(b)
 }
 
+// eventScope is the part of the model a request asks for (inScope):
+// ?view=pool (the nodes), ?view=jobs (the jobs' heads only), ?job=ID, or
+// (none) all of it.
+func eventScope(r *http.Request) string {
+	q := r.URL.Query()
+	switch v := q.Get("view"); {
+	case q.Get("job") != "":
+		return "job:" + q.Get("job")
+	case v == "pool" || v == "jobs":
+		return v
+	}
+	return ""
+}
+
 // events streams the model: the whole of it, then its changes, until the
 // viewer leaves, falls behind (it connects again) or the coordinator
 // stops.
@@ -357,7 +373,7 @@ func (w *web) events(rw http.ResponseWriter, r *http.Request) {
 	hd.Set("Content-Type", "text/event-stream")
 	hd.Set("Cache-Control", "no-store")
 	hd.Set("X-Accel-Buffering", "no")
-	sub, snap := w.hub.subscribe()
+	sub, snap := w.hub.subscribe(eventScope(r))
 	defer w.hub.unsubscribe(sub)
 	bw := bufio.NewWriterSize(rw, 64<<10)
 	send := func(event string, data []byte) error {

@@ -377,3 +377,31 @@ func TestTailLines(t *testing.T) {
 		}
 	}
 }
+
+func TestInScope(t *testing.T) {
+	tests := []struct {
+		scope, key string
+		want       bool
+	}{
+		{"", "ranks/j", true},
+		{"", "node/n1", true},
+		{"pool", "node/n1", true},
+		{"pool", "job/j", true},
+		{"pool", "meta", true},
+		{"pool", "ranks/j", false},
+		{"pool", "points/j", false},
+		{"job:j", "ranks/j", true},
+		{"job:j", "points/j", true},
+		{"job:j", "ranks/k", false},
+		{"job:j", "job/k", true},
+		{"job:n1", "node/n1", false},
+		{"jobs", "job/j", true},
+		{"jobs", "node/n1", false},
+		{"jobs", "members/j", false},
+	}
+	for _, tc := range tests {
+		if got := inScope(tc.scope, tc.key); got != tc.want {
+			t.Errorf("inScope(%q, %q) = %v, want %v", tc.scope, tc.key, got, tc.want)
+		}
+	}
+}

@@ -66,6 +66,9 @@ type webHistory struct {
 	// last is the current generation's grid as the last rebuild saw it,
 	// to show as it ended once the next generation replaces it.
 	last *webPrevious
+	// ranks and members are the grid and the members last sent.
+	ranks   webRanks
+	members []webMember
 }
 
 // webPoint is a curve's point: step, loss, seconds a step, generation.
@@ -84,7 +87,53 @@ const (
 // (its buffer full) is dropped: its page connects again and gets the
 // model whole.
 type webSub struct {
-	ch chan []byte
+	ch    chan []byte
+	scope string
+}
+
+// inScope says whether a viewer of scope receives the section key: ""
+// receives every section; "pool" the pool's (every node's row); "job:ID"
+// job ID's; any other scope ("jobs") none but those every scope
+// receives: meta and every job's head (the page's lists). A job's grid,
+// members and compute times, a megabyte at 2,048 nodes, go only to its
+// viewers.
+func inScope(scope, key string) bool {
+	if scope == "" || key == "meta" || strings.HasPrefix(key, "job/") {
+		return true
+	}
+	kind, name, _ := strings.Cut(key, "/")
+	if scope == "pool" {
+		return kind == "node"
+	}
+	id, ok := strings.CutPrefix(scope, "job:")
+	return ok && kind != "node" && name == id
+}
+
+// filter is the part of m a viewer of scope receives.
+func (m webMessage) filter(scope string) webMessage {
+	if scope == "" {
+		return m
+	}
+	out := webMessage{Seq: m.Seq, Reset: m.Reset, Set: map[string]json.RawMessage{}}
+	for k, v := range m.Set {
+		if inScope(scope, k) {
+			out.Set[k] = v
+		}
+	}
+	for _, k := range m.Del {
+		if inScope(scope, k) {
+			out.Del = append(out.Del, k)
+		}
+	}
+	for k, v := range m.Append {
+		if inScope(scope, k) {
+			if out.Append == nil {
+				out.Append = map[string][]webPoint{}
+			}
+			out.Append[k] = v
+		}
+	}
+	return out
 }
 
 // webStats says what the hub cost, for /api/stats and the benchmark.
@@ -214,12 +263,23 @@ func (h *webHub) rebuild(now time.Time) {
 		}
 		head, ranks, members, exits := cp.head(j)
 		set("job/"+id, head)
-		set("ranks/"+id, ranks)
-		set("members/"+id, members)
+		// The grid and the members, a letter and a row per rank and node,
+		// are encoded only when they changed.
+		if _, ok := h.sections["ranks/"+id]; !ok || ranks != hist.ranks {
+			hist.ranks = ranks
+			set("ranks/"+id, ranks)
+		}
+		if _, ok := h.sections["members/"+id]; !ok || !slices.Equal(members, hist.members) {
+			hist.members = members
+			set("members/"+id, members)
+		}
 		set("exits/"+id, exits)
 		if g := j.gen; g != nil && g.Number != hist.gen {
 			if p := hist.last; p != nil && p.Generation < g.Number {
-				p.Ended = now.UnixMilli()
+				p.Ended, p.Members = now.UnixMilli(), slices.Clone(p.Members)
+				for i := range p.Members {
+					p.Members[i].Domain = "" // the grid does not show it
+				}
 				states := []byte(p.States)
 				for i, m := range p.Members {
 					var c byte
@@ -322,15 +382,34 @@ func (h *webHub) rebuild(now time.Time) {
 	if len(msg.Append) == 0 {
 		msg.Append = nil
 	}
-	b, err := json.Marshal(msg)
-	if err != nil {
-		h.log.Warn("dashboard: message not encoded", "err", err)
-		return
+	// Each scope's part, encoded once for all its viewers; nothing for a
+	// scope the change does not touch.
+	encoded := map[string][]byte{}
+	encode := func(scope string) []byte {
+		if b, ok := encoded[scope]; ok {
+			return b
+		}
+		m := msg.filter(scope)
+		var b []byte
+		if len(m.Set) > 0 || len(m.Del) > 0 || len(m.Append) > 0 {
+			var err error
+			if b, err = json.Marshal(m); err != nil {
+				h.log.Warn("dashboard: message not encoded", "err", err)
+			}
+		}
+		encoded[scope] = b
+		if b != nil {
+			h.stats.Messages++
+			h.stats.LastBytes = len(b)
+			h.stats.MaxBytes = max(h.stats.MaxBytes, len(b))
+		}
+		return b
 	}
-	h.stats.Messages++
-	h.stats.LastBytes = len(b)
-	h.stats.MaxBytes = max(h.stats.MaxBytes, len(b))
 	for sub := range h.subs {
+		b := encode(sub.scope)
+		if b == nil {
+			continue
+		}
 		select {
 		case sub.ch <- b:
 			h.stats.BytesSent += int64(len(b))
@@ -351,34 +430,42 @@ func truncateOutput(s string) string {
 	return "[...]\n" + s[len(s)-maxOutput:]
 }
 
-// snapshotLocked is the whole model as a message. The caller holds h.mu.
-func (h *webHub) snapshotLocked() []byte {
-	msg := webMessage{Seq: h.seq, Reset: true, Set: maps.Clone(h.sections)}
+// snapshotLocked is the model as a message, the part scope receives.
+// The caller holds h.mu.
+func (h *webHub) snapshotLocked(scope string) []byte {
+	msg := webMessage{Seq: h.seq, Reset: true, Set: map[string]json.RawMessage{}}
+	for k, v := range h.sections {
+		if inScope(scope, k) {
+			msg.Set[k] = v
+		}
+	}
 	for id, hist := range h.jobs {
-		b, _ := json.Marshal(hist.points[:hist.sent])
-		msg.Set["points/"+id] = b
+		if inScope(scope, "points/"+id) {
+			b, _ := json.Marshal(hist.points[:hist.sent])
+			msg.Set["points/"+id] = b
+		}
 	}
 	b, _ := json.Marshal(msg)
 	h.stats.SnapshotSize = len(b)
 	return b
 }
 
-// snapshot is the whole model as a message, for the JSON endpoints.
-func (h *webHub) snapshot() []byte {
+// snapshot is the model as a message, the part scope receives.
+func (h *webHub) snapshot(scope string) []byte {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.snapshotLocked()
+	return h.snapshotLocked(scope)
 }
 
-// subscribe returns the whole model and a viewer's subscription to the
-// messages that follow it.
-func (h *webHub) subscribe() (*webSub, []byte) {
+// subscribe returns the model, the part scope receives (inScope), and a
+// viewer's subscription to the messages that follow it.
+func (h *webHub) subscribe(scope string) (*webSub, []byte) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	sub := &webSub{ch: make(chan []byte, 64)}
+	sub := &webSub{ch: make(chan []byte, 64), scope: scope}
 	h.subs[sub] = struct{}{}
 	h.stats.Viewers = len(h.subs)
-	return sub, h.snapshotLocked()
+	return sub, h.snapshotLocked(scope)
 }
 
 // unsubscribe ends a viewer's subscription.

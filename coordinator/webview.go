@@ -249,8 +249,11 @@ type webSpec struct {
 }
 
 type webGeneration struct {
-	Number     int64    `json:"number"`
+	Number int64 `json:"number"`
+	// Nodes names the first maxGenNodes members; NodeCount counts them
+	// all.
 	Nodes      []string `json:"nodes,omitempty"`
+	NodeCount  int      `json:"node_count"`
 	World      int32    `json:"world"`
 	ResumeStep int64    `json:"resume_step"`
 	Reason     string   `json:"reason,omitempty"`
@@ -293,7 +296,6 @@ type webFailure struct {
 // webMember is a current generation's member, as status --json shows it.
 type webMember struct {
 	Node      string `json:"node"`
-	Host      string `json:"host,omitempty"`
 	Domain    string `json:"domain,omitempty"`
 	FirstRank int32  `json:"first_rank"`
 	Ranks     int32  `json:"ranks"`
@@ -425,7 +427,7 @@ func (w *webCopy) head(j *webJobCopy) (webJob, webRanks, []webMember, []webExit)
 	open := j.open >= g.Number
 	for _, m := range g.Members {
 		state := memberHealth(m, w.nodes, w.conns, w.fences)
-		members = append(members, webMember{Node: m.Node, Host: m.Host, Domain: m.Domain, FirstRank: m.FirstRank, Ranks: m.Ranks, State: state})
+		members = append(members, webMember{Node: m.Node, Domain: m.Domain, FirstRank: m.FirstRank, Ranks: m.Ranks, State: state})
 		var c byte
 		switch {
 		case pb.Terminal(st):
@@ -492,11 +494,16 @@ func (w *webCopy) head(j *webJobCopy) (webJob, webRanks, []webMember, []webExit)
 func generationOf(spec *pb.JobSpec, g *pb.Generation) *webGeneration {
 	x := &webGeneration{Number: g.Number, World: g.World, ResumeStep: g.ResumeStep, Reason: g.Reason, Hangs: g.Hangs, FromBackup: g.FromBackup,
 		Layout: pb.GenerationGrid(spec, g).Label(g.Dp), Estimate: g.Estimate}
-	for _, m := range g.Members {
+	x.NodeCount = len(g.Members)
+	for _, m := range g.Members[:min(len(g.Members), maxGenNodes)] {
 		x.Nodes = append(x.Nodes, m.Node)
 	}
 	return x
 }
+
+// maxGenNodes bounds the node names a generation's entry carries: the
+// page lists them, and 64 generations of 2,048 names were a megabyte.
+const maxGenNodes = 64
 
 // hangs are the current generation's hung ranks, with their stacks.
 func (j *webJobCopy) hangs() []webHang {

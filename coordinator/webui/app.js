@@ -36,15 +36,29 @@ function svg(tag, attrs) {
 const model = window.gpucoordModel = new Map();
 let me = {};
 let route = {view: 'pool'};
-const stats = window.gpucoordStats = {snapshots: [], applies: [], loadedMs: null};
+const stats = window.gpucoordStats = {snapshots: [], applies: [], loadedMs: null, parts: {}};
+
+// part runs fn and keeps, by name, the longest it took (gpucoordStats.parts).
+function part(name, fn) {
+  const t0 = performance.now();
+  fn();
+  const ms = performance.now() - t0;
+  if (!(stats.parts[name] >= ms)) stats.parts[name] = ms;
+}
 
 const STATE = {
   P: 'pending', W: 'starting', T: 'restarting', R: 'running', S: 'straggling', H: 'hung',
   F: 'failed', X: 'exited', D: 'disconnected', L: 'lost', E: 'ended',
 };
 const STATE_ORDER = ['running', 'straggling', 'hung', 'starting', 'restarting', 'pending', 'disconnected', 'lost', 'failed', 'exited', 'ended'];
-const COLOUR = {};
-for (const s of STATE_ORDER) COLOUR[s] = getComputedStyle(document.documentElement).getPropertyValue('--' + s).trim() || '#999';
+const COLOUR = {}, RGBA = {};
+for (const s of STATE_ORDER) {
+  COLOUR[s] = getComputedStyle(document.documentElement).getPropertyValue('--' + s).trim() || '#999999';
+  // As a pixel of ImageData's Uint32Array (little-endian: ABGR).
+  const h = COLOUR[s].replace('#', '');
+  const [r, g, b] = h.length === 3 ? [...h].map(c => parseInt(c + c, 16)) : [0, 2, 4].map(i => parseInt(h.slice(i, i + 2), 16));
+  RGBA[s] = ((255 << 24) | (b << 16) | (g << 8) | r) >>> 0;
+}
 
 // ---- formatting
 
@@ -107,9 +121,24 @@ function apply(m) {
   return touched;
 }
 
+// The part of the model the view needs (web.go's eventScope): the pool's
+// nodes, a job's sections, or the jobs' heads alone.
+let events = null, scope = null;
+
+function scopeOf(r) {
+  if (r.view === 'job') return 'job=' + encodeURIComponent(r.job);
+  return r.view === 'pool' ? 'view=pool' : 'view=jobs';
+}
+
+// connect opens the event stream of the current view's part of the
+// model, unless it is open already.
 function connect() {
+  const want = scopeOf(route);
+  if (events && scope === want) return;
+  if (events) events.close();
+  scope = want;
   const live = $('#live');
-  const es = new EventSource('events');
+  const es = events = new EventSource('events?' + want);
   es.addEventListener('snapshot', ev => {
     const t0 = performance.now();
     apply(JSON.parse(ev.data));
@@ -122,8 +151,9 @@ function connect() {
   });
   es.addEventListener('delta', ev => {
     const t0 = performance.now();
-    const m = JSON.parse(ev.data);
-    const touched = apply(m);
+    let m, touched;
+    part('parse', () => { m = JSON.parse(ev.data); });
+    part('apply', () => { touched = apply(m); });
     update(touched);
     const t1 = performance.now();
     stats.applies.push({seq: m.seq, ms: t1 - t0, bytes: ev.data.length, keys: touched.size, at: t1});
@@ -148,6 +178,7 @@ function parseRoute() {
 
 function show() {
   route = parseRoute();
+  connect();
   for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== 'view-' + route.view;
   for (const a of document.querySelectorAll('nav a')) {
     const on = a.dataset.nav === route.view || (route.view === 'job' && a.dataset.nav === 'jobs');
@@ -167,29 +198,35 @@ function renderAll() {
 
 // update redraws what the touched keys show in the current view.
 function update(touched) {
-  if (touched.has('meta')) renderMeta();
+  if (touched.has('meta')) part('meta', renderMeta);
   if (route.view === 'pool') {
     let nodes = false, jobs = false;
-    for (const k of touched) {
-      if (k.startsWith('node/')) { updateNode(k.slice(5)); nodes = true; }
-      if (k.startsWith('job/')) jobs = true;
-    }
-    if (nodes) { renderCounters(); renderDomainHeads(); }
-    if (jobs) { renderJobsTable('#jobs-table'); renderCounters(); }
+    part('nodes', () => {
+      for (const k of touched) {
+        if (k.startsWith('node/')) { updateNode(k.slice(5)); nodes = true; }
+        if (k.startsWith('job/')) jobs = true;
+      }
+    });
+    if (nodes) part('counters', () => { renderCounters(); renderDomainHeads(); });
+    if (jobs) part('jobs', () => { renderJobsTable('#jobs-table'); renderCounters(); });
   } else if (route.view === 'jobs') {
     for (const k of touched) if (k.startsWith('job/')) { renderJobsTable('#jobs-table-2'); break; }
   } else if (route.view === 'job') {
     const id = route.job;
-    if (touched.has('members/' + id) || touched.has('job/' + id) && !job.drawn) { renderJob(); return; }
-    if (touched.has('job/' + id)) renderJobHead();
-    if (touched.has('ranks/' + id) || touched.has('times/' + id) || touched.has('job/' + id)) updateGrid();
-    if (touched.has('points/' + id) || touched.has('gens/' + id)) renderCharts();
-    if (touched.has('gens/' + id)) renderGens();
-    if (touched.has('hangs/' + id) || touched.has('gens/' + id)) renderHangs();
-    if (touched.has('commit/' + id)) renderCommit();
-    if (touched.has('members/' + id)) renderMembers();
-    if (touched.has('exits/' + id) || touched.has('ranks/' + id)) renderRankDetail();
-    if (touched.has('prev/' + id)) renderPrev();
+    const has = k => touched.has(k + '/' + id);
+    if (!job.drawn) { part('job', renderJob); return; }
+    if (has('job')) part('head', renderJobHead);
+    if (has('members')) {
+      // A new generation: the grid drawn again (the ended one with it).
+      part('grid.rebuild', buildGrid);
+      part('members', renderMembers);
+    } else if (has('ranks') || has('times') || has('job')) part('grid', updateGrid);
+    if (has('points') || has('gens')) part('charts', renderCharts);
+    if (has('gens')) part('gens', renderGens);
+    if (has('hangs') || has('gens')) part('hangs', renderHangs);
+    if (has('commit')) part('commit', renderCommit);
+    if (has('exits') || has('ranks')) part('rank', renderRankDetail);
+    if (has('prev') && !has('members')) part('prev', renderPrev);
   }
 }
 
@@ -407,14 +444,14 @@ function renderJob() {
     $('#grid').replaceChildren();
     return;
   }
-  renderJobHead();
-  buildGrid();
-  renderCharts();
-  renderGens();
-  renderHangs();
-  renderCommit();
-  renderMembers();
-  renderRankDetail();
+  part('job.head', renderJobHead);
+  part('job.grid', buildGrid);
+  part('job.charts', renderCharts);
+  part('job.gens', renderGens);
+  part('job.hangs', renderHangs);
+  part('job.commit', renderCommit);
+  part('job.members', renderMembers);
+  part('job.rank', renderRankDetail);
 }
 
 function renderJobHead() {
@@ -510,28 +547,31 @@ class Grid {
       return;
     }
     this.mode = 'canvas';
-    const cell = 6, gapN = 4;
-    const blockW = gpus * cell + gapN;
-    const width = Math.max(600, Math.min(this.box.clientWidth || 1200, 1440));
-    const perRow = Math.max(1, Math.floor((width - 10) / blockW));
+    // A canvas pixel per rank, a transparent one between nodes and between
+    // rows, shown S times larger (image-rendering: pixelated): painting is
+    // writing a few thousand pixels, whatever the change.
+    const S = 5;
+    const blockW = gpus + 1;
+    // From the window's width, not the box's: reading a box's size would
+    // lay the page out in the middle of an update.
+    const width = Math.max(600, Math.min(window.innerWidth - 80, 1440));
+    const perRow = Math.max(1, Math.floor(width / (S * blockW)));
     const rows = Math.ceil(ms.length / perRow);
-    const height = rows * (cell + gapN) + 4;
-    const dpr = window.devicePixelRatio || 1;
+    const W = perRow * blockW, H = rows * 2;
     const cv = el('canvas', {class: 'grid-canvas'});
-    cv.width = Math.ceil(width * dpr);
-    cv.height = Math.ceil(height * dpr);
-    cv.style.width = width + 'px';
-    cv.style.height = height + 'px';
+    cv.width = W;
+    cv.height = H;
+    cv.style.width = W * S + 'px';
+    cv.style.height = H * S + 'px';
     const ctx = cv.getContext('2d');
-    ctx.scale(dpr, dpr);
-    this.canvas = {ctx, cell, gapN, blockW, perRow};
+    const img = ctx.createImageData(W, H);
+    this.canvas = {ctx, blockW, perRow, img, px: new Uint32Array(img.data.buffer), W};
     const at = ev => {
       const b = cv.getBoundingClientRect();
-      const x = ev.clientX - b.left, y = ev.clientY - b.top;
-      const col = Math.floor(x / blockW), row = Math.floor(y / (cell + gapN));
-      const m = this.members[row * perRow + col];
-      const g = Math.floor((x - col * blockW) / cell);
-      if (!m || col >= perRow || g >= m.ranks) return null;
+      const x = Math.floor((ev.clientX - b.left) / S), y = Math.floor((ev.clientY - b.top) / S);
+      const col = Math.floor(x / blockW), g = x % blockW;
+      const m = this.members[(y >> 1) * perRow + col];
+      if (!m || y % 2 || col >= perRow || g >= m.ranks) return null;
       return m.first_rank + g;
     };
     cv.addEventListener('mousemove', ev => { const r = at(ev); if (r === null) untip(); else tip(ev, this.tipOf(r)); });
@@ -562,17 +602,19 @@ class Grid {
         if (c.timeText !== t) { c.timeText = t; c.time.textContent = t; }
       }
     } else if (this.mode === 'canvas') {
-      const {ctx, cell, gapN, blockW, perRow} = this.canvas;
+      const {ctx, blockW, perRow, img, px, W} = this.canvas;
       const prev = this.states;
+      let changed = false;
       this.members.forEach((m, i) => {
-        const x0 = (i % perRow) * blockW, y0 = Math.floor(i / perRow) * (cell + gapN);
+        const at = 2 * Math.floor(i / perRow) * W + (i % perRow) * blockW;
         for (let g = 0; g < m.ranks; g++) {
           const r = m.first_rank + g;
           if (prev[r] === states[r]) continue;
-          ctx.fillStyle = COLOUR[STATE[states[r]] || 'pending'];
-          ctx.fillRect(x0 + g * cell, y0 + 2, cell - 1, cell);
+          px[at + g] = RGBA[STATE[states[r]] || 'pending'];
+          changed = true;
         }
       });
+      if (changed) ctx.putImageData(img, 0, 0);
     }
     this.states = states;
   }
@@ -608,13 +650,13 @@ function buildGrid() {
   liveGrid = liveGrid || new Grid($('#grid'), selectRank);
   $('#grid-caption').textContent = (ranks.generation ? 'generation ' + ranks.generation + ': ' : '') + j.layout.label + ', order ' + j.layout.order +
     ' (fill: state; band: TP group; label: rank, t/p/d, step, compute time a step)';
-  liveGrid.build(j.layout, members);
+  part('grid.build', () => liveGrid.build(j.layout, members));
   job.members = liveGrid.members;
   if (!members.length) {
     $('#grid').replaceChildren(el('p', {class: 'empty', text: j.phase === 'pending' ? 'Waiting in rendezvous for ' + j.spec.nodes + ' nodes.' : 'No generation.'}));
   }
-  updateGrid();
-  renderPrev();
+  part('grid.paint', updateGrid);
+  part('grid.prev', renderPrev);
 }
 
 // renderPrev draws the generation before the current one as it ended: a
@@ -773,11 +815,11 @@ function renderGens() {
     const hung = /hung/.test(g.reason || '');
     const li = el('li', {class: g.number === cur ? 'current' : '', 'data-generation': g.number},
       el('div', {}, el('span', {class: 'gen', text: 'generation ' + g.number}), ' ',
-        el('span', {class: 'meta', text: `seen ${fmt.time(g.seen_unix_ms)} · ${g.layout} · ${g.nodes ? g.nodes.length : 0} nodes, ${g.world} ranks · ` +
+        el('span', {class: 'meta', text: `seen ${fmt.time(g.seen_unix_ms)} · ${g.layout} · ${g.node_count} nodes, ${g.world} ranks · ` +
           (g.resume_step ? 'resumes at step ' + g.resume_step + (g.from_backup ? ' (from the backup tier)' : '') : 'from the start')})),
       el('div', {class: 'cause', text: g.reason ? 'cause: ' + g.reason : (g.number === 1 ? 'the job\'s first' : '')}),
       g.estimate ? el('div', {class: 'meta', text: 'planner: ' + g.estimate}) : null,
-      el('details', {}, el('summary', {text: 'nodes'}), el('div', {class: 'meta', text: (g.nodes || []).join(', ')})));
+      el('details', {}, el('summary', {text: 'nodes'}), el('div', {class: 'meta', text: (g.nodes || []).join(', ') + (g.node_count > (g.nodes || []).length ? ` and ${g.node_count - g.nodes.length} more` : '')})));
     if (g.output) li.append(el('details', {}, el('summary', {text: hung ? 'stacks of the hung rank' : 'output of the rank that failed'}), el('pre', {class: 'stacks', text: g.output})));
     return li;
   }));
@@ -816,22 +858,24 @@ function renderCommit() {
     parts.push(el('p', {class: 'empty', text: 'No step committed yet.'}));
   }
   if (c.copies && c.copies.length) {
-    parts.push(el('div', {class: 'hint', text: 'where each node\'s files of the commit are'}), table(['node', 'copies on'], c.copies.map(x => [x.node, x.holders.join(', ')]), 40));
+    parts.push(el('div', {class: 'hint', text: 'where each node\'s files of the commit are'}), table(['node', 'copies on'], c.copies.slice(0, 41).map(x => [x.node, x.holders.join(', ')]), 40, c.copies.length));
   }
   if (c.held && c.held.length) {
     parts.push(el('div', {class: 'hint', text: 'steps each node holds (agent-held checkpoints), and who holds its newest'}),
-      table(['node', 'steps', 'newest copied to'], c.held.map(x => [x.node, x.steps.join(', '), (x.holders || []).join(', ')]), 40));
+      table(['node', 'steps', 'newest copied to'], c.held.slice(0, 41).map(x => [x.node, x.steps.join(', '), (x.holders || []).join(', ')]), 40, c.held.length));
   }
   box.replaceChildren(...parts);
 }
 
-function table(head, rows, most) {
+// table shows the first most rows of a table of total (default: rows').
+function table(head, rows, most, total) {
+  total = total === undefined ? rows.length : total;
   const t = el('table', {}, el('thead', {}, el('tr', {}, ...head.map(h => el('th', {text: h})))));
   const tb = el('tbody');
   for (const r of rows.slice(0, most)) tb.append(el('tr', {}, ...r.map(v => el('td', {}, v))));
   t.append(tb);
-  if (rows.length <= most) return t;
-  return el('div', {}, t, el('div', {class: 'more', text: `and ${fmt.num(rows.length - most)} more`}));
+  if (total <= most) return t;
+  return el('div', {}, t, el('div', {class: 'more', text: `and ${fmt.num(total - most)} more`}));
 }
 
 function renderMembers() {
@@ -839,12 +883,17 @@ function renderMembers() {
   const counts = {};
   for (const m of ms) counts[m.state] = (counts[m.state] || 0) + 1;
   $('#members-caption').textContent = Object.entries(counts).map(([k, v]) => v + ' ' + k).join(', ');
-  const rows = ms.slice().sort((a, b) => a.first_rank - b.first_rank).map(m => {
+  // Those not alive first: at 2,048 nodes the table shows 64.
+  const order = m => m.state === 'alive' ? 1 : 0;
+  const shown = ms.slice().sort((a, b) => order(a) - order(b) || a.first_rank - b.first_rank).slice(0, 64);
+  const rows = shown.map(m => {
     const st = el('span', {text: m.state});
     st.style.color = m.state === 'alive' ? 'var(--running)' : m.state === 'lost' ? 'var(--lost)' : 'var(--disconnected)';
     return [m.node, `${m.first_rank}–${m.first_rank + m.ranks - 1}`, st, m.domain || '–'];
   });
-  $('#members').replaceChildren(ms.length ? table(['node', 'ranks', 'state', 'domain'], rows, 64) : el('p', {class: 'empty', text: 'No generation yet.'}));
+  const t = table(['node', 'ranks', 'state', 'domain'], rows, 64);
+  $('#members').replaceChildren(ms.length ? t : el('p', {class: 'empty', text: 'No generation yet.'}));
+  if (ms.length > 64) $('#members').append(el('div', {class: 'more', text: `and ${fmt.num(ms.length - 64)} more, alive`}));
 }
 
 // ---- the plan form
@@ -957,7 +1006,6 @@ async function start() {
   });
   window.addEventListener('hashchange', show);
   show();
-  connect();
 }
 
 start();
