@@ -5,7 +5,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/topology"
@@ -583,6 +582,3 @@ func (j *webJobCopy) commitView() webCommit {
 	}
 	return c
 }
-
-// nowMs is the wall clock in Unix ms; a variable for tests.
-var nowMs = func() int64 { return time.Now().UnixMilli() }

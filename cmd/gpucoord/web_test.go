@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
 	"github.com/gpucoord/gpucoord/coordinator"
@@ -70,20 +71,23 @@ func waitJS(t *testing.T, ctx context.Context, expr string, timeout time.Duratio
 }
 
 // screenshot writes the page to dir/name as a PNG when dir is set
-// (GPUCOORD_WEB_SHOTS, e.g. docs/web), the full height of the page.
+// (GPUCOORD_WEB_SHOTS, e.g. docs/web): its top 1,800 pixels, or all of a
+// shorter page.
 func screenshot(t *testing.T, ctx context.Context, dir, name string) {
 	t.Helper()
 	if dir == "" {
 		return
 	}
-	b, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	size := evalJS[[]float64](t, ctx, `[document.documentElement.scrollWidth, document.documentElement.scrollHeight]`)
+	b, err := chromedp.Call(ctx, page.CaptureScreenshot, page.CaptureScreenshotParams{Format: page.CaptureScreenshotFormatPng,
+		Clip: &page.Viewport{Width: size[0], Height: min(size[1], 1800), Scale: 1}, CaptureBeyondViewport: new(true)})
 	if err != nil {
 		t.Fatalf("screenshot %s: %v", name, err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, name), b.Data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("wrote %s (%d bytes)", filepath.Join(dir, name), len(b))
+	t.Logf("wrote %s (%d bytes)", filepath.Join(dir, name), len(b.Data))
 }
 
 // dashboardCoordinator starts a coordinator that serves its dashboard on

@@ -74,6 +74,7 @@ const fmt = {
   },
   sec(s) {
     if (s === undefined || s === null) return '–';
+    if (s === 0) return '0';
     if (s < 1e-3) return (s * 1e6).toFixed(0) + ' µs';
     if (s < 1) return (s * 1e3).toFixed(s < 0.01 ? 2 : 1) + ' ms';
     return s.toFixed(s < 10 ? 2 : 1) + ' s';
@@ -509,8 +510,14 @@ class Grid {
     if (!ms.length) { this.mode = null; this.box.replaceChildren(); return; }
     const gpus = Math.max(...ms.map(m => m.ranks));
     const L = layout;
-    if (ms.length <= 64 && L.world <= 1024) {
+    // As plan --svg, which draws 32 nodes: past them, or 256 ranks, the
+    // canvas. Past 64 ranks the step goes on each node's row, not in
+    // every cell: a step would rewrite hundreds of labels ten times a
+    // second.
+    if (ms.length <= 32 && L.world <= 256) {
       this.mode = 'svg';
+      this.rowStep = L.world > 64;
+      this.rows = [];
       const cw = 58, ch = 58, gap = 4, left = 120, top = 6;
       const W = left + gpus * (cw + gap) + 10, H = top + ms.length * (ch + gap) + 4;
       const s = svg('svg', {width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: 'grid-svg', 'font-size': 10});
@@ -521,6 +528,7 @@ class Grid {
         const st = svg('text', {x: 8, y: y + ch / 2 + 16, 'font-size': 10, fill: '#66727f', class: 'node-state'});
         st.textContent = m.state;
         s.append(label, st);
+        this.rows.push({st, state: m.state, text: m.state});
         for (let g = 0; g < m.ranks; g++) {
           const r = m.first_rank + g;
           const x = left + g * (cw + gap);
@@ -550,13 +558,17 @@ class Grid {
     // A canvas pixel per rank, a transparent one between nodes and between
     // rows, shown S times larger (image-rendering: pixelated): painting is
     // writing a few thousand pixels, whatever the change.
-    const S = 5;
     const blockW = gpus + 1;
     // From the window's width, not the box's: reading a box's size would
     // lay the page out in the middle of an update.
     const width = Math.max(600, Math.min(window.innerWidth - 80, 1440));
-    const perRow = Math.max(1, Math.floor(width / (S * blockW)));
-    const rows = Math.ceil(ms.length / perRow);
+    // The largest cells that keep the grid within 640 pixels' height.
+    let S, perRow, rows;
+    for (S of [14, 12, 10, 8, 6, 5, 4, 3, 2]) {
+      perRow = Math.max(1, Math.floor(width / (S * blockW)));
+      rows = Math.ceil(ms.length / perRow);
+      if (rows * 2 * S <= 640) break;
+    }
     const W = perRow * blockW, H = rows * 2;
     const cv = el('canvas', {class: 'grid-canvas'});
     cv.width = W;
@@ -577,7 +589,10 @@ class Grid {
     cv.addEventListener('mousemove', ev => { const r = at(ev); if (r === null) untip(); else tip(ev, this.tipOf(r)); });
     cv.addEventListener('mouseleave', untip);
     cv.addEventListener('click', ev => { const r = at(ev); if (r !== null && this.onPick) this.onPick(r); });
-    this.box.replaceChildren(cv, el('p', {class: 'more', text: `${fmt.num(ms.length)} nodes × ${gpus} GPUs: a cell per rank, a block per node in rank order; hover for a rank, click for its details.`}));
+    // A thin line between ranks, over the canvas (style.css).
+    const cells = el('div', {class: 'grid-cells'}, cv);
+    cells.style.setProperty('--s', S + 'px');
+    this.box.replaceChildren(cells, el('p', {class: 'more', text: `${fmt.num(ms.length)} nodes × ${gpus} GPUs: a cell per rank, a block per node in rank order; hover for a rank, click for its details.`}));
   }
 
   // paint shows states (a letter per rank), the step of the running ranks,
@@ -596,10 +611,16 @@ class Grid {
         }
         let st = s;
         if (hung && hung.has(r)) st = 'hung @' + hung.get(r).last_step;
-        else if ((s === 'running' || s === 'straggling') && step !== null) st = 'step ' + step;
-        if (c.stepText !== st) { c.stepText = st; c.step.textContent = st; c.grp.dataset.step = step === null ? '' : step; }
+        else if ((s === 'running' || s === 'straggling') && step !== null) st = this.rowStep ? s : 'step ' + step;
+        if (c.stepText !== st) { c.stepText = st; c.step.textContent = st; }
         const t = ms && ms[r] ? fmt.sec(ms[r] / 1000) : '';
         if (c.timeText !== t) { c.timeText = t; c.time.textContent = t; }
+      }
+      if (this.rowStep) {
+        for (const row of this.rows) {
+          const text = row.state + (step !== null ? ' · step ' + step : '');
+          if (row.text !== text) { row.text = text; row.st.textContent = text; }
+        }
       }
     } else if (this.mode === 'canvas') {
       const {ctx, blockW, perRow, img, px, W} = this.canvas;
@@ -883,17 +904,18 @@ function renderMembers() {
   const counts = {};
   for (const m of ms) counts[m.state] = (counts[m.state] || 0) + 1;
   $('#members-caption').textContent = Object.entries(counts).map(([k, v]) => v + ' ' + k).join(', ');
-  // Those not alive first: at 2,048 nodes the table shows 64.
+  // Those not alive first: at 2,048 nodes the table shows 24.
+  const most = 24;
   const order = m => m.state === 'alive' ? 1 : 0;
-  const shown = ms.slice().sort((a, b) => order(a) - order(b) || a.first_rank - b.first_rank).slice(0, 64);
+  const shown = ms.slice().sort((a, b) => order(a) - order(b) || a.first_rank - b.first_rank).slice(0, most);
   const rows = shown.map(m => {
     const st = el('span', {text: m.state});
     st.style.color = m.state === 'alive' ? 'var(--running)' : m.state === 'lost' ? 'var(--lost)' : 'var(--disconnected)';
     return [m.node, `${m.first_rank}–${m.first_rank + m.ranks - 1}`, st, m.domain || '–'];
   });
-  const t = table(['node', 'ranks', 'state', 'domain'], rows, 64);
+  const t = table(['node', 'ranks', 'state', 'domain'], rows, most);
   $('#members').replaceChildren(ms.length ? t : el('p', {class: 'empty', text: 'No generation yet.'}));
-  if (ms.length > 64) $('#members').append(el('div', {class: 'more', text: `and ${fmt.num(ms.length - 64)} more, alive`}));
+  if (ms.length > most) $('#members').append(el('div', {class: 'more', text: `and ${fmt.num(ms.length - most)} more, alive`}));
 }
 
 // ---- the plan form
