@@ -2,6 +2,9 @@ package coordinator
 
 import (
 	"bufio"
+	"fmt"
+	"maps"
+	"slices"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -40,9 +43,10 @@ type sseEvent struct {
 	msg  webMessage
 }
 
+// openEvents opens the event stream at url (a dashboard's /events).
 func openEvents(t *testing.T, hc *http.Client, url string) *sse {
 	t.Helper()
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, url+"events", nil)
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
 	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -75,8 +79,9 @@ func openEvents(t *testing.T, hc *http.Client, url string) *sse {
 	return s
 }
 
-// until reads events until ok says one is the one waited for.
-func (s *sse) until(what string, ok func(sseEvent) bool) sseEvent {
+// until reads events until ok says one is the one waited for; got, when
+// given, says what was seen instead.
+func (s *sse) until(what string, ok func(sseEvent) bool, got ...func() string) sseEvent {
 	s.t.Helper()
 	timeout := time.After(10 * time.Second)
 	for {
@@ -89,6 +94,9 @@ func (s *sse) until(what string, ok func(sseEvent) bool) sseEvent {
 				return ev
 			}
 		case <-timeout:
+			for _, g := range got {
+				what += " (saw " + g() + ")"
+			}
 			s.t.Fatalf("no event with %s within 10s", what)
 		}
 	}
@@ -121,7 +129,7 @@ func TestWebModel(t *testing.T) {
 	_, kill1 := agent(t, c, node("n1", 2))
 	agent(t, c, node("n2", 2))
 
-	ev := openEvents(t, hc, web)
+	ev := openEvents(t, hc, web+"events")
 	snap := ev.until("the snapshot", func(e sseEvent) bool { return e.name == "snapshot" })
 	if !snap.msg.Reset {
 		t.Error("the first event is not a reset")
@@ -402,6 +410,47 @@ func TestInScope(t *testing.T) {
 	for _, tc := range tests {
 		if got := inScope(tc.scope, tc.key); got != tc.want {
 			t.Errorf("inScope(%q, %q) = %v, want %v", tc.scope, tc.key, got, tc.want)
+		}
+	}
+}
+
+// TestWebStandby: a standby's dashboard shows what the leader decided (a
+// job's generation, running) and says it is a standby of the leader.
+func TestWebStandby(t *testing.T) {
+	eps := testEtcd(t)
+	coA, _ := testCoordinator(t, eps, func(c *Config) { c.Name = "A" })
+	ca := client(t, coA.Addr())
+	waitLeader(t, ca, "A")
+	coB, _ := testCoordinator(t, eps, func(c *Config) { c.Name = "B"; c.HTTP = "127.0.0.1:0" })
+	a0, _ := agent(t, ca, node("n0", 2))
+	s := spec("j", 1, 2)
+	s.Tp = 1
+	if _, err := ca.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); err != nil {
+		t.Fatal(err)
+	}
+	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" && a.Open })
+	ev := openEvents(t, webClient(t, nil), coB.WebURL()+"events?job=j")
+	seen := webMessage{Set: map[string]json.RawMessage{}}
+	ev.until("job j running on B's page", func(e sseEvent) bool {
+		for k, v := range e.msg.Set {
+			seen.Set[k] = v
+		}
+		return strings.Contains(string(seen.Set["ranks/j"]), `"states":"RR"`)
+	}, func() string {
+		keys := slices.Collect(maps.Keys(seen.Set))
+		slices.Sort(keys)
+		return fmt.Sprint(keys) + " " + string(seen.Set["ranks/j"])
+	})
+	var meta struct {
+		Coordinator, Leader string
+		Leading             bool
+	}
+	if err := json.Unmarshal(seen.Set["meta"], &meta); err != nil || meta.Coordinator != "B" || meta.Leader != "A" || meta.Leading {
+		t.Errorf("B's meta: %+v (%v), want B, a standby of A", meta, err)
+	}
+	for k := range seen.Set {
+		if strings.HasPrefix(k, "node/") {
+			t.Errorf("a job's viewer received %s", k)
 		}
 	}
 }

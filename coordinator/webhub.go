@@ -27,7 +27,8 @@ import (
 // The loss and step-time curves, the generations and the hung ranks'
 // stacks outlive what etcd keeps of a job (its current generation and
 // last step): the hub remembers what it saw, since this coordinator
-// started. The curves are sampled at the hub's tick.
+// started. The curves are sampled at the hub's tick, once a second while
+// no one watches (the JSON endpoints are then up to a second behind).
 //
 // # Concurrency
 //
@@ -49,6 +50,7 @@ type webHub struct {
 	nodes    map[string]webNode
 	jobs     map[string]*webHistory
 	subs     map[*webSub]struct{}
+	joined   chan struct{} // a viewer subscribed: end an idle wait
 	stored   map[string]int64 // each job's stored print at its last commit section
 	timesAt  time.Time
 	times    int64 // the times print at timesAt
@@ -153,7 +155,7 @@ type webStats struct {
 func newWebHub(c *cache, self string, leading func() bool, log *slog.Logger) *webHub {
 	return &webHub{cache: c, self: self, leading: leading, log: log, tick: 100 * time.Millisecond, slow: 2 * time.Second,
 		sections: map[string]json.RawMessage{}, nodes: map[string]webNode{}, jobs: map[string]*webHistory{},
-		subs: map[*webSub]struct{}{}, stored: map[string]int64{}}
+		subs: map[*webSub]struct{}{}, stored: map[string]int64{}, joined: make(chan struct{}, 1)}
 }
 
 // advancedCh is the channel the cache closes when its view moves.
@@ -178,12 +180,21 @@ func (h *webHub) run(ctx context.Context) error {
 		case <-moved:
 		case <-slow.C:
 		}
-		// What else comes within the tick goes in the same rebuild.
+		// What else comes within the tick goes in the same rebuild. With
+		// no viewer the model is kept (its curves and generations) once a
+		// second, not ten times.
+		tick := h.tick
+		h.mu.Lock()
+		if len(h.subs) == 0 {
+			tick = max(tick, time.Second)
+		}
+		h.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			h.closeAll()
 			return nil
-		case <-time.After(h.tick):
+		case <-time.After(tick):
+		case <-h.joined:
 		}
 	}
 }
@@ -464,6 +475,10 @@ func (h *webHub) subscribe(scope string) (*webSub, []byte) {
 	defer h.mu.Unlock()
 	sub := &webSub{ch: make(chan []byte, 64), scope: scope}
 	h.subs[sub] = struct{}{}
+	select {
+	case h.joined <- struct{}{}:
+	default:
+	}
 	h.stats.Viewers = len(h.subs)
 	return sub, h.snapshotLocked(scope)
 }

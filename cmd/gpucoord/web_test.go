@@ -209,6 +209,17 @@ func TestWebDashboard(t *testing.T) {
 	waitJS(t, ctx, `[...document.querySelectorAll('#grid g.rank')].length === 4 && [...document.querySelectorAll('#grid g.rank')].every(g => g.dataset.state === 'running')`,
 		30*time.Second, "the new generation running")
 	waitJS(t, ctx, `document.querySelectorAll('#chart-loss path.line').length >= 1`, 5*time.Second, "the loss curve")
+	// A rank's output: rank 0's log, from its agent (it holds the lines
+	// rank 0 printed when its peers vanished), as the page shows it when
+	// the rank is clicked.
+	evalJS[bool](t, ctx, `(() => { document.querySelector('#grid g.rank[data-rank="0"]').dispatchEvent(new MouseEvent('click'));
+		[...document.querySelectorAll('#rank-detail button')].find(b => /output/.test(b.textContent)).click(); return true; })()`)
+	waitJS(t, ctx, `(() => { const o = document.querySelector('#output'); return !document.querySelector('#output-card').hidden && o.textContent.length > 20 && o.textContent !== 'loading…'; })()`,
+		10*time.Second, "rank 0's output")
+	if out := evalJS[string](t, ctx, `document.querySelector('#output').textContent`); !strings.Contains(out, "collectives") {
+		t.Errorf("rank 0's output on the page: %q, want its lines about the peers it lost", out)
+	}
+
 	screenshot(t, ctx, shots, "job.png")
 
 	// The pool: w1 lost in rack-b, w0 and w2 running the job.
