@@ -2,15 +2,15 @@ package coordinator
 
 import (
 	"bufio"
-	"fmt"
-	"maps"
-	"slices"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"

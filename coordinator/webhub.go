@@ -50,7 +50,7 @@ type webHub struct {
 	nodes    map[string]webNode
 	jobs     map[string]*webHistory
 	subs     map[*webSub]struct{}
-	joined   chan struct{} // a viewer subscribed: end an idle wait
+	joined   chan struct{}    // a viewer subscribed: end an idle wait
 	stored   map[string]int64 // each job's stored print at its last commit section
 	timesAt  time.Time
 	times    int64 // the times print at timesAt
