@@ -51,7 +51,7 @@ bench-recovery: ## Detection and recovery times after a node loss, across hosts 
 	GPUCOORD_BENCH_RECOVERY=$${RUNS:-5} $(GO) test -count=1 -timeout 60m -run TestRecoveryTimes -v ./cmd/gpucoord
 
 .PHONY: bench-checkpoint
-bench-checkpoint: ## Checkpoint overhead per step, and recovery after a host kill, held by the agents against a shared directory; BASE=<gpucoord binary> instead compares a checkpoint every step with that earlier build, interleaved (minutes; needs root; not part of make test)
+bench-checkpoint: ## Checkpoint overhead per step, and recovery after a host kill, held by the agents against a shared directory; BASE=<gpucoord binaries, comma-separated> instead compares a checkpoint every step with those earlier builds, interleaved (minutes; needs root; not part of make test)
 	GPUCOORD_BENCH_CKPT=$${RUNS:-3} GPUCOORD_BENCH_CKPT_BASE="$${BASE:-}" $(GO) test -count=1 -timeout 60m -run TestCheckpointCosts -v ./cmd/gpucoord
 
 .PHONY: bench-load

@@ -32,11 +32,11 @@ import (
 //     trained again, held against a shared directory every step and every
 //     10 steps.
 //
-// GPUCOORD_BENCH_CKPT_BASE=<a gpucoord binary> (make bench-checkpoint
-// BASE=...) makes it a before and after on the same noisy machine at the
-// same time: only the first and third rows, each run with this build and
-// with that binary (one built from an earlier commit), interleaved, the
-// order reversed every other run.
+// GPUCOORD_BENCH_CKPT_BASE=<gpucoord binaries, comma-separated> (make
+// bench-checkpoint BASE=...) makes it a before and after on the same noisy
+// machine at the same time: only the first and third rows, each run with
+// this build and with each binary (built from an earlier commit, say),
+// interleaved, the order reversed every other run.
 //
 // Besides the rows over all runs, each row's median of each run is
 // printed, and its overhead in each run against the reference row of the
@@ -64,12 +64,21 @@ func TestCheckpointCosts(t *testing.T) {
 	held := configs[2].name // the row whose /dev/shm peak is printed
 	ref := func(c config) string { return configs[0].name }
 	if base := os.Getenv("GPUCOORD_BENCH_CKPT_BASE"); base != "" {
-		configs = []config{configs[0], configs[2],
-			{name: configs[0].name + " (base binary)", args: configs[0].args, exe: base},
-			{name: configs[2].name + " (base binary)", args: configs[2].args, exe: base}}
+		refs := map[string]string{}
+		ab := []config{configs[0], configs[2]}
+		for _, exe := range strings.Split(base, ",") {
+			r := config{name: fmt.Sprintf("%s (%s)", configs[0].name, exe), args: configs[0].args, exe: exe}
+			h := config{name: fmt.Sprintf("%s (%s)", configs[2].name, exe), args: configs[2].args, exe: exe}
+			refs[h.name] = r.name
+			ab = append(ab, r, h)
+		}
+		configs = ab
 		ref = func(c config) string {
+			if r, ok := refs[c.name]; ok {
+				return r
+			}
 			if c.exe != "" {
-				return configs[2].name
+				return c.name
 			}
 			return configs[0].name
 		}
