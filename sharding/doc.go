@@ -41,8 +41,10 @@
 //
 // A checkpoint of step N lives in <root>/step-<N>/: one file per rank,
 // shard-<r>-of-<d>.bin, written atomically by that rank with WriteShard
-// (temporary file, fsync, rename, fsync of the directory), then
-// manifest.json, written last by Commit. The manifest names the step, the
+// (temporary file, fsync, rename, fsync of the directory), or with
+// StageShard and Place (the same file straight from the rank's buffers,
+// placed later, with no checksums until Seal), then manifest.json,
+// written last by Commit. The manifest names the step, the
 // degree, the tensors, the vectors and, for each shard, its range, the
 // SHA-256 of each 1 MiB chunk of its file and a file checksum (the SHA-256
 // of the chunk digests). A step without a manifest is
