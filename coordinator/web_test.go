@@ -176,6 +176,9 @@ func TestWebModel(t *testing.T) {
 	kill1()
 	seen := webMessage{Set: map[string]json.RawMessage{}}
 	ev.until("n1 lost and generation 2", func(e sseEvent) bool {
+		if _, ok := e.msg.Set["points/j"]; ok {
+			t.Errorf("a later event sets the curve again (it would replace the viewer's): %s", e.msg.Set["points/j"])
+		}
 		for k, v := range e.msg.Set {
 			seen.Set[k] = v
 		}

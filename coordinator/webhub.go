@@ -354,18 +354,16 @@ func (h *webHub) rebuild(now time.Time) {
 				hist.reset = true
 			}
 		}
+		// A curve is sent whole in a viewer's first event (snapshotLocked)
+		// and when it was thinned, else by its new points.
 		key := "points/" + id
 		switch {
 		case hist.reset:
 			hist.reset = false
 			b, _ := json.Marshal(hist.points)
-			h.sections[key] = b
 			msg.Set[key] = b
 		case len(hist.points) > hist.sent:
 			msg.Append[key] = slices.Clone(hist.points[hist.sent:])
-		case h.sections[key] == nil:
-			h.sections[key] = json.RawMessage("[]")
-			msg.Set[key] = h.sections[key]
 		}
 		hist.sent = len(hist.points)
 	}
@@ -376,7 +374,7 @@ func (h *webHub) rebuild(now time.Time) {
 		delete(h.jobs, id)
 		delete(h.stored, id)
 		for _, p := range jobSections {
-			if _, ok := h.sections[p+id]; ok {
+			if _, ok := h.sections[p+id]; ok || p == "points/" {
 				delete(h.sections, p+id)
 				msg.Del = append(msg.Del, p+id)
 			}

@@ -734,7 +734,7 @@ function renderRankDetail() {
   const c = coordOf(r, job.layout);
   const s = STATE[ranks.states[r]] || '?';
   const exit = (get('exits/' + id) || []).find(e => e.rank === r);
-  const hang = (get('hangs/' + id) || []).filter(h => h.rank === r).pop();
+  const hang = (get('hangs/' + id) || []).filter(h => h.rank === r && h.generation === ranks.generation).pop();
   const straggler = (j.stragglers || []).find(x => x.rank === r);
   const ms = times.generation === ranks.generation ? times.ms[r] : 0;
   box.hidden = false;
