@@ -70,7 +70,7 @@ type webHistory struct {
 	last *webPrevious
 	// ranks and members are the grid and the members last sent.
 	ranks   webRanks
-	members []webMember
+	members webMembers
 }
 
 // webPoint is a curve's point: step, loss, seconds a step, generation.

@@ -412,6 +412,12 @@ func webLoadRun(t *testing.T, bin string, n int) {
 	}
 	row(fmt.Sprintf("job view, 5 nodes lost one by one (each a generation: the grid rebuilt, the ended one drawn), the longest update of each: %s", strings.Join(genMs, "; ")))
 	t.Logf("the longest parts (ms): %v", ps.Parts)
+	if shots != "" {
+		// The ended generation's grid is drawn once on the screen.
+		evalJS[bool](t, bctx, `document.querySelector('#prev-grid').scrollIntoView(), true`)
+		waitJS(t, bctx, `document.querySelector('#prev-grid').dataset.drawn === document.querySelector('#prev-grid').dataset.generation`, 10*time.Second, "the ended generation drawn")
+		evalJS[bool](t, bctx, `window.scrollTo(0, 0), true`)
+	}
 	screenshot(t, bctx, shots, fmt.Sprintf("job-%d.png", n))
 
 	var st struct {

@@ -211,8 +211,8 @@ func TestWebDashboard(t *testing.T) {
 	waitJS(t, ctx, `document.querySelectorAll('#chart-loss path.line').length >= 1`, 5*time.Second, "the loss curve")
 	// The curve holds the steps since before the page opened, through
 	// every generation.
-	if pts := evalJS[[][4]float64](t, ctx, `window.gpucoordModel.get('points/`+job+`')`); len(pts) < 5 || pts[0][0] > 30 || pts[len(pts)-1][3] != float64(next) {
-		t.Errorf("the page's curve: %d points, from %v to %v; want more than 5, from before step 30 to generation %d", len(pts), pts[0], pts[len(pts)-1], next)
+	if pts := evalJS[[][4]float64](t, ctx, `window.gpucoordModel.get('points/`+job+`')`); len(pts) < 5 || pts[0][0] > float64(first) || pts[len(pts)-1][3] != float64(next) {
+		t.Errorf("the page's curve: %d points, from %v to %v; want more than 5, from before step %d (the page opened) to generation %d", len(pts), pts[0], pts[len(pts)-1], first, next)
 	}
 	// A rank's output: rank 0's log, from its agent (it holds the lines
 	// rank 0 printed when its peers vanished), as the page shows it when

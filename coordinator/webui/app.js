@@ -107,11 +107,24 @@ function jobIds() {
   return ids;
 }
 
+// memberRows turns a generation's members, sent by column (web.go's
+// webMembers), into a row each.
+function memberRows(c) {
+  if (!c || !Array.isArray(c.nodes)) return c || [];
+  const state = {A: 'alive', D: 'disconnected', L: 'lost'};
+  return c.nodes.map((node, i) => ({node, domain: c.domains ? c.domains[i] : '', first_rank: c.first_rank[i], ranks: c.ranks[i], state: state[c.states[i]] || '?'}));
+}
+
 // apply adds a message to the model and returns the keys it touched.
 function apply(m) {
   const touched = new Set();
   if (m.reset) model.clear();
-  for (const [k, v] of Object.entries(m.set || {})) { model.set(k, v); touched.add(k); }
+  for (let [k, v] of Object.entries(m.set || {})) {
+    if (k.startsWith('members/')) v = memberRows(v);
+    if (k.startsWith('prev/') && v) v.members = memberRows(v.members);
+    model.set(k, v);
+    touched.add(k);
+  }
   for (const k of m.del || []) { model.delete(k); touched.add(k); }
   for (const [k, pts] of Object.entries(m.append || {})) {
     const cur = model.get(k) || [];
@@ -570,6 +583,15 @@ class Grid {
       if (rows * 2 * S <= 640) break;
     }
     const W = perRow * blockW, H = rows * 2;
+    const note = `${fmt.num(ms.length)} nodes × ${gpus} GPUs: a cell per rank, a block per node in rank order; hover for a rank, click for its details.`;
+    const old = this.canvas;
+    if (old && this.mode === 'canvas' && old.W === W && old.H === H && old.blockW === blockW && old.S === S && this.box.contains(old.cv)) {
+      // The same shape (a generation a node smaller, say): the canvas is
+      // kept, its pixels cleared and painted again.
+      old.px.fill(0);
+      old.note.textContent = note;
+      return;
+    }
     const cv = el('canvas', {class: 'grid-canvas'});
     cv.width = W;
     cv.height = H;
@@ -577,7 +599,7 @@ class Grid {
     cv.style.height = H * S + 'px';
     const ctx = cv.getContext('2d');
     const img = ctx.createImageData(W, H);
-    this.canvas = {ctx, blockW, perRow, img, px: new Uint32Array(img.data.buffer), W};
+    this.canvas = {ctx, blockW, perRow, img, px: new Uint32Array(img.data.buffer), W, H, S, cv};
     const at = ev => {
       const b = cv.getBoundingClientRect();
       const x = Math.floor((ev.clientX - b.left) / S), y = Math.floor((ev.clientY - b.top) / S);
@@ -592,7 +614,8 @@ class Grid {
     // A thin line between ranks, over the canvas (style.css).
     const cells = el('div', {class: 'grid-cells'}, cv);
     cells.style.setProperty('--s', S + 'px');
-    this.box.replaceChildren(cells, el('p', {class: 'more', text: `${fmt.num(ms.length)} nodes × ${gpus} GPUs: a cell per rank, a block per node in rank order; hover for a rank, click for its details.`}));
+    this.canvas.note = el('p', {class: 'more', text: note});
+    this.box.replaceChildren(cells, this.canvas.note);
   }
 
   // paint shows states (a letter per rank), the step of the running ranks,
@@ -686,15 +709,33 @@ function renderPrev() {
   const p = get('prev/' + route.job);
   $('#prev-card').hidden = !p;
   if (!p) return;
-  prevGrid = prevGrid || new Grid($('#prev-grid'), null);
   $('#prev-caption').textContent = `generation ${p.generation}: ${p.layout.label}, ended ${fmt.time(p.ended_unix_ms)}`;
-  prevGrid.build(p.layout, p.members);
-  prevGrid.paint(p.states, null, null, null);
   $('#prev-grid').dataset.generation = p.generation;
   const counts = {};
   for (const c of p.states) counts[STATE[c]] = (counts[STATE[c]] || 0) + 1;
   $('#prev-legend').replaceChildren(...STATE_ORDER.filter(s => counts[s]).map(s => legend(s, COLOUR[s], counts[s])));
+  // The grid itself is drawn when it is on the screen: below a 2,048-node
+  // job's grid it is not, and a new generation need not wait for it.
+  prevView.dirty = true;
+  if (prevView.visible) drawPrev();
 }
+
+const prevView = {visible: false, dirty: false};
+
+function drawPrev() {
+  const p = get('prev/' + route.job);
+  prevView.dirty = false;
+  if (!p) return;
+  prevGrid = prevGrid || new Grid($('#prev-grid'), null);
+  prevGrid.build(p.layout, p.members);
+  prevGrid.paint(p.states, null, null, null);
+  $('#prev-grid').dataset.drawn = p.generation;
+}
+
+new IntersectionObserver(entries => {
+  prevView.visible = entries.some(e => e.isIntersecting);
+  if (prevView.visible && prevView.dirty) part('prev.draw', drawPrev);
+}).observe($('#prev-grid'));
 
 // updateGrid repaints the live grid from the model.
 function updateGrid() {
