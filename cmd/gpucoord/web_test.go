@@ -166,10 +166,16 @@ func TestWebDashboard(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
-	waitJS(t, ctx, `(() => { const h = document.querySelector('#hangs .hang[data-rank="3"] pre');
-		return !!h && h.textContent.includes('goroutine ') && h.textContent.includes('RunNativeRank'); })()`,
-		30*time.Second, "rank 3's stacks")
-	t.Logf("rank 3's stacks on the page %s after its SIGSTOP (hang timeout 2s)", time.Since(stopped).Round(time.Millisecond))
+	// Rank 3 is shown hung, its process stopped, and the stacks the
+	// agents captured: its own, or (when it printed its peers' failure
+	// instead, having been let go to print) those of its peers, hung
+	// waiting for it.
+	waitJS(t, ctx, `(() => { const h = document.querySelector('#hangs .hang[data-rank="3"]');
+		return !!h && /process stopped/.test(h.textContent) &&
+			[...document.querySelectorAll('#hangs .hang pre')].some(p => p.textContent.includes('goroutine ') && p.textContent.includes('RunNativeRank')); })()`,
+		30*time.Second, "rank 3 hung and the ranks' stacks")
+	withStacks := evalJS[string](t, ctx, `[...document.querySelectorAll('#hangs .hang')].filter(h => /RunNativeRank/.test(h.querySelector('pre').textContent)).map(h => h.dataset.rank).join()`)
+	t.Logf("rank 3 hung on the page %s after its SIGSTOP (hang timeout 2s), with the stacks of ranks %s", time.Since(stopped).Round(time.Millisecond), withStacks)
 	waitJS(t, ctx, `[...document.querySelectorAll('#gens li .cause')].some(c => /rank 3 on w1 hung/.test(c.textContent))`, 30*time.Second,
 		"a generation caused by rank 3 hung")
 	waitJS(t, ctx, `+document.querySelector('#grid').dataset.generation >= 2 && [...document.querySelectorAll('#grid g.rank')].every(g => g.dataset.state === 'running')`,
@@ -211,8 +217,10 @@ func TestWebDashboard(t *testing.T) {
 	waitJS(t, ctx, `document.querySelectorAll('#chart-loss path.line').length >= 1`, 5*time.Second, "the loss curve")
 	// The curve holds the steps since before the page opened, through
 	// every generation.
-	if pts := evalJS[[][4]float64](t, ctx, `window.gpucoordModel.get('points/`+job+`')`); len(pts) < 5 || pts[0][0] > float64(first) || pts[len(pts)-1][3] != float64(next) {
-		t.Errorf("the page's curve: %d points, from %v to %v; want more than 5, from before step %d (the page opened) to generation %d", len(pts), pts[0], pts[len(pts)-1], first, next)
+	waitJS(t, ctx, fmt.Sprintf(`(() => { const p = window.gpucoordModel.get('points/%s') || []; return p.length >= 3 && p[p.length - 1][3] === %d; })()`, job, next),
+		20*time.Second, fmt.Sprintf("the curve reaching generation %d", next))
+	if pts := evalJS[[][4]float64](t, ctx, `window.gpucoordModel.get('points/`+job+`')`); pts[0][0] > float64(first) {
+		t.Errorf("the page's curve: %d points, from %v to %v; want it from before step %d (the page opened)", len(pts), pts[0], pts[len(pts)-1], first)
 	}
 	// A rank's output: rank 0's log, from its agent (it holds the lines
 	// rank 0 printed when its peers vanished), as the page shows it when
