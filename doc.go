@@ -35,7 +35,9 @@
 //     are also the values of the coordinator's etcd keys.
 //   - coordinator: the control plane: job state in etcd (embedded or
 //     external), the gRPC service every coordinator serves, and, in the
-//     elected leader, rendezvous into generations and failure handling.
+//     elected leader, rendezvous into generations and failure handling;
+//     with --http, a dashboard built from the coordinator's cache
+//     (coordinator/webui, embedded; docs/DASHBOARD.md).
 //   - worker: the agent on each node: registers, keeps its lease alive,
 //     runs the ranks of its assignment with torchrun's environment and
 //     reports how they end; also the native-engine rank started by it.
