@@ -104,8 +104,8 @@ type jobEntry struct {
 	storedAt map[string]storedSource
 	blocks   map[string]storedBlock
 	exits    map[int64]map[int32]exitKV
-	// times holds, per generation, each coordinator's batch of its nodes'
-	// compute times, with the revision that wrote it.
+	// times holds, per generation, each coordinator's summary of its
+	// nodes' compute times, with the revision that wrote it.
 	times      map[int64]map[string]timesKV
 	stragglers *pb.Stragglers
 }
@@ -125,7 +125,7 @@ type storedBlock struct {
 
 type timesKV struct {
 	rev   int64
-	batch *pb.TimesBatch
+	batch *pb.TimesSummary
 }
 
 type candidate struct {
@@ -513,7 +513,7 @@ func (c *cache) putJob(j *jobEntry, field string, kv *mvccpb.KeyValue, bad func(
 		j.exits[g][e.Rank] = exitKV{rev: kv.ModRevision, e: e}
 	case strings.HasPrefix(field, "times/"):
 		g, coord, ok := genAndName(field)
-		t := &pb.TimesBatch{}
+		t := &pb.TimesSummary{}
 		if err := decode(kv.Value, t); !ok || err != nil {
 			bad(err)
 			return
@@ -858,7 +858,7 @@ func (c *cache) view(id string) (*view, bool) {
 // bootstrap, exits (in the order they were written) and times.
 func (e *jobEntry) job() *job {
 	j := &job{spec: e.spec, state: e.state, stateRev: e.stateRev, gen: e.gen, genRev: e.genRev, policy: e.policy,
-		step: e.step, commit: e.commit, commitRev: e.commitRv, open: e.open, stopped: maps.Clone(e.stopped), backup: e.backup, created: e.created, exits: map[int32]*pb.RankExit{}, times: map[string]*pb.TimesHistory{}}
+		step: e.step, commit: e.commit, commitRev: e.commitRv, open: e.open, stopped: maps.Clone(e.stopped), backup: e.backup, created: e.created, exits: map[int32]*pb.RankExit{}}
 	if j.state == nil {
 		j.state = &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1}
 	}
@@ -867,16 +867,19 @@ func (e *jobEntry) job() *job {
 	}
 	g := e.gen.Number
 	j.boot = e.boots[g]
-	// A node that moved between coordinators is in several batches: the
-	// one written last has its newest windows.
+	// A node that moved between coordinators is in several summaries
+	// until the one it left drops it: the one written last has its newest
+	// windows.
 	batches := make([]timesKV, 0, len(e.times[g]))
 	for _, b := range e.times[g] {
 		batches = append(batches, b)
 	}
 	slices.SortFunc(batches, func(a, b timesKV) int { return int(a.rev - b.rev) })
-	for _, b := range batches {
-		maps.Copy(j.times, b.batch.Nodes)
+	summaries := make([]*pb.TimesSummary, len(batches))
+	for i, b := range batches {
+		summaries[i] = b.batch
 	}
+	j.times = mergeTimes(summaries)
 	if e.stragglers != nil && e.stragglers.Generation == g {
 		j.stragglers = e.stragglers
 	}
@@ -942,6 +945,29 @@ func (c *cache) jobOf(id string) (*job, int64, bool) {
 
 // running reports whether gen is the current generation of job, and the
 // job has not ended.
+// timesOf returns the summaries of job's generation gen that coordinators
+// other than name wrote, and the generation's ranks (0 when gen is not
+// the job's current generation).
+func (c *cache) timesOf(job string, gen int64, name string) ([]*pb.TimesSummary, int32) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e := c.jobs[job]
+	if e == nil {
+		return nil, 0
+	}
+	var out []*pb.TimesSummary
+	for coord, t := range e.times[gen] {
+		if coord != name {
+			out = append(out, t.batch)
+		}
+	}
+	var world int32
+	if e.gen.GetNumber() == gen {
+		world = e.gen.GetWorld()
+	}
+	return out, world
+}
+
 func (c *cache) running(job string, gen int64) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()

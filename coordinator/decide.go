@@ -426,63 +426,34 @@ func plural(n int) string {
 	return "s"
 }
 
-// stragglers flags the job's stragglers from its nodes' recent windows of
-// compute times: a rank is one when in each of its last StragglerWindows
-// windows its mean exceeded StragglerFactor times the median of every
-// rank's latest mean. They are written (status, metrics) and logged with
+// stragglers flags the job's stragglers from the coordinators' summaries
+// of its compute times: a rank is one when in each of its last
+// StragglerWindows windows its mean exceeded StragglerFactor times the
+// median of every rank's latest mean (the summaries list the ranks that
+// may be: times.go). They are written (status, metrics) and logged with
 // node and GPU; with evict_stragglers their nodes are dropped as failed
 // (the job goes on without them, within max_restarts) and struck.
 func stragglers(v *view, now time.Time, p policy) decision {
 	var d decision
 	j := v.job
-	var latest []float64
-	for _, h := range j.times {
-		if n := len(h.Windows); n > 0 {
-			for _, r := range h.Windows[n-1].Ranks {
-				latest = append(latest, r.ComputeSeconds)
-			}
-		}
-	}
-	if len(latest) < 3 {
+	median, count := histMedian(j.times.latest)
+	if count < 3 || median <= 0 {
 		return d // a median of two says nothing about which is slow
-	}
-	slices.Sort(latest)
-	median := latest[len(latest)/2]
-	if len(latest)%2 == 0 {
-		median = (latest[len(latest)/2-1] + latest[len(latest)/2]) / 2
-	}
-	if median <= 0 {
-		return d
 	}
 	found := &pb.Stragglers{Generation: j.gen.Number}
 	evict := map[string]bool{}
-	for node, h := range j.times {
-		if len(h.Windows) < p.StragglerWindows {
+	for _, s := range j.times.slow {
+		if s.Fastest <= p.StragglerFactor*median {
 			continue
 		}
-		fastest := map[int32]float64{} // the fastest of each rank's windows
-		count := map[int32]int{}
-		for _, w := range h.Windows {
-			for _, r := range w.Ranks {
-				if count[r.Rank] == 0 || r.ComputeSeconds < fastest[r.Rank] {
-					fastest[r.Rank] = r.ComputeSeconds
-				}
-				count[r.Rank]++
+		local := s.Rank
+		for _, m := range j.gen.Members {
+			if m.Node == s.Node {
+				local = s.Rank - m.FirstRank
 			}
 		}
-		for rank, f := range fastest {
-			if count[rank] < p.StragglerWindows || f <= p.StragglerFactor*median {
-				continue
-			}
-			local := rank
-			for _, m := range j.gen.Members {
-				if m.Node == node {
-					local = rank - m.FirstRank
-				}
-			}
-			found.Ranks = append(found.Ranks, &pb.Straggler{Rank: rank, Node: node, LocalRank: local, Ratio: math.Round(f/median*100) / 100})
-			evict[node] = true
-		}
+		found.Ranks = append(found.Ranks, &pb.Straggler{Rank: s.Rank, Node: s.Node, LocalRank: local, Ratio: math.Round(s.Fastest/median*100) / 100})
+		evict[s.Node] = true
 	}
 	slices.SortFunc(found.Ranks, func(a, b *pb.Straggler) int { return int(a.Rank - b.Rank) })
 	if (len(found.Ranks) > 0 || j.stragglers != nil) && !proto.Equal(found, j.stragglers) {

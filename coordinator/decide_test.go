@@ -40,7 +40,7 @@ func pending(n int32, edit func(*pb.JobSpec)) *job {
 		edit(s)
 	}
 	return &job{spec: s, state: &pb.JobState{Phase: pb.JobState_PENDING, FailedRank: -1, Reason: "waiting for rendezvous"},
-		exits: map[int32]*pb.RankExit{}, times: map[string]*pb.TimesHistory{}}
+		exits: map[int32]*pb.RankExit{}}
 }
 
 // runningOn is j running generation g on nodes (runs "<name>-1").
@@ -484,8 +484,8 @@ func TestDecideGrowPauseResume(t *testing.T) {
 }
 
 func TestDecideStragglers(t *testing.T) {
-	windows := func(ranks map[int32][]float64) *pb.TimesHistory {
-		h := &pb.TimesHistory{}
+	windows := func(ranks map[int32][]float64) *nodeTimes {
+		n := &nodeTimes{}
 		for i := range 3 {
 			w := &pb.RankTimes{}
 			for r, secs := range ranks {
@@ -493,14 +493,16 @@ func TestDecideStragglers(t *testing.T) {
 					w.Ranks = append(w.Ranks, &pb.RankTime{Rank: r, ComputeSeconds: secs[i]})
 				}
 			}
-			h.Windows = append(h.Windows, w)
+			n.windows = append(n.windows, w)
 		}
-		return h
+		return n
 	}
+	// Two coordinators, one node each, as their flushes summarise them.
 	job := func(evict bool, slow []float64) *view {
 		j := runningOn(pending(2, func(s *pb.JobSpec) { s.Tp, s.Pp, s.MinNodes, s.EvictStragglers = 1, 1, 1, evict }), 1, "n0", "n1")
-		j.times["n0"] = windows(map[int32][]float64{0: {.010, .010, .010}, 1: {.011, .011, .011}, 2: {.010, .010, .010}, 3: {.010, .010, .010}})
-		j.times["n1"] = windows(map[int32][]float64{4: {.010, .010, .010}, 5: {.010, .010, .010}, 6: {.010, .010, .010}, 7: slow})
+		a := summarize(map[string]*nodeTimes{"n0": windows(map[int32][]float64{0: {.010, .010, .010}, 1: {.011, .011, .011}, 2: {.010, .010, .010}, 3: {.010, .010, .010}})}, nil, 3, testPolicy.StragglerFactor, false)
+		b := summarize(map[string]*nodeTimes{"n1": windows(map[int32][]float64{4: {.010, .010, .010}, 5: {.010, .010, .010}, 6: {.010, .010, .010}, 7: slow})}, []*pb.TimesSummary{a}, 3, testPolicy.StragglerFactor, false)
+		j.times = mergeTimes([]*pb.TimesSummary{a, b})
 		return pool(j, "n0", "n1")
 	}
 	tests := []struct {

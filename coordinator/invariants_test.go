@@ -193,7 +193,7 @@ func TestGenerationTxnInvariants(t *testing.T) {
 				t.Fatalf("generation %d refused", g)
 			}
 			put(t, l, l.k.exit("a", g, 0), encode(&pb.RankExit{Rank: 0, Code: 1}))
-			put(t, l, l.k.times("a", g, "c"), encode(&pb.TimesBatch{}))
+			put(t, l, l.k.times("a", g, "c"), encode(&pb.TimesSummary{}))
 			put(t, l, l.k.bootstrap("a", g), encode(&pb.Bootstrap{Master: "x:1"}))
 		}
 		for g, want := range map[int64]bool{1: false, 2: true, 3: true} {

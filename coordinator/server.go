@@ -455,7 +455,7 @@ func (s *server) report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 		if req.GetNode() == "" {
 			return nil, status.Error(codes.InvalidArgument, "times without a node")
 		}
-		s.times.add(id, gen, req.GetNode(), k.Times)
+		s.times.add(id, gen, req.GetNode(), k.Times, time.Now())
 	case *pb.ReportRequest_Exit:
 		_, err = s.cli.Put(ctx, s.k.exit(id, gen, k.Exit.GetRank()), encode(k.Exit))
 		if k.Exit.GetCode() != 0 {

@@ -25,7 +25,7 @@ import (
 //	jobs/<id>/backup                   Step: the last committed step also in the job's checkpoint_backup
 //	jobs/<id>/stored/<node>            Stored: the node's checkpoints no commit covers yet
 //	jobs/<id>/exits/<gen>/<rank>       RankExit
-//	jobs/<id>/times/<gen>/<coord>      TimesBatch: the compute times reported to one coordinator
+//	jobs/<id>/times/<gen>/<coord>      TimesSummary: the compute times reported to one coordinator
 //	jobs/<id>/stragglers               Stragglers of the current generation
 //	jobs/<id>/policy                   jobPolicy: the leader's timers for the job (JSON)
 //	conns/<node>                       the node's open Watch stream, leased with the node
@@ -210,9 +210,9 @@ type job struct {
 	backup    *pb.Step               // last committed step in the backup tier; nil if none
 	exits     map[int32]*pb.RankExit // of the current generation
 	exitOrder []int32                // ranks in the order their exits were written
-	// times holds each member node's last window of compute times in the
-	// current generation, with the revision that wrote it.
-	times      map[string]*pb.TimesHistory
+	// times is the current generation's compute times, as the
+	// coordinators' summaries give them.
+	times      timesView
 	stragglers *pb.Stragglers
 	created    int64 // create revision of the spec: submission order
 	policy     jobPolicy

@@ -27,7 +27,7 @@ func webCache(tb testing.TB, n int) (*cache, keys) {
 		kvs = append(kvs, &mvccpb.KeyValue{Key: []byte(key), Value: []byte(value), CreateRevision: rev, ModRevision: rev})
 	}
 	g := &pb.Generation{Job: "j", Number: 1, World: int32(8 * n), Dp: int32(n)}
-	batch := &pb.TimesBatch{Nodes: map[string]*pb.TimesHistory{}}
+	nodes := map[string]*nodeTimes{}
 	for i := range n {
 		name := fmt.Sprintf("n%04d", i)
 		put(k.node(name), encode(&pb.Node{Name: name, Host: "10.0.0.1", Gpus: 8, Instance: name, FailureDomain: fmt.Sprintf("rack-%02d", i/128)}))
@@ -38,14 +38,14 @@ func webCache(tb testing.TB, n int) (*cache, keys) {
 		for r := range 8 {
 			ranks = append(ranks, &pb.RankTime{Rank: int32(8*i + r), ComputeSeconds: 0.09 + 0.001*float64(r), Steps: 10})
 		}
-		batch.Nodes[name] = &pb.TimesHistory{Windows: []*pb.RankTimes{{Ranks: ranks}}}
+		nodes[name] = &nodeTimes{windows: []*pb.RankTimes{{Ranks: ranks}}}
 	}
 	put(k.spec("j"), encode(&pb.JobSpec{Id: "j", Nodes: int32(n), GpusPerNode: 8, Tp: 8, Command: []string{"true"}}))
 	put(k.state("j"), encode(&pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1}))
 	put(k.generation("j"), encode(g))
 	put(k.open("j"), "1")
 	put(k.progress("j"), encode(&pb.Step{Step: 1, Loss: 2, Seconds: 0.1, Generation: 1}))
-	put(k.times("j", 1, "c"), encode(batch))
+	put(k.times("j", 1, "c"), encode(summarize(nodes, nil, 3, 2, 8*n <= smallJob)))
 	c.reset(int64(len(kvs)), kvs)
 	return c, k
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
@@ -414,6 +413,7 @@ type webPrevious struct {
 type webTimes struct {
 	Generation int64     `json:"generation"`
 	Ms         []float64 `json:"ms"`
+	MedianMs   float64   `json:"medianMs"`
 }
 
 // webCommit is a job's last commit and where its files are.
@@ -586,30 +586,27 @@ func (j *webJobCopy) hangs() []webHang {
 	return out
 }
 
-// times is each rank's latest compute time per step, in ms.
+// rankTimes is each rank's latest compute time per step in ms, where the
+// coordinators' summaries carry it (a job of at most 1,024 ranks; in a
+// larger one, the ranks that may be stragglers), and the job's median.
 func (j *webJobCopy) rankTimes() webTimes {
 	t := webTimes{Generation: j.gen.GetNumber(), Ms: make([]float64, j.gen.GetWorld())}
-	for _, h := range j.times {
-		if n := len(h.GetWindows()); n > 0 {
-			for _, rt := range h.Windows[n-1].GetRanks() {
-				if int(rt.Rank) < len(t.Ms) && rt.Rank >= 0 {
-					// Three significant figures: a grid cell shows no more,
-					// and equal values are not sent again.
-					t.Ms[rt.Rank] = round3(rt.ComputeSeconds * 1000)
-				}
-			}
+	set := func(rank int32, secs float64) {
+		if rank >= 0 && int(rank) < len(t.Ms) {
+			// Three significant figures: a grid cell shows no more, and
+			// equal values are not sent again.
+			t.Ms[rank] = round3(secs * 1000)
 		}
 	}
-	return t
-}
-
-// round3 rounds v to three significant figures.
-func round3(v float64) float64 {
-	if v <= 0 {
-		return 0
+	for rank, secs := range j.times.ranks {
+		set(rank, secs)
 	}
-	f, _ := strconv.ParseFloat(strconv.FormatFloat(v, 'g', 3, 64), 64)
-	return f
+	for _, s := range j.times.slow {
+		set(s.Rank, s.Latest)
+	}
+	median, _ := histMedian(j.times.latest)
+	t.MedianMs = round3(median * 1000)
+	return t
 }
 
 // commitView is the job's last commit and the steps each node holds.

@@ -2374,29 +2374,44 @@ func (x *RankTimes) GetRanks() []*RankTime {
 	return nil
 }
 
-// TimesHistory is a node's last few windows, newest last, as the
-// coordinator keeps them.
-type TimesHistory struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Windows       []*RankTimes           `protobuf:"bytes,1,rep,name=windows,proto3" json:"windows,omitempty"`
+// TimesSummary is what the nodes reporting to one coordinator said of
+// their compute times in one generation of a job, in a size that does not
+// grow with the nodes: each coordinator writes one such key a second
+// (jobs/<id>/times/<gen>/<coordinator>), and the leader's straggler check
+// reads them all. (Field 1 is left unused: it was an earlier form's map of
+// every node's windows, which is read as an empty summary.)
+type TimesSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// latest is the histogram of every reporting rank's newest window mean,
+	// to three significant figures: the distinct values, ascending, and how
+	// many ranks had each (latest_count). Its median is the job's.
+	Latest      []float64 `protobuf:"fixed64,2,rep,packed,name=latest,proto3" json:"latest,omitempty"`
+	LatestCount []int32   `protobuf:"varint,3,rep,packed,name=latest_count,json=latestCount,proto3" json:"latest_count,omitempty"`
+	// slow is the ranks with a full history (StragglerWindows windows) whose
+	// fastest window exceeded three quarters of the straggler threshold as
+	// this coordinator saw the job's median, slowest first, at most 256.
+	Slow []*SlowRank `protobuf:"bytes,4,rep,name=slow,proto3" json:"slow,omitempty"`
+	// ranks is every reporting rank's newest mean, for the dashboard, only
+	// in a job of at most 1,024 ranks.
+	Ranks         []*RankTime `protobuf:"bytes,5,rep,name=ranks,proto3" json:"ranks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *TimesHistory) Reset() {
-	*x = TimesHistory{}
+func (x *TimesSummary) Reset() {
+	*x = TimesSummary{}
 	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *TimesHistory) String() string {
+func (x *TimesSummary) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*TimesHistory) ProtoMessage() {}
+func (*TimesSummary) ProtoMessage() {}
 
-func (x *TimesHistory) ProtoReflect() protoreflect.Message {
+func (x *TimesSummary) ProtoReflect() protoreflect.Message {
 	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -2408,42 +2423,66 @@ func (x *TimesHistory) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use TimesHistory.ProtoReflect.Descriptor instead.
-func (*TimesHistory) Descriptor() ([]byte, []int) {
+// Deprecated: Use TimesSummary.ProtoReflect.Descriptor instead.
+func (*TimesSummary) Descriptor() ([]byte, []int) {
 	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
 }
 
-func (x *TimesHistory) GetWindows() []*RankTimes {
+func (x *TimesSummary) GetLatest() []float64 {
 	if x != nil {
-		return x.Windows
+		return x.Latest
 	}
 	return nil
 }
 
-// TimesBatch is the histories of the nodes that reported their compute
-// times for one generation of a job to one coordinator: each coordinator
-// writes one such key a second, however many nodes report to it.
-type TimesBatch struct {
-	state         protoimpl.MessageState   `protogen:"open.v1"`
-	Nodes         map[string]*TimesHistory `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+func (x *TimesSummary) GetLatestCount() []int32 {
+	if x != nil {
+		return x.LatestCount
+	}
+	return nil
+}
+
+func (x *TimesSummary) GetSlow() []*SlowRank {
+	if x != nil {
+		return x.Slow
+	}
+	return nil
+}
+
+func (x *TimesSummary) GetRanks() []*RankTime {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
+// SlowRank is one rank that may be a straggler.
+type SlowRank struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Rank  int32                  `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	// fastest is its fastest window of the last StragglerWindows; latest
+	// its newest.
+	Fastest       float64 `protobuf:"fixed64,3,opt,name=fastest,proto3" json:"fastest,omitempty"`
+	Latest        float64 `protobuf:"fixed64,4,opt,name=latest,proto3" json:"latest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *TimesBatch) Reset() {
-	*x = TimesBatch{}
+func (x *SlowRank) Reset() {
+	*x = SlowRank{}
 	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *TimesBatch) String() string {
+func (x *SlowRank) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*TimesBatch) ProtoMessage() {}
+func (*SlowRank) ProtoMessage() {}
 
-func (x *TimesBatch) ProtoReflect() protoreflect.Message {
+func (x *SlowRank) ProtoReflect() protoreflect.Message {
 	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -2455,16 +2494,37 @@ func (x *TimesBatch) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use TimesBatch.ProtoReflect.Descriptor instead.
-func (*TimesBatch) Descriptor() ([]byte, []int) {
+// Deprecated: Use SlowRank.ProtoReflect.Descriptor instead.
+func (*SlowRank) Descriptor() ([]byte, []int) {
 	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
 }
 
-func (x *TimesBatch) GetNodes() map[string]*TimesHistory {
+func (x *SlowRank) GetNode() string {
 	if x != nil {
-		return x.Nodes
+		return x.Node
 	}
-	return nil
+	return ""
+}
+
+func (x *SlowRank) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *SlowRank) GetFastest() float64 {
+	if x != nil {
+		return x.Fastest
+	}
+	return 0
+}
+
+func (x *SlowRank) GetLatest() float64 {
+	if x != nil {
+		return x.Latest
+	}
+	return 0
 }
 
 type RankTime struct {
@@ -4809,16 +4869,17 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\astopped\x18\x03 \x01(\bR\astopped\x12\"\n" +
 	"\rfound_unix_ms\x18\x04 \x01(\x03R\vfoundUnixMs\"8\n" +
 	"\tRankTimes\x12+\n" +
-	"\x05ranks\x18\x01 \x03(\v2\x15.gpucoord.v1.RankTimeR\x05ranks\"@\n" +
-	"\fTimesHistory\x120\n" +
-	"\awindows\x18\x01 \x03(\v2\x16.gpucoord.v1.RankTimesR\awindows\"\x9b\x01\n" +
-	"\n" +
-	"TimesBatch\x128\n" +
-	"\x05nodes\x18\x01 \x03(\v2\".gpucoord.v1.TimesBatch.NodesEntryR\x05nodes\x1aS\n" +
-	"\n" +
-	"NodesEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
-	"\x05value\x18\x02 \x01(\v2\x19.gpucoord.v1.TimesHistoryR\x05value:\x028\x01\"]\n" +
+	"\x05ranks\x18\x01 \x03(\v2\x15.gpucoord.v1.RankTimeR\x05ranks\"\xa1\x01\n" +
+	"\fTimesSummary\x12\x16\n" +
+	"\x06latest\x18\x02 \x03(\x01R\x06latest\x12!\n" +
+	"\flatest_count\x18\x03 \x03(\x05R\vlatestCount\x12)\n" +
+	"\x04slow\x18\x04 \x03(\v2\x15.gpucoord.v1.SlowRankR\x04slow\x12+\n" +
+	"\x05ranks\x18\x05 \x03(\v2\x15.gpucoord.v1.RankTimeR\x05ranks\"d\n" +
+	"\bSlowRank\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x18\n" +
+	"\afastest\x18\x03 \x01(\x01R\afastest\x12\x16\n" +
+	"\x06latest\x18\x04 \x01(\x01R\x06latest\"]\n" +
 	"\bRankTime\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12'\n" +
 	"\x0fcompute_seconds\x18\x02 \x01(\x01R\x0ecomputeSeconds\x12\x14\n" +
@@ -5008,7 +5069,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),                // 1: gpucoord.v1.Node
@@ -5033,8 +5094,8 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*RankExit)(nil),            // 20: gpucoord.v1.RankExit
 	(*Hang)(nil),                // 21: gpucoord.v1.Hang
 	(*RankTimes)(nil),           // 22: gpucoord.v1.RankTimes
-	(*TimesHistory)(nil),        // 23: gpucoord.v1.TimesHistory
-	(*TimesBatch)(nil),          // 24: gpucoord.v1.TimesBatch
+	(*TimesSummary)(nil),        // 23: gpucoord.v1.TimesSummary
+	(*SlowRank)(nil),            // 24: gpucoord.v1.SlowRank
 	(*RankTime)(nil),            // 25: gpucoord.v1.RankTime
 	(*Straggler)(nil),           // 26: gpucoord.v1.Straggler
 	(*Stragglers)(nil),          // 27: gpucoord.v1.Stragglers
@@ -5072,7 +5133,6 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*GossipKeysResponse)(nil),  // 59: gpucoord.v1.GossipKeysResponse
 	nil,                         // 60: gpucoord.v1.JobSpec.EnvEntry
 	nil,                         // 61: gpucoord.v1.StoredBlock.NodesEntry
-	nil,                         // 62: gpucoord.v1.TimesBatch.NodesEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
@@ -5092,8 +5152,8 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	61, // 14: gpucoord.v1.StoredBlock.nodes:type_name -> gpucoord.v1.StoredBlock.NodesEntry
 	21, // 15: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
 	25, // 16: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
-	22, // 17: gpucoord.v1.TimesHistory.windows:type_name -> gpucoord.v1.RankTimes
-	62, // 18: gpucoord.v1.TimesBatch.nodes:type_name -> gpucoord.v1.TimesBatch.NodesEntry
+	24, // 17: gpucoord.v1.TimesSummary.slow:type_name -> gpucoord.v1.SlowRank
+	25, // 18: gpucoord.v1.TimesSummary.ranks:type_name -> gpucoord.v1.RankTime
 	26, // 19: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
 	15, // 20: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
 	16, // 21: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
@@ -5123,42 +5183,41 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	53, // 45: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
 	53, // 46: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
 	17, // 47: gpucoord.v1.StoredBlock.NodesEntry.value:type_name -> gpucoord.v1.Stored
-	23, // 48: gpucoord.v1.TimesBatch.NodesEntry.value:type_name -> gpucoord.v1.TimesHistory
-	49, // 49: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	51, // 50: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	54, // 51: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	56, // 52: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	58, // 53: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 54: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	7,  // 55: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	28, // 56: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	35, // 57: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	33, // 58: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
-	5,  // 59: gpucoord.v1.Coordinator.PoolReport:input_type -> gpucoord.v1.PoolReportRequest
-	37, // 60: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	40, // 61: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	42, // 62: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	44, // 63: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	50, // 64: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	52, // 65: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	55, // 66: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	57, // 67: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	59, // 68: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 69: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	14, // 70: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	31, // 71: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	36, // 72: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	34, // 73: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
-	6,  // 74: gpucoord.v1.Coordinator.PoolReport:output_type -> gpucoord.v1.PoolReportResponse
-	38, // 75: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	41, // 76: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	43, // 77: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	48, // 78: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	64, // [64:79] is the sub-list for method output_type
-	49, // [49:64] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	49, // 48: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	51, // 49: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	54, // 50: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	56, // 51: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	58, // 52: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 53: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	7,  // 54: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	28, // 55: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	35, // 56: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	33, // 57: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
+	5,  // 58: gpucoord.v1.Coordinator.PoolReport:input_type -> gpucoord.v1.PoolReportRequest
+	37, // 59: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	40, // 60: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	42, // 61: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	44, // 62: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	50, // 63: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	52, // 64: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	55, // 65: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	57, // 66: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	59, // 67: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 68: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	14, // 69: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	31, // 70: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	36, // 71: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	34, // 72: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
+	6,  // 73: gpucoord.v1.Coordinator.PoolReport:output_type -> gpucoord.v1.PoolReportResponse
+	38, // 74: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	41, // 75: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	43, // 76: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	48, // 77: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	63, // [63:78] is the sub-list for method output_type
+	48, // [48:63] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -5181,7 +5240,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   62,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
