@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/pprof"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -128,6 +130,12 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if os.Getenv("GPUCOORD_PPROF") != "" {
+		// Go's profiles beside the metrics, only when asked for: how the
+		// load benchmarks see a running coordinator's heap and CPU.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()

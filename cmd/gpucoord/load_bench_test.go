@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -46,7 +47,7 @@ import (
 //   - the coordinator process's CPU (cores, from /proc) over 5 s of lease
 //     renewals and rank 0's 10 steps a second alone, then over 10 s of
 //     steady state: rank 0 reporting 10 steps a second and every agent,
-//     each second, its compute times and that it stored the last 10th step
+//     each second, its 8 ranks' compute times and that it stored the last 10th step
 //     (each such step committed once all have); its resident memory, and
 //     its etcd requests and writes per step (from
 //     gpucoord_etcd_requests_total);
@@ -61,6 +62,9 @@ import (
 // coordinator's (--lease-ttl 15s), and GPUCOORD_BENCH_LOAD_LOG=path keeps
 // the coordinator's output in path.N for N nodes, and
 // GPUCOORD_BENCH_LOAD_DATA=/dev/shm puts etcd's data there.
+// GPUCOORD_BENCH_LOAD_NOSTORED leaves the Stored reports out of the steady
+// state (to tell their cost from the rest), and GPUCOORD_PPROF=1 serves
+// the coordinator's Go profiles beside its metrics (/debug/pprof/).
 func TestControlPlaneLoad(t *testing.T) {
 	sizes := os.Getenv("GPUCOORD_BENCH_LOAD")
 	if sizes == "" {
@@ -580,6 +584,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 	// each block is rank 0's node, n0000, for the first: the assignments
 	// say so, as the generation orders its members by name here.
 	direct := os.Getenv("GPUCOORD_BENCH_LOAD_DIRECT") != "" // every agent reports itself, as before relays
+	noStored := os.Getenv("GPUCOORD_BENCH_LOAD_NOSTORED") != ""
 	for b := 0; b < n; b += pb.RelayBlock {
 		block := agents[b:min(b+pb.RelayBlock, n)]
 		times.Add(1)
@@ -595,11 +600,16 @@ func loadRun(t *testing.T, bin string, n int) string {
 				}
 				var reports []*pb.ReportRequest
 				for j, a := range block {
-					reports = append(reports, &pb.ReportRequest{Job: job, Generation: 1, Node: a.name, Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{
-						Ranks: []*pb.RankTime{{Rank: int32(8 * (b + j)), ComputeSeconds: 0.09, Steps: 10}}}}})
+					// Its 8 ranks' means, spread as a real job's are
+					// (within 2% of each other).
+					ranks := make([]*pb.RankTime, 8)
+					for r := range ranks {
+						ranks[r] = &pb.RankTime{Rank: int32(8*(b+j) + r), ComputeSeconds: 0.09 * (1 + 0.02*rand.Float64()), Steps: 10}
+					}
+					reports = append(reports, &pb.ReportRequest{Job: job, Generation: 1, Node: a.name, Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: ranks}}})
 					// Every node's ranks have written the last 10th step:
 					// the node reports it stored (a commit needs them all).
-					if c := checkpointed.Load(); c > 0 {
+					if c := checkpointed.Load(); c > 0 && !noStored {
 						reports = append(reports, &pb.ReportRequest{Job: job, Generation: 1, Node: a.name, Kind: &pb.ReportRequest_Stored{Stored: &pb.Stored{
 							Steps: []*pb.StoredStep{{Step: c, Generation: 1}}}}})
 					}
