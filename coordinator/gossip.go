@@ -148,6 +148,37 @@ func (d *deathReports) retry(k deathKey) {
 	}
 }
 
+// deathSeen is what the reports of a node's death came to, for the
+// dashboard: the run reported, how many members of its pool reported it,
+// when the first did, and whether this coordinator acted on them.
+type deathSeen struct {
+	instance  string
+	reporters int
+	first     time.Time
+	acted     bool
+}
+
+// byNode returns, for each node whose death was reported within
+// deathWindow of now, its latest tally.
+func (d *deathReports) byNode(now time.Time) map[string]deathSeen {
+	if d == nil {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string]deathSeen{}
+	for k, t := range d.m {
+		if now.Sub(t.first) > deathWindow {
+			continue
+		}
+		name, instance := gossip.ParseMember(k.member)
+		if old, ok := out[name]; !ok || t.first.After(old.first) {
+			out[name] = deathSeen{instance: instance, reporters: len(t.by), first: t.first, acted: t.acted}
+		}
+	}
+	return out
+}
+
 // PoolReport implements pb.CoordinatorServer: a node's report of the
 // members its domain's pool declared dead, and its request for members to
 // join. The reporter must be registered with the lease it names; each

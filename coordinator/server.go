@@ -68,6 +68,9 @@ type server struct {
 	// dead takes those to act on, to revokeDead.
 	deaths *deathReports
 	dead   chan<- deathKey
+	// renewals are the lease renewals sent on this coordinator's streams
+	// (the dashboard's).
+	renewals *renewals
 	// secure says the coordinator serves mutual TLS: every call but Join
 	// has a verified identity, and a node's calls are held to its own node.
 	secure bool
@@ -335,6 +338,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	if err := stream.Send(withTTL(a, first.TTL*1000, renewed)); err != nil {
 		return err
 	}
+	s.renewals.sent(node, renewed, first.TTL*1000)
 	last := a
 	// The client renews every third of the TTL: two thirds without a
 	// renewal means this coordinator cannot reach etcd for it, and the
@@ -366,6 +370,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			if err := stream.Send(&pb.Assignment{Renewal: true, LeaseTtlMs: r.TTL * 1000, SentUnixNanos: now.UnixNano(), Revision: last.Revision}); err != nil {
 				return err
 			}
+			s.renewals.sent(node, now, r.TTL*1000)
 		case <-changed:
 			a, wire, next := s.cache.assignment(node)
 			changed = next
@@ -954,7 +959,7 @@ func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusRes
 		}
 		return nil, etcdErr(err)
 	}
-	nodes, connected, leader, _ := s.cache.pool()
+	nodes, connected, revoked, leader, _ := s.cache.pool()
 	jobs := s.cache.jobsNow()
 	resp := &pb.StatusResponse{Leader: leader}
 	busy := map[string]string{}
@@ -976,20 +981,30 @@ func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusRes
 		}
 		js.Stragglers = j.stragglers.GetRanks()
 		for _, m := range j.gen.GetMembers() {
-			state := "lost"
-			n := nodes[m.Node]
-			switch {
-			case n == nil || m.Instance != "" && n.Instance != m.Instance:
-			case connected[m.Node]:
-				state = "alive"
-			default:
-				state = "disconnected"
-			}
+			state := memberState(m, nodes[m.Node], connected[m.Node], revoked[m.Node])
 			js.Members = append(js.Members, &pb.MemberStatus{Node: m.Node, FirstRank: m.FirstRank, Ranks: m.Ranks, State: state})
 		}
 		resp.Jobs = append(resp.Jobs, js)
 	}
 	return resp, nil
+}
+
+// memberState is the state of a generation's member m, as status and the
+// dashboard show it: lost (its node not registered, registered again as
+// another run of its agent, or its run revoked: revoked is the run the
+// node's fence names, "" for none), alive (its agent's Watch stream is
+// open) or disconnected (registered, no stream: it keeps its place until
+// its lease ends). n is the node's registration, nil for none.
+func memberState(m *pb.Member, n *pb.Node, connected bool, revoked string) string {
+	switch {
+	case n == nil || m.Instance != "" && n.GetInstance() != m.Instance:
+		return "lost"
+	case revoked != "" && revoked == n.GetInstance():
+		return "lost"
+	case connected:
+		return "alive"
+	}
+	return "disconnected"
 }
 
 // reportRelayed takes the reports a relay forwards for the members of its

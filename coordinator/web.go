@@ -136,6 +136,7 @@ func (c *Coordinator) openWeb(cp *clusterPKI) error {
 	host, _, _ := net.SplitHostPort(c.cfg.HTTP)
 	w := &web{c: c, log: c.log.With("component", "web"), ln: ln, plan: c.cfg.Planner, planning: make(chan struct{}, 1), scheme: "http",
 		hub: newWebHub(c.cache, c.cfg.Name, c.leading.Load, c.log.With("component", "web")), cancelOpen: cp == nil}
+	w.hub.renewals, w.hub.deaths = c.srv.renewals, c.srv.deaths
 	w.agents = &http.Client{Timeout: 10 * time.Second}
 	if cp != nil {
 		if !IsLoopback(host) {

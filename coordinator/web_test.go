@@ -9,12 +9,16 @@ import (
 	"io"
 	"maps"
 	"net"
+	"log/slog"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/gpucoord/gpucoord/internal/join"
@@ -134,13 +138,32 @@ func TestWebModel(t *testing.T) {
 	if !snap.msg.Reset {
 		t.Error("the first event is not a reset")
 	}
+	// Every node's row, and the lease renewals this coordinator sent them
+	// (its memory: renewals are not written to etcd).
 	nodes := map[string]bool{}
+	var renewed webRenewals
 	for e := snap; ; e = ev.until("a change", func(sseEvent) bool { return true }) {
 		for k := range e.msg.Set {
 			nodes[k] = true
 		}
-		if nodes["node/n0"] && nodes["node/n1"] && nodes["node/n2"] {
+		if _, ok := e.msg.Set["renewals"]; ok {
+			renewed = section[webRenewals](t, e.msg, "renewals")
+		}
+		if nodes["node/n0"] && nodes["node/n1"] && nodes["node/n2"] && len(renewed.Nodes) == 3 {
 			break
+		}
+	}
+	if !slices.Equal(renewed.Nodes, []string{"n0", "n1", "n2"}) || renewed.Coordinator != co.cfg.Name || renewed.TTLMs != co.cfg.LeaseTTL.Milliseconds() {
+		t.Errorf("renewals: %+v, want n0, n1 and n2's by %s, TTL %s", renewed, co.cfg.Name, co.cfg.LeaseTTL)
+	}
+	for i, ago := range renewed.AgoMs {
+		var n webNode
+		if err := json.Unmarshal(co.web.hub.section("node/"+renewed.Nodes[i]), &n); err != nil {
+			t.Fatal(err)
+		}
+		// Renewed since it registered, before the section was built.
+		if at := renewed.At - ago; ago < 0 || at < n.Registered {
+			t.Errorf("%s: renewed at %d (%d ms before %d), registered at %d", n.Name, at, ago, renewed.At, n.Registered)
 		}
 	}
 
@@ -455,5 +478,111 @@ func TestWebStandby(t *testing.T) {
 		if strings.HasPrefix(k, "node/") {
 			t.Errorf("a job's viewer received %s", k)
 		}
+	}
+}
+
+// TestWebPoolRenewalsAndDeaths: the pool's view of each node's lease
+// renewals and gossip state, from this coordinator's memory, not etcd:
+// the renewals section holds the last renewal sent to each node this
+// coordinator serves (or served last) and leaves out a node another
+// coordinator serves (its row names that one); a node's row counts the
+// members of its pool that reported its run dead, and keeps them once the
+// node is lost.
+func TestWebPoolRenewalsAndDeaths(t *testing.T) {
+	c, k := webCache(t, 4)
+	h := newWebHub(c, "c", func() bool { return true }, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	h.renewals, h.deaths = newRenewals(), newDeathReports()
+	now := time.UnixMilli(1_800_000_000_000)
+	h.renewals.sent("n0000", now.Add(-500*time.Millisecond), 5000)
+	h.renewals.sent("n0001", now.Add(-time.Second), 5000)
+	h.renewals.sent("n0003", now.Add(-4*time.Second), 5000) // disconnected since: served last here
+	h.renewals.sent("gone", now.Add(-time.Second), 5000)    // not registered: forgotten
+	rev := c.rev
+	event := func(typ mvccpb.Event_EventType, key, value string) {
+		rev++
+		c.apply(rev, []*clientv3.Event{{Type: typ, Kv: &mvccpb.KeyValue{Key: []byte(key), Value: []byte(value), ModRevision: rev}}})
+	}
+	event(mvccpb.PUT, k.conn("n0001"), "other/3")
+	event(mvccpb.DELETE, k.conn("n0003"), "")
+	// One member of n0002's pool reports it dead: below the quorum of 2.
+	if h.deaths.add(deathKey{member: "n0002#n0002", lease: 7}, "n0000", 2, now.Add(-2*time.Second)) {
+		t.Fatal("one report of two acted on")
+	}
+	h.rebuild(now)
+
+	var r webRenewals
+	if err := json.Unmarshal(h.section("renewals"), &r); err != nil {
+		t.Fatal(err)
+	}
+	want := webRenewals{Coordinator: "c", At: now.UnixMilli(), TTLMs: 5000, Nodes: []string{"n0000", "n0003"}, AgoMs: []int64{500, 4000}}
+	if !reflect.DeepEqual(r, want) {
+		t.Errorf("renewals section: %+v, want %+v", r, want)
+	}
+	if _, ok := h.renewals.last(func(string) bool { return true })["gone"]; ok {
+		t.Error("the renewal of a node no longer registered is kept")
+	}
+	row := func(name string) webNode {
+		t.Helper()
+		var n webNode
+		if err := json.Unmarshal(h.section("node/"+name), &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := row("n0001"); n.Stream != "other" || n.Health != "registered" {
+		t.Errorf("n0001, served by another coordinator: %+v", n)
+	}
+	if n := row("n0002"); n.ReportedDead != 1 || n.ReportedAt != now.Add(-2*time.Second).UnixMilli() || n.Revoked {
+		t.Errorf("n0002, reported dead once: %+v", n)
+	}
+	if n := row("n0000"); n.ReportedDead != 0 || n.ReportedAt != 0 {
+		t.Errorf("n0000, not reported: %+v", n)
+	}
+	if !inScope("pool", "renewals") || inScope("job:j", "renewals") || inScope("jobs", "renewals") {
+		t.Error("the renewals section goes to the pool's viewers alone")
+	}
+
+	// A second report: the quorum; the lease is revoked and the node goes.
+	if !h.deaths.add(deathKey{member: "n0002#n0002", lease: 7}, "n0001", 2, now.Add(-time.Second)) {
+		t.Fatal("the second report did not act")
+	}
+	event(mvccpb.DELETE, k.node("n0002"), "")
+	h.rebuild(now.Add(time.Second))
+	if n := row("n0002"); n.Health != "lost" || n.ReportedDead != 2 || !n.Revoked {
+		t.Errorf("n0002, revoked by its pool's reports: %+v", n)
+	}
+	// A minute on, the reports are forgotten; the lost row keeps them.
+	h.rebuild(now.Add(2 * time.Minute))
+	if n := row("n0002"); n.ReportedDead != 2 {
+		t.Errorf("n0002 a minute after: %+v", n)
+	}
+}
+
+// TestMemberState: a generation's member's state, as status and the
+// dashboard both show it.
+func TestMemberState(t *testing.T) {
+	run := &pb.Node{Name: "n", Instance: "a"}
+	tests := []struct {
+		name      string
+		m         *pb.Member
+		n         *pb.Node
+		connected bool
+		revoked   string
+		want      string
+	}{
+		{name: "streaming", m: &pb.Member{Node: "n", Instance: "a"}, n: run, connected: true, want: "alive"},
+		{name: "no stream", m: &pb.Member{Node: "n", Instance: "a"}, n: run, want: "disconnected"},
+		{name: "not registered", m: &pb.Member{Node: "n", Instance: "a"}, connected: true, want: "lost"},
+		{name: "another run registered", m: &pb.Member{Node: "n", Instance: "b"}, n: run, connected: true, want: "lost"},
+		{name: "member without a run", m: &pb.Member{Node: "n"}, n: run, connected: true, want: "alive"},
+		{name: "its run revoked", m: &pb.Member{Node: "n", Instance: "a"}, n: run, connected: true, revoked: "a", want: "lost"},
+		{name: "an earlier run revoked", m: &pb.Member{Node: "n", Instance: "a"}, n: run, connected: true, revoked: "z", want: "alive"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := memberState(tc.m, tc.n, tc.connected, tc.revoked); got != tc.want {
+				t.Errorf("memberState = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

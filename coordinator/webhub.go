@@ -54,7 +54,14 @@ type webHub struct {
 	stored   map[string]int64 // each job's stored print at its last commit section
 	timesAt  time.Time
 	times    int64 // the times print at timesAt
-	stats    webStats
+	// renewals and deaths are the server's lease renewals and the deaths
+	// pools reported (nil: none); renewed are the nodes of the renewals
+	// section last sent, at renewedAt.
+	renewals  *renewals
+	deaths    *deathReports
+	renewed   []string
+	renewedAt time.Time
+	stats     webStats
 }
 
 // webHistory is what the hub remembers of a job beyond the cache.
@@ -94,7 +101,8 @@ type webSub struct {
 }
 
 // inScope says whether a viewer of scope receives the section key: ""
-// receives every section; "pool" the pool's (every node's row); "job:ID"
+// receives every section; "pool" the pool's (every node's row and the
+// lease renewals); "job:ID"
 // job ID's; any other scope ("jobs") none but those every scope
 // receives: meta and every job's head (the page's lists). A job's grid,
 // members and compute times, a megabyte at 2,048 nodes, go only to its
@@ -105,7 +113,7 @@ func inScope(scope, key string) bool {
 	}
 	kind, name, _ := strings.Cut(key, "/")
 	if scope == "pool" {
-		return kind == "node"
+		return kind == "node" || key == "renewals"
 	}
 	id, ok := strings.CutPrefix(scope, "job:")
 	return ok && kind != "node" && name == id
@@ -219,6 +227,7 @@ func (h *webHub) rebuild(now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	cp := h.cache.webCopy(h.stored)
+	cp.deaths = h.deaths.byNode(now)
 	msg := webMessage{Set: map[string]json.RawMessage{}, Append: map[string][]webPoint{}}
 	set := func(key string, v any) {
 		b, err := json.Marshal(v)
@@ -237,6 +246,11 @@ func (h *webHub) rebuild(now time.Time) {
 	// The pool: a row per node, sent when it changes.
 	nodes := cp.webNodes()
 	for name, n := range nodes {
+		if old, ok := h.nodes[name]; ok && n.Health == "lost" && n.ReportedAt == 0 {
+			// A lost node keeps the death its pool reported: the reports
+			// are forgotten after a minute.
+			n.ReportedDead, n.ReportedAt, n.Revoked = old.ReportedDead, old.ReportedAt, old.Revoked
+		}
 		if old, ok := h.nodes[name]; !ok || old != n {
 			h.nodes[name] = n
 			set("node/"+name, n)
@@ -248,8 +262,11 @@ func (h *webHub) rebuild(now time.Time) {
 		}
 		switch {
 		case old.Lost == 0:
-			// Gone: shown lost for lostFor.
+			// Gone: shown lost for lostFor, with the death its pool
+			// reported, if it did (the revocation that removed it).
 			old.Health, old.Lost, old.Spare, old.Job, old.Stream = "lost", now.UnixMilli(), false, "", ""
+			d, ok := cp.deaths[name]
+			old.reported(d, ok, "")
 			h.nodes[name] = old
 			set("node/"+name, old)
 		case now.Sub(time.UnixMilli(old.Lost)) > lostFor:
@@ -257,6 +274,15 @@ func (h *webHub) rebuild(now time.Time) {
 			delete(h.sections, "node/"+name)
 			msg.Del = append(msg.Del, "node/"+name)
 		}
+	}
+
+	// The lease renewals of the nodes this coordinator serves: each node's
+	// moves every third of a TTL, so the section is rebuilt at the slow
+	// interval, or at once when its nodes change.
+	last := h.renewals.last(func(node string) bool { _, ok := cp.nodes[node]; return ok })
+	if r := cp.webRenewals(h.self, last, now); now.Sub(h.renewedAt) >= h.slow || !slices.Equal(r.Nodes, h.renewed) {
+		h.renewedAt, h.renewed = now, r.Nodes
+		set("renewals", r)
 	}
 
 	slowDue := now.Sub(h.timesAt) >= h.slow && cp.timesPrint != h.times
@@ -298,7 +324,7 @@ func (h *webHub) rebuild(now time.Time) {
 					// (gone, or its stream dropped: the leader counted it
 					// lost) is lost to the job.
 					in := slices.ContainsFunc(g.Members, func(x *pb.Member) bool { return x.Node == m.Node })
-					if !in && memberHealth(&pb.Member{Node: m.Node, Instance: p.instances[i]}, cp.nodes, cp.conns, cp.fences) != "alive" {
+					if !in && cp.memberState(&pb.Member{Node: m.Node, Instance: p.instances[i]}) != "alive" {
 						c, p.Members[i].State = 'L', "lost"
 					}
 					for r := m.FirstRank; c != 0 && r < m.FirstRank+m.Ranks && int(r) < len(states); r++ {

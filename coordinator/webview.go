@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/topology"
@@ -29,6 +30,9 @@ type webCopy struct {
 	pooled     map[string]bool // nodes that are members of their domain's gossip pool
 	jobs       []*webJobCopy
 	timesPrint int64 // changes when any job's compute times do
+	// deaths are the deaths of nodes their pools reported to this
+	// coordinator, by node (the hub's, not the cache's).
+	deaths map[string]deathSeen
 }
 
 // webJobCopy is one job's part of a webCopy.
@@ -114,6 +118,60 @@ type webNode struct {
 	// Lost is when this coordinator saw the node's registration go (Unix
 	// ms): it shows a lost node for a while after its job moved on.
 	Lost int64 `json:"lost_unix_ms,omitempty"`
+	// ReportedDead is how many members of the node's gossip pool reported
+	// its run dead to this coordinator (PoolReport) within the last
+	// minute, ReportedAt when the first did (Unix ms), and Revoked that
+	// they made the quorum and this coordinator revoked the node's lease.
+	// A pool's suspicion before it declares a death is not reported.
+	ReportedDead int   `json:"reported_dead,omitempty"`
+	ReportedAt   int64 `json:"reported_dead_unix_ms,omitempty"`
+	Revoked      bool  `json:"revoked,omitempty"`
+}
+
+// reported sets the row's death reports from d, those of the node's run
+// instance ("": of any run).
+func (n *webNode) reported(d deathSeen, ok bool, instance string) {
+	if !ok || instance != "" && d.instance != instance {
+		return
+	}
+	n.ReportedDead, n.ReportedAt, n.Revoked = d.reporters, d.first.UnixMilli(), d.acted
+}
+
+// webRenewals is the "renewals" section (the pool's): the last lease
+// renewal this coordinator sent to each node whose Watch stream it holds,
+// or held last (the node disconnected since), by column: AgoMs is each
+// renewal's age at At. A node whose stream another coordinator holds is
+// not here; its row names that coordinator (webNode.Stream). Renewals
+// come a third of a TTL apart for every node: the section is rebuilt at
+// the hub's slow interval, or when its nodes change, never per renewal.
+type webRenewals struct {
+	Coordinator string `json:"coordinator"`
+	At          int64  `json:"at_unix_ms"`
+	// TTLMs is the leases' TTL (the longest, should nodes' differ).
+	TTLMs int64    `json:"ttl_ms"`
+	Nodes []string `json:"nodes"`
+	AgoMs []int64  `json:"ago_ms"`
+}
+
+// webRenewals builds the renewals section from last (renewals.last) as
+// of now: the nodes this coordinator serves, or served last.
+func (w *webCopy) webRenewals(self string, last map[string]renewal, now time.Time) webRenewals {
+	r := webRenewals{Coordinator: self, At: now.UnixMilli(), Nodes: []string{}, AgoMs: []int64{}}
+	for node := range last {
+		if s, ok := w.conns[node]; ok {
+			if by, _, _ := strings.Cut(s, "/"); by != self {
+				continue
+			}
+		}
+		r.Nodes = append(r.Nodes, node)
+	}
+	slices.Sort(r.Nodes)
+	for _, node := range r.Nodes {
+		x := last[node]
+		r.AgoMs = append(r.AgoMs, max(0, now.Sub(x.at).Milliseconds()))
+		r.TTLMs = max(r.TTLMs, x.ttlMs)
+	}
+	return r
 }
 
 // webNodes is every node of the pool, registered or lost, by name.
@@ -132,6 +190,8 @@ func (w *webCopy) webNodes() map[string]webNode {
 			row.Strikes, row.CooldownUntil = p.Strikes, p.CooldownUntil
 		}
 		row.Spare = row.Health == "registered" && row.Job == ""
+		d, ok := w.deaths[name]
+		row.reported(d, ok, n.GetInstance())
 		out[name] = row
 	}
 	// A running job's member that is gone, or revoked since: lost.
@@ -140,7 +200,7 @@ func (w *webCopy) webNodes() map[string]webNode {
 			continue
 		}
 		for _, m := range j.gen.Members {
-			if memberHealth(m, w.nodes, w.conns, w.fences) != "lost" {
+			if w.memberState(m) != "lost" {
 				continue
 			}
 			row, ok := out[m.Node]
@@ -148,26 +208,21 @@ func (w *webCopy) webNodes() map[string]webNode {
 				row = webNode{Name: m.Node, Host: m.Host, Domain: m.Domain, GPUs: m.Ranks}
 			}
 			row.Health, row.Job, row.Spare, row.Stream = "lost", j.spec.Id, false, ""
+			d, ok := w.deaths[m.Node]
+			row.reported(d, ok, m.Instance)
 			out[m.Node] = row
 		}
 	}
 	return out
 }
 
-// memberHealth is a generation's member's state as status shows it:
-// alive, disconnected or lost (its node gone, registered again as another
-// run of its agent, or revoked).
-func memberHealth(m *pb.Member, nodes map[string]nodeEntry, conns map[string]string, fences map[string]fence) string {
-	e, ok := nodes[m.Node]
-	switch {
-	case !ok || m.Instance != "" && e.node.GetInstance() != m.Instance:
-		return "lost"
-	case fences[m.Node].Instance != "" && fences[m.Node].Instance == e.node.GetInstance():
-		return "lost"
-	case conns[m.Node] != "":
-		return "alive"
+// memberState is m's state in the copy (memberState).
+func (w *webCopy) memberState(m *pb.Member) string {
+	var n *pb.Node
+	if e, ok := w.nodes[m.Node]; ok {
+		n = e.node
 	}
-	return "disconnected"
+	return memberState(m, n, w.conns[m.Node] != "", w.fences[m.Node].Instance)
 }
 
 // webLayout is a layout as status --json shows it, with what the grid
@@ -487,7 +542,7 @@ func (w *webCopy) head(j *webJobCopy) (webJob, webRanks, webMembers, []webExit) 
 	}
 	open := j.open >= g.Number
 	for _, m := range g.Members {
-		state := memberHealth(m, w.nodes, w.conns, w.fences)
+		state := w.memberState(m)
 		members = append(members, webMember{Node: m.Node, Domain: m.Domain, FirstRank: m.FirstRank, Ranks: m.Ranks, State: state})
 		var c byte
 		switch {
