@@ -420,10 +420,15 @@ type webPoolDoc struct {
 	Revision    int64           `json:"revision"`
 	Counts      map[string]int  `json:"counts"`
 	Domains     []webDomainRows `json:"domains"`
+	// Renewals are the last lease renewals this coordinator sent
+	// (webRenewals).
+	Renewals json.RawMessage `json:"renewals,omitempty"`
 }
 
 type webDomainRows struct {
-	Name  string    `json:"name"`
+	Name string `json:"name"`
+	// Pool counts the domain's registered nodes in its gossip pool.
+	Pool  int       `json:"pool"`
 	Nodes []webNode `json:"nodes"`
 }
 
@@ -435,13 +440,16 @@ func (w *web) poolDoc(rw http.ResponseWriter, r *http.Request) {
 	}
 	json.Unmarshal(w.hub.section("meta"), &meta)
 	doc := webPoolDoc{Schema: "gpucoord.web-pool/1", Coordinator: meta.Coordinator, Leader: meta.Leader, Leading: meta.Leading,
-		Revision: meta.Revision, Counts: map[string]int{}, Domains: []webDomainRows{}}
+		Revision: meta.Revision, Counts: map[string]int{}, Domains: []webDomainRows{}, Renewals: w.hub.section("renewals")}
 	for _, n := range w.hub.pool() {
 		if k := len(doc.Domains); k == 0 || doc.Domains[k-1].Name != n.Domain {
 			doc.Domains = append(doc.Domains, webDomainRows{Name: n.Domain})
 		}
 		d := &doc.Domains[len(doc.Domains)-1]
 		d.Nodes = append(d.Nodes, n)
+		if n.Gossip && n.Health != "lost" {
+			d.Pool++
+		}
 		doc.Counts[n.Health]++
 		if n.Spare {
 			doc.Counts["spare"]++

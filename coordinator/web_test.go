@@ -215,7 +215,7 @@ func TestWebModel(t *testing.T) {
 	// The JSON endpoints answer from the same model.
 	var pool webPoolDoc
 	getJSON(t, hc, web+"api/pool", &pool)
-	if len(pool.Domains) != 2 || pool.Domains[1].Name != "rack-a" || pool.Counts["lost"] != 1 || pool.Counts["registered"] != 2 {
+	if len(pool.Domains) != 2 || pool.Domains[1].Name != "rack-a" || pool.Counts["lost"] != 1 || pool.Counts["registered"] != 2 || len(pool.Renewals) == 0 {
 		t.Errorf("/api/pool: %+v", pool)
 	}
 	var doc map[string]json.RawMessage

@@ -244,6 +244,17 @@ func TestWebDashboard(t *testing.T) {
 	if d := evalJS[string](t, ctx, `document.querySelector('.node[data-node="w1"]').closest('.domain').dataset.domain`); d != "rack-b" {
 		t.Errorf("w1 is shown in failure domain %q, want rack-b", d)
 	}
+	// A live node's last lease renewal (this coordinator holds its stream
+	// and renews it) and its gossip state: its domain's pool, alone in it.
+	evalJS[bool](t, ctx, `document.querySelector('.node[data-node="w0"]').click(), true`)
+	waitJS(t, ctx, `(() => { const d = document.querySelector('#node-detail'); return !d.hidden &&
+		/^last renewed \d\d:\d\d:\d\d \([\d.]+ m?s ago\) by this coordinator, TTL 4\.00 s$/.test(d.querySelector('.renewal').textContent) &&
+		/^pool of rack-a, 1 member registered; no member reported it dead$/.test(d.querySelector('.gossip').textContent); })()`,
+		10*time.Second, "w0's last renewal and gossip pool")
+	t.Logf("w0 on the page: %s", evalJS[string](t, ctx, `document.querySelector('#node-detail .renewal').textContent + ' | ' + document.querySelector('#node-detail .gossip').textContent`))
+	evalJS[bool](t, ctx, `document.querySelector('.node[data-node="w1"]').click(), true`)
+	t.Logf("w1, killed, on the page: %s", evalJS[string](t, ctx, `document.querySelector('#node-detail .renewal').textContent + ' | ' + document.querySelector('#node-detail .gossip').textContent`))
+	evalJS[bool](t, ctx, `document.querySelector('.node[data-node="w0"]').click(), true`)
 	screenshot(t, ctx, shots, "pool.png")
 
 	// The plan form: the numbers plan --json prints.

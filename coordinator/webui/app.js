@@ -222,6 +222,7 @@ function update(touched) {
       }
     });
     if (nodes) part('counters', () => { renderCounters(); renderDomainHeads(); });
+    if (pool.detail && (touched.has('renewals') || touched.has('node/' + pool.detail))) part('detail', () => nodeDetail(pool.detail));
     if (jobs) part('jobs', () => { renderJobsTable('#jobs-table'); renderCounters(); });
   } else if (route.view === 'jobs') {
     for (const k of touched) if (k.startsWith('job/')) { renderJobsTable('#jobs-table-2'); break; }
@@ -253,7 +254,7 @@ function renderMeta() {
 
 // ---- the pool
 
-const pool = {tiles: new Map(), domains: new Map(), compact: null, filter: ''};
+const pool = {tiles: new Map(), domains: new Map(), compact: null, filter: '', sizes: new Map(), detail: null};
 
 function nodes() {
   const out = [];
@@ -361,7 +362,7 @@ function tile(n) {
 }
 
 function paintTile(t, n) {
-  t.className = 'node ' + (n.spare ? 'spare' : n.health);
+  t.className = 'node ' + (n.spare ? 'spare' : n.health) + (n.reported_dead && n.health !== 'lost' ? ' reported' : '');
   if (n.job) t.style.borderColor = `hsl(${hue(n.job)},55%,32%)`;
   else t.style.removeProperty('border-color');
   t.dataset.health = n.health;
@@ -371,7 +372,47 @@ function paintTile(t, n) {
 function nodeTip(n) {
   if (!n) return '';
   return `${n.name} (${n.host || '?'})\n${n.health}${n.spare ? ', spare' : ''}${n.job ? ', job ' + n.job : ''}\n${n.gpus} GPUs · domain ${n.domain || '–'}` +
-    `${n.stream ? '\nstream on ' + n.stream : ''}${n.gossip ? '\ngossip pool member' : ''}`;
+    `\nlease: ${renewalText(n)}\ngossip: ${gossipText(n)}`;
+}
+
+// renewalOf is the last lease renewal this coordinator sent to a node
+// (the renewals section, by column), as {at, ttl} in Unix ms, or null.
+const renewalIndex = {section: null, at: new Map()};
+function renewalOf(name) {
+  const r = get('renewals');
+  if (!r) return null;
+  if (renewalIndex.section !== r) {
+    renewalIndex.section = r;
+    renewalIndex.at = new Map(r.nodes.map((n, i) => [n, r.at_unix_ms - r.ago_ms[i]]));
+  }
+  const at = renewalIndex.at.get(name);
+  return at === undefined ? null : {at, ttl: r.ttl_ms};
+}
+
+// renewalText says when a node's lease was last renewed: by this
+// coordinator when it holds (or held last) the node's stream, else which
+// coordinator does (only that one sees its renewals).
+function renewalText(n) {
+  const m = get('meta') || {};
+  if (n.health === 'lost') return 'none (its registration is gone)';
+  if (n.stream && n.stream !== m.coordinator) return 'renewed by coordinator ' + n.stream + ', which holds its stream (its dashboard shows when)';
+  const r = renewalOf(n.name);
+  if (!r) return n.stream ? 'renewed by this coordinator: none sent yet' : 'no stream open: not renewed';
+  return 'last renewed ' + fmt.time(r.at) + ' (' + fmt.sec(Math.max(0, Date.now() - r.at) / 1000) + ' ago) by this coordinator, TTL ' + fmt.sec(r.ttl / 1000) +
+    (n.stream ? '' : '; no stream open since: it lapses unless the agent comes back');
+}
+
+// gossipText is a node's gossip state: its pool (its failure domain's)
+// and that pool's size, and whether members reported it dead.
+function gossipText(n) {
+  if (!n.gossip && n.health !== 'lost') return 'in no pool (registered without a gossip address)';
+  const d = n.domain || '(no domain)';
+  const size = (pool.sizes && pool.sizes.get(d)) || 0;
+  let s = `pool of ${d}, ${size} ${size === 1 ? 'member' : 'members'} registered`;
+  if (n.reported_dead) {
+    s += `; reported dead by ${n.reported_dead} of its members from ${fmt.time(n.reported_dead_unix_ms)}` + (n.revoked ? ', its lease revoked' : ' (not yet a quorum)');
+  } else s += '; no member reported it dead';
+  return s;
 }
 
 function updateNode(name) {
@@ -399,12 +440,14 @@ function renderDomainHeads() {
   const per = new Map();
   for (const n of nodes()) {
     const d = n.domain || '(no domain)';
-    const c = per.get(d) || {n: 0, disconnected: 0, lost: 0, spare: 0};
+    const c = per.get(d) || {n: 0, disconnected: 0, lost: 0, spare: 0, pool: 0};
     c.n++;
+    if (n.gossip && n.health !== 'lost') c.pool++;
     if (n.health !== 'registered') c[n.health]++;
     if (n.spare) c.spare++;
     per.set(d, c);
   }
+  pool.sizes = new Map([...per].map(([d, c]) => [d, c.pool]));
   for (const [d, {box}] of pool.domains) {
     const c = per.get(d);
     if (!c) { box.remove(); pool.domains.delete(d); continue; }
@@ -412,6 +455,7 @@ function renderDomainHeads() {
     if (c.spare) parts.push(c.spare + ' spare');
     if (c.disconnected) parts.push(c.disconnected + ' disconnected');
     if (c.lost) parts.push(c.lost + ' lost');
+    parts.push('gossip pool of ' + c.pool);
     box.querySelector('h3 .hint').textContent = parts.join(' · ');
   }
 }
@@ -424,13 +468,15 @@ function applyFilter() {
 function nodeDetail(name) {
   const n = get('node/' + name);
   const box = $('#node-detail');
+  pool.detail = n ? name : null;
   if (!n) { box.hidden = true; return; }
   box.hidden = false;
   box.replaceChildren(el('h3', {text: 'node ' + n.name}), kv([
     ['health', n.health + (n.spare ? ' (spare)' : '')], ['host', n.host || '–'], ['GPUs', n.gpus], ['failure domain', n.domain || '–'],
     ['job', n.job ? el('a', {href: '#/jobs/' + encodeURIComponent(n.job), text: n.job}) : 'none'],
-    ['Watch stream', n.stream ? 'on coordinator ' + n.stream + ' (it renews the lease every third of its TTL)' : 'none'],
-    ['gossip', n.gossip ? 'member of its domain\'s pool' : 'not a member'],
+    ['Watch stream', n.stream ? (n.stream === (get('meta') || {}).coordinator ? 'on this coordinator' : 'on coordinator ' + n.stream) + ' (it renews the lease every third of its TTL)' : 'none'],
+    ['last renewal', el('span', {class: 'renewal', text: renewalText(n)})],
+    ['gossip', el('span', {class: 'gossip', text: gossipText(n)})],
     ['registered', n.registered_unix_ms ? fmt.time(n.registered_unix_ms) + ' (' + fmt.ago(n.registered_unix_ms) + ')' : '–'],
     ['agent version', n.version || '–'], ['strikes', n.strikes || 0],
     ['cooldown until', n.cooldown_until_unix_ms ? fmt.time(n.cooldown_until_unix_ms) : '–'],
