@@ -27,6 +27,19 @@ function el(tag, attrs, ...children) {
   return e;
 }
 
+// patch makes parent's children kids, keeping each child that equals its
+// replacement (isEqualNode): an update that changes a number in a legend
+// or a row in a table changes that element, not the box, and the frame
+// lays out and paints that much.
+function patch(parent, kids) {
+  kids.forEach((k, i) => {
+    const old = parent.children[i];
+    if (!old) parent.append(k);
+    else if (!old.isEqualNode(k)) old.replaceWith(k);
+  });
+  while (parent.children.length > kids.length) parent.lastElementChild.remove();
+}
+
 function svg(tag, attrs) {
   const e = document.createElementNS(SVGNS, tag);
   for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
@@ -62,8 +75,15 @@ for (const s of STATE_ORDER) {
 
 // ---- formatting
 
+// NUMBER holds a formatter per number of decimals: toLocaleString makes
+// one each call, a millisecond of a step's update.
+const NUMBER = [];
 const fmt = {
-  num(v, d = 0) { return v === undefined || v === null ? '–' : Number(v).toLocaleString('en-US', {maximumFractionDigits: d, minimumFractionDigits: d}); },
+  num(v, d = 0) {
+    if (v === undefined || v === null) return '–';
+    const f = NUMBER[d] || (NUMBER[d] = new Intl.NumberFormat('en-US', {maximumFractionDigits: d, minimumFractionDigits: d}));
+    return f.format(Number(v));
+  },
   loss(v) { return v === undefined || v === null ? '–' : Number(v).toPrecision(5); },
   gib(b) { return (b / 2 ** 30).toFixed(1) + ' GiB'; },
   bytes(b) {
@@ -88,6 +108,15 @@ const fmt = {
     return (s / 3600).toFixed(1) + ' h ago';
   },
 };
+
+// countStates counts a grid's ranks by state (a letter each, STATE).
+function countStates(states) {
+  const by = new Uint32Array(128);
+  for (let i = 0; i < states.length; i++) by[states.charCodeAt(i) & 127]++;
+  const counts = {};
+  for (const [c, name] of Object.entries(STATE)) if (by[c.charCodeAt(0)]) counts[name] = by[c.charCodeAt(0)];
+  return counts;
+}
 
 // hue gives a stable hue for a name (a job's ring in the pool).
 function hue(s) {
@@ -137,7 +166,7 @@ function apply(m) {
 
 // The part of the model the view needs (web.go's eventScope): the pool's
 // nodes, a job's sections, or the jobs' heads alone.
-let events = null, scope = null;
+let stream = null, scope = null;
 
 function scopeOf(r) {
   if (r.view === 'job') return 'job=' + encodeURIComponent(r.job);
@@ -145,38 +174,108 @@ function scopeOf(r) {
 }
 
 // connect opens the event stream of the current view's part of the
-// model, unless it is open already.
+// model, unless it is open already. The stream is read with fetch, not
+// EventSource: Chromium's EventSource parses an event byte by byte on the
+// page's thread (7 ms for a new generation's 100 KB at 2,048 nodes, more
+// than the page's own work), where a TextDecoder and indexOf take a
+// fraction of a millisecond. A stream that ends or fails is opened again
+// a second later (the hub drops a viewer that falls behind), and its
+// snapshot replaces the model.
 function connect() {
   const want = scopeOf(route);
-  if (events && scope === want) return;
-  if (events) events.close();
+  if (stream && scope === want) return;
+  if (stream) stream.abort();
   scope = want;
+  const ctl = stream = new AbortController();
   const live = $('#live');
-  const es = events = new EventSource('events?' + want);
-  es.addEventListener('snapshot', ev => {
-    const t0 = performance.now();
-    apply(JSON.parse(ev.data));
-    renderAll();
-    const t1 = performance.now();
-    stats.snapshots.push({ms: t1 - t0, bytes: ev.data.length, at: t1});
-    if (stats.loadedMs === null) stats.loadedMs = t1;
-    live.textContent = 'live';
-    live.className = 'live on';
-  });
-  es.addEventListener('delta', ev => {
-    const t0 = performance.now();
-    let m, touched;
-    part('parse', () => { m = JSON.parse(ev.data); });
-    part('apply', () => { touched = apply(m); });
-    update(touched);
-    const t1 = performance.now();
-    stats.applies.push({seq: m.seq, ms: t1 - t0, bytes: ev.data.length, keys: touched.size, at: t1});
-    if (stats.applies.length > 2000) stats.applies.splice(0, 1000);
-  });
-  es.onerror = () => {
+  const again = () => {
+    if (stream !== ctl) return;
     live.textContent = 'reconnecting';
     live.className = 'live off';
+    setTimeout(() => { if (stream === ctl) { stream = null; connect(); } }, 1000);
   };
+  readEvents('events?' + want, ctl.signal, (name, data, t0) => {
+    if (name === 'snapshot') {
+      onSnapshot(data, t0);
+      live.textContent = 'live';
+      live.className = 'live on';
+    } else if (name === 'delta') onDelta(data, t0);
+  }).then(again, again);
+}
+
+// readEvents reads server-sent events from url until it ends, calling
+// on(name, data, t0) for each, t0 being when its last bytes arrived.
+async function readEvents(url, signal, on) {
+  const resp = await fetch(url, {signal, headers: {Accept: 'text/event-stream'}, cache: 'no-store'});
+  if (!resp.ok || !resp.body) throw new Error('events: ' + resp.status);
+  const reader = resp.body.getReader();
+  const dec = new TextDecoder();
+  let buf = '', from = 0;
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) return;
+    let t0 = performance.now();
+    buf += dec.decode(value, {stream: true});
+    for (;;) {
+      const end = buf.indexOf('\n\n', from);
+      if (end < 0) { from = Math.max(0, buf.length - 1); break; }
+      const block = buf.slice(0, end);
+      buf = buf.slice(end + 2);
+      from = 0;
+      let name = 'message', data = '';
+      for (const line of block.split('\n')) {
+        if (line.startsWith('event: ')) name = line.slice(7);
+        else if (line.startsWith('data: ')) data += (data ? '\n' : '') + line.slice(6);
+      }
+      if (data) {
+        on(name, data, t0);
+        t0 = performance.now();
+      }
+    }
+  }
+}
+
+function onSnapshot(data, t0) {
+  apply(JSON.parse(data));
+  renderAll();
+  const t1 = performance.now();
+  stats.snapshots.push({ms: t1 - t0, bytes: data.length, at: t1});
+  if (stats.loadedMs === null) stats.loadedMs = t1;
+}
+
+// onDelta applies a change. Its time (gpucoordStats.applies) is the
+// page's whole work for it: from its last bytes' arrival through the
+// decoding, JSON.parse, the model and the DOM (ms), and the style, layout
+// and paint of the frame that shows it (frameMs: from that frame's
+// requestAnimationFrame to the task after it; the wait for the frame
+// itself is not work and is not counted).
+function onDelta(data, t0) {
+  let m, touched;
+  part('parse', () => { m = JSON.parse(data); });
+  part('apply', () => { touched = apply(m); });
+  update(touched);
+  const t1 = performance.now();
+  const rec = {seq: m.seq, ms: t1 - t0, script: t1 - t0, frame: 0, bytes: data.length, keys: touched.size, at: t1};
+  stats.applies.push(rec);
+  if (stats.applies.length > 2000) stats.applies.splice(0, 1000);
+  afterFrame(frame => { rec.frame = frame; rec.ms = rec.script + frame; });
+}
+
+// afterFrame calls fn with the time the next frame's rendering took: from
+// its requestAnimationFrame callbacks to the first task after it.
+const frameWait = [];
+function afterFrame(fn) {
+  frameWait.push(fn);
+  if (frameWait.length > 1) return;
+  requestAnimationFrame(() => {
+    const t0 = performance.now();
+    const ch = new MessageChannel();
+    ch.port1.onmessage = () => {
+      const ms = performance.now() - t0;
+      for (const f of frameWait.splice(0)) f(ms);
+    };
+    ch.port2.postMessage(0);
+  });
 }
 
 // ---- routing
@@ -199,6 +298,7 @@ function show() {
     a.classList.toggle('on', on);
   }
   job.rank = null;
+  job.legend = null;
   renderAll();
 }
 
@@ -236,7 +336,7 @@ function update(touched) {
       part('grid.rebuild', buildGrid);
       part('members', renderMembers);
     } else if (has('ranks') || has('times') || has('job')) part('grid', updateGrid);
-    if (has('points') || has('gens')) part('charts', renderCharts);
+    if (has('points')) part('charts', renderCharts);
     if (has('gens')) part('gens', renderGens);
     if (has('hangs') || has('gens')) part('hangs', renderHangs);
     if (has('commit')) part('commit', renderCommit);
@@ -273,7 +373,7 @@ function renderCounters() {
   let running = 0;
   for (const id of jobIds()) if (get('job/' + id).phase === 'running') running++;
   const box = $('#pool-counters');
-  box.replaceChildren(
+  const want = [
     counter(c.registered, 'nodes registered'),
     counter(c.disconnected, 'disconnected', c.disconnected ? 'warn' : ''),
     counter(c.lost, 'lost', c.lost ? 'bad' : ''),
@@ -281,7 +381,9 @@ function renderCounters() {
     counter(c.spare, 'spare'),
     counter(c.gpus, 'GPUs'),
     counter(running, 'jobs running'),
-  );
+  ];
+  // A node's change changes a number or two: the other boxes stay.
+  patch(box, want);
 }
 
 function counter(n, label, cls) {
@@ -306,7 +408,9 @@ function renderJobsTable(sel) {
       el('td', {class: 'num', text: fmt.num(j.committed_step)}),
       el('td', {class: 'hint', text: gist}));
   });
-  tbody.replaceChildren(...rows);
+  // A step changes a cell or two of a row: the row is replaced, the
+  // others stay.
+  patch(tbody, rows);
   const empty = $('#jobs-empty');
   if (empty && sel === '#jobs-table') empty.hidden = ids.length > 0;
 }
@@ -456,7 +560,8 @@ function renderDomainHeads() {
     if (c.disconnected) parts.push(c.disconnected + ' disconnected');
     if (c.lost) parts.push(c.lost + ' lost');
     parts.push('gossip pool of ' + c.pool);
-    box.querySelector('h3 .hint').textContent = parts.join(' · ');
+    const hint = box.querySelector('h3 .hint'), text = parts.join(' · ');
+    if (hint.textContent !== text) hint.textContent = text;
   }
 }
 
@@ -491,7 +596,7 @@ function kv(rows) {
 
 // ---- a job
 
-const job = {drawn: false, rank: null, layout: null, members: null};
+const job = {drawn: false, rank: null, layout: null, members: null, legend: null};
 
 function renderJob() {
   const id = route.job;
@@ -534,7 +639,15 @@ function renderJobHead() {
     ['committed', fmt.num(j.committed_step)], ['stragglers', (j.stragglers || []).length],
     ['program', j.native ? 'native engine' : (j.command || []).join(' ')],
   ];
-  $('#job-facts').replaceChildren(...facts.map(([l, v]) => el('div', {class: 'fact'}, el('div', {class: 'l', text: l}), el('div', {class: 'v', text: v}))));
+  // A step changes a few facts' text: the boxes stay.
+  const box = $('#job-facts');
+  if (box.children.length !== facts.length) {
+    box.replaceChildren(...facts.map(([l]) => el('div', {class: 'fact'}, el('div', {class: 'l', text: l}), el('div', {class: 'v'}))));
+  }
+  facts.forEach(([, v], i) => {
+    const e = box.children[i].lastChild;
+    if (e.textContent !== String(v)) e.textContent = v;
+  });
   if (j.failure) {
     $('#job-reason').append(el('details', {open: true}, el('summary', {text: `last output of rank ${j.failure.rank} on ${j.failure.node || '?'} (exit ${j.failure.exit_code})`}),
       el('pre', {class: 'stacks', text: j.failure.output || '(none)'})));
@@ -693,17 +806,23 @@ class Grid {
       }
     } else if (this.mode === 'canvas') {
       const {ctx, blockW, perRow, img, px, W} = this.canvas;
-      const prev = this.states;
+      const prev = this.states, ms = this.members;
+      // A pixel's colour by letter.
+      const colour = this.colour || (Grid.prototype.colour = (() => {
+        const c = new Uint32Array(128).fill(RGBA.pending);
+        for (const [k, name] of Object.entries(STATE)) c[k.charCodeAt(0)] = RGBA[name];
+        return c;
+      })());
       let changed = false;
-      this.members.forEach((m, i) => {
-        const at = 2 * Math.floor(i / perRow) * W + (i % perRow) * blockW;
-        for (let g = 0; g < m.ranks; g++) {
-          const r = m.first_rank + g;
-          if (prev[r] === states[r]) continue;
-          px[at + g] = RGBA[STATE[states[r]] || 'pending'];
+      for (let i = 0; i < ms.length; i++) {
+        const m = ms[i], at = 2 * Math.floor(i / perRow) * W + (i % perRow) * blockW;
+        for (let g = 0, r = m.first_rank; g < m.ranks; g++, r++) {
+          const c = states.charCodeAt(r);
+          if (prev.charCodeAt(r) === c) continue;
+          px[at + g] = colour[c & 127];
           changed = true;
         }
-      });
+      }
       if (changed) ctx.putImageData(img, 0, 0);
     }
     this.states = states;
@@ -757,9 +876,8 @@ function renderPrev() {
   if (!p) return;
   $('#prev-caption').textContent = `generation ${p.generation}: ${p.layout.label}, ended ${fmt.time(p.ended_unix_ms)}`;
   $('#prev-grid').dataset.generation = p.generation;
-  const counts = {};
-  for (const c of p.states) counts[STATE[c]] = (counts[STATE[c]] || 0) + 1;
-  $('#prev-legend').replaceChildren(...STATE_ORDER.filter(s => counts[s]).map(s => legend(s, COLOUR[s], counts[s])));
+  const counts = countStates(p.states);
+  patch($('#prev-legend'), STATE_ORDER.filter(s => counts[s]).map(s => legend(s, COLOUR[s], counts[s])));
   // The grid itself is drawn when it is on the screen: below a 2,048-node
   // job's grid it is not, and a new generation need not wait for it.
   prevView.dirty = true;
@@ -790,9 +908,12 @@ function updateGrid() {
   const ranks = get('ranks/' + id) || {states: ''};
   const times = get('times/' + id) || {ms: []};
   const states = ranks.states || '';
-  const counts = {};
-  for (let i = 0; i < states.length; i++) counts[STATE[states[i]]] = (counts[STATE[states[i]]] || 0) + 1;
-  $('#grid-legend').replaceChildren(...STATE_ORDER.filter(s => counts[s] || ['running', 'straggling', 'hung', 'restarting', 'lost'].includes(s)).map(s => legend(s, COLOUR[s], counts[s] || 0)));
+  // The legend counts the states: a step leaves them as they were.
+  if (job.legend !== states) {
+    job.legend = states;
+    const counts = countStates(states);
+    patch($('#grid-legend'), STATE_ORDER.filter(s => counts[s] || ['running', 'straggling', 'hung', 'restarting', 'lost'].includes(s)).map(s => legend(s, COLOUR[s], counts[s] || 0)));
+  }
   if (!j || !liveGrid) return;
   const step = j.step ? j.step.step : null;
   const hung = new Map((get('hangs/' + id) || []).filter(h => h.generation === ranks.generation).map(h => [h.rank, h]));
@@ -891,11 +1012,7 @@ function chart(box, pts, yOf, fmtY, colour, floor) {
     segs[segs.length - 1].pts.push(p);
   }
   segs.forEach((sg, i) => {
-    const step = Math.max(1, Math.floor(sg.pts.length / 1500));
-    let d = '';
-    for (let k = 0; k < sg.pts.length; k += step) d += (d ? 'L' : 'M') + X(sg.pts[k][0]).toFixed(1) + ',' + Y(yOf(sg.pts[k])).toFixed(1);
-    const last = sg.pts[sg.pts.length - 1];
-    d += 'L' + X(last[0]).toFixed(1) + ',' + Y(yOf(last)).toFixed(1);
+    const d = linePath(sg.pts, X, Y, yOf);
     s.append(svg('path', {d, class: 'line', stroke: colour, 'stroke-opacity': i === segs.length - 1 ? 1 : 0.55, 'vector-effect': 'non-scaling-stroke'}));
     if (i > 0) {
       const gx = X(sg.pts[0][0]);
@@ -908,30 +1025,76 @@ function chart(box, pts, yOf, fmtY, colour, floor) {
   box.replaceChildren(s);
 }
 
+// linePath is the path of a curve's points: at most the lowest and the
+// highest of each unit of the chart's width (more would not show), and
+// the last, so that a curve of 4,096 points costs a step's update no more
+// than one of 500.
+function linePath(pts, X, Y, yOf) {
+  const out = [];
+  const put = p => out.push(X(p[0]).toFixed(1) + ',' + Y(yOf(p)).toFixed(1));
+  let col = NaN, lo = null, hi = null;
+  const flush = () => {
+    if (lo === null) return;
+    if (lo === hi) put(lo);
+    else if (lo[0] <= hi[0]) { put(lo); put(hi); } else { put(hi); put(lo); }
+  };
+  for (const p of pts) {
+    const c = Math.round(X(p[0]));
+    if (c !== col) { flush(); col = c; lo = hi = p; continue; }
+    if (yOf(p) < yOf(lo)) lo = p;
+    if (yOf(p) > yOf(hi)) hi = p;
+  }
+  flush();
+  const last = pts[pts.length - 1];
+  if (last !== lo && last !== hi) put(last);
+  return 'M' + out.join('L');
+}
+
 function renderCharts() {
   const pts = get('points/' + route.job) || [];
   chart($('#chart-loss'), pts, p => p[1], v => v.toPrecision(3), '#2f6fb3');
   chart($('#chart-time'), pts, p => p[2], v => fmt.sec(v), '#c0672a', 0);
 }
 
+// renderGens lists the generations, newest first. An entry does not
+// change once seen: a new generation adds its own and drops the oldest,
+// and the rest stay in the page as they are.
+const gensView = {items: new Map()};
+
 function renderGens() {
   const gens = (get('gens/' + route.job) || []).slice().reverse();
   const j = get('job/' + route.job) || {};
   const cur = j.generation ? j.generation.number : -1;
   const list = $('#gens');
-  list.replaceChildren(...gens.map(g => {
-    const hung = /hung/.test(g.reason || '');
-    const li = el('li', {class: g.number === cur ? 'current' : '', 'data-generation': g.number},
-      el('div', {}, el('span', {class: 'gen', text: 'generation ' + g.number}), ' ',
-        el('span', {class: 'meta', text: `seen ${fmt.time(g.seen_unix_ms)} · ${g.layout} · ${g.node_count} nodes, ${g.world} ranks · ` +
-          (g.resume_step ? 'resumes at step ' + g.resume_step + (g.from_backup ? ' (from the backup tier)' : '') : 'from the start')})),
-      el('div', {class: 'cause', text: g.reason ? 'cause: ' + g.reason : (g.number === 1 ? 'the job\'s first' : '')}),
-      g.estimate ? el('div', {class: 'meta', text: 'planner: ' + g.estimate}) : null,
-      el('details', {}, el('summary', {text: 'nodes'}), el('div', {class: 'meta', text: (g.nodes || []).join(', ') + (g.node_count > (g.nodes || []).length ? ` and ${g.node_count - g.nodes.length} more` : '')})));
-    if (g.output) li.append(el('details', {}, el('summary', {text: hung ? 'stacks of the hung rank' : 'output of the rank that failed'}), el('pre', {class: 'stacks', text: g.output})));
+  if (!gens.length) {
+    gensView.items = new Map();
+    list.replaceChildren(el('li', {class: 'meta', text: 'none yet'}));
+    return;
+  }
+  const items = new Map();
+  const want = gens.map(g => {
+    const key = route.job + '/' + g.number + '/' + g.seen_unix_ms;
+    const li = gensView.items.get(key) || genItem(g);
+    li.classList.toggle('current', g.number === cur);
+    items.set(key, li);
     return li;
-  }));
-  if (!gens.length) list.append(el('li', {class: 'meta', text: 'none yet'}));
+  });
+  gensView.items = items;
+  want.forEach((li, i) => { if (list.children[i] !== li) list.insertBefore(li, list.children[i] || null); });
+  while (list.children.length > want.length) list.lastElementChild.remove();
+}
+
+function genItem(g) {
+  const hung = /hung/.test(g.reason || '');
+  const li = el('li', {'data-generation': g.number},
+    el('div', {}, el('span', {class: 'gen', text: 'generation ' + g.number}), ' ',
+      el('span', {class: 'meta', text: `seen ${fmt.time(g.seen_unix_ms)} · ${g.layout} · ${g.node_count} nodes, ${g.world} ranks · ` +
+        (g.resume_step ? 'resumes at step ' + g.resume_step + (g.from_backup ? ' (from the backup tier)' : '') : 'from the start')})),
+    el('div', {class: 'cause', text: g.reason ? 'cause: ' + g.reason : (g.number === 1 ? 'the job\'s first' : '')}),
+    g.estimate ? el('div', {class: 'meta', text: 'planner: ' + g.estimate}) : null,
+    el('details', {}, el('summary', {text: 'nodes'}), el('div', {class: 'meta', text: (g.nodes || []).join(', ') + (g.node_count > (g.nodes || []).length ? ` and ${g.node_count - g.nodes.length} more` : '')})));
+  if (g.output) li.append(el('details', {}, el('summary', {text: hung ? 'stacks of the hung rank' : 'output of the rank that failed'}), el('pre', {class: 'stacks', text: g.output})));
+  return li;
 }
 
 // renderHangs lists the hung ranks, newest generation first. When a
@@ -993,16 +1156,31 @@ function renderMembers() {
   $('#members-caption').textContent = Object.entries(counts).map(([k, v]) => v + ' ' + k).join(', ');
   // Those not alive first: at 2,048 nodes the table shows 24.
   const most = 24;
-  const order = m => m.state === 'alive' ? 1 : 0;
-  const shown = ms.slice().sort((a, b) => order(a) - order(b) || a.first_rank - b.first_rank).slice(0, most);
+  // (The members come in rank order; sorting 2,048 of them to show 24 was
+  // a new generation's largest part after the grid.)
+  const notAlive = [], alive = [];
+  for (const m of ms) {
+    if (m.state !== 'alive') notAlive.push(m);
+    else if (alive.length < most) alive.push(m);
+  }
+  const shown = notAlive.sort((a, b) => a.first_rank - b.first_rank).concat(alive).slice(0, most);
   const rows = shown.map(m => {
     const st = el('span', {text: m.state});
     st.style.color = m.state === 'alive' ? 'var(--running)' : m.state === 'lost' ? 'var(--lost)' : 'var(--disconnected)';
     return [m.node, `${m.first_rank}–${m.first_rank + m.ranks - 1}`, st, m.domain || '–'];
   });
   const t = table(['node', 'ranks', 'state', 'domain'], rows, most);
-  $('#members').replaceChildren(ms.length ? t : el('p', {class: 'empty', text: 'No generation yet.'}));
-  if (ms.length > most) $('#members').append(el('div', {class: 'more', text: `and ${fmt.num(ms.length - most)} more, alive`}));
+  const box = $('#members');
+  const cur = box.querySelector('table');
+  if (ms.length && cur) {
+    // A new generation changes a few rows (those not alive): the others
+    // stay.
+    patch(cur.tBodies[0], [...t.tBodies[0].children]);
+    patch(box, [cur, ...(ms.length > most ? [el('div', {class: 'more', text: `and ${fmt.num(ms.length - most)} more, alive`})] : [])]);
+    return;
+  }
+  box.replaceChildren(ms.length ? t : el('p', {class: 'empty', text: 'No generation yet.'}));
+  if (ms.length > most) box.append(el('div', {class: 'more', text: `and ${fmt.num(ms.length - most)} more, alive`}));
 }
 
 // ---- the plan form
