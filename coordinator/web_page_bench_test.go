@@ -55,6 +55,12 @@ func webPageReplay(t *testing.T, view string) {
 		hist.points = append(hist.points, webPoint{float64(s), 3 / (1 + float64(s)/50), 0.1 + 0.01*float64(s%7), 1})
 	}
 	hist.sent = len(hist.points)
+	// Rank 0's step is the curve's last point: no generation's rebuild
+	// appends one.
+	rev := c.rev + 1
+	c.apply(rev, []*clientv3.Event{{Type: clientv3.EventTypePut, Kv: &mvccpb.KeyValue{Key: []byte(k.progress("j")),
+		Value: []byte(encode(&pb.Step{Step: 3000, Loss: 3 / (1 + 3000.0/50), Seconds: 0.1 + 0.01*float64(3000%7), Generation: 1})), ModRevision: rev}}})
+	h.rebuild(time.Now())
 	srv := httptest.NewServer((&web{hub: h, log: log, cancelOpen: true}).handler())
 	t.Cleanup(srv.Close)
 
@@ -96,7 +102,6 @@ func webPageReplay(t *testing.T, view string) {
 	t.Logf("%s page loaded: %s ms", view, eval(`window.gpucoordStats.loadedMs.toFixed(0)`))
 
 	trace := newPageTrace(t, ctx)
-	rev := c.rev
 	put := func(key string, v proto.Message) *clientv3.Event {
 		return &clientv3.Event{Type: clientv3.EventTypePut, Kv: &mvccpb.KeyValue{Key: []byte(key), Value: []byte(encode(v)), ModRevision: rev}}
 	}
