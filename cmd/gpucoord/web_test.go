@@ -229,6 +229,10 @@ func TestWebDashboard(t *testing.T) {
 		[...document.querySelectorAll('#rank-detail button')].find(b => /output/.test(b.textContent)).click(); return true; })()`)
 	waitJS(t, ctx, `(() => { const o = document.querySelector('#output'); return !document.querySelector('#output-card').hidden && o.textContent.length > 20 && o.textContent !== 'loading…'; })()`,
 		10*time.Second, "rank 0's output")
+	// The rank's details name its node, as the generation's members say.
+	if d := evalJS[string](t, ctx, `document.querySelector('#rank-detail').textContent`); !regexp.MustCompile(`nodew[02] \(alive\)`).MatchString(d) {
+		t.Errorf("rank 0's details: %q, want its node, w0 or w2, alive", d)
+	}
 	if out := evalJS[string](t, ctx, `document.querySelector('#output').textContent`); !strings.Contains(out, "collectives") {
 		t.Errorf("rank 0's output on the page: %q, want its lines about the peers it lost", out)
 	}

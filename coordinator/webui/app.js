@@ -136,21 +136,39 @@ function jobIds() {
   return ids;
 }
 
-// memberRows turns a generation's members, sent by column (web.go's
-// webMembers), into a row each.
-function memberRows(c) {
-  if (!c || !Array.isArray(c.nodes)) return c || [];
-  const state = {A: 'alive', D: 'disconnected', L: 'lost'};
-  return c.nodes.map((node, i) => ({node, domain: c.domains ? c.domains[i] : '', first_rank: c.first_rank[i], ranks: c.ranks[i], state: state[c.states[i]] || '?'}));
+// Members are a generation's members as sent, by column (web.go's
+// webMembers): a row is made only for a member the page shows (a table's
+// 24, a tooltip), not for each of 2,048 at every generation.
+const MEMBER_STATE = {A: 'alive', D: 'disconnected', L: 'lost'};
+class Members {
+  constructor(c) {
+    if (Array.isArray(c)) { // rows
+      c = {nodes: c.map(m => m.node), domains: c.map(m => m.domain || ''), first_rank: c.map(m => m.first_rank), ranks: c.map(m => m.ranks),
+        states: c.map(m => ({alive: 'A', disconnected: 'D', lost: 'L'})[m.state] || '?').join('')};
+    }
+    c = c || {};
+    this.nodes = c.nodes || [];
+    this.domains = c.domains || null;
+    this.first = c.first_rank || [];
+    this.ranks = c.ranks || [];
+    this.states = c.states || '';
+    this.length = this.nodes.length;
+  }
+  state(i) { return MEMBER_STATE[this.states[i]] || '?'; }
+  row(i) {
+    return {node: this.nodes[i], domain: this.domains ? this.domains[i] : '', first_rank: this.first[i], ranks: this.ranks[i], state: this.state(i)};
+  }
 }
+
+function members(v) { return v instanceof Members ? v : new Members(v); }
 
 // apply adds a message to the model and returns the keys it touched.
 function apply(m) {
   const touched = new Set();
   if (m.reset) model.clear();
   for (let [k, v] of Object.entries(m.set || {})) {
-    if (k.startsWith('members/')) v = memberRows(v);
-    if (k.startsWith('prev/') && v) v.members = memberRows(v.members);
+    if (k.startsWith('members/')) v = members(v);
+    if (k.startsWith('prev/') && v) v.members = members(v.members);
     model.set(k, v);
     touched.add(k);
   }
@@ -596,7 +614,7 @@ function kv(rows) {
 
 // ---- a job
 
-const job = {drawn: false, rank: null, layout: null, members: null, legend: null};
+const job = {drawn: false, rank: null, layout: null, legend: null};
 
 function renderJob() {
   const id = route.job;
@@ -672,21 +690,30 @@ class Grid {
     this.cells = [];
   }
 
-  build(layout, members, info) {
+  build(layout, mem, info) {
     this.layout = layout;
-    this.members = members.slice().sort((a, b) => a.first_rank - b.first_rank);
+    mem = this.mem = members(mem);
     this.info = info;
     this.states = '';
     this.cells = [];
-    const ms = this.members;
-    if (!ms.length) { this.mode = null; this.box.replaceChildren(); return; }
-    const gpus = Math.max(...ms.map(m => m.ranks));
+    const n = mem.length;
+    if (!n) { this.mode = null; this.box.replaceChildren(); return; }
+    // The members in rank order (as they come, unless they do not).
+    const order = this.order = new Int32Array(n);
+    let sorted = true, gpus = 0;
+    for (let i = 0; i < n; i++) {
+      order[i] = i;
+      if (i && mem.first[i] < mem.first[i - 1]) sorted = false;
+      if (mem.ranks[i] > gpus) gpus = mem.ranks[i];
+    }
+    if (!sorted) order.sort((a, b) => mem.first[a] - mem.first[b]);
     const L = layout;
     // As plan --svg, which draws 32 nodes: past them, or 256 ranks, the
     // canvas. Past 64 ranks the step goes on each node's row, not in
     // every cell: a step would rewrite hundreds of labels ten times a
     // second.
-    if (ms.length <= 32 && L.world <= 256) {
+    if (n <= 32 && L.world <= 256) {
+      const ms = Array.from(order, i => mem.row(i));
       this.mode = 'svg';
       this.rowStep = L.world > 64;
       this.rows = [];
@@ -738,11 +765,11 @@ class Grid {
     let S, perRow, rows;
     for (S of [14, 12, 10, 8, 6, 5, 4, 3, 2]) {
       perRow = Math.max(1, Math.floor(width / (S * blockW)));
-      rows = Math.ceil(ms.length / perRow);
+      rows = Math.ceil(n / perRow);
       if (rows * 2 * S <= 640) break;
     }
     const W = perRow * blockW, H = rows * 2;
-    const note = `${fmt.num(ms.length)} nodes × ${gpus} GPUs: a cell per rank, a block per node in rank order; hover for a rank, click for its details.`;
+    const note = `${fmt.num(n)} nodes × ${gpus} GPUs: a cell per rank, a block per node in rank order; hover for a rank, click for its details.`;
     const old = this.canvas;
     if (old && this.mode === 'canvas' && old.W === W && old.H === H && old.blockW === blockW && old.S === S && this.box.contains(old.cv)) {
       // The same shape (a generation a node smaller, say): the canvas is
@@ -763,9 +790,10 @@ class Grid {
       const b = cv.getBoundingClientRect();
       const x = Math.floor((ev.clientX - b.left) / S), y = Math.floor((ev.clientY - b.top) / S);
       const col = Math.floor(x / blockW), g = x % blockW;
-      const m = this.members[(y >> 1) * perRow + col];
-      if (!m || y % 2 || col >= perRow || g >= m.ranks) return null;
-      return m.first_rank + g;
+      const i = (y >> 1) * perRow + col;
+      if (i >= this.order.length || y % 2 || col >= perRow) return null;
+      const k = this.order[i];
+      return g < this.mem.ranks[k] ? this.mem.first[k] + g : null;
     };
     cv.addEventListener('mousemove', ev => { const r = at(ev); if (r === null) untip(); else tip(ev, this.tipOf(r)); });
     cv.addEventListener('mouseleave', untip);
@@ -806,7 +834,7 @@ class Grid {
       }
     } else if (this.mode === 'canvas') {
       const {ctx, blockW, perRow, img, px, W} = this.canvas;
-      const prev = this.states, ms = this.members;
+      const prev = this.states, {first, ranks} = this.mem, order = this.order;
       // A pixel's colour by letter.
       const colour = this.colour || (Grid.prototype.colour = (() => {
         const c = new Uint32Array(128).fill(RGBA.pending);
@@ -814,9 +842,9 @@ class Grid {
         return c;
       })());
       let changed = false;
-      for (let i = 0; i < ms.length; i++) {
-        const m = ms[i], at = 2 * Math.floor(i / perRow) * W + (i % perRow) * blockW;
-        for (let g = 0, r = m.first_rank; g < m.ranks; g++, r++) {
+      for (let i = 0; i < order.length; i++) {
+        const k = order[i], at = 2 * Math.floor(i / perRow) * W + (i % perRow) * blockW;
+        for (let g = 0, r = first[k]; g < ranks[k]; g++, r++) {
           const c = states.charCodeAt(r);
           if (prev.charCodeAt(r) === c) continue;
           px[at + g] = colour[c & 127];
@@ -832,8 +860,17 @@ class Grid {
     if (this.mode === 'svg') for (const c of this.cells) if (c) c.rect.classList.toggle('sel', c.grp.dataset.rank == r);
   }
 
+  // memberOf is the member running rank r, as a row, or null.
   memberOf(r) {
-    for (const m of this.members || []) if (r >= m.first_rank && r < m.first_rank + m.ranks) return m;
+    const mem = this.mem, order = this.order;
+    if (!mem || !order) return null;
+    let lo = 0, hi = order.length - 1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1, k = order[mid];
+      if (r < mem.first[k]) hi = mid - 1;
+      else if (r >= mem.first[k] + mem.ranks[k]) lo = mid + 1;
+      else return mem.row(k);
+    }
     return null;
   }
 
@@ -853,15 +890,14 @@ let liveGrid = null, prevGrid = null;
 function buildGrid() {
   const id = route.job;
   const j = get('job/' + id);
-  const members = get('members/' + id) || [];
+  const mem = members(get('members/' + id));
   const ranks = get('ranks/' + id) || {states: ''};
   job.layout = j.layout;
   liveGrid = liveGrid || new Grid($('#grid'), selectRank);
   $('#grid-caption').textContent = (ranks.generation ? 'generation ' + ranks.generation + ': ' : '') + j.layout.label + ', order ' + j.layout.order +
     ' (fill: state; band: TP group; label: rank, t/p/d, step, compute time a step)';
-  part('grid.build', () => liveGrid.build(j.layout, members));
-  job.members = liveGrid.members;
-  if (!members.length) {
+  part('grid.build', () => liveGrid.build(j.layout, mem));
+  if (!mem.length) {
     $('#grid').replaceChildren(el('p', {class: 'empty', text: j.phase === 'pending' ? 'Waiting in rendezvous for ' + j.spec.nodes + ' nodes.' : 'No generation.'}));
   }
   part('grid.paint', updateGrid);
@@ -1150,20 +1186,20 @@ function table(head, rows, most, total) {
 }
 
 function renderMembers() {
-  const ms = get('members/' + route.job) || [];
+  const ms = members(get('members/' + route.job));
   const counts = {};
-  for (const m of ms) counts[m.state] = (counts[m.state] || 0) + 1;
+  for (let i = 0; i < ms.length; i++) counts[ms.state(i)] = (counts[ms.state(i)] || 0) + 1;
   $('#members-caption').textContent = Object.entries(counts).map(([k, v]) => v + ' ' + k).join(', ');
-  // Those not alive first: at 2,048 nodes the table shows 24.
+  // Those not alive first: at 2,048 nodes the table shows 24. (The
+  // members come in rank order; sorting 2,048 of them to show 24 was a
+  // new generation's largest part after the grid.)
   const most = 24;
-  // (The members come in rank order; sorting 2,048 of them to show 24 was
-  // a new generation's largest part after the grid.)
   const notAlive = [], alive = [];
-  for (const m of ms) {
-    if (m.state !== 'alive') notAlive.push(m);
-    else if (alive.length < most) alive.push(m);
+  for (let i = 0; i < ms.length; i++) {
+    if (ms.states[i] !== 'A') notAlive.push(i);
+    else if (alive.length < most) alive.push(i);
   }
-  const shown = notAlive.sort((a, b) => a.first_rank - b.first_rank).concat(alive).slice(0, most);
+  const shown = notAlive.sort((a, b) => ms.first[a] - ms.first[b]).concat(alive).slice(0, most).map(i => ms.row(i));
   const rows = shown.map(m => {
     const st = el('span', {text: m.state});
     st.style.color = m.state === 'alive' ? 'var(--running)' : m.state === 'lost' ? 'var(--lost)' : 'var(--disconnected)';
