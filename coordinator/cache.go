@@ -910,20 +910,17 @@ func (c *cache) jobsNow() []*job {
 	return out
 }
 
-// pool returns the registered nodes, the connected ones, the run each
-// revoked node's fence names, the leader and the revision.
-func (c *cache) pool() (nodes map[string]*pb.Node, connected map[string]bool, revoked map[string]string, leader string, rev int64) {
+// pool returns the registered nodes, the connected ones, the leader and
+// the revision.
+func (c *cache) pool() (nodes map[string]*pb.Node, connected map[string]bool, leader string, rev int64) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	nodes, connected, revoked = make(map[string]*pb.Node, len(c.nodes)), make(map[string]bool, len(c.conns)), make(map[string]string, len(c.fences))
+	nodes, connected = make(map[string]*pb.Node, len(c.nodes)), make(map[string]bool, len(c.conns))
 	for name, n := range c.nodes {
 		nodes[name] = n.node
 	}
 	for name := range c.conns {
 		connected[name] = true
-	}
-	for name, f := range c.fences {
-		revoked[name] = f.Instance
 	}
 	var first candidate
 	for _, cand := range c.candidates {
@@ -931,7 +928,19 @@ func (c *cache) pool() (nodes map[string]*pb.Node, connected map[string]bool, re
 			first = cand
 		}
 	}
-	return nodes, connected, revoked, first.name, c.rev
+	return nodes, connected, first.name, c.rev
+}
+
+// revoked returns, for each node revoked by its pool's reports, the run
+// its fence names (fences/<node>).
+func (c *cache) revoked() map[string]string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make(map[string]string, len(c.fences))
+	for name, f := range c.fences {
+		out[name] = f.Instance
+	}
+	return out
 }
 
 // jobOf returns one job's view and the revision, or false when there is

@@ -85,7 +85,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		lead = 1
 	}
 	ch <- prometheus.MustNewConstMetric(m.isLeader, prometheus.GaugeValue, lead)
-	nodes, _, _, _, rev := m.s.cache.pool()
+	nodes, _, _, rev := m.s.cache.pool()
 	if rev == 0 {
 		return // not listed yet: the scrape shows the gap
 	}

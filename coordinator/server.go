@@ -959,7 +959,8 @@ func (s *server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusRes
 		}
 		return nil, etcdErr(err)
 	}
-	nodes, connected, revoked, leader, _ := s.cache.pool()
+	nodes, connected, leader, _ := s.cache.pool()
+	revoked := s.cache.revoked()
 	jobs := s.cache.jobsNow()
 	resp := &pb.StatusResponse{Leader: leader}
 	busy := map[string]string{}
