@@ -102,11 +102,10 @@ type webSub struct {
 
 // inScope says whether a viewer of scope receives the section key: ""
 // receives every section; "pool" the pool's (every node's row and the
-// lease renewals); "job:ID"
-// job ID's; any other scope ("jobs") none but those every scope
-// receives: meta and every job's head (the page's lists). A job's grid,
-// members and compute times, a megabyte at 2,048 nodes, go only to its
-// viewers.
+// lease renewals); "job:ID" job ID's; any other scope ("jobs") none but
+// those every scope receives: meta and every job's head (the page's
+// lists). A job's grid, members and compute times, a megabyte at 2,048
+// nodes, go only to its viewers.
 func inScope(scope, key string) bool {
 	if scope == "" || key == "meta" || strings.HasPrefix(key, "job/") {
 		return true
