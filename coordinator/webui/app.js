@@ -273,6 +273,7 @@ function onDelta(data, t0) {
   part('apply', () => { touched = apply(m); });
   update(touched);
   const t1 = performance.now();
+  scriptMs += t1 - t0;
   const rec = {seq: m.seq, ms: t1 - t0, script: t1 - t0, frame: 0, bytes: data.length, keys: touched.size, at: t1};
   stats.applies.push(rec);
   if (stats.applies.length > 2000) stats.applies.splice(0, 1000);
@@ -280,16 +281,18 @@ function onDelta(data, t0) {
 }
 
 // afterFrame calls fn with the time the next frame's rendering took: from
-// its requestAnimationFrame callbacks to the first task after it.
+// its requestAnimationFrame callbacks to the first task after it, less
+// the script of any update that ran in between (counted as its own).
 const frameWait = [];
+let scriptMs = 0; // all updates' script so far
 function afterFrame(fn) {
   frameWait.push(fn);
   if (frameWait.length > 1) return;
   requestAnimationFrame(() => {
-    const t0 = performance.now();
+    const t0 = performance.now(), s0 = scriptMs;
     const ch = new MessageChannel();
     ch.port1.onmessage = () => {
-      const ms = performance.now() - t0;
+      const ms = performance.now() - t0 - (scriptMs - s0);
       for (const f of frameWait.splice(0)) f(ms);
     };
     ch.port2.postMessage(0);
