@@ -133,6 +133,27 @@ func (ps pageStats) worst(from int) string {
 	return fmt.Sprintf("%.0f ms (%.0f + %.0f)", w.Ms, w.Script, w.Frame)
 }
 
+// waitPage waits until expr is true in the page, which checks it every
+// 100 ms itself: while the updates are measured, no DevTools call runs
+// in the page (waitJS's, 40 a second, are tasks of the page's thread, and
+// one queued behind a frame is counted in that frame).
+func waitPage(t *testing.T, ctx context.Context, expr string, timeout time.Duration, what string) {
+	t.Helper()
+	js := fmt.Sprintf(`new Promise(resolve => {
+		const end = performance.now() + %d;
+		const check = () => {
+			let ok = false;
+			try { ok = !!(%s); } catch (e) { /* not yet */ }
+			if (ok || performance.now() > end) resolve(ok); else setTimeout(check, 100);
+		};
+		check();
+	})`, timeout.Milliseconds(), expr)
+	ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](js, chromedp.EvalAwaitPromise))
+	if err != nil || !ok {
+		t.Fatalf("the page does not show %s within %s (%v)", what, timeout, err)
+	}
+}
+
 // rendererCPU is the CPU time the page's main thread has used (DevTools'
 // Performance.getMetrics ThreadTime, seconds): unlike performance.now(),
 // it does not count the time the thread waited for a core, on a machine
@@ -375,7 +396,7 @@ func webLoadRun(t *testing.T, bin string, n int) {
 		}
 		time.Sleep(time.Second)
 	}
-	waitJS(t, bctx, fmt.Sprintf(`document.querySelectorAll('.node.disconnected').length >= %d && document.querySelectorAll('.node.lost').length >= 1`, 4*burst-1), 30*time.Second, "the nodes disconnected and lost")
+	waitPage(t, bctx, fmt.Sprintf(`document.querySelectorAll('.node.disconnected').length >= %d && document.querySelectorAll('.node.lost').length >= 1`, 4*burst-1), 30*time.Second, "the nodes disconnected and lost")
 	time.Sleep(3 * time.Second)
 	ps = readPageStats(t, bctx)
 	row(fmt.Sprintf("pool view, while steps run and %d nodes disconnect: ", 4*burst) + ps.applied(from) + ps.perUpdate(from, c0, rendererCPU(t, bctx)))
@@ -423,7 +444,7 @@ func webLoadRun(t *testing.T, bin string, n int) {
 		if _, err := cl.Leave(ctx, &pb.LeaveRequest{Node: victim.name, LeaseId: leases[k]}); err != nil {
 			t.Logf("leave %s: %v", victim.name, err)
 		}
-		waitJS(t, bctx, fmt.Sprintf(`+document.querySelector('#grid').dataset.generation > %d && +document.querySelector('#prev-grid').dataset.generation === %d`, gen, gen),
+		waitPage(t, bctx, fmt.Sprintf(`+document.querySelector('#grid').dataset.generation > %d && +document.querySelector('#prev-grid').dataset.generation === %d`, gen, gen),
 			time.Minute, "the next generation")
 		time.Sleep(time.Second)
 		ps = readPageStats(t, bctx)
