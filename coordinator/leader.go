@@ -181,6 +181,7 @@ func (l *leader) run(ctx context.Context) error {
 
 // reconcile takes the decision due for one job and applies it.
 func (l *leader) reconcile(ctx context.Context, q *queue, id string, p policy) error {
+	start := time.Now()
 	v, ok := l.cache.view(id)
 	if !ok {
 		return nil // forgotten
@@ -193,7 +194,9 @@ func (l *leader) reconcile(ctx context.Context, q *queue, id string, p policy) e
 	if pl := l.planner(v.job.spec); pl != nil {
 		v.plan = pl
 	}
+	viewed := time.Now()
 	d := decide(v, l.now(), p)
+	decided := time.Now()
 	if d.after > 0 {
 		q.addAfter(id, d.after)
 	}
@@ -207,6 +210,10 @@ func (l *leader) reconcile(ctx context.Context, q *queue, id string, p policy) e
 	if err != nil {
 		return err
 	}
+	// Where a decision's time goes, at scale: the view, the policy, the
+	// transaction (to its answer).
+	l.log.Debug("decision written", "job", id, "written", ok, "view", viewed.Sub(start).Round(time.Microsecond),
+		"decide", decided.Sub(viewed).Round(time.Microsecond), "txn", time.Since(decided).Round(time.Microsecond))
 	if ok && l.hooks.afterApply != nil {
 		l.hooks.afterApply(id, &d)
 	}
