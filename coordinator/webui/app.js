@@ -988,7 +988,9 @@ function renderRankDetail() {
   box.replaceChildren(el('h3', {text: `rank ${r}`}), kv([
     ['state', s], ['node', m ? m.node + ' (' + m.state + ')' : '–'], ['local GPU', m ? r - m.first_rank : '–'],
     ['coordinates', `tp ${c.tp}, pp ${c.pp}, dp ${c.dp}`], ['step', j.step ? fmt.num(j.step.step) : '–'],
-    ['compute time', ms ? fmt.sec(ms / 1000) + ' a step (last window)' : '–'],
+    // A job of over 1,024 ranks carries the times of the ranks that may
+    // be stragglers only, and the median of all.
+    ['compute time', ms ? fmt.sec(ms / 1000) + ' a step (last window)' : times.medianMs ? '– (the job\'s median ' + fmt.sec(times.medianMs / 1000) + ' a step)' : '–'],
     ['straggler', straggler ? straggler.ratio.toFixed(2) + '× the median' : 'no'],
     ['exit', exit ? `code ${exit.code}${exit.hung ? ' (hung)' : ''}${exit.error ? ': ' + exit.error : ''}` : '–'],
   ]), el('p', {}, el('button', {onclick: () => loadOutput(r), text: 'Show its output (tail of its log)'})));
