@@ -11,28 +11,20 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/hashicorp/memberlist"
 )
 
 // domainResult is what one run of pools domain pools of n members each
 // measured; a zero field was not reached.
 type domainResult struct {
-	pools, n          int
-	converge, settle  time.Duration
-	joinErr           string
-	detect            []detection
-	toldOutside       int // Dead events for a killed member from members of other pools
-	crossSeen         int // members that counted a member of another pool, at the end of the joins or of the run
-	falseDeaths       int
-	falseLater        int
-	procCores         float64
-	otherCores        float64
-	sentMean, sentMax float64
-	pktSent           float64
-	streamSent        float64
-	pushPulls         int64
-	window            time.Duration
+	pools, n    int
+	converge    time.Duration
+	joinErr     string
+	detect      []detection
+	toldOutside int // Dead events for a killed member from members of other pools
+	crossSeen   int // members that counted a member of another pool, at the end of the joins or of the run
+	falseDeaths int
+	falseLater  int
+	steady      // per member over every pool
 }
 
 func (r domainResult) row() string {
@@ -62,7 +54,7 @@ const domainHeader = "| pools x members | members in all | converge | detection 
 // with one key, as the agents of as many failure domains of one cluster
 // are: the members of each pool join two random members of their own,
 // in batches of scaleJoinBatch per pool; converge is until every member
-// counts n; then the same steady window as poolScaleRun, per member over
+// counts n; then the same steady window as poolScaleRun (measureSteady), per member over
 // every pool; then one member killed in each of the first
 // min(scaleKills, pools) pools, one after the other, and detection as
 // told to the other members of its pool. A member of another pool that
@@ -157,12 +149,7 @@ func domainPoolsRun(t *testing.T, pools, n int, window time.Duration) (r domainR
 		return r
 	}
 	for {
-		short := 0
-		for _, m := range all {
-			if m.ml.NumMembers() != n {
-				short++
-			}
-		}
+		short, _ := countShort(all, n)
 		if short == 0 {
 			break
 		}
@@ -182,43 +169,8 @@ func domainPoolsRun(t *testing.T, pools, n int, window time.Duration) (r domainR
 	t.Logf("%d pools of %d: every member counts %d at %s; %d members counted one of another pool", pools, n, n, fmtSec(r.converge), r.crossSeen)
 
 	// Settle, then the steady window (see TestPoolScale).
-	settleStart := time.Now()
-	prev, last := -1.0, sumSent(all)
-	for steady := 0; steady < 2 && time.Since(settleStart) < scaleSettleMax; {
-		time.Sleep(time.Second)
-		cur := sumSent(all)
-		rate := float64(cur - last)
-		if prev >= 0 && rate >= 0.9*prev {
-			steady++
-		} else {
-			steady = 0
-		}
-		prev, last = rate, cur
-	}
-	r.settle = time.Since(settleStart)
-	r.window = window
-	if window == 0 {
-		r.window = pushPullPeriod(n)
-		time.Sleep(time.Until(created.Add(memberlist.DefaultLANConfig().PushPullInterval)))
-	}
-	before := snapshot(all)
-	cpu0, busy0, pp0 := processCPU(t), machineBusy(), logs.pushPulls.Load()
-	time.Sleep(r.window)
-	cpu1, busy1 := processCPU(t), machineBusy()
-	after := snapshot(all)
-	w := r.window.Seconds()
-	r.procCores = (cpu1 - cpu0).Seconds() / w
-	r.otherCores = max(0, (busy1-busy0-(cpu1-cpu0)).Seconds()/w)
-	r.pushPulls = logs.pushPulls.Load() - pp0
+	r.steady = measureSteady(t, all, n, window, created, logs)
 	total := float64(len(all))
-	for i := range all {
-		d := after[i].minus(before[i])
-		sent := float64(d.pktOut+d.streamOut) / w
-		r.sentMean += sent / total
-		r.sentMax = max(r.sentMax, sent)
-		r.pktSent += float64(d.pktOut) / w / total
-		r.streamSent += float64(d.streamOut) / w / total
-	}
 	t.Logf("window %s: %.2f cores for %d members (%.2g a member; other processes %.2f), %d push-pulls, %d goroutines",
 		fmtSec(r.window), r.procCores, len(all), r.procCores/total, r.otherCores, r.pushPulls, runtime.NumGoroutine())
 
@@ -228,29 +180,9 @@ func domainPoolsRun(t *testing.T, pools, n int, window time.Duration) (r domainR
 		v := rng.IntN(n)
 		victim := members[p][v]
 		alive := slices.Delete(slices.Clone(members[p]), v, v+1)
-		killedAt := time.Now()
-		deaths.kill(victim.name)
-		if err := victim.ml.Shutdown(); err != nil {
-			t.Fatal(err)
-		}
-		deadline := killedAt.Add(scaleDetectLimit)
-		for deaths.heard(victim.name) < len(alive) && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		time.Sleep(time.Second) // for a member of another pool to be told, were it to be
-		var delays []time.Duration
-		for _, m := range alive {
-			if at, ok := deaths.heardAt(victim.name, m.name); ok {
-				delays = append(delays, at.Sub(killedAt))
-			}
-		}
-		outside := deaths.heard(victim.name) - len(delays)
+		d := detect(t, deaths, victim, alive, time.Second) // a second more for a member of another pool to be told, were it to be
+		outside := deaths.heard(victim.name) - d.heard
 		r.toldOutside += outside
-		slices.Sort(delays)
-		d := detection{heard: len(delays), want: len(alive)}
-		if len(delays) > 0 {
-			d.median, d.max = delays[len(delays)/2], delays[len(delays)-1]
-		}
 		r.detect = append(r.detect, d)
 		t.Logf("kill %d: %s of pool %d; %d of %d members of its pool told, median %s, max %s; %d members of other pools told",
 			p+1, victim.name, p, d.heard, d.want, fmtSec(d.median), fmtSec(d.max), outside)

@@ -156,27 +156,21 @@ const detailHeader = "| members | join retries | settle | window | other process
 
 // scaleResult is what one size measured; a zero field was not reached.
 type scaleResult struct {
-	n                         int
-	converge, settle          time.Duration
-	joinErr                   string // why the size stopped early, "" if it ran through
-	detect                    []detection
-	falseDeaths, falseLater   int // Dead events for live members: all, and those after converging
-	joinRetries               int64
-	joinPeak                  float64       // the process's most cores over a quarter second while joining
-	joinHeld                  time.Duration // joins held back by waitQuiet, in all
-	otherCores                float64       // other processes' cores in the window (the machine's busy time less this process's)
-	gcShare                   float64       // of the process's CPU in the window (the runtime's estimate)
-	falseNames                []string
-	refutes                   int64
-	procCores                 float64
-	sentMean, sentMax         float64 // bytes per second per member, packets and streams
-	pktSent, streamSent, pkts float64 // per member per second, means
-	window                    time.Duration
-	pushPulls                 int64   // started in the window
-	exchangeBytes             float64 // one push-pull, both ways, sampled
-	exchangeCPU               time.Duration
-	heapMB                    float64 // marked live by a collection at the end
-	goroutines                int
+	n                       int
+	converge                time.Duration
+	joinErr                 string // why the size stopped early, "" if it ran through
+	detect                  []detection
+	falseDeaths, falseLater int // Dead events for live members: all, and those after converging
+	joinRetries             int64
+	joinPeak                float64       // the process's most cores over a quarter second while joining
+	joinHeld                time.Duration // joins held back by waitQuiet, in all
+	falseNames              []string
+	refutes                 int64
+	steady
+	exchangeBytes float64 // one push-pull, both ways, sampled
+	exchangeCPU   time.Duration
+	heapMB        float64 // marked live by a collection at the end
+	goroutines    int
 }
 
 // detection is one kill: how long the other members took to be told.
@@ -355,12 +349,7 @@ func poolScaleRun(t *testing.T, n int, window time.Duration) (r scaleResult) {
 		return r
 	}
 	for {
-		short, least := 0, n
-		for _, m := range members {
-			if k := m.ml.NumMembers(); k != n {
-				short, least = short+1, min(least, k)
-			}
-		}
+		short, least := countShort(members, n)
 		if short == 0 {
 			break
 		}
@@ -378,54 +367,7 @@ func poolScaleRun(t *testing.T, n int, window time.Duration) (r scaleResult) {
 	t.Logf("%d members: joins done at %s (process at most %.2f cores, joins held back %s in all), every member saw %d at %s",
 		n, fmtSec(joinedAt), r.joinPeak, fmtSec(r.joinHeld), n, fmtSec(r.converge))
 
-	// Settle: the joins' alive messages are gossiped for a while after
-	// every member knows every other; measure once the packet rate has
-	// stopped falling (two seconds in a row within 10% of the one
-	// before), so that the window sees probes and push-pulls.
-	settleStart := time.Now()
-	prev, last := -1.0, sumSent(members)
-	for steady := 0; steady < 2 && time.Since(settleStart) < scaleSettleMax; {
-		time.Sleep(time.Second)
-		cur := sumSent(members)
-		rate := float64(cur - last)
-		if prev >= 0 && rate >= 0.9*prev {
-			steady++
-		} else {
-			steady = 0
-		}
-		prev, last = rate, cur
-	}
-	r.settle = time.Since(settleStart)
-
-	// Steady window: one push-pull period from 30 s after the last
-	// member was created (see TestPoolScale), or the window asked for.
-	r.window = window
-	if window == 0 {
-		r.window = pushPullPeriod(n)
-		time.Sleep(time.Until(created.Add(memberlist.DefaultLANConfig().PushPullInterval)))
-	}
-	before := snapshot(members)
-	cpu0, gc0, busy0 := processCPU(t), gcCPU(), machineBusy()
-	pp0 := logs.pushPulls.Load()
-	time.Sleep(r.window)
-	cpu1, gc1, busy1 := processCPU(t), gcCPU(), machineBusy()
-	r.otherCores = max(0, (busy1-busy0-(cpu1-cpu0)).Seconds()/r.window.Seconds())
-	if used := (cpu1 - cpu0).Seconds(); used > 0 {
-		r.gcShare = (gc1 - gc0) / used
-	}
-	after := snapshot(members)
-	r.pushPulls = logs.pushPulls.Load() - pp0
-	w := r.window.Seconds()
-	r.procCores = (cpu1 - cpu0).Seconds() / w
-	for i := range members {
-		d := after[i].minus(before[i])
-		sent := float64(d.pktOut+d.streamOut) / w
-		r.sentMean += sent / float64(n)
-		r.sentMax = max(r.sentMax, sent)
-		r.pktSent += float64(d.pktOut) / w / float64(n)
-		r.streamSent += float64(d.streamOut) / w / float64(n)
-		r.pkts += float64(d.pkts) / w / float64(n)
-	}
+	r.steady = measureSteady(t, members, n, window, created, logs)
 	r.goroutines = runtime.NumGoroutine()
 
 	// One state exchange's bytes (both ways, as its initiator counts
@@ -455,26 +397,7 @@ func poolScaleRun(t *testing.T, n int, window time.Duration) (r scaleResult) {
 		v := rng.IntN(len(alive))
 		victim := alive[v]
 		alive = slices.Delete(alive, v, v+1)
-		killedAt := time.Now()
-		deaths.kill(victim.name)
-		if err := victim.ml.Shutdown(); err != nil {
-			t.Fatal(err)
-		}
-		deadline := killedAt.Add(scaleDetectLimit)
-		for deaths.heard(victim.name) < len(alive) && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		var delays []time.Duration
-		for _, m := range alive {
-			if at, ok := deaths.heardAt(victim.name, m.name); ok {
-				delays = append(delays, at.Sub(killedAt))
-			}
-		}
-		slices.Sort(delays)
-		d := detection{heard: len(delays), want: len(alive)}
-		if len(delays) > 0 {
-			d.median, d.max = delays[len(delays)/2], delays[len(delays)-1]
-		}
+		d := detect(t, deaths, victim, alive, 0)
 		r.detect = append(r.detect, d)
 		t.Logf("kill %d: %s; %d of %d members told, median %s, max %s", k+1, victim.name, d.heard, d.want, fmtSec(d.median), fmtSec(d.max))
 	}
@@ -495,6 +418,118 @@ func poolScaleRun(t *testing.T, n int, window time.Duration) (r scaleResult) {
 	logs.mu.Unlock()
 	t.Logf("live members suspected: %d, %d suspicions raised in all (each by one member), %d refuted by the suspect", suspected, suspicions, r.refutes)
 	return r
+}
+
+// countShort is how many of members count other than n members, and
+// the fewest any counts.
+func countShort(members []*scaleMember, n int) (short, least int) {
+	least = n
+	for _, m := range members {
+		if k := m.ml.NumMembers(); k != n {
+			short, least = short+1, min(least, k)
+		}
+	}
+	return short, least
+}
+
+// steady is what measureSteady measured over the members of this process
+// (one pool's, or several pools' side by side).
+type steady struct {
+	settle, window            time.Duration
+	procCores                 float64
+	otherCores                float64 // other processes' cores in the window (the machine's busy time less this process's)
+	gcShare                   float64 // of the process's CPU in the window (the runtime's estimate)
+	sentMean, sentMax         float64 // bytes per second per member, packets and streams
+	pktSent, streamSent, pkts float64 // per member per second, means
+	pushPulls                 int64   // started in the window
+}
+
+// measureSteady waits for members, converged, to settle, then measures
+// them over the steady window: window, or (0) one push-pull period of a
+// pool of n from 30 s after the last member was created at created (see
+// TestPoolScale). Bytes are per member of members; logs counts the
+// push-pulls.
+func measureSteady(t *testing.T, members []*scaleMember, n int, window time.Duration, created time.Time, logs *scaleLog) (s steady) {
+	t.Helper()
+	// Settle: the joins' alive messages are gossiped for a while after
+	// every member knows every other; measure once the packet rate has
+	// stopped falling (two seconds in a row within 10% of the one
+	// before), so that the window sees probes and push-pulls.
+	settleStart := time.Now()
+	prev, last := -1.0, sumSent(members)
+	for quiet := 0; quiet < 2 && time.Since(settleStart) < scaleSettleMax; {
+		time.Sleep(time.Second)
+		cur := sumSent(members)
+		rate := float64(cur - last)
+		if prev >= 0 && rate >= 0.9*prev {
+			quiet++
+		} else {
+			quiet = 0
+		}
+		prev, last = rate, cur
+	}
+	s.settle = time.Since(settleStart)
+
+	// Steady window: one push-pull period from 30 s after the last
+	// member was created (see TestPoolScale), or the window asked for.
+	s.window = window
+	if window == 0 {
+		s.window = pushPullPeriod(n)
+		time.Sleep(time.Until(created.Add(memberlist.DefaultLANConfig().PushPullInterval)))
+	}
+	before := snapshot(members)
+	cpu0, gc0, busy0 := processCPU(t), gcCPU(), machineBusy()
+	pp0 := logs.pushPulls.Load()
+	time.Sleep(s.window)
+	cpu1, gc1, busy1 := processCPU(t), gcCPU(), machineBusy()
+	s.otherCores = max(0, (busy1-busy0-(cpu1-cpu0)).Seconds()/s.window.Seconds())
+	if used := (cpu1 - cpu0).Seconds(); used > 0 {
+		s.gcShare = (gc1 - gc0) / used
+	}
+	after := snapshot(members)
+	s.pushPulls = logs.pushPulls.Load() - pp0
+	w := s.window.Seconds()
+	s.procCores = (cpu1 - cpu0).Seconds() / w
+	total := float64(len(members))
+	for i := range members {
+		d := after[i].minus(before[i])
+		sent := float64(d.pktOut+d.streamOut) / w
+		s.sentMean += sent / total
+		s.sentMax = max(s.sentMax, sent)
+		s.pktSent += float64(d.pktOut) / w / total
+		s.streamSent += float64(d.streamOut) / w / total
+		s.pkts += float64(d.pkts) / w / total
+	}
+	return s
+}
+
+// detect kills victim abruptly (no Leave), waits until every member of
+// alive has been told it is dead (at most scaleDetectLimit), then linger
+// longer, and returns when they were told.
+func detect(t *testing.T, deaths *deathLog, victim *scaleMember, alive []*scaleMember, linger time.Duration) detection {
+	t.Helper()
+	killedAt := time.Now()
+	deaths.kill(victim.name)
+	if err := victim.ml.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := killedAt.Add(scaleDetectLimit)
+	for deaths.heard(victim.name) < len(alive) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(linger)
+	var delays []time.Duration
+	for _, m := range alive {
+		if at, ok := deaths.heardAt(victim.name, m.name); ok {
+			delays = append(delays, at.Sub(killedAt))
+		}
+	}
+	slices.Sort(delays)
+	d := detection{heard: len(delays), want: len(alive)}
+	if len(delays) > 0 {
+		d.median, d.max = delays[len(delays)/2], delays[len(delays)-1]
+	}
+	return d
 }
 
 // newCountedMember is New on 127.0.0.1 (a port the kernel picks, the same
