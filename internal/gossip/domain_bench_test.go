@@ -32,14 +32,7 @@ func (r domainResult) row() string {
 	if r.converge == 0 {
 		return fmt.Sprintf("| %d x %d | %d | did not converge: %s | | | %d | %d | | | | | |", r.pools, r.n, total, r.joinErr, r.crossSeen, r.falseDeaths)
 	}
-	var det []string
-	for _, d := range r.detect {
-		s := fmt.Sprintf("%s / %s", fmtSec(d.median), fmtSec(d.max))
-		if d.heard < d.want {
-			s += fmt.Sprintf(" (%d of %d told within %s)", d.heard, d.want, scaleDetectLimit)
-		}
-		det = append(det, s)
-	}
+	det := detectCells(r.detect)
 	return fmt.Sprintf("| %d x %d | %d | %s | %s | %d | %d | %d (%d after converging) | %.2g | %.0f / %.0f | %.0f / %.0f | %.2f | %.2f |", r.pools, r.n, total,
 		fmtSec(r.converge), strings.Join(det, "; "), r.toldOutside, r.crossSeen, r.falseDeaths, r.falseLater, r.procCores/float64(total),
 		r.sentMean, r.sentMax, r.pktSent, r.streamSent, r.procCores, r.otherCores)

@@ -179,18 +179,25 @@ type detection struct {
 	heard, want int
 }
 
-func (r scaleResult) row() string {
-	if r.converge == 0 {
-		return fmt.Sprintf("| %d | did not converge: %s | | %d (%d members) | | | |", r.n, r.joinErr, r.falseDeaths, len(r.falseNames))
-	}
+// detectCells is each kill's detection as a table shows it: median / max,
+// and how many were told when not all were.
+func detectCells(ds []detection) []string {
 	var det []string
-	for _, d := range r.detect {
+	for _, d := range ds {
 		s := fmt.Sprintf("%s / %s", fmtSec(d.median), fmtSec(d.max))
 		if d.heard < d.want {
 			s += fmt.Sprintf(" (%d of %d told within %s)", d.heard, d.want, scaleDetectLimit)
 		}
 		det = append(det, s)
 	}
+	return det
+}
+
+func (r scaleResult) row() string {
+	if r.converge == 0 {
+		return fmt.Sprintf("| %d | did not converge: %s | | %d (%d members) | | | |", r.n, r.joinErr, r.falseDeaths, len(r.falseNames))
+	}
+	det := detectCells(r.detect)
 	if r.joinErr != "" {
 		det = append(det, r.joinErr)
 	}
