@@ -32,8 +32,9 @@ import (
 
 // TestControlPlaneLoad measures the control plane under simulated agents:
 // a real coordinator process (gpucoord coordinator, embedded etcd) and N
-// agents as goroutines of this test, each over its own gRPC connection
-// with its own Watch stream and lease, as real agents. Per size it reports
+// agents as goroutines of this test (simFleet), each over its own gRPC
+// connection with its own Watch stream and lease, as real agents. Per
+// size it reports
 //   - registration: until every agent is registered and watching;
 //   - rendezvous: from Submit of an N-node job until every agent holds
 //     generation 1, opened, and rank 0's address;
@@ -213,14 +214,6 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
-}
-
-// simAgent is one simulated agent: it holds what its stream last said.
-type simAgent struct {
-	name   string
-	cc     *grpc.ClientConn
-	cl     pb.CoordinatorClient
-	cancel context.CancelFunc
 }
 
 // holding counts the agents whose latest assignment is generation gen of
@@ -424,11 +417,10 @@ func loadRun(t *testing.T, bin string, n int) string {
 
 	h := &holding{at: map[string]int64{}, bytes: map[string]int{}}
 	agents := make([]*simAgent, n)
-	full := os.Getenv("GPUCOORD_BENCH_LOAD_DECODE") == "full"
 	const rank0 = "n0000" // first by name: rank 0 in every generation here
-	var streams sync.WaitGroup
-	defer streams.Wait() // after stop, which ends them
 	ctx, stop := context.WithCancel(t.Context())
+	fleet := newSimFleet(ctx, addr, os.Getenv("GPUCOORD_BENCH_LOAD_DECODE") == "full")
+	defer fleet.wait() // after stop, which ends them
 	defer stop()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(64)
@@ -448,20 +440,14 @@ func loadRun(t *testing.T, bin string, n int) string {
 	registering := time.Now()
 	register := func(rctx context.Context, i int) error {
 		name := fmt.Sprintf("n%04d", i)
-		cc, err := pb.Dial(addr, nil, 0)
-		if err != nil {
-			return err
-		}
-		cl := pb.NewCoordinatorClient(cc)
 		node := &pb.Node{Name: name, Host: "127.0.0.1", Gpus: 8, Protocol: loadProtocol, Instance: name}
 		pooled := i >= n-2
 		if pooled {
 			node.FailureDomain, node.GossipAddr = lostRack, freeAddr(t)
 		}
-		resp, err := cl.Register(rctx, &pb.RegisterRequest{Node: node})
+		a, resp, err := fleet.register(rctx, node)
 		if err != nil {
-			cc.Close()
-			return fmt.Errorf("register %s: %w", name, err)
+			return err
 		}
 		if pooled {
 			gs := resp.GetGossip()
@@ -469,60 +455,27 @@ func loadRun(t *testing.T, bin string, n int) string {
 				ProbeTimeout: time.Duration(gs.GetProbeTimeoutMs()) * time.Millisecond, SuspicionMult: int(gs.GetSuspicionMult())}
 			var events gossip.Events
 			if i == n-2 {
-				events = witness{ctx: t.Context(), cl: cl, node: name, lease: resp.LeaseId}
+				events = witness{ctx: ctx, agent: a}
 			}
 			p, err := gossip.New(gossip.MemberName(name, name), node.GossipAddr, "", tune, gossip.Secure{Keys: gs.GetKeys(), Label: gs.GetLabel()}, events, nil)
 			if err != nil {
-				cc.Close()
+				a.close()
 				return err
 			}
 			pools = append(pools, p)
 			if i == n-1 {
 				victim = p
 				if _, err := p.Join(gs.GetSeeds()); err != nil {
-					cc.Close()
+					a.close()
 					return fmt.Errorf("%s joining its rack's pool: %w", name, err)
 				}
 			}
 		}
-		sctx, cancel := context.WithCancel(ctx)
-		recv, err := watchSlim(sctx, cc, &pb.WatchRequest{Node: name, LeaseId: resp.LeaseId}, full)
-		if err != nil {
-			cancel()
-			cc.Close()
+		if err := fleet.watch(a, simHooks{rank0: name == rank0, bootstrap: h.bootstrapped,
+			assigned: func(asg *slimAssignment) { h.saw(name, asg) }}); err != nil {
 			return err
 		}
-		agents[i] = &simAgent{name: name, cc: cc, cl: cl, cancel: cancel}
-		streams.Add(1)
-		go func() {
-			defer streams.Done()
-			defer cc.Close()
-			var stopped int64 // the generation below which this node said it runs nothing
-			for {
-				a, err := recv()
-				if err != nil {
-					return
-				}
-				if a.renewal {
-					continue
-				}
-				if a.job != "" && !a.open && a.gen > stopped {
-					// A generation that waits for earlier ranks to
-					// stop: the node stops its own and says so, as
-					// every real agent does.
-					stopped = a.gen
-					go cl.Report(sctx, &pb.ReportRequest{Job: a.job, Node: name, LeaseId: resp.LeaseId,
-						Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: a.gen}}})
-				}
-				if a.job != "" && a.open && a.master == "" && name == rank0 {
-					// This node runs rank 0: it reports its address.
-					h.bootstrapped()
-					go cl.Report(sctx, &pb.ReportRequest{Job: a.job, Generation: a.gen, Node: name,
-						Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: "127.0.0.1:29500"}}})
-				}
-				h.saw(name, a)
-			}
-		}()
+		agents[i] = a
 		return nil
 	}
 	for i := range n - 2 {
@@ -672,16 +625,15 @@ func loadRun(t *testing.T, bin string, n int) string {
 }
 
 // witness is the pool events of an agent that reports the members its
-// pool declares dead, as an agent does (PoolReport).
+// pool declares dead, as an agent does (PoolReport), with its current
+// lease.
 type witness struct {
 	ctx   context.Context
-	cl    pb.CoordinatorClient
-	node  string
-	lease int64
+	agent *simAgent
 }
 
 func (w witness) Dead(member string) {
-	go w.cl.PoolReport(w.ctx, &pb.PoolReportRequest{Node: w.node, LeaseId: w.lease, Dead: []string{member}})
+	go w.agent.cl.PoolReport(w.ctx, &pb.PoolReportRequest{Node: w.agent.name, LeaseId: w.agent.Lease(), Dead: []string{member}})
 }
 
 func waitFor(t *testing.T, ch <-chan struct{}, what string, h *holding) {

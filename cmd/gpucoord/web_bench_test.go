@@ -24,8 +24,9 @@ import (
 )
 
 // TestWebLoad measures the dashboard in Chromium against a coordinator
-// process whose pool is N simulated agents (as the load benchmark's: each
-// a gRPC connection of this test with its own lease and Watch stream),
+// process whose pool is N simulated agents (simFleet, as the load
+// benchmark's: each a gRPC connection of this test with its own lease and
+// Watch stream),
 // in failure domains of 128 (16 below 1,024 nodes), all but two (spares)
 // running one job of 8 ranks a node (tp 8).
 // Rank 0 reports 10 steps a second, every node its compute times each
@@ -197,12 +198,11 @@ func webLoadRun(t *testing.T, bin string, n int) {
 		}
 	}()
 
-	var streams sync.WaitGroup
-	defer streams.Wait() // after stop, which ends them
 	ctx, stop := context.WithCancel(t.Context())
+	fleet := newSimFleet(ctx, addr, false)
+	defer fleet.wait() // after stop, which ends them
 	defer stop()
 	agents := make([]*simAgent, n)
-	leases := make([]int64, n)
 	rack := 128 // nodes a failure domain
 	if n < 1024 {
 		rack = 16
@@ -217,58 +217,25 @@ func webLoadRun(t *testing.T, bin string, n int) {
 	for i := range n {
 		g.Go(func() error {
 			name := fmt.Sprintf("n%04d", i)
-			cc, err := pb.Dial(addr, nil, 0)
-			if err != nil {
-				return err
-			}
-			cl := pb.NewCoordinatorClient(cc)
 			node := &pb.Node{Name: name, Host: fmt.Sprintf("10.%d.%d.%d", i/128, i%128/8, i%8+1), Gpus: 8, Protocol: pb.ProtocolVersion,
 				Instance: name, FailureDomain: fmt.Sprintf("rack-%02d", i/rack), Version: "bench"}
-			resp, err := cl.Register(gctx, &pb.RegisterRequest{Node: node})
+			a, _, err := fleet.register(gctx, node)
 			if err != nil {
-				cc.Close()
-				return fmt.Errorf("register %s: %w", name, err)
-			}
-			sctx, cancel := context.WithCancel(ctx)
-			recv, err := watchSlim(sctx, cc, &pb.WatchRequest{Node: name, LeaseId: resp.LeaseId}, false)
-			if err != nil {
-				cancel()
-				cc.Close()
 				return err
 			}
-			agents[i], leases[i] = &simAgent{name: name, cc: cc, cl: cl, cancel: cancel}, resp.LeaseId
-			streams.Add(1)
-			go func() {
-				defer streams.Done()
-				defer cc.Close()
-				var stopped int64
-				for {
-					a, err := recv()
-					if err != nil {
-						return
+			if err := fleet.watch(a, simHooks{rank0: i == 0, assigned: func(asg *slimAssignment) {
+				mu.Lock()
+				defer mu.Unlock()
+				if asg.job != "" && asg.open && asg.master != "" {
+					open[name] = asg.gen
+					if asg.gen > latest.Load() {
+						latest.Store(asg.gen)
 					}
-					if a.renewal {
-						continue
-					}
-					if a.job != "" && !a.open && a.gen > stopped {
-						stopped = a.gen
-						go cl.Report(sctx, &pb.ReportRequest{Job: a.job, Node: name, LeaseId: resp.LeaseId,
-							Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: a.gen}}})
-					}
-					if a.job != "" && a.open && a.master == "" && i == 0 {
-						go cl.Report(sctx, &pb.ReportRequest{Job: a.job, Generation: a.gen, Node: name,
-							Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: "127.0.0.1:29500"}}})
-					}
-					mu.Lock()
-					if a.job != "" && a.open && a.master != "" {
-						open[name] = a.gen
-						if a.gen > latest.Load() {
-							latest.Store(a.gen)
-						}
-					}
-					mu.Unlock()
 				}
-			}()
+			}}); err != nil {
+				return err
+			}
+			agents[i] = a
 			return nil
 		})
 	}
@@ -391,7 +358,7 @@ func webLoadRun(t *testing.T, bin string, n int) {
 			a.cancel()
 			if k == 0 && j == 0 {
 				// This one leaves: lost at once (a spare takes its place).
-				cl.Leave(ctx, &pb.LeaveRequest{Node: a.name, LeaseId: leases[n-1-burst*k-burst]})
+				cl.Leave(ctx, &pb.LeaveRequest{Node: a.name, LeaseId: a.Lease()})
 			}
 		}
 		time.Sleep(time.Second)
@@ -441,7 +408,7 @@ func webLoadRun(t *testing.T, bin string, n int) {
 		gen := evalJS[int](t, bctx, `+document.querySelector('#grid').dataset.generation`)
 		victim := agents[k]
 		victim.cancel()
-		if _, err := cl.Leave(ctx, &pb.LeaveRequest{Node: victim.name, LeaseId: leases[k]}); err != nil {
+		if _, err := cl.Leave(ctx, &pb.LeaveRequest{Node: victim.name, LeaseId: victim.Lease()}); err != nil {
 			t.Logf("leave %s: %v", victim.name, err)
 		}
 		waitPage(t, bctx, fmt.Sprintf(`+document.querySelector('#grid').dataset.generation > %d && +document.querySelector('#prev-grid').dataset.generation === %d`, gen, gen),
