@@ -5,15 +5,33 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/gpucoord/gpucoord/internal/backoff"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+)
+
+// The simulated agents' backoff before a new Watch (or a new
+// registration) after a stream ended: short, as a real agent's retry, and
+// jittered, so that agents whose streams ended together (a coordinator
+// restarted) do not come back together.
+const (
+	simRetry    = 50 * time.Millisecond
+	simMaxRetry = time.Second
 )
 
 // simFleet is the simulated agents of one benchmark run, each a gRPC
 // connection of the test with its own lease and Watch stream, against one
-// coordinator (TestControlPlaneLoad, TestWebLoad).
+// coordinator (TestControlPlaneLoad, TestWebLoad). Like a real agent
+// (worker.Agent's session), an agent whose stream ends while the run goes
+// on watches again with its lease after a short backoff, and registers
+// again first when the coordinator says its lease is gone (codes.NotFound).
 //
 // # Concurrency
 //
@@ -25,6 +43,11 @@ type simFleet struct {
 	addr string
 	full bool // decode assignments whole (see watchSlim)
 	wg   sync.WaitGroup
+
+	// reconnects counts the Watch streams opened after one ended while
+	// the run went on; reregistrations the registrations made because
+	// the coordinator said a lease was gone.
+	reconnects, reregistrations atomic.Int64
 }
 
 func newSimFleet(ctx context.Context, addr string, full bool) *simFleet {
@@ -41,11 +64,27 @@ type simAgent struct {
 	// cancel stops the agent, as a node lost: its stream ends and it does
 	// not come back.
 	cancel context.CancelFunc
-	lease  atomic.Int64 // the lease of its registration
+	lease  atomic.Int64 // the lease of its latest registration
+	// streams counts the Watch streams it opened; an assigned hook reads
+	// it to tell which stream a message came on.
+	streams atomic.Int64
+
+	mu   sync.Mutex
+	drop context.CancelFunc // ends the current stream alone
 }
 
 // Lease is the agent's current lease.
 func (a *simAgent) Lease() int64 { return a.lease.Load() }
+
+// dropStream ends the agent's current Watch stream, as a network fault
+// does, without stopping the agent: it watches again.
+func (a *simAgent) dropStream() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.drop != nil {
+		a.drop()
+	}
+}
 
 func (a *simAgent) close() {
 	a.cancel()
@@ -85,14 +124,14 @@ type simHooks struct {
 	assigned func(*slimAssignment)
 }
 
-// watch opens the agent's Watch stream and follows it on a goroutine of
-// the fleet until it ends (the agent stops or the fleet's context ends).
-// Following it, the agent reports it stopped earlier ranks when a
-// generation waits for them (as every real agent does) and, for rank 0's
-// node, rank 0's address. If the stream cannot be opened the agent is
-// closed and the error returned.
+// watch opens the agent's first Watch stream and follows it, and the
+// streams after it, on a goroutine of the fleet until the agent stops or
+// the fleet's context ends. Following a stream, the agent reports it
+// stopped earlier ranks when a generation waits for them (as every real
+// agent does) and, for rank 0's node, rank 0's address. If the first
+// stream cannot be opened the agent is closed and the error returned.
 func (f *simFleet) watch(a *simAgent, hooks simHooks) error {
-	recv, err := watchSlim(a.ctx, a.cc, &pb.WatchRequest{Node: a.name, LeaseId: a.lease.Load()}, f.full)
+	recv, err := f.openWatch(a)
 	if err != nil {
 		a.close()
 		return err
@@ -102,9 +141,58 @@ func (f *simFleet) watch(a *simAgent, hooks simHooks) error {
 		defer f.wg.Done()
 		defer a.close()
 		var stopped int64 // the generation below which this node said it runs nothing
-		f.follow(a, recv, hooks, &stopped)
+		register := false // the coordinator said the lease is gone
+		for failed := 0; ; failed++ {
+			received, err := f.follow(a, recv, hooks, &stopped)
+			if a.ctx.Err() != nil {
+				return
+			}
+			// The stream ended while the run goes on: come back, as a
+			// real agent does.
+			if received {
+				failed = 0
+			}
+			if status.Code(err) == codes.NotFound {
+				register = true
+			}
+			t := time.NewTimer(backoff.Next(failed, simRetry, simMaxRetry))
+			select {
+			case <-a.ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			if register {
+				resp, err := a.cl.Register(a.ctx, &pb.RegisterRequest{Node: a.node})
+				if err != nil {
+					recv = func() (*slimAssignment, error) { return nil, err }
+					continue
+				}
+				a.lease.Store(resp.LeaseId)
+				f.reregistrations.Add(1)
+				register = false
+			}
+			f.reconnects.Add(1)
+			if recv, err = f.openWatch(a); err != nil {
+				recv = func() (*slimAssignment, error) { return nil, err }
+			}
+		}
 	}()
 	return nil
+}
+
+// openWatch opens a Watch stream for a with its current lease, ended by
+// dropStream or when the agent stops.
+func (f *simFleet) openWatch(a *simAgent) (func() (*slimAssignment, error), error) {
+	sctx, drop := context.WithCancel(a.ctx)
+	a.mu.Lock()
+	if a.drop != nil {
+		a.drop() // the stream before, ended already: its context goes
+	}
+	a.drop = drop
+	a.mu.Unlock()
+	a.streams.Add(1)
+	return watchSlim(sctx, a.cc, &pb.WatchRequest{Node: a.name, LeaseId: a.lease.Load()}, f.full)
 }
 
 // follow reads one stream until it ends; received says whether it
@@ -145,3 +233,128 @@ func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error), hoo
 // wait waits until every agent's goroutines have ended: call it after
 // the fleet's context ended.
 func (f *simFleet) wait() { f.wg.Wait() }
+
+// counts says how often the agents watched and registered again.
+func (f *simFleet) counts() string {
+	return fmt.Sprintf("agents: %d reconnections, %d re-registrations", f.reconnects.Load(), f.reregistrations.Load())
+}
+
+// TestSimAgentsComeBack checks the benchmarks' simulated agents come back
+// as real agents do, against a coordinator process: one whose stream is
+// cut watches again with its lease, one whose lease is revoked (Leave)
+// registers again first, and all of them watch again when the
+// coordinator restarts; once the fleet's context ends, every goroutine
+// of theirs ends.
+func TestSimAgentsComeBack(t *testing.T) {
+	bin := buildBinary(t)
+	addr, data := freeAddr(t), t.TempDir()
+	coordinator := func() *proc {
+		co := start(t, bin, "coordinator", "--listen", addr, "--data-dir", data, "--log-level", "warn")
+		co.waitLine(t, "coordinator listening", 30*time.Second)
+		return co
+	}
+	co := coordinator()
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	fleet := newSimFleet(ctx, addr, false)
+
+	// Each stream's first message is the node's assignment (no job: an
+	// empty one), which says which stream it came on.
+	type seen struct {
+		node   string
+		stream int64
+	}
+	seenCh := make(chan seen, 64)
+	agents := make([]*simAgent, 3)
+	for i := range agents {
+		name := fmt.Sprintf("n%04d", i)
+		a, _, err := fleet.register(ctx, &pb.Node{Name: name, Host: "127.0.0.1", Gpus: 8, Protocol: pb.ProtocolVersion, Instance: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = fleet.watch(a, simHooks{assigned: func(*slimAssignment) {
+			select {
+			case seenCh <- seen{name, a.streams.Load()}:
+			case <-ctx.Done():
+			}
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents[i] = a
+	}
+	// waitStream waits for a message to a on a stream after its stream
+	// number after (a stream refused counts too: no message comes on it).
+	latest := map[string]int64{} // node -> the latest stream a message came on
+	waitStream := func(a *simAgent, after int64) {
+		t.Helper()
+		timeout := time.After(time.Minute)
+		for latest[a.name] <= after {
+			select {
+			case s := <-seenCh:
+				latest[s.node] = max(latest[s.node], s.stream)
+			case <-timeout:
+				t.Fatalf("%s: no message on a stream after its %d within a minute (%s)", a.name, after, fleet.counts())
+			}
+		}
+	}
+	for _, a := range agents {
+		waitStream(a, 0)
+	}
+
+	// A stream cut: the agent watches again with the same lease.
+	lease1 := agents[1].Lease()
+	agents[1].dropStream()
+	waitStream(agents[1], 1)
+	if got := agents[1].Lease(); got != lease1 {
+		t.Errorf("%s: lease %x after its stream was cut, want %x still", agents[1].name, got, lease1)
+	}
+	if r, rr := fleet.reconnects.Load(), fleet.reregistrations.Load(); r != 1 || rr != 0 {
+		t.Errorf("after a stream cut: %d reconnections, %d re-registrations, want 1 and 0", r, rr)
+	}
+	t.Logf("a stream cut: %s", fleet.counts())
+
+	// The lease gone: the coordinator ends the stream with NotFound, and
+	// the agent registers again before it watches.
+	lease2 := agents[2].Lease()
+	if _, err := agents[0].cl.Leave(ctx, &pb.LeaveRequest{Node: agents[2].name, LeaseId: lease2}); err != nil {
+		t.Fatal(err)
+	}
+	waitStream(agents[2], 1)
+	if got := agents[2].Lease(); got == lease2 {
+		t.Errorf("%s: still lease %x after it was revoked", agents[2].name, got)
+	}
+	if r, rr := fleet.reconnects.Load(), fleet.reregistrations.Load(); r != 2 || rr != 1 {
+		t.Errorf("after a lease revoked: %d reconnections, %d re-registrations, want 2 and 1", r, rr)
+	}
+	t.Logf("a lease revoked: %s", fleet.counts())
+
+	// The coordinator restarted: every stream ends, every agent watches
+	// again once it is back.
+	streams := make([]int64, len(agents))
+	for i, a := range agents {
+		streams[i] = a.streams.Load()
+	}
+	co.cmd.Process.Signal(syscall.SIGTERM)
+	co.wait(t, 30*time.Second)
+	coordinator()
+	for i, a := range agents {
+		waitStream(a, streams[i])
+	}
+	if r := fleet.reconnects.Load(); r < 5 {
+		t.Errorf("after a restart: %d reconnections, want at least 5", r)
+	}
+	t.Logf("the coordinator restarted: %s", fleet.counts())
+
+	stop()
+	done := make(chan struct{})
+	go func() {
+		fleet.wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agents' goroutines still run 30 s after the fleet's context ended")
+	}
+}

@@ -26,7 +26,7 @@ import (
 // TestWebLoad measures the dashboard in Chromium against a coordinator
 // process whose pool is N simulated agents (simFleet, as the load
 // benchmark's: each a gRPC connection of this test with its own lease and
-// Watch stream),
+// Watch stream, coming back as a real agent does when its stream ends),
 // in failure domains of 128 (16 below 1,024 nodes), all but two (spares)
 // running one job of 8 ranks a node (tp 8).
 // Rank 0 reports 10 steps a second, every node its compute times each
@@ -43,7 +43,8 @@ import (
 //     the CPU time the page's main thread used over each (DevTools'
 //     ThreadTime), which a core shared with other work does not inflate;
 //   - what the coordinator's dashboard costs: its rebuilds (ms), the
-//     bytes of its messages, and the coordinator's CPU.
+//     bytes of its messages, and the coordinator's CPU; and how often the
+//     agents watched and registered again (0 in a healthy run).
 //
 // A benchmark, not a test: it reports the figures against the targets
 // (pages under 2 s, updates under 50 ms) and fails only when it cannot
@@ -447,8 +448,8 @@ func webLoadRun(t *testing.T, bin string, n int) {
 	cpu0, _ := procStat(t, pid)
 	time.Sleep(5 * time.Second)
 	cpu1, rss := procStat(t, pid)
-	row(fmt.Sprintf("coordinator: %d rebuilds of the model (last %.1f ms, max %.1f ms), %d messages, largest %d bytes, %d bytes sent to the page in all; %.2f cores, %.0f MB resident with one viewer",
-		st.Builds, st.LastBuildMs, st.MaxBuildMs, st.Messages, st.MaxBytes, st.BytesSent, (cpu1-cpu0).Seconds()/5, rss))
+	row(fmt.Sprintf("coordinator: %d rebuilds of the model (last %.1f ms, max %.1f ms), %d messages, largest %d bytes, %d bytes sent to the page in all; %.2f cores, %.0f MB resident with one viewer; %s",
+		st.Builds, st.LastBuildMs, st.MaxBuildMs, st.Messages, st.MaxBytes, st.BytesSent, (cpu1-cpu0).Seconds()/5, rss, fleet.counts()))
 	loadavg, _ := os.ReadFile("/proc/loadavg")
 	row(fmt.Sprintf("targets: pages under 2 s (slowest %.0f ms), updates under 50 ms (longest %.1f ms, wall clock); load average at the end %s",
 		max(poolLoad, jobLoad), max(poolMax, stepMax, lossMax), strings.Join(strings.Fields(string(loadavg))[:3], " ")))
