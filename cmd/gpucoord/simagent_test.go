@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -48,10 +51,33 @@ type simFleet struct {
 	// the run went on; reregistrations the registrations made because
 	// the coordinator said a lease was gone.
 	reconnects, reregistrations atomic.Int64
+
+	mu    sync.Mutex
+	ended map[codes.Code]*streamEnds // why streams ended (or were refused) while the run went on
+}
+
+// streamEnds is how many streams ended with one code, and the first one's
+// message.
+type streamEnds struct {
+	count int
+	first string
+}
+
+// streamEnded notes that a stream ended with err while the run went on.
+func (f *simFleet) streamEnded(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := status.Convert(err)
+	e := f.ended[st.Code()]
+	if e == nil {
+		e = &streamEnds{first: st.Message()}
+		f.ended[st.Code()] = e
+	}
+	e.count++
 }
 
 func newSimFleet(ctx context.Context, addr string, full bool) *simFleet {
-	return &simFleet{ctx: ctx, addr: addr, full: full}
+	return &simFleet{ctx: ctx, addr: addr, full: full, ended: map[codes.Code]*streamEnds{}}
 }
 
 // simAgent is one simulated agent.
@@ -152,6 +178,7 @@ func (f *simFleet) watch(a *simAgent, hooks simHooks) error {
 			if received {
 				failed = 0
 			}
+			f.streamEnded(err)
 			if status.Code(err) == codes.NotFound {
 				register = true
 			}
@@ -234,9 +261,21 @@ func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error), hoo
 // the fleet's context ended.
 func (f *simFleet) wait() { f.wg.Wait() }
 
-// counts says how often the agents watched and registered again.
+// counts says how often the agents watched and registered again, and
+// why their streams ended or were refused (each code's count and first
+// message).
 func (f *simFleet) counts() string {
-	return fmt.Sprintf("agents: %d reconnections, %d re-registrations", f.reconnects.Load(), f.reregistrations.Load())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var why []string
+	for _, c := range slices.Sorted(maps.Keys(f.ended)) {
+		why = append(why, fmt.Sprintf("%s %d (the first: %q)", c, f.ended[c].count, f.ended[c].first))
+	}
+	s := fmt.Sprintf("agents: %d reconnections, %d re-registrations", f.reconnects.Load(), f.reregistrations.Load())
+	if len(why) > 0 {
+		s += "; streams ended or refused: " + strings.Join(why, ", ")
+	}
+	return s
 }
 
 // TestSimAgentsComeBack checks the benchmarks' simulated agents come back
