@@ -34,10 +34,12 @@ import (
 // Follow translate etcd watches.
 type server struct {
 	pb.UnimplementedCoordinatorServer
-	cli *clientv3.Client
-	k   keys
-	cfg *Config
-	log *slog.Logger
+	// longerLeases says once that etcd grants longer leases than asked.
+	longerLeases sync.Once
+	cli          *clientv3.Client
+	k            keys
+	cfg          *Config
+	log          *slog.Logger
 	// stopping is closed when the coordinator shuts down: streams that end
 	// then are not the agents' loss.
 	stopping <-chan struct{}
@@ -166,6 +168,11 @@ func (s *server) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.Reg
 	lease, err := s.cli.Grant(ctx, ttl)
 	if err != nil {
 		return nil, etcdErr(err)
+	}
+	if lease.TTL > ttl {
+		s.longerLeases.Do(func() {
+			s.log.Warn("etcd grants leases longer than --lease-ttl: its shortest lease is 1.5 elections (--election-timeout), in whole seconds", "asked", s.cfg.LeaseTTL, "granted", time.Duration(lease.TTL)*time.Second)
+		})
 	}
 	key := s.k.node(n.Name)
 	resp, err := s.cli.Txn(ctx).
@@ -340,10 +347,15 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	}
 	s.renewals.sent(node, renewed, first.TTL*1000)
 	last := a
-	// The client renews every third of the TTL: two thirds without a
-	// renewal means this coordinator cannot reach etcd for it, and the
-	// agent should move to one that can before the lease runs out.
-	stalled := time.NewTimer(2 * s.cfg.LeaseTTL / 3)
+	// The client renews every third of the TTL etcd granted (an etcd
+	// cluster's shortest lease may be longer than --lease-ttl): two thirds
+	// without a renewal means this coordinator cannot reach etcd for it,
+	// and the agent should move to one that can before the lease runs
+	// out.
+	stall := func(ttl int64) time.Duration {
+		return max(2*time.Duration(ttl)*time.Second/3, 2*s.cfg.LeaseTTL/3)
+	}
+	stalled := time.NewTimer(stall(first.TTL))
 	defer stalled.Stop()
 	for {
 		select {
@@ -362,7 +374,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 				return status.Errorf(codes.NotFound, "node %q: lease %x expired: register again", node, req.GetLeaseId())
 			}
 			now := time.Now()
-			stalled.Reset(2 * s.cfg.LeaseTTL / 3)
+			stalled.Reset(stall(r.TTL))
 			if s.keepalive != nil {
 				s.keepalive(now.Sub(renewed).Seconds())
 			}
