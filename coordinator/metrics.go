@@ -135,6 +135,9 @@ func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry
 		// load benchmarks see a running coordinator's heap and CPU.
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		// The embedded etcd's own series (its read indexes, applies,
+		// leases), which register with Prometheus's default registry.
+		mux.Handle("/debug/metrics", promhttp.Handler())
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {

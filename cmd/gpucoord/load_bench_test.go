@@ -72,7 +72,8 @@ import (
 // GPUCOORD_BENCH_LOAD_DATA=/dev/shm puts etcd's data there.
 // GPUCOORD_BENCH_LOAD_NOSTORED leaves the Stored reports out of the steady
 // state (to tell their cost from the rest), and GPUCOORD_PPROF=1 serves
-// the coordinator's Go profiles beside its metrics (/debug/pprof/).
+// the coordinator's Go profiles beside its metrics (/debug/pprof/) and the
+// embedded etcd's own series (/debug/metrics).
 func TestControlPlaneLoad(t *testing.T) {
 	sizes := os.Getenv("GPUCOORD_BENCH_LOAD")
 	if sizes == "" {
