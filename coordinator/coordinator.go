@@ -281,7 +281,7 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth(), cache: c.cache, hooks: c.hooks,
 		times: newTimesBuffer(cfg.StragglerWindows, cfg.StragglerFactor), gossip: sec, secure: cp != nil, deaths: newDeathReports(), dead: c.dead,
 		renewals: newRenewals()}
-	c.srv.stored, c.srv.stopped = newStoredWriter(c.srv), newStoppedWriter(c.srv)
+	c.srv.stored, c.srv.stopped, c.srv.conns = newStoredWriter(c.srv), newStoppedWriter(c.srv), newConnWriter(c.srv)
 	opts := append(pb.ServerOptions(), grpc.UnaryInterceptor(c.srv.unary), grpc.ChainUnaryInterceptor(c.withDashboard), grpc.StreamInterceptor(c.srv.stream), grpc.ForceServerCodecV2(newPassCodec()))
 	if cp != nil {
 		c.srv.ca = cp.ca

@@ -183,3 +183,43 @@ func TestOthersGetTheMaster(t *testing.T) {
 		t.Errorf("n1 first got the generation without rank 0's address: %v", a1)
 	}
 }
+
+// TestConnsGrouped: the conns keys of streams that open together go in
+// transactions of 64; a node whose lease is gone fails alone, the others
+// of its transaction are written, each under its own lease.
+func TestConnsGrouped(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	cli := co.srv.cli
+	items := map[string]connItem{}
+	var gone string
+	for i := range 100 { // two transactions
+		l, err := cli.Grant(t.Context(), 60)
+		if err != nil {
+			t.Fatal(err)
+		}
+		node := fmt.Sprintf("n%03d", i)
+		items[node] = connItem{id: "c/" + node, lease: l.ID}
+		if i == 7 {
+			gone = node
+			if _, err := cli.Revoke(t.Context(), l.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	out := co.srv.writeConns(t.Context(), items)
+	for node, it := range items {
+		resp, err := cli.Get(t.Context(), co.srv.k.conn(node))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if node == gone {
+			if out[node] == nil || len(resp.Kvs) != 0 {
+				t.Errorf("%s, its lease revoked: %v, %d keys; want an error and no key", node, out[node], len(resp.Kvs))
+			}
+			continue
+		}
+		if out[node] != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != it.id || clientv3.LeaseID(resp.Kvs[0].Lease) != it.lease {
+			t.Errorf("%s: %v, %v; want %s under lease %x", node, out[node], resp.Kvs, it.id, it.lease)
+		}
+	}
+}

@@ -63,6 +63,7 @@ type server struct {
 	// stored writes the Stored reports in groups.
 	stored  *storedWriter
 	stopped *stoppedWriter
+	conns   *connWriter
 	// gossip is the pools' keys and the cluster's label, handed to agents
 	// at Register (each domain's pool has its own label, gossip.DomainLabel).
 	gossip gossip.Secure
@@ -297,28 +298,45 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	if err := s.ownLease(ctx, node, lease); err != nil {
 		return err
 	}
-	renewed := time.Now() // the renewal is no older than this
-	first, err := s.cli.KeepAliveOnce(ctx, lease)
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return status.Errorf(codes.NotFound, "node %q: lease %x is gone: register again", node, req.GetLeaseId())
-	}
-	if err != nil {
-		return status.Errorf(codes.Unavailable, "node %q: renewing lease %x: %v", node, req.GetLeaseId(), err)
-	}
 	// The lease is kept alive from here on, before any wait: a view that
-	// is slow to catch up costs the stream, never the node's lease.
+	// is slow to catch up costs the stream, never the node's lease. Its
+	// first renewal (on the etcd client's one keep-alive stream, within
+	// half a second: no stream of its own per Watch) says it lives.
+	renewed := time.Now() // the renewal is no older than this
 	kctx, stopKeep := context.WithCancel(ctx)
 	defer stopKeep()
 	renewals, err := s.cli.KeepAlive(kctx, lease)
 	if err != nil {
 		return etcdErr(err)
 	}
+	var first *clientv3.LeaseKeepAliveResponse
+	wait := time.NewTimer(2 * s.cfg.LeaseTTL / 3)
+	select {
+	case r, ok := <-renewals:
+		if !ok {
+			// The etcd client closes the channel when etcd answers that
+			// the lease is gone.
+			wait.Stop()
+			return status.Errorf(codes.NotFound, "node %q: lease %x is gone: register again", node, req.GetLeaseId())
+		}
+		first = r
+	case <-wait.C:
+	case <-ctx.Done():
+		wait.Stop()
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	wait.Stop()
+	if first == nil {
+		return status.Errorf(codes.Unavailable, "node %q: no renewal of lease %x within %s", node, req.GetLeaseId(), 2*s.cfg.LeaseTTL/3)
+	}
 	if err := s.catchUp(ctx, req.GetFromRevision()); err != nil {
 		return err
 	}
 	id := fmt.Sprintf("%s/%d", s.cfg.Name, s.streams.Add(1))
-	if _, err := s.cli.Put(ctx, s.k.conn(node), id, clientv3.WithLease(lease)); err != nil {
-		return etcdErr(err)
+	if werr, err := s.conns.add(ctx, struct{}{}, node, connItem{id: id, lease: lease}); err != nil {
+		return err
+	} else if werr != nil {
+		return werr
 	}
 	defer func() {
 		if ctx.Err() == nil {
@@ -539,6 +557,57 @@ func (s *server) reportStopped(ctx context.Context, req *pb.ReportRequest, st *p
 		return nil, err
 	}
 	return &pb.ReportResponse{Committed: s.cache.committed(id)}, nil
+}
+
+// The conns keys of the streams that open are written in groups
+// (groupCommit): agents come back by the thousand after a coordinator
+// restarts or stalls, and one transaction of 64 nodes' keys costs etcd
+// about what one key does.
+type connWriter = groupCommit[struct{}, connItem, error]
+
+// connItem is a stream's conns key: its value, under the node's lease.
+type connItem struct {
+	id    string
+	lease clientv3.LeaseID
+}
+
+func newConnWriter(s *server) *connWriter {
+	return newGroupCommit(&s.background, func(ctx context.Context, _ struct{}, items map[string]connItem) map[string]error {
+		return s.writeConns(ctx, items)
+	})
+}
+
+// writeConns puts each node's conns key (node -> its stream's id and
+// lease), storedTxnOps/2 a transaction. A lease that is gone fails the
+// whole transaction: its nodes are then put one by one, each with its own
+// outcome.
+func (s *server) writeConns(ctx context.Context, items map[string]connItem) map[string]error {
+	out := make(map[string]error, len(items))
+	put := func(node string) clientv3.Op {
+		return clientv3.OpPut(s.k.conn(node), items[node].id, clientv3.WithLease(items[node].lease))
+	}
+	for chunk := range slices.Chunk(slices.Sorted(maps.Keys(items)), storedTxnOps/2) {
+		ops := make([]clientv3.Op, len(chunk))
+		for i, node := range chunk {
+			ops[i] = put(node)
+		}
+		_, err := s.cli.Txn(ctx).Then(ops...).Commit()
+		for _, node := range chunk {
+			out[node] = err
+		}
+		if err == nil || len(chunk) == 1 || !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			continue
+		}
+		for _, node := range chunk {
+			_, out[node] = s.cli.Txn(ctx).Then(put(node)).Commit()
+		}
+	}
+	for node, err := range out {
+		if err != nil {
+			out[node] = etcdErr(err)
+		}
+	}
+	return out
 }
 
 // Stopped reports are written in groups by job (groupCommit): every member
