@@ -2378,8 +2378,7 @@ func (x *RankTimes) GetRanks() []*RankTime {
 // their compute times in one generation of a job, in a size that does not
 // grow with the nodes: each coordinator writes one such key a second
 // (jobs/<id>/times/<gen>/<coordinator>), and the leader's straggler check
-// reads them all. (Field 1 is left unused: it was an earlier form's map of
-// every node's windows, which is read as an empty summary.)
+// reads them all.
 type TimesSummary struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// latest is the histogram of every reporting rank's newest window mean,
@@ -4869,12 +4868,12 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\astopped\x18\x03 \x01(\bR\astopped\x12\"\n" +
 	"\rfound_unix_ms\x18\x04 \x01(\x03R\vfoundUnixMs\"8\n" +
 	"\tRankTimes\x12+\n" +
-	"\x05ranks\x18\x01 \x03(\v2\x15.gpucoord.v1.RankTimeR\x05ranks\"\xa1\x01\n" +
+	"\x05ranks\x18\x01 \x03(\v2\x15.gpucoord.v1.RankTimeR\x05ranks\"\xa7\x01\n" +
 	"\fTimesSummary\x12\x16\n" +
 	"\x06latest\x18\x02 \x03(\x01R\x06latest\x12!\n" +
 	"\flatest_count\x18\x03 \x03(\x05R\vlatestCount\x12)\n" +
 	"\x04slow\x18\x04 \x03(\v2\x15.gpucoord.v1.SlowRankR\x04slow\x12+\n" +
-	"\x05ranks\x18\x05 \x03(\v2\x15.gpucoord.v1.RankTimeR\x05ranks\"d\n" +
+	"\x05ranks\x18\x05 \x03(\v2\x15.gpucoord.v1.RankTimeR\x05ranksJ\x04\b\x01\x10\x02\"d\n" +
 	"\bSlowRank\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\x05R\x04rank\x12\x18\n" +
