@@ -403,7 +403,12 @@ func (c *cache) put(kv *mvccpb.KeyValue) {
 			c.pools[d][name] = struct{}{}
 		}
 	case strings.HasPrefix(key, c.k.conns()):
-		c.conns[strings.TrimPrefix(key, c.k.conns())] = string(kv.Value)
+		// A fenced run's key serves no stream: the node is not connected.
+		if v := string(kv.Value); v != connFenced {
+			c.conns[strings.TrimPrefix(key, c.k.conns())] = v
+		} else {
+			delete(c.conns, strings.TrimPrefix(key, c.k.conns()))
+		}
 	case strings.HasPrefix(key, c.k.holdsAll()):
 		c.holds[strings.TrimPrefix(key, c.k.holdsAll())] = string(kv.Value)
 	case strings.HasPrefix(key, c.k.fences()):

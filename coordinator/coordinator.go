@@ -82,6 +82,14 @@ type Config struct {
 	// passes), and coordinators' clocks may differ by this much. No
 	// generation of the job opens before (docs/ARCHITECTURE.md, "Fencing").
 	FenceMargin time.Duration
+	// FenceWindow, when set, bounds how long a node runs its ranks past
+	// its last renewal, below the lease: each Watch stream renews the node
+	// every third of it, for at most it. A node its pool reports dead then
+	// costs its job the rest of the window its serving coordinator granted
+	// (plus FenceMargin), not the rest of its lease; a coordinator stalled
+	// for longer than two thirds of it stops its nodes' ranks. 0: the
+	// lease's TTL, as without it.
+	FenceWindow time.Duration
 	// StableFor is how long a node must have been registered, without
 	// losing its lease, before a running job takes it in (a rejoining or
 	// replacement node); a flapping node does not thrash the job.
@@ -135,6 +143,8 @@ func (c *Config) Validate() error {
 		return errorf(ErrInvalid, "election TTL %s: want whole seconds, at least 2s", c.ElectionTTL)
 	case c.FenceMargin < 0:
 		return errorf(ErrInvalid, "fence margin %s: must not be negative", c.FenceMargin)
+	case c.FenceWindow != 0 && (c.FenceWindow < 300*time.Millisecond || c.FenceWindow >= c.LeaseTTL):
+		return errorf(ErrInvalid, "fence window %s: want 0 (the lease's TTL), or at least 300ms and shorter than the lease TTL %s", c.FenceWindow, c.LeaseTTL)
 	case c.StableFor < 0:
 		return errorf(ErrInvalid, "stable-for %s: want 0 or more", c.StableFor)
 	case c.KeepJobs < 0:
@@ -280,7 +290,7 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	c.hooks = &hooks{}
 	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth(), cache: c.cache, hooks: c.hooks,
 		times: newTimesBuffer(cfg.StragglerWindows, cfg.StragglerFactor), gossip: sec, secure: cp != nil, deaths: newDeathReports(), dead: c.dead,
-		renewals: newRenewals()}
+		renewals: newRenewals(), grants: newGrants()}
 	c.srv.stored, c.srv.stopped, c.srv.conns = newStoredWriter(c.srv), newStoppedWriter(c.srv), newConnWriter(c.srv)
 	opts := append(pb.ServerOptions(), grpc.UnaryInterceptor(c.srv.unary), grpc.ChainUnaryInterceptor(c.withDashboard), grpc.StreamInterceptor(c.srv.stream), grpc.ForceServerCodecV2(newPassCodec()))
 	if cp != nil {

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,12 +109,16 @@ func agent(t *testing.T, c pb.CoordinatorClient, n *pb.Node) (<-chan *pb.Assignm
 	}
 }
 
+// testSessions numbers the tests' Watch streams, as an agent numbers its
+// own: each higher than any before.
+var testSessions atomic.Uint64
+
 // watch opens a node's Watch stream on its lease; cancel drops the stream
 // (the node is disconnected, not lost).
 func watch(t *testing.T, c pb.CoordinatorClient, name string, lease, from int64) (<-chan *pb.Assignment, context.CancelFunc) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
-	stream, err := c.Watch(ctx, &pb.WatchRequest{Node: name, LeaseId: lease, FromRevision: from})
+	stream, err := c.Watch(ctx, &pb.WatchRequest{Node: name, LeaseId: lease, FromRevision: from, Session: testSessions.Add(1)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,7 +423,10 @@ func TestReconnectKeepsPlace(t *testing.T) {
 func TestRendezvousWaitsThenTimesOut(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), nil)
 	c := client(t, co.Addr())
-	agent(t, c, node("n0", 4))
+	a0, _ := agent(t, c, node("n0", 4))
+	// Its stream's first message follows its conns key: the node is free
+	// before the job's 500 ms start.
+	next(t, a0, func(*pb.Assignment) bool { return true })
 	s := spec("j", 2, 4)
 	s.RendezvousTimeoutMs = 500
 	c.Submit(t.Context(), &pb.SubmitRequest{Spec: s})

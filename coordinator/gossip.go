@@ -291,15 +291,23 @@ func (c *Coordinator) revokeMember(ctx context.Context, member string) error {
 		return nil
 	}
 	// The agent may run its ranks until its own deadline, which the
-	// revocation does not move: the latest it can be, the lease's time
-	// left now (etcd rounds it up), goes to etcd first, for the leader's
-	// fence (fenced) to wait out.
+	// revocation does not move: the latest it can be goes to etcd first,
+	// for the leader's fence (fenced) to wait out. If this coordinator
+	// serves the run's newest stream, that is the last deadline the stream
+	// gave (grants: it gives no more from here), so long as the conns key
+	// still names the stream (no later one, on any coordinator, can then
+	// take it: the key is fenced). Else it is the lease's time left now
+	// (etcd rounds it up).
 	lease := clientv3.LeaseID(resp.Kvs[0].Lease)
+	windowed, err := c.fenceWindow(ctx, name, instance, lease)
+	if err != nil {
+		return err
+	}
 	ttl, err := c.etcd.Client.TimeToLive(ctx, lease)
 	if err != nil {
 		return err
 	}
-	if ttl.TTL > 0 {
+	if ttl.TTL > 0 && !windowed {
 		f := fence{Instance: instance, UntilMs: time.Now().Add(time.Duration(ttl.TTL) * time.Second).UnixMilli()}
 		if _, err := c.etcd.Client.Put(ctx, keys(c.cfg.Prefix).fence(name), encodeJSON(f)); err != nil {
 			return err
@@ -310,6 +318,27 @@ func (c *Coordinator) revokeMember(ctx context.Context, member string) error {
 	}
 	c.log.Warn("node failed its gossip probes: removed from the pool", "node", name, "domain", pb.FailureDomain(&n))
 	return nil
+}
+
+// fenceWindow writes the fence of node's run (instance, on lease) as the
+// last deadline this coordinator's stream gave it, if the stream is the
+// run's newest: it says whether it did.
+func (c *Coordinator) fenceWindow(ctx context.Context, node, instance string, lease clientv3.LeaseID) (bool, error) {
+	bound, conn, ok := c.srv.grants.stop(node, lease)
+	if !ok {
+		return false, nil
+	}
+	k := keys(c.cfg.Prefix)
+	f := fence{Instance: instance, UntilMs: bound.UnixMilli(), Window: true}
+	resp, err := c.etcd.Client.Txn(ctx).If(clientv3.Compare(clientv3.Value(k.conn(node)), "=", conn)).
+		Then(clientv3.OpPut(k.conn(node), connFenced, clientv3.WithLease(lease)), clientv3.OpPut(k.fence(node), encodeJSON(f))).Commit()
+	if err != nil {
+		return false, err
+	}
+	if resp.Succeeded {
+		c.log.Info("gossip: a dead node's run fenced by its stream's last deadline", "node", node, "until", bound.Format(time.RFC3339Nano))
+	}
+	return resp.Succeeded, nil
 }
 
 // gossipFor is what Register tells node n about its domain's pool: some

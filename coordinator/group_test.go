@@ -218,7 +218,7 @@ func TestConnsGrouped(t *testing.T) {
 			}
 			continue
 		}
-		if out[node] != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != it.id || clientv3.LeaseID(resp.Kvs[0].Lease) != it.lease {
+		if out[node] != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != connValue(it.session, it.id) || clientv3.LeaseID(resp.Kvs[0].Lease) != it.lease {
 			t.Errorf("%s: %v, %v; want %s under lease %x", node, out[node], resp.Kvs, it.id, it.lease)
 		}
 	}

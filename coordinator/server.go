@@ -74,6 +74,9 @@ type server struct {
 	// renewals are the lease renewals sent on this coordinator's streams
 	// (the dashboard's).
 	renewals *renewals
+	// grants are the deadlines this coordinator's streams gave, for a
+	// fence by the window (Config.FenceWindow).
+	grants *grants
 	// secure says the coordinator serves mutual TLS: every call but Join
 	// has a verified identity, and a node's calls are held to its own node.
 	secure bool
@@ -298,6 +301,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	if err := s.ownLease(ctx, node, lease); err != nil {
 		return err
 	}
+	start := time.Now() // the agent's earlier streams of this run ended before
 	// The lease is kept alive from here on, before any wait: a view that
 	// is slow to catch up costs the stream, never the node's lease. Its
 	// first renewal (on the etcd client's one keep-alive stream, within
@@ -333,7 +337,8 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 		return err
 	}
 	id := fmt.Sprintf("%s/%d", s.cfg.Name, s.streams.Add(1))
-	if werr, err := s.conns.add(ctx, struct{}{}, node, connItem{id: id, lease: lease}); err != nil {
+	conn := connValue(req.GetSession(), id)
+	if werr, err := s.conns.add(ctx, struct{}{}, node, connItem{id: id, session: req.GetSession(), lease: lease}); err != nil {
 		return err
 	} else if werr != nil {
 		return werr
@@ -350,21 +355,57 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			defer s.background.Done()
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			defer cancel()
-			resp, err := s.cli.Txn(rctx).If(clientv3.Compare(clientv3.Value(s.k.conn(node)), "=", id)).Then(clientv3.OpDelete(s.k.conn(node))).Commit()
+			resp, err := s.cli.Txn(rctx).If(clientv3.Compare(clientv3.Value(s.k.conn(node)), "=", conn)).Then(clientv3.OpDelete(s.k.conn(node))).Commit()
 			if err == nil && resp.Succeeded {
 				s.log.Info("node disconnected: it keeps its place until its lease ends", "node", node)
 			}
 		}()
 	}()
+	// What the stream gives the run from here on (grants) is what a fence
+	// by the window waits out: each deadline is recorded before it is
+	// sent, and none is given once the grant is stopped.
+	// The run's earlier streams gave what the agent says is left (no
+	// grant is longer than the lease: an agent's word is not taken for
+	// more, nor the fence held back by it).
+	leaseTTL := time.Duration(first.TTL) * time.Second
+	before := min(max(time.Duration(req.GetDeadlineLeftMs())*time.Millisecond, 0), leaseTTL)
+	g := s.grants.open(node, conn, lease, start.Add(before))
+	defer s.grants.close(node, g)
+	give := func(now time.Time) (ttlMs int64, ok bool) {
+		ttl := windowTTL(s.cfg.FenceWindow, leaseTTL, renewed, now)
+		if ttl <= 0 || !g.give(now, ttl) {
+			return 0, false
+		}
+		return ttl.Milliseconds(), true
+	}
 	a, _, changed := s.cache.assignment(node)
 	if s.hooks.watchRead != nil {
 		s.hooks.watchRead(node)
 	}
-	if err := stream.Send(withTTL(a, first.TTL*1000, renewed)); err != nil {
+	now := time.Now()
+	if ttlMs, ok := give(now); ok {
+		a = withTTL(a, ttlMs, now)
+	}
+	if err := stream.Send(a); err != nil {
 		return err
 	}
 	s.renewals.sent(node, renewed, first.TTL*1000)
 	last := a
+	// With a fence window, the stream renews the node every third of it
+	// between the lease's renewals.
+	var window <-chan time.Time
+	if s.cfg.FenceWindow > 0 {
+		t := time.NewTicker(s.cfg.FenceWindow / 3)
+		defer t.Stop()
+		window = t.C
+	}
+	renew := func(now time.Time) error {
+		ttlMs, ok := give(now)
+		if !ok {
+			return nil
+		}
+		return stream.Send(&pb.Assignment{Renewal: true, LeaseTtlMs: ttlMs, SentUnixNanos: now.UnixNano(), Revision: last.Revision})
+	}
 	// The client renews every third of the TTL etcd granted (an etcd
 	// cluster's shortest lease may be longer than --lease-ttl): two thirds
 	// without a renewal means this coordinator cannot reach etcd for it,
@@ -396,11 +437,15 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			if s.keepalive != nil {
 				s.keepalive(now.Sub(renewed).Seconds())
 			}
-			renewed = now
-			if err := stream.Send(&pb.Assignment{Renewal: true, LeaseTtlMs: r.TTL * 1000, SentUnixNanos: now.UnixNano(), Revision: last.Revision}); err != nil {
+			renewed, leaseTTL = now, time.Duration(r.TTL)*time.Second
+			if err := renew(now); err != nil {
 				return err
 			}
 			s.renewals.sent(node, now, r.TTL*1000)
+		case now := <-window:
+			if err := renew(now); err != nil {
+				return err
+			}
 		case <-changed:
 			a, wire, next := s.cache.assignment(node)
 			changed = next
@@ -565,10 +610,12 @@ func (s *server) reportStopped(ctx context.Context, req *pb.ReportRequest, st *p
 // about what one key does.
 type connWriter = groupCommit[struct{}, connItem, error]
 
-// connItem is a stream's conns key: its value, under the node's lease.
+// connItem is a stream's conns key: its session and id (connValue), under
+// the node's lease.
 type connItem struct {
-	id    string
-	lease clientv3.LeaseID
+	id      string
+	session uint64
+	lease   clientv3.LeaseID
 }
 
 func newConnWriter(s *server) *connWriter {
@@ -577,29 +624,42 @@ func newConnWriter(s *server) *connWriter {
 	})
 }
 
-// writeConns puts each node's conns key (node -> its stream's id and
-// lease), storedTxnOps/2 a transaction. A lease that is gone fails the
-// whole transaction: its nodes are then put one by one, each with its own
-// outcome.
+// writeConns puts each node's conns key (putConn: node -> its stream's
+// session and id, under its lease), storedTxnOps/2 a transaction. A lease
+// that is gone fails the whole transaction: its nodes are then put one by
+// one, each with its own outcome. A key a later session holds, or a
+// fenced run's, is left alone, and its stream refused (Aborted).
 func (s *server) writeConns(ctx context.Context, items map[string]connItem) map[string]error {
 	out := make(map[string]error, len(items))
 	put := func(node string) clientv3.Op {
-		return clientv3.OpPut(s.k.conn(node), items[node].id, clientv3.WithLease(items[node].lease))
+		it := items[node]
+		return putConn(s.k.conn(node), it.session, it.id, it.lease)
+	}
+	outcome := func(nodes []string, resp *clientv3.TxnResponse, err error) {
+		for i, node := range nodes {
+			switch {
+			case err != nil:
+				out[node] = err
+			case !connPut(resp, i):
+				out[node] = status.Errorf(codes.Aborted, "node %q: a later stream of the agent serves it, or it was fenced: this stream (session %d) ends", node, items[node].session)
+			default:
+				out[node] = nil
+			}
+		}
 	}
 	for chunk := range slices.Chunk(slices.Sorted(maps.Keys(items)), storedTxnOps/2) {
 		ops := make([]clientv3.Op, len(chunk))
 		for i, node := range chunk {
 			ops[i] = put(node)
 		}
-		_, err := s.cli.Txn(ctx).Then(ops...).Commit()
-		for _, node := range chunk {
-			out[node] = err
-		}
+		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+		outcome(chunk, resp, err)
 		if err == nil || len(chunk) == 1 || !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			continue
 		}
 		for _, node := range chunk {
-			_, out[node] = s.cli.Txn(ctx).Then(put(node)).Commit()
+			resp, err := s.cli.Txn(ctx).Then(put(node)).Commit()
+			outcome([]string{node}, resp, err)
 		}
 	}
 	for node, err := range out {

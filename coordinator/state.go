@@ -181,6 +181,9 @@ type jobPolicy struct {
 type fence struct {
 	Instance string `json:"instance"`
 	UntilMs  int64  `json:"until_ms"`
+	// Window says UntilMs is the last deadline the run's serving
+	// coordinator gave it (Config.FenceWindow), not its lease's end.
+	Window bool `json:"window,omitempty"`
 }
 
 // nodePolicy is what the leader holds against a node, kept across its

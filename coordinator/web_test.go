@@ -502,7 +502,7 @@ func TestWebPoolRenewalsAndDeaths(t *testing.T) {
 		rev++
 		c.apply(rev, []*clientv3.Event{{Type: typ, Kv: &mvccpb.KeyValue{Key: []byte(key), Value: []byte(value), ModRevision: rev}}})
 	}
-	event(mvccpb.PUT, k.conn("n0001"), "other/3")
+	event(mvccpb.PUT, k.conn("n0001"), connValue(1, "other/3"))
 	event(mvccpb.DELETE, k.conn("n0003"), "")
 	// One member of n0002's pool reports it dead: below the quorum of 2.
 	if h.deaths.add(deathKey{member: "n0002#n0002", lease: 7}, "n0000", 2, now.Add(-2*time.Second)) {

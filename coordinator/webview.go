@@ -158,10 +158,8 @@ type webRenewals struct {
 func (w *webCopy) webRenewals(self string, last map[string]renewal, now time.Time) webRenewals {
 	r := webRenewals{Coordinator: self, At: now.UnixMilli(), Nodes: []string{}, AgoMs: []int64{}}
 	for node := range last {
-		if s, ok := w.conns[node]; ok {
-			if by, _, _ := strings.Cut(s, "/"); by != self {
-				continue
-			}
+		if s, ok := w.conns[node]; ok && connBy(s) != self {
+			continue
 		}
 		r.Nodes = append(r.Nodes, node)
 	}
@@ -182,7 +180,7 @@ func (w *webCopy) webNodes() map[string]webNode {
 		row := webNode{Name: name, Host: n.GetHost(), GPUs: n.GetGpus(), Domain: pb.FailureDomain(n), Health: "registered",
 			Job: w.holds[name], Gossip: w.pooled[name], Registered: n.GetRegisteredUnixMs(), Version: n.GetVersion()}
 		if s, ok := w.conns[name]; ok {
-			row.Stream, _, _ = strings.Cut(s, "/")
+			row.Stream = connBy(s)
 		} else {
 			row.Health = "disconnected"
 		}

@@ -201,6 +201,7 @@ type Agent struct {
 	net      Network
 	log      *slog.Logger
 	instance string     // this run's, random: its gossip member is name#instance
+	streams  uint64     // the Watch streams opened, by the one loop that opens them
 	out      sync.Mutex // serialises rank output lines
 
 	mu     sync.Mutex
@@ -597,7 +598,6 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	lease := a.lease
 	a.mu.Unlock()
 	if lease == 0 {
-		sent := time.Now()
 		// A coordinator that took the connection and never answers is
 		// passed over as one that did not take it.
 		rctx, cancel := context.WithTimeout(ctx, a.cfg.ConnectTimeout+reportTimeout)
@@ -621,14 +621,19 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		// the lease that ended (perhaps of an etcd cluster since replaced).
 		a.lease, a.revision = lease, 0
 		a.mu.Unlock()
-		a.renew(sent.Add(time.Duration(resp.TtlSeconds) * time.Second))
 		a.log.Info("registered", "gpus", a.cfg.GPUs, "host", a.net.Host, "bind", a.net.Bind, "iface", a.net.Iface)
 		a.joinPool(resp.Gossip)
 	}
+	// Each stream has a higher session than the one before it (its conns
+	// key then wins over any the agent left behind), and says how long
+	// the deadlines the streams before it gave still run: a fence of the
+	// run waits that out at least. A registration gives no deadline: the
+	// first comes with the first assignment.
+	a.streams++
 	a.mu.Lock()
-	seen := a.revision
+	seen, left := a.revision, max(time.Until(a.deadline), 0)
 	a.mu.Unlock()
-	stream, err := client.Watch(ctx, &pb.WatchRequest{Node: a.cfg.Name, LeaseId: lease, FromRevision: seen})
+	stream, err := client.Watch(ctx, &pb.WatchRequest{Node: a.cfg.Name, LeaseId: lease, FromRevision: seen, Session: a.streams, DeadlineLeftMs: left.Milliseconds() + 1})
 	if err != nil {
 		return answered, err
 	}

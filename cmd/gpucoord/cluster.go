@@ -309,6 +309,7 @@ status --web prints its address.`,
 	fl.IntVar(&cfg.KeepJobs, "keep-jobs", cfg.KeepJobs, "ended jobs kept in etcd for status; older ones are deleted")
 	fl.DurationVar(&cfg.StableFor, "stable-for", cfg.StableFor, "how long a node must stay registered before a running job takes it in (doubled per strike)")
 	fl.DurationVar(&cfg.FenceMargin, "fence-margin", cfg.FenceMargin, "how long after a lost node's lease has ended its ranks count as stopped, before the job's next generation starts (covers its agent's clock and the kill)")
+	fl.DurationVar(&cfg.FenceWindow, "fence-window", 0, "how long a node may run its ranks past its last renewal, below --lease-ttl (e.g. 1s): each stream renews its node every third of it, and a node its gossip pool reports dead costs its job the rest of that window plus --fence-margin instead of the rest of its lease; a coordinator stalled longer than two thirds of it stops its nodes' ranks. 0: the lease")
 	fl.DurationVar(&cfg.Etcd.DialTimeout, "etcd-dial-timeout", cfg.Etcd.DialTimeout, "how long to wait for etcd to answer at start")
 	fl.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "a node's lease: how long a silent node stays in the pool")
 	fl.DurationVar(&cfg.ElectionTTL, "election-ttl", cfg.ElectionTTL, "the leader's session: how soon a standby takes over")

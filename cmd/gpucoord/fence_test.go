@@ -224,9 +224,45 @@ func TestWorkerFrozenStress(t *testing.T) {
 	}
 }
 
-func frozenFenced(t *testing.T) {
+func frozenFenced(t *testing.T) { frozenFencedBy(t) }
+
+// TestWorkerFrozenWindow is TestWorkerFrozenFenced with 10 s leases and a
+// fence window of 1 s: the coordinator that serves the frozen agent's
+// stream fences its run by the last deadline the stream gave it (at most
+// the window ahead, whatever the lease's time left), the frozen agent's
+// watchdog kills its ranks at that deadline, and generation 2 opens
+// without waiting for the lease: still no two generations at once.
+func TestWorkerFrozenWindow(t *testing.T) {
+	const window = time.Second
+	co := frozenFencedBy(t, "--lease-ttl", "10s", "--fence-window", window.String())
+	line := co.waitLine(t, "fenced by its stream's last deadline", time.Second)
+	logged, until := logTime(t, line, "time"), logTime(t, line, "until")
+	if !strings.Contains(line, "node=w1 ") || until.After(logged.Add(window)) {
+		t.Errorf("the frozen node's fence, written at %s: want w1's, until at most the window (%s) after: %s", logged.Format(time.RFC3339Nano), window, line)
+	}
+}
+
+// logTime is the time a log line's field holds (RFC 3339).
+func logTime(t *testing.T, line, field string) time.Time {
+	t.Helper()
+	i := strings.Index(line, field+"=")
+	if i < 0 {
+		t.Fatalf("no %s in %q", field, line)
+	}
+	v, _, _ := strings.Cut(line[i+len(field)+1:], " ")
+	at, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		t.Fatalf("%s in %q: %v", field, line, err)
+	}
+	return at
+}
+
+// frozenFencedBy freezes an agent in the middle of a job on a coordinator
+// started with args, and checks that generation 2 runs without the frozen
+// agent's ranks and never beside them; it returns the coordinator.
+func frozenFencedBy(t *testing.T, args ...string) *proc {
 	exe := buildBinary(t)
-	_, addr := coordinatorProc(t, exe)
+	co, addr := coordinatorProc(t, exe, args...)
 	workerProc(t, exe, addr, "w0", 2)
 	w1, dir1 := workerProc(t, exe, addr, "w1", 2)
 	o := watchOverlap(t, "frozen")
@@ -249,6 +285,7 @@ func frozenFenced(t *testing.T) {
 	w1.cmd.Process.Signal(syscall.SIGCONT)
 	p.cmd.Process.Signal(syscall.SIGINT)
 	p.wait(t, time.Minute)
+	return co
 }
 
 // TestRestoreFallback: the step a generation resumes from turns out to be

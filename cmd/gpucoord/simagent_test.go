@@ -218,8 +218,8 @@ func (f *simFleet) openWatch(a *simAgent) (func() (*slimAssignment, error), erro
 	}
 	a.drop = drop
 	a.mu.Unlock()
-	a.streams.Add(1)
-	return watchSlim(sctx, a.cc, &pb.WatchRequest{Node: a.name, LeaseId: a.lease.Load()}, f.full)
+	session := uint64(a.streams.Add(1))
+	return watchSlim(sctx, a.cc, &pb.WatchRequest{Node: a.name, LeaseId: a.lease.Load(), Session: session}, f.full)
 }
 
 // follow reads one stream until it ends; received says whether it

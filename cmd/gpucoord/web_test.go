@@ -112,9 +112,6 @@ func sameJSONText(t *testing.T, a, b string) bool {
 	return reflect.DeepEqual(x, y)
 }
 
-// logTime is the time of a coordinator's log line (time=RFC3339).
-var logTime = regexp.MustCompile(`time=(\S+)`)
-
 // TestWebDashboard drives the dashboard in a real headless Chromium
 // against a coordinator and three agents running a native job:
 //   - the job's grid shows every rank, running, with its step;
@@ -195,14 +192,7 @@ func TestWebDashboard(t *testing.T) {
 	for !strings.Contains(line, `msg="new generation"`) {
 		line = co.waitLine(t, fmt.Sprintf(`job=%s generation=%d `, job, next), 10*time.Second)
 	}
-	m := logTime.FindStringSubmatch(line)
-	if m == nil {
-		t.Fatalf("no time in the coordinator's line %q", line)
-	}
-	decided, err := time.Parse(time.RFC3339Nano, m[1])
-	if err != nil {
-		t.Fatal(err)
-	}
+	decided := logTime(t, line, "time")
 	lag := shown.Sub(decided)
 	t.Logf("w1 killed: its ranks lost on the page after %s; generation %d decided %s after the kill, on the page %s after the decision",
 		lost.Sub(killed).Round(time.Millisecond), next, decided.Sub(killed).Round(time.Millisecond), lag.Round(time.Millisecond))

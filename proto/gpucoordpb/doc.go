@@ -18,5 +18,11 @@ package gpucoordpb
 // no one). 8: each node gossips in its failure domain's pool, without the
 // coordinators, and reports the deaths its pool finds (PoolReport); its
 // registration carries its pool address (an agent of 7 would join the
-// seeds under the cluster's label, and report no death).
-const ProtocolVersion = 8
+// seeds under the cluster's label, and report no death). 9: Watch requests
+// number the agent's streams (session; a node's conns key keeps the
+// highest) and say how long the deadlines given before still run
+// (deadline_left_ms), and a registration gives none: an agent of 8 would
+// send neither, and run ranks for a lease's TTL after it registered, so
+// that a fence by a coordinator's window (Config.FenceWindow) could end
+// before its ranks.
+const ProtocolVersion = 9

@@ -560,9 +560,18 @@ type WatchRequest struct {
 	// for none): a coordinator whose view of etcd is older waits until it has
 	// caught up, so that an agent moving between coordinators never goes
 	// back to an older assignment.
-	FromRevision  int64 `protobuf:"varint,3,opt,name=from_revision,json=fromRevision,proto3" json:"from_revision,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	FromRevision int64 `protobuf:"varint,3,opt,name=from_revision,json=fromRevision,proto3" json:"from_revision,omitempty"`
+	// session numbers the agent's Watch streams within its run, from 1, one
+	// more for each stream it opens: its conns key keeps the highest, so that
+	// a stream the agent left behind can never take the key back (nor fence
+	// the node as if it still served it).
+	Session uint64 `protobuf:"varint,4,opt,name=session,proto3" json:"session,omitempty"`
+	// deadline_left_ms is how long the agent's ranks may still run, by the
+	// deadlines its earlier streams gave, as the stream opens: the least a
+	// fence of its run waits out, whatever this stream gives it.
+	DeadlineLeftMs int64 `protobuf:"varint,5,opt,name=deadline_left_ms,json=deadlineLeftMs,proto3" json:"deadline_left_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
@@ -612,6 +621,20 @@ func (x *WatchRequest) GetLeaseId() int64 {
 func (x *WatchRequest) GetFromRevision() int64 {
 	if x != nil {
 		return x.FromRevision
+	}
+	return 0
+}
+
+func (x *WatchRequest) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *WatchRequest) GetDeadlineLeftMs() int64 {
+	if x != nil {
+		return x.DeadlineLeftMs
 	}
 	return 0
 }
@@ -4688,11 +4711,13 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x04dead\x18\x03 \x03(\tR\x04dead\"D\n" +
 	"\x12PoolReportResponse\x12\x14\n" +
 	"\x05seeds\x18\x01 \x03(\tR\x05seeds\x12\x18\n" +
-	"\amembers\x18\x02 \x01(\x05R\amembers\"b\n" +
+	"\amembers\x18\x02 \x01(\x05R\amembers\"\xa6\x01\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x03R\aleaseId\x12#\n" +
-	"\rfrom_revision\x18\x03 \x01(\x03R\ffromRevision\"\xab\t\n" +
+	"\rfrom_revision\x18\x03 \x01(\x03R\ffromRevision\x12\x18\n" +
+	"\asession\x18\x04 \x01(\x04R\asession\x12(\n" +
+	"\x10deadline_left_ms\x18\x05 \x01(\x03R\x0edeadlineLeftMs\"\xab\t\n" +
 	"\aJobSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\x12\x1b\n" +

@@ -1,0 +1,154 @@
+package coordinator
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A node's conns key names the stream that serves it: the agent's session
+// number (WatchRequest.session, zero-padded so that etcd's byte order is
+// the numbers' order), a space, and the stream's id (coordinator/seq). A
+// stream's key is put only over a lower session's, so a stream the agent
+// has left behind never takes the key back, whatever the order the puts
+// reach etcd in. connFenced, above every session, is the key of a node a
+// coordinator fenced by its window (fenceWindow): no stream serves that
+// run again.
+const connFenced = "~fenced"
+
+// connValue is the conns key of session's stream id.
+func connValue(session uint64, id string) string { return fmt.Sprintf("%020d %s", session, id) }
+
+// connStream is the stream id a conns key names, "" for none (fenced).
+func connStream(v string) string {
+	_, id, _ := strings.Cut(v, " ")
+	return id
+}
+
+// connBy is the coordinator whose stream a conns key names.
+func connBy(v string) string {
+	by, _, _ := strings.Cut(connStream(v), "/")
+	return by
+}
+
+// putConn is the operation that puts the conns key of session's stream id
+// under lease, unless a stream of the same or a later session holds it,
+// or its run was fenced. Its outcome is connPut's.
+func putConn(key string, session uint64, id string, lease clientv3.LeaseID) clientv3.Op {
+	put := clientv3.OpPut(key, connValue(session, id), clientv3.WithLease(lease))
+	// A value compare fails on a missing key: the first stream of a run
+	// is the Else of "the key exists".
+	later := clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(key), "<", connValue(session, ""))}, []clientv3.Op{put}, nil)
+	return clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}, []clientv3.Op{put}, []clientv3.Op{later})
+}
+
+// connPut says whether putConn's operation, answered r, put the key.
+func connPut(r *clientv3.TxnResponse, i int) bool {
+	t := r.Responses[i].GetResponseTxn()
+	if t.GetSucceeded() {
+		return true
+	}
+	for _, o := range t.GetResponses() {
+		return o.GetResponseTxn().GetSucceeded()
+	}
+	return false
+}
+
+// grants are the deadlines this coordinator's Watch streams have given
+// their nodes' runs, by node: what a fence by the window waits out.
+//
+// A run's ranks may run until the latest deadline any stream gave it. A
+// stream gives deadlines only while it is not stopped, and records each
+// before it is sent; what the run's earlier streams (on any coordinator)
+// gave, its agent says as it opens this one (WatchRequest's
+// deadline_left_ms: the agent keeps its ranks to it). So once a stream is
+// stopped, its bound (the latest it gave, or what was left before it when
+// later) is the latest the run can stop at, provided this stream is still
+// the run's newest: what the fence's transaction compares (the conns
+// key).
+//
+// # Concurrency
+//
+// Every method may be called from any goroutine.
+type grants struct {
+	mu sync.Mutex
+	m  map[string]*grant
+}
+
+// grant is one stream's.
+type grant struct {
+	mu      sync.Mutex
+	conn    string           // the stream's conns key
+	lease   clientv3.LeaseID // the run's lease
+	floor   time.Time        // what the run's earlier streams gave
+	end     time.Time        // the latest deadline given
+	stopped bool
+}
+
+func newGrants() *grants { return &grants{m: map[string]*grant{}} }
+
+// open records node's stream, whose conns key is conn, of the run on
+// lease whose earlier streams gave it until floor.
+func (gs *grants) open(node, conn string, lease clientv3.LeaseID, floor time.Time) *grant {
+	g := &grant{conn: conn, lease: lease, floor: floor}
+	gs.mu.Lock()
+	gs.m[node] = g
+	gs.mu.Unlock()
+	return g
+}
+
+// close forgets g, node's stream, unless another took its place.
+func (gs *grants) close(node string, g *grant) {
+	gs.mu.Lock()
+	if gs.m[node] == g {
+		delete(gs.m, node)
+	}
+	gs.mu.Unlock()
+}
+
+// stop stops the stream of node's run on lease from giving deadlines, and
+// returns the latest the run can stop at and the stream's conns key; ok is
+// false when this coordinator serves no such stream.
+func (gs *grants) stop(node string, lease clientv3.LeaseID) (bound time.Time, conn string, ok bool) {
+	gs.mu.Lock()
+	g := gs.m[node]
+	gs.mu.Unlock()
+	if g == nil || g.lease != lease {
+		return time.Time{}, "", false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.stopped = true
+	if g.end.After(g.floor) {
+		return g.end, g.conn, true
+	}
+	return g.floor, g.conn, true
+}
+
+// give records a deadline of now+ttl, to be sent: false once the stream
+// is stopped, when it must send none.
+func (g *grant) give(now time.Time, ttl time.Duration) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return false
+	}
+	if d := now.Add(ttl); d.After(g.end) {
+		g.end = d
+	}
+	return true
+}
+
+// windowTTL is how long a renewal sent at now gives a node whose lease
+// (of leaseTTL) was last renewed at renewed: the lease's time left, or the
+// window when shorter (0: none).
+func windowTTL(window, leaseTTL time.Duration, renewed, now time.Time) time.Duration {
+	left := renewed.Add(leaseTTL).Sub(now)
+	if window > 0 && window < left {
+		return window
+	}
+	return max(left, 0)
+}

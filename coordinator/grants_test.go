@@ -1,0 +1,188 @@
+package coordinator
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestWindowTTL: a renewal gives the window, or the lease's time left when
+// that is shorter, never less than nothing.
+func TestWindowTTL(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	for _, c := range []struct {
+		name          string
+		window, lease time.Duration
+		renewedAgo    time.Duration
+		want          time.Duration
+	}{
+		{"no window: the lease's time left", 0, 5 * time.Second, 2 * time.Second, 3 * time.Second},
+		{"no window, just renewed", 0, 5 * time.Second, 0, 5 * time.Second},
+		{"the window", time.Second, 5 * time.Second, 2 * time.Second, time.Second},
+		{"the lease ends sooner than the window", time.Second, 5 * time.Second, 4500 * time.Millisecond, 500 * time.Millisecond},
+		{"the lease has ended", time.Second, 5 * time.Second, 6 * time.Second, 0},
+	} {
+		if got := windowTTL(c.window, c.lease, t0.Add(-c.renewedAgo), t0); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// TestGrantBound: a stopped stream gives nothing more, and its bound is the
+// latest deadline it gave, or what the run's earlier streams gave when
+// later.
+func TestGrantBound(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	gs := newGrants()
+	if _, _, ok := gs.stop("n", 7); ok {
+		t.Fatal("a node no stream serves was stopped")
+	}
+	g := gs.open("n", "conn", 7, t0.Add(5*time.Second))
+	if !g.give(t0.Add(6*time.Second), time.Second) || !g.give(t0.Add(6500*time.Millisecond), 300*time.Millisecond) {
+		t.Fatal("a running stream refused to give")
+	}
+	if _, _, ok := gs.stop("n", 8); ok {
+		t.Error("another lease's stream was stopped")
+	}
+	bound, conn, ok := gs.stop("n", 7)
+	if !ok || conn != "conn" || !bound.Equal(t0.Add(7*time.Second)) {
+		t.Errorf("bound %v %q %v, want start+7s (the latest given) \"conn\" true", bound.Sub(t0), conn, ok)
+	}
+	if g.give(t0.Add(7*time.Second), time.Second) {
+		t.Error("a stopped stream gave a deadline")
+	}
+	young := gs.open("m", "c2", 9, t0.Add(5*time.Second))
+	young.give(t0.Add(time.Second), time.Second)
+	if bound, _, _ := gs.stop("m", 9); !bound.Equal(t0.Add(5 * time.Second)) {
+		t.Errorf("a young stream's bound is start+%s, want start+5s (what its earlier streams gave)", bound.Sub(t0))
+	}
+	// A stream that ends leaves a newer one of its node alone.
+	newer := gs.open("m", "c3", 9, t0)
+	gs.close("m", young)
+	if _, conn, ok := gs.stop("m", 9); !ok || conn != "c3" {
+		t.Errorf("the newer stream was forgotten with the older: %q %v", conn, ok)
+	}
+	gs.close("m", newer)
+	if _, _, ok := gs.stop("m", 9); ok {
+		t.Error("a closed stream was stopped")
+	}
+}
+
+// TestConnSessions: a node's conns key keeps the highest session, whatever
+// order the puts reach etcd in; a key fenced by the window takes no
+// stream's put; one node's refusal in a group leaves the others written.
+func TestConnSessions(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	cli := co.srv.cli
+	l, err := cli.Grant(t.Context(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	value := func(node string) string {
+		t.Helper()
+		resp, err := cli.Get(t.Context(), co.srv.k.conn(node))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 0 {
+			return ""
+		}
+		return string(resp.Kvs[0].Value)
+	}
+	writes := 0
+	write := func(node string, session uint64, id string) error {
+		t.Helper()
+		writes++
+		items := map[string]connItem{node: {id: id, session: session, lease: l.ID}}
+		for i := range 3 { // group companions, each its first stream
+			items[fmt.Sprintf("other%d-%d", i, writes)] = connItem{id: "c/x", session: 1, lease: l.ID}
+		}
+		out := co.srv.writeConns(t.Context(), items)
+		for n, err := range out {
+			if n != node && err != nil {
+				t.Errorf("%s beside %s: %v", n, node, err)
+			}
+		}
+		return out[node]
+	}
+	for _, c := range []struct {
+		session uint64
+		id      string
+		want    codes.Code
+		holds   string
+	}{
+		{2, "c/2", codes.OK, connValue(2, "c/2")},
+		{1, "c/1", codes.Aborted, connValue(2, "c/2")}, // the stream the agent left, written late
+		{2, "d/9", codes.Aborted, connValue(2, "c/2")}, // the same session twice
+		{10, "d/10", codes.OK, connValue(10, "d/10")},  // 10 after 2: by number, not text
+		{9, "c/9", codes.Aborted, connValue(10, "d/10")},
+	} {
+		if err := write("n", c.session, c.id); status.Code(err) != c.want || value("n") != c.holds {
+			t.Errorf("session %d: %v, key %q; want %s, key %q", c.session, err, value("n"), c.want, c.holds)
+		}
+	}
+	// The window's fence (fenceWindow's transaction) takes the key from
+	// the stream that holds it; no later session takes it back.
+	co.srv.grants.open("n", connValue(10, "d/10"), l.ID, time.Now().Add(time.Minute))
+	if ok, err := co.fenceWindow(t.Context(), "n", "i1", l.ID); err != nil || !ok {
+		t.Fatalf("fence by the window: %v %v", ok, err)
+	}
+	if err := write("n", 11, "c/11"); status.Code(err) != codes.Aborted || value("n") != connFenced {
+		t.Errorf("a stream after the fence: %v, key %q; want Aborted, fenced", err, value("n"))
+	}
+}
+
+// TestFenceWindow: the fence written for a dead node's run is its serving
+// stream's last deadline when that stream is the run's newest, and nothing
+// (the lease's time left, by revokeMember) when another stream holds the
+// node's conns key.
+func TestFenceWindow(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	cli := co.srv.cli
+	l, err := cli.Grant(t.Context(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fenceOf := func(node string) (f fence, ok bool) {
+		t.Helper()
+		resp, err := cli.Get(t.Context(), co.srv.k.fence(node))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 0 {
+			return f, false
+		}
+		if err := json.Unmarshal(resp.Kvs[0].Value, &f); err != nil {
+			t.Fatal(err)
+		}
+		return f, true
+	}
+	start := time.Now().Add(-time.Minute)
+	for _, node := range []string{"served", "moved"} {
+		if err := co.srv.writeConns(t.Context(), map[string]connItem{node: {id: "c/1", session: 1, lease: l.ID}})[node]; err != nil {
+			t.Fatal(err)
+		}
+		g := co.srv.grants.open(node, connValue(1, "c/1"), l.ID, start.Add(5*time.Second))
+		g.give(start.Add(30*time.Second), 800*time.Millisecond)
+	}
+	// The agent of "moved" opened a stream on another coordinator.
+	if err := co.srv.writeConns(t.Context(), map[string]connItem{"moved": {id: "other/4", session: 2, lease: l.ID}})["moved"]; err != nil {
+		t.Fatal(err)
+	}
+	ok, err := co.fenceWindow(t.Context(), "served", "i1", l.ID)
+	if f, written := fenceOf("served"); err != nil || !ok || !written || !f.Window || f.Instance != "i1" || f.UntilMs != start.Add(30800*time.Millisecond).UnixMilli() {
+		t.Errorf("served: %v %v, fence %+v %v; want the window's fence until the last deadline given", ok, err, f, written)
+	}
+	ok, err = co.fenceWindow(t.Context(), "moved", "i1", l.ID)
+	if f, written := fenceOf("moved"); err != nil || ok || written {
+		t.Errorf("moved: %v %v, fence %+v %v; want no fence by this coordinator's window", ok, err, f, written)
+	}
+	if _, _, again := co.srv.grants.stop("moved", clientv3.LeaseID(l.ID)); !again {
+		t.Error("the grant was forgotten")
+	}
+}
