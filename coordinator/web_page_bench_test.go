@@ -107,6 +107,10 @@ func webPageReplay(t *testing.T, view string) {
 	}
 	g, _ := c.generation("j")
 	var rows []string
+	// GPUCOORD_WEB_PARTS=1: each update's parts (ms) beside it.
+	if os.Getenv("GPUCOORD_WEB_PARTS") != "" {
+		eval(`window.showParts = true, ''`)
+	}
 	for i := 1; i <= 10; i++ {
 		if i == 3 {
 			trace.start() // the first two warm the page up
@@ -130,8 +134,11 @@ func webPageReplay(t *testing.T, view string) {
 		}
 		h.rebuild(time.Now())
 		wait(shown)
-		wait(fmt.Sprintf(`window.gpucoordStats.applies.slice(%s).every(a => a.frame > 0)`, from))
-		rows = append(rows, eval(fmt.Sprintf(`window.gpucoordStats.applies.slice(%s).map(a => a.script.toFixed(1) + ' + ' + a.frame.toFixed(1) + ' ms (' + a.bytes + ' bytes)').join(', ')`, from)))
+		// The update and the parts it left for later (app.js's later),
+		// each with its frame.
+		wait(fmt.Sprintf(`window.gpucoordStats.idle() && window.gpucoordStats.applies.slice(%s).every(a => a.frame > 0)`, from))
+		rows = append(rows, eval(fmt.Sprintf(`window.gpucoordStats.applies.slice(%s).map(a => a.script.toFixed(1) + ' + ' + a.frame.toFixed(1) + ' ms (' +
+			(a.later ? a.later : a.bytes + ' bytes') + ')' + (window.showParts ? ' ' + JSON.stringify(a.parts) : '')).join(', ')`, from)))
 	}
 	t.Logf("%s view, each update's script + frame: %s", view, strings.Join(rows, "; "))
 	trace.stop()
@@ -187,6 +194,7 @@ func (p *pageTrace) stop() {
 		Name string         `json:"name"`
 		Ph   string         `json:"ph"`
 		Dur  float64        `json:"dur"`
+		Ts   float64        `json:"ts"`
 		Tid  int64          `json:"tid"`
 		Pid  int64          `json:"pid"`
 		Args map[string]any `json:"args"`
@@ -218,4 +226,27 @@ func (p *pageTrace) stop() {
 		lines = append(lines, fmt.Sprintf("%8.1f ms %5d  %s", total[n]/1000, count[n], n))
 	}
 	p.t.Logf("the page thread over the traced updates, by event (nested events overlap):\n%s", strings.Join(lines, "\n"))
+	// The longest tasks, each with the longest events inside it.
+	var tasks, inner []event
+	for _, e := range evs {
+		if e.Ph == "X" && main[[2]int64{e.Pid, e.Tid}] {
+			if e.Name == "RunTask" {
+				tasks = append(tasks, e)
+			} else if e.Dur >= 500 {
+				inner = append(inner, e)
+			}
+		}
+	}
+	slices.SortFunc(tasks, func(a, b event) int { return int(b.Dur - a.Dur) })
+	lines = lines[:0]
+	for _, task := range tasks[:min(8, len(tasks))] {
+		var in []string
+		for _, e := range inner {
+			if e.Ts >= task.Ts && e.Ts+e.Dur <= task.Ts+task.Dur {
+				in = append(in, fmt.Sprintf("%s %.1f", e.Name, e.Dur/1000))
+			}
+		}
+		lines = append(lines, fmt.Sprintf("%6.1f ms: %s", task.Dur/1000, strings.Join(in[:min(14, len(in))], ", ")))
+	}
+	p.t.Logf("the longest tasks of the page thread, with the events of 0.5 ms or more inside each, outermost first:\n%s", strings.Join(lines, "\n"))
 }

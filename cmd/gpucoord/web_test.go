@@ -199,6 +199,8 @@ func TestWebDashboard(t *testing.T) {
 	if lag > 2*time.Second {
 		t.Errorf("generation %d reached the page %s after the leader's decision, want within 2s", next, lag)
 	}
+	// The ended generation is drawn in a task after the new one's.
+	waitJS(t, ctx, fmt.Sprintf(`document.querySelector('#prev-grid').dataset.drawn === '%d'`, gen), 10*time.Second, "the ended generation drawn")
 	if got := evalJS[string](t, ctx, `[...document.querySelectorAll('#prev-grid g.rank')].filter(c => c.dataset.state === 'lost').map(c => c.dataset.rank).join()`); got != "2,3" {
 		t.Errorf("the ended generation's lost ranks on the page: %q, want 2,3", got)
 	}

@@ -2,9 +2,9 @@
 // JSON by key: web.go lists them) from one EventSource: a "snapshot"
 // event with the whole model, then a "delta" per change (sections set,
 // deleted, points appended). Each delta updates only what it touched.
-// window.gpucoordStats records how long each took (performance.now()
-// around the model and DOM update) for the browser tests and the
-// benchmark.
+// window.gpucoordStats records how long each took (its script and the
+// frame that shows it; a part left for a later task is an update of its
+// own there) for the browser tests and the benchmark.
 'use strict';
 
 const $ = (sel, el = document) => el.querySelector(sel);
@@ -51,12 +51,15 @@ let me = {};
 let route = {view: 'pool'};
 const stats = window.gpucoordStats = {snapshots: [], applies: [], loadedMs: null, parts: {}};
 
-// part runs fn and keeps, by name, the longest it took (gpucoordStats.parts).
+// part runs fn and keeps, by name, the longest it took (gpucoordStats.parts),
+// and what it took in the update under way (its record's parts).
+let partsNow = null;
 function part(name, fn) {
   const t0 = performance.now();
   fn();
   const ms = performance.now() - t0;
   if (!(stats.parts[name] >= ms)) stats.parts[name] = ms;
+  if (partsNow) partsNow[name] = Math.round(10 * ((partsNow[name] || 0) + ms)) / 10;
 }
 
 const STATE = {
@@ -266,15 +269,24 @@ function onSnapshot(data, t0) {
 // decoding, JSON.parse, the model and the DOM (ms), and the style, layout
 // and paint of the frame that shows it (frameMs: from that frame's
 // requestAnimationFrame to the task after it; the wait for the frame
-// itself is not work and is not counted).
+// itself is not work and is not counted). What it leaves for later
+// tasks (later, below) is counted there, each part as an update.
 function onDelta(data, t0) {
   let m, touched;
+  const parts = partsNow = {};
   part('parse', () => { m = JSON.parse(data); });
   part('apply', () => { touched = apply(m); });
   update(touched);
+  partsNow = null;
+  record({seq: m.seq, bytes: data.length, keys: touched.size, parts}, t0);
+}
+
+// record adds an update to gpucoordStats.applies: its script, from t0 to
+// now, and the frame that shows it, when that frame has been drawn.
+function record(rec, t0) {
   const t1 = performance.now();
   scriptMs += t1 - t0;
-  const rec = {seq: m.seq, ms: t1 - t0, script: t1 - t0, frame: 0, bytes: data.length, keys: touched.size, at: t1};
+  Object.assign(rec, {ms: t1 - t0, script: t1 - t0, frame: 0, at: t1});
   stats.applies.push(rec);
   if (stats.applies.length > 2000) stats.applies.splice(0, 1000);
   afterFrame(frame => { rec.frame = frame; rec.ms = rec.script + frame; });
@@ -299,6 +311,51 @@ function afterFrame(fn) {
   });
 }
 
+// ---- work after an update's own task
+
+// later holds the parts of an update that the frame showing it need not
+// wait for (at a new generation of a 2,048-node job: the ended
+// generation, the members, the timeline, the hung ranks, the commit, the
+// curves), by name, in the order they were asked for; a part asked for
+// again before it ran runs once, with the model as it is then. One runs
+// in a task of its own after the frame that showed what ran before it,
+// and each is an update of its own in gpucoordStats.applies, its script
+// and its frame measured as any update's, named by its `later`: nothing
+// the page does escapes the measure, and no task holds the page's
+// thread for all of a generation's parts at once.
+const later = new Map();
+const laterChannel = new MessageChannel();
+let laterPosted = false;
+
+// stats.idle says whether no part waits (the tests read the updates
+// once the page is idle).
+stats.idle = () => !later.size && !laterPosted;
+
+function defer(name, fn) {
+  later.set(name, fn);
+  postLater();
+}
+
+function postLater() {
+  if (laterPosted || !later.size) return;
+  laterPosted = true;
+  afterFrame(() => laterChannel.port2.postMessage(0));
+}
+
+laterChannel.port1.onmessage = () => {
+  laterPosted = false;
+  const next = later.entries().next();
+  if (next.done) return;
+  const [name, fn] = next.value;
+  later.delete(name);
+  const t0 = performance.now();
+  const parts = partsNow = {};
+  part(name, fn);
+  partsNow = null;
+  record({later: name, bytes: 0, keys: 0, parts}, t0);
+  postLater();
+};
+
 // ---- routing
 
 function parseRoute() {
@@ -320,6 +377,7 @@ function show() {
   }
   job.rank = null;
   job.legend = null;
+  later.clear();
   renderAll();
 }
 
@@ -351,18 +409,21 @@ function update(touched) {
     const id = route.job;
     const has = k => touched.has(k + '/' + id);
     if (!job.drawn) { part('job', renderJob); return; }
+    // In the update's own task what the top of the page shows: the
+    // head, the live grid, its legend and the rank's details; the rest
+    // later, a part a task (later, above), the ended generation first.
     if (has('job')) part('head', renderJobHead);
     if (has('members')) {
-      // A new generation: the grid drawn again (the ended one with it).
+      // A new generation: the grid drawn again.
       part('grid.rebuild', buildGrid);
-      part('members', renderMembers);
+      defer('members', renderMembers);
     } else if (has('ranks') || has('times') || has('job')) part('grid', updateGrid);
-    if (has('points')) part('charts', renderCharts);
-    if (has('gens')) part('gens', renderGens);
-    if (has('hangs') || has('gens')) part('hangs', renderHangs);
-    if (has('commit')) part('commit', renderCommit);
     if (has('exits') || has('ranks')) part('rank', renderRankDetail);
-    if (has('prev') && !has('members')) part('prev', renderPrev);
+    if (has('prev')) defer('prev', renderPrev);
+    if (has('points')) defer('charts', renderCharts);
+    if (has('hangs') || has('gens')) defer('hangs', renderHangs);
+    if (has('gens')) defer('gens', renderGens);
+    if (has('commit')) defer('commit', renderCommit);
   }
 }
 
@@ -632,6 +693,7 @@ function renderJob() {
   }
   part('job.head', renderJobHead);
   part('job.grid', buildGrid);
+  part('job.prev', renderPrev);
   part('job.charts', renderCharts);
   part('job.gens', renderGens);
   part('job.hangs', renderHangs);
@@ -835,7 +897,8 @@ class Grid {
           if (row.text !== text) { row.text = text; row.st.textContent = text; }
         }
       }
-    } else if (this.mode === 'canvas') {
+    } else if (this.mode === 'canvas' && states !== this.states) {
+      // (A step leaves the states as they were: nothing to paint.)
       const {ctx, blockW, perRow, img, px, W} = this.canvas;
       const prev = this.states, {first, ranks} = this.mem, order = this.order;
       // A pixel's colour by letter.
@@ -844,15 +907,23 @@ class Grid {
         for (const [k, name] of Object.entries(STATE)) c[k.charCodeAt(0)] = RGBA[name];
         return c;
       })());
+      // A node's pixels by its ranks' letters ("RRRRRRRR" for most):
+      // a generation paints 2,048 nodes, not 16,384 ranks one by one.
+      const runs = Grid.runs || (Grid.runs = new Map());
+      const all = prev.length !== states.length;
       let changed = false;
       for (let i = 0; i < order.length; i++) {
-        const k = order[i], at = 2 * Math.floor(i / perRow) * W + (i % perRow) * blockW;
-        for (let g = 0, r = first[k]; g < ranks[k]; g++, r++) {
-          const c = states.charCodeAt(r);
-          if (prev.charCodeAt(r) === c) continue;
-          px[at + g] = colour[c & 127];
-          changed = true;
+        const k = order[i], r = first[k], n = ranks[k];
+        const s = states.substr(r, n);
+        if (!all && s === prev.substr(r, n)) continue;
+        let row = runs.get(s);
+        if (!row || row.length !== n) {
+          row = new Uint32Array(n);
+          for (let g = 0; g < n; g++) row[g] = colour[s.charCodeAt(g) & 127]; // past the end: NaN & 127, pending
+          if (runs.size < 4096 && s.length === n) runs.set(s, row);
         }
+        px.set(row, 2 * Math.floor(i / perRow) * W + (i % perRow) * blockW);
+        changed = true;
       }
       if (changed) ctx.putImageData(img, 0, 0);
     }
@@ -904,7 +975,6 @@ function buildGrid() {
     $('#grid').replaceChildren(el('p', {class: 'empty', text: j.phase === 'pending' ? 'Waiting in rendezvous for ' + j.spec.nodes + ' nodes.' : 'No generation.'}));
   }
   part('grid.paint', updateGrid);
-  part('grid.prev', renderPrev);
 }
 
 // renderPrev draws the generation before the current one as it ended: a
@@ -917,10 +987,10 @@ function renderPrev() {
   $('#prev-grid').dataset.generation = p.generation;
   const counts = countStates(p.states);
   patch($('#prev-legend'), STATE_ORDER.filter(s => counts[s]).map(s => legend(s, COLOUR[s], counts[s])));
-  // The grid itself is drawn when it is on the screen: below a 2,048-node
-  // job's grid it is not, and a new generation need not wait for it.
+  // The grid itself is drawn when it is on the screen (below a 2,048-node
+  // job's grid it is not, or only its top), in a task of its own.
   prevView.dirty = true;
-  if (prevView.visible) drawPrev();
+  if (prevView.visible) defer('prev.draw', drawPrev);
 }
 
 const prevView = {visible: false, dirty: false};
@@ -937,7 +1007,8 @@ function drawPrev() {
 
 new IntersectionObserver(entries => {
   prevView.visible = entries.some(e => e.isIntersecting);
-  if (prevView.visible && prevView.dirty) part('prev.draw', drawPrev);
+  // Scrolled into view: drawn in a task of its own, an update as any.
+  if (prevView.visible && prevView.dirty) defer('prev.draw', drawPrev);
 }).observe($('#prev-grid'));
 
 // updateGrid repaints the live grid from the model.
