@@ -82,6 +82,10 @@ type pageStats struct {
 		Frame  float64 `json:"frame"`
 		Bytes  int     `json:"bytes"`
 		Keys   int     `json:"keys"`
+		// Later names a part an update left for a task of its own
+		// (app.js's later); Parts are the update's parts' ms by name.
+		Later string             `json:"later"`
+		Parts map[string]float64 `json:"parts"`
 	} `json:"applies"`
 	LoadedMs float64            `json:"loadedMs"`
 	Parts    map[string]float64 `json:"parts"`
@@ -133,6 +137,26 @@ func (ps pageStats) worst(from int) string {
 		}
 	}
 	return fmt.Sprintf("%.0f ms (%.0f + %.0f)", w.Ms, w.Script, w.Frame)
+}
+
+// longest describes the largest update from the i-th on with its parts.
+func (ps pageStats) longest(from int) string {
+	a := ps.Applies[min(from, len(ps.Applies)):]
+	if len(a) == 0 {
+		return "none"
+	}
+	w := 0
+	for i, x := range a {
+		if x.Ms > a[w].Ms {
+			w = i
+		}
+	}
+	x := a[w]
+	what := fmt.Sprintf("%d bytes, %d keys", x.Bytes, x.Keys)
+	if x.Later != "" {
+		what = "a part left for later, " + x.Later
+	}
+	return fmt.Sprintf("%.1f ms (%.1f + %.1f; %s), the %d-th of %d: parts %v", x.Ms, x.Script, x.Frame, what, w+1, len(a), x.Parts)
 }
 
 // waitPage waits until expr is true in the page, which checks it every
@@ -369,6 +393,7 @@ func webLoadRun(t *testing.T, bin string, n int) {
 	ps = readPageStats(t, bctx)
 	row(fmt.Sprintf("pool view, while steps run and %d nodes disconnect: ", 4*burst) + ps.applied(from) + ps.perUpdate(from, c0, rendererCPU(t, bctx)))
 	t.Logf("the longest parts (ms): %v", ps.Parts)
+	t.Logf("the longest update in the window: %s; since the page loaded: %s", ps.longest(from), ps.longest(0))
 	poolMax := ps.maxFrom(from)
 	screenshot(t, bctx, shots, fmt.Sprintf("pool-%d.png", n))
 
@@ -394,6 +419,7 @@ func webLoadRun(t *testing.T, bin string, n int) {
 	ps = readPageStats(t, bctx)
 	row("job view, 10 s of steps and compute times: " + ps.applied(from) + ps.perUpdate(from, c0, rendererCPU(t, bctx)))
 	t.Logf("the longest parts (ms): %v", ps.Parts)
+	t.Logf("the longest update in the window: %s; since the page loaded: %s", ps.longest(from), ps.longest(0))
 	stepMax := ps.maxFrom(from)
 
 	// A node lost: the leader makes the next generation without it; the
@@ -403,6 +429,7 @@ func webLoadRun(t *testing.T, bin string, n int) {
 	// Five nodes lost, one after the other: five generations.
 	var genMs []string
 	lossMax := 0.0
+	genFrom := len(ps.Applies)
 	for k := 1; k <= 5; k++ {
 		from = len(ps.Applies)
 		c0 := rendererCPU(t, bctx)
@@ -422,6 +449,7 @@ func webLoadRun(t *testing.T, bin string, n int) {
 	}
 	row(fmt.Sprintf("job view, 5 nodes lost one by one (each a generation: the grid rebuilt, the ended one drawn), the longest update of each (script + frame): %s", strings.Join(genMs, "; ")))
 	t.Logf("the longest parts (ms): %v", ps.Parts)
+	t.Logf("the longest update of the five generations: %s", ps.longest(genFrom))
 	if shots != "" {
 		// The ended generation's grid is drawn once on the screen.
 		evalJS[bool](t, bctx, `document.querySelector('#prev-grid').scrollIntoView(), true`)
