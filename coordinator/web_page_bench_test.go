@@ -32,8 +32,10 @@ import (
 // the pool's, eight bursts of eight nodes disconnecting. It logs each
 // update as the page measured it (script: from its last bytes through
 // the DOM; frame: the style, layout and paint of the frame that shows
-// it), and with GPUCOORD_WEB_TRACE=1 the page thread's time by trace
-// event over the updates (Layout, Paint, Commit...). A profile in
+// it), each part an update left for a later task as an update of its
+// own, named; with GPUCOORD_WEB_PARTS=1 each update's parts (ms), and
+// with GPUCOORD_WEB_TRACE=1 the page thread's time by trace event over
+// the updates (Layout, Paint, Commit...) and its longest tasks. A profile in
 // seconds where TestWebLoad takes minutes; it runs only with
 // GPUCOORD_BENCH_WEB_PAGE=1 and fails only when it cannot measure.
 func TestWebPageReplay(t *testing.T) {
