@@ -586,3 +586,31 @@ func TestMemberState(t *testing.T) {
 		})
 	}
 }
+
+// TestWebSubscribeFresh: a viewer's first event is the model as the cache
+// holds it when the viewer comes, not as the last rebuild left it (once a
+// second without viewers): a node that disconnected since is in it, and
+// nothing of it comes again as the viewer's first update.
+func TestWebSubscribeFresh(t *testing.T) {
+	c, k := webCache(t, 4)
+	h := newWebHub(c, "c", func() bool { return true }, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	h.rebuild(time.Now())
+	rev := c.rev + 1
+	c.apply(rev, []*clientv3.Event{{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte(k.conn("n0002")), ModRevision: rev}}})
+	sub, snap := h.subscribe("pool")
+	defer h.unsubscribe(sub)
+	var m webMessage
+	if err := json.Unmarshal(snap, &m); err != nil {
+		t.Fatal(err)
+	}
+	var n webNode
+	if err := json.Unmarshal(m.Set["node/n0002"], &n); err != nil || n.Health != "disconnected" {
+		t.Errorf("n0002 in the first event: %+v %v, want disconnected", n, err)
+	}
+	h.rebuild(time.Now())
+	select {
+	case b := <-sub.ch:
+		t.Errorf("an update after a fresh first event with nothing changed: %.200s", b)
+	default:
+	}
+}

@@ -222,9 +222,14 @@ var jobSections = []string{"job/", "prev/", "ranks/", "members/", "exits/", "han
 
 // rebuild reads the cache, updates the model and sends what changed.
 func (h *webHub) rebuild(now time.Time) {
-	begin := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.rebuildLocked(now)
+}
+
+// rebuildLocked is rebuild; the caller holds h.mu.
+func (h *webHub) rebuildLocked(now time.Time) {
+	begin := time.Now()
 	cp := h.cache.webCopy(h.stored)
 	cp.deaths = h.deaths.byNode(now)
 	msg := webMessage{Set: map[string]json.RawMessage{}, Append: map[string][]webPoint{}}
@@ -492,10 +497,14 @@ func (h *webHub) snapshot(scope string) []byte {
 }
 
 // subscribe returns the model, the part scope receives (inScope), and a
-// viewer's subscription to the messages that follow it.
+// viewer's subscription to the messages that follow it. The model is
+// rebuilt first: without viewers it is kept once a second, and a page
+// whose snapshot was a second old would redraw every node that changed
+// in that second as its first update (a job that started: 2,048 nodes).
 func (h *webHub) subscribe(scope string) (*webSub, []byte) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.rebuildLocked(time.Now())
 	sub := &webSub{ch: make(chan []byte, 64), scope: scope}
 	h.subs[sub] = struct{}{}
 	select {

@@ -68,10 +68,18 @@ func TestWebLoad(t *testing.T) {
 
 // pageStats is window.gpucoordStats.
 type pageStats struct {
+	// Snapshots are the stream's first events: Ms is their script and the
+	// first frame that shows them.
 	Snapshots []struct {
 		Ms    float64 `json:"ms"`
+		Frame float64 `json:"frame"`
 		Bytes int     `json:"bytes"`
 	} `json:"snapshots"`
+	// DuringLoad are the updates that came before the page's first frame:
+	// part of the load (LoadedMs counts them), not updates of a page shown.
+	DuringLoad []struct {
+		Bytes int `json:"bytes"`
+	} `json:"duringLoad"`
 	// Applies are the updates: Ms is the page's whole work for one
 	// (Script, from its last bytes' arrival through JSON.parse, the model
 	// and the DOM, plus Frame, the style, layout and paint of the frame
@@ -89,6 +97,16 @@ type pageStats struct {
 	} `json:"applies"`
 	LoadedMs float64            `json:"loadedMs"`
 	Parts    map[string]float64 `json:"parts"`
+}
+
+// duringLoad says how many updates came before the page's first frame,
+// and their bytes.
+func (ps pageStats) duringLoad() string {
+	b := 0
+	for _, u := range ps.DuringLoad {
+		b += u.Bytes
+	}
+	return fmt.Sprintf("%d updates during the load (%d bytes)", len(ps.DuringLoad), b)
 }
 
 func readPageStats(t *testing.T, ctx context.Context) pageStats {
@@ -373,7 +391,7 @@ func webLoadRun(t *testing.T, bin string, n int) {
 	}
 	waitJS(t, bctx, fmt.Sprintf(`document.querySelectorAll('.node').length === %d && window.gpucoordStats.loadedMs !== null`, n), time.Minute, "every node")
 	ps := readPageStats(t, bctx)
-	row(fmt.Sprintf("pool page loaded (navigation to %d tiles drawn): %.0f ms; snapshot %d bytes, drawn in %.0f ms", n, ps.LoadedMs, ps.Snapshots[0].Bytes, ps.Snapshots[0].Ms))
+	row(fmt.Sprintf("pool page loaded (navigation to the first frame of %d tiles): %.0f ms; snapshot %d bytes, drawn in %.0f ms (frame %.0f); %s", n, ps.LoadedMs, ps.Snapshots[0].Bytes, ps.Snapshots[0].Ms, ps.Snapshots[0].Frame, ps.duringLoad()))
 	poolLoad := ps.LoadedMs
 	from := len(ps.Applies)
 	c0 := rendererCPU(t, bctx)
@@ -409,10 +427,10 @@ func webLoadRun(t *testing.T, bin string, n int) {
 		}
 		waitJS(t, bctx, `!!document.querySelector('#grid canvas, #grid svg') && window.gpucoordStats.loadedMs !== null`, time.Minute, "the job's grid")
 		ps = readPageStats(t, bctx)
-		loads = append(loads, fmt.Sprintf("%.0f ms (snapshot %d bytes, drawn in %.0f ms)", ps.LoadedMs, ps.Snapshots[0].Bytes, ps.Snapshots[0].Ms))
+		loads = append(loads, fmt.Sprintf("%.0f ms (snapshot %d bytes, drawn in %.0f ms (frame %.0f); %s)", ps.LoadedMs, ps.Snapshots[0].Bytes, ps.Snapshots[0].Ms, ps.Snapshots[0].Frame, ps.duringLoad()))
 		jobLoad = max(jobLoad, ps.LoadedMs)
 	}
-	row(fmt.Sprintf("job page loaded (navigation to %d ranks drawn), three times: %s", 8*n, strings.Join(loads, "; ")))
+	row(fmt.Sprintf("job page loaded (navigation to the first frame of %d ranks), three times: %s", 8*n, strings.Join(loads, "; ")))
 	from = len(ps.Applies)
 	c0 = rendererCPU(t, bctx)
 	time.Sleep(10 * time.Second)

@@ -49,7 +49,7 @@ function svg(tag, attrs) {
 const model = window.gpucoordModel = new Map();
 let me = {};
 let route = {view: 'pool'};
-const stats = window.gpucoordStats = {snapshots: [], applies: [], loadedMs: null, parts: {}};
+const stats = window.gpucoordStats = {snapshots: [], applies: [], duringLoad: [], loadedMs: null, parts: {}};
 
 // part runs fn and keeps, by name, the longest it took (gpucoordStats.parts),
 // and what it took in the update under way (its record's parts).
@@ -260,8 +260,15 @@ function onSnapshot(data, t0) {
   apply(JSON.parse(data));
   renderAll();
   const t1 = performance.now();
-  stats.snapshots.push({ms: t1 - t0, bytes: data.length, at: t1});
-  if (stats.loadedMs === null) stats.loadedMs = t1;
+  const rec = {ms: t1 - t0, script: t1 - t0, frame: 0, bytes: data.length, at: t1};
+  stats.snapshots.push(rec);
+  // The page has loaded once the frame that shows the first snapshot is
+  // drawn: its first layout and paint are the load's, not the next
+  // update's.
+  afterFrame(frame => {
+    rec.frame = frame; rec.ms = rec.script + frame;
+    if (stats.loadedMs === null) stats.loadedMs = performance.now();
+  });
 }
 
 // onDelta applies a change. Its time (gpucoordStats.applies) is the
@@ -287,7 +294,9 @@ function record(rec, t0) {
   const t1 = performance.now();
   scriptMs += t1 - t0;
   Object.assign(rec, {ms: t1 - t0, script: t1 - t0, frame: 0, at: t1});
-  stats.applies.push(rec);
+  // One that came before the page's first frame is part of the load: that
+  // frame, the first layout and paint of the whole page, shows it.
+  (stats.loadedMs === null ? stats.duringLoad : stats.applies).push(rec);
   if (stats.applies.length > 2000) stats.applies.splice(0, 1000);
   afterFrame(frame => { rec.frame = frame; rec.ms = rec.script + frame; });
 }
