@@ -403,8 +403,9 @@ func (c *cache) put(kv *mvccpb.KeyValue) {
 			c.pools[d][name] = struct{}{}
 		}
 	case strings.HasPrefix(key, c.k.conns()):
-		// A fenced run's key serves no stream: the node is not connected.
-		if v := string(kv.Value); v != connFenced {
+		// A key of a stream closed, or of a fenced run, serves no
+		// stream: the node is not connected.
+		if v := string(kv.Value); connOpen(v) {
 			c.conns[strings.TrimPrefix(key, c.k.conns())] = v
 		} else {
 			delete(c.conns, strings.TrimPrefix(key, c.k.conns()))

@@ -330,15 +330,19 @@ func (c *Coordinator) fenceWindow(ctx context.Context, node, instance string, le
 	}
 	k := keys(c.cfg.Prefix)
 	f := fence{Instance: instance, UntilMs: bound.UnixMilli(), Window: true}
-	resp, err := c.etcd.Client.Txn(ctx).If(clientv3.Compare(clientv3.Value(k.conn(node)), "=", conn)).
-		Then(clientv3.OpPut(k.conn(node), connFenced, clientv3.WithLease(lease)), clientv3.OpPut(k.fence(node), encodeJSON(f))).Commit()
+	// The stream's key, open or closed (the agent dropped it: a killed
+	// host's agent does).
+	fenced := []clientv3.Op{clientv3.OpPut(k.conn(node), connFenced, clientv3.WithLease(lease)), clientv3.OpPut(k.fence(node), encodeJSON(f))}
+	resp, err := c.etcd.Client.Txn(ctx).If(clientv3.Compare(clientv3.Value(k.conn(node)), "=", conn)).Then(fenced...).
+		Else(clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(k.conn(node)), "=", conn+connClosed)}, fenced, nil)).Commit()
 	if err != nil {
 		return false, err
 	}
-	if resp.Succeeded {
+	ok = resp.Succeeded || resp.Responses[0].GetResponseTxn().GetSucceeded()
+	if ok {
 		c.log.Info("gossip: a dead node's run fenced by its stream's last deadline", "node", node, "until", bound.Format(time.RFC3339Nano))
 	}
-	return resp.Succeeded, nil
+	return ok, nil
 }
 
 // gossipFor is what Register tells node n about its domain's pool: some

@@ -14,17 +14,25 @@ import (
 // the numbers' order), a space, and the stream's id (coordinator/seq). A
 // stream's key is put only over a lower session's, so a stream the agent
 // has left behind never takes the key back, whatever the order the puts
-// reach etcd in. connFenced, above every session, is the key of a node a
-// coordinator fenced by its window (fenceWindow): no stream serves that
-// run again.
-const connFenced = "~fenced"
+// reach etcd in. A stream the agent dropped leaves its key marked closed
+// (connClosed: the node is disconnected), so that a later session's is
+// still told from it. connFenced, above every session, is the key of a
+// node a coordinator fenced by its window (fenceWindow): no stream serves
+// that run again.
+const (
+	connFenced = "~fenced"
+	connClosed = " closed"
+)
+
+// connOpen says whether a conns key names a stream that is open.
+func connOpen(v string) bool { return v != connFenced && !strings.HasSuffix(v, connClosed) }
 
 // connValue is the conns key of session's stream id.
 func connValue(session uint64, id string) string { return fmt.Sprintf("%020d %s", session, id) }
 
 // connStream is the stream id a conns key names, "" for none (fenced).
 func connStream(v string) string {
-	_, id, _ := strings.Cut(v, " ")
+	_, id, _ := strings.Cut(strings.TrimSuffix(v, connClosed), " ")
 	return id
 }
 
@@ -100,8 +108,19 @@ func (gs *grants) open(node, conn string, lease clientv3.LeaseID, floor time.Tim
 	return g
 }
 
-// close forgets g, node's stream, unless another took its place.
-func (gs *grants) close(node string, g *grant) {
+// close ends g, node's stream: it gives nothing more, and its bound stays
+// for a fence until forget has passed (the lease it renewed has surely
+// ended or been renewed by another stream by then), unless another
+// stream took its place.
+func (gs *grants) close(node string, g *grant, forget time.Duration) {
+	g.mu.Lock()
+	g.stopped = true
+	g.mu.Unlock()
+	time.AfterFunc(forget, func() { gs.forget(node, g) })
+}
+
+// forget forgets g, node's stream, unless another took its place.
+func (gs *grants) forget(node string, g *grant) {
 	gs.mu.Lock()
 	if gs.m[node] == g {
 		delete(gs.m, node)

@@ -61,15 +61,26 @@ func TestGrantBound(t *testing.T) {
 	if bound, _, _ := gs.stop("m", 9); !bound.Equal(t0.Add(5 * time.Second)) {
 		t.Errorf("a young stream's bound is start+%s, want start+5s (what its earlier streams gave)", bound.Sub(t0))
 	}
-	// A stream that ends leaves a newer one of its node alone.
+	// A stream that ends gives nothing more, and its bound stays for a
+	// fence until it is forgotten; forgetting it leaves a newer stream of
+	// its node alone.
+	closed := gs.open("k", "c4", 3, t0)
+	closed.give(t0.Add(time.Second), time.Second)
+	gs.close("k", closed, time.Hour)
+	if closed.give(t0.Add(2*time.Second), time.Second) {
+		t.Error("a closed stream gave a deadline")
+	}
+	if bound, conn, ok := gs.stop("k", 3); !ok || conn != "c4" || !bound.Equal(t0.Add(2*time.Second)) {
+		t.Errorf("a closed stream's bound: start+%s %q %v, want start+2s \"c4\" true", bound.Sub(t0), conn, ok)
+	}
 	newer := gs.open("m", "c3", 9, t0)
-	gs.close("m", young)
+	gs.forget("m", young)
 	if _, conn, ok := gs.stop("m", 9); !ok || conn != "c3" {
 		t.Errorf("the newer stream was forgotten with the older: %q %v", conn, ok)
 	}
-	gs.close("m", newer)
+	gs.forget("m", newer)
 	if _, _, ok := gs.stop("m", 9); ok {
-		t.Error("a closed stream was stopped")
+		t.Error("a forgotten stream was stopped")
 	}
 }
 
@@ -126,13 +137,24 @@ func TestConnSessions(t *testing.T) {
 			t.Errorf("session %d: %v, key %q; want %s, key %q", c.session, err, value("n"), c.want, c.holds)
 		}
 	}
+	// A stream the agent dropped leaves its key closed: a later session
+	// takes it, an earlier one does not.
+	if _, err := cli.Put(t.Context(), co.srv.k.conn("n"), connValue(10, "d/10")+connClosed, clientv3.WithLease(l.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := write("n", 9, "c/9"); status.Code(err) != codes.Aborted || value("n") != connValue(10, "d/10")+connClosed {
+		t.Errorf("session 9 over 10's closed key: %v, key %q", err, value("n"))
+	}
+	if err := write("n", 11, "d/11"); err != nil || value("n") != connValue(11, "d/11") {
+		t.Errorf("session 11 over 10's closed key: %v, key %q", err, value("n"))
+	}
 	// The window's fence (fenceWindow's transaction) takes the key from
 	// the stream that holds it; no later session takes it back.
-	co.srv.grants.open("n", connValue(10, "d/10"), l.ID, time.Now().Add(time.Minute))
+	co.srv.grants.open("n", connValue(11, "d/11"), l.ID, time.Now().Add(time.Minute))
 	if ok, err := co.fenceWindow(t.Context(), "n", "i1", l.ID); err != nil || !ok {
 		t.Fatalf("fence by the window: %v %v", ok, err)
 	}
-	if err := write("n", 11, "c/11"); status.Code(err) != codes.Aborted || value("n") != connFenced {
+	if err := write("n", 12, "c/12"); status.Code(err) != codes.Aborted || value("n") != connFenced {
 		t.Errorf("a stream after the fence: %v, key %q; want Aborted, fenced", err, value("n"))
 	}
 }
@@ -163,7 +185,7 @@ func TestFenceWindow(t *testing.T) {
 		return f, true
 	}
 	start := time.Now().Add(-time.Minute)
-	for _, node := range []string{"served", "moved"} {
+	for _, node := range []string{"served", "moved", "dropped"} {
 		if err := co.srv.writeConns(t.Context(), map[string]connItem{node: {id: "c/1", session: 1, lease: l.ID}})[node]; err != nil {
 			t.Fatal(err)
 		}
@@ -177,6 +199,17 @@ func TestFenceWindow(t *testing.T) {
 	ok, err := co.fenceWindow(t.Context(), "served", "i1", l.ID)
 	if f, written := fenceOf("served"); err != nil || !ok || !written || !f.Window || f.Instance != "i1" || f.UntilMs != start.Add(30800*time.Millisecond).UnixMilli() {
 		t.Errorf("served: %v %v, fence %+v %v; want the window's fence until the last deadline given", ok, err, f, written)
+	}
+	// The agent of "dropped" went away (a killed host's does): its stream
+	// closed, its key marked so; a later session of the run still wins
+	// over it, and the fence still takes it.
+	if _, err := cli.Put(t.Context(), co.srv.k.conn("dropped"), connValue(1, "c/1")+connClosed, clientv3.WithLease(l.ID)); err != nil {
+		t.Fatal(err)
+	}
+	co.srv.grants.close("dropped", co.srv.grants.m["dropped"], time.Hour)
+	ok, err = co.fenceWindow(t.Context(), "dropped", "i1", l.ID)
+	if f, written := fenceOf("dropped"); err != nil || !ok || !written || !f.Window || f.UntilMs != start.Add(30800*time.Millisecond).UnixMilli() {
+		t.Errorf("dropped: %v %v, fence %+v %v; want the window's fence until the last deadline given", ok, err, f, written)
 	}
 	ok, err = co.fenceWindow(t.Context(), "moved", "i1", l.ID)
 	if f, written := fenceOf("moved"); err != nil || ok || written {

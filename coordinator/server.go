@@ -348,14 +348,15 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			return // this coordinator ended the stream: the agent's next one takes the key over
 		}
 		// The agent went away: the node is disconnected. Only this
-		// stream's key goes (the agent may be on another stream already),
-		// and not on this stream's time: the handler returns at once.
+		// stream's key is marked closed (the agent may be on another
+		// stream already; a later one's session still wins over it), and
+		// not on this stream's time: the handler returns at once.
 		s.background.Add(1)
 		go func() {
 			defer s.background.Done()
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			defer cancel()
-			resp, err := s.cli.Txn(rctx).If(clientv3.Compare(clientv3.Value(s.k.conn(node)), "=", conn)).Then(clientv3.OpDelete(s.k.conn(node))).Commit()
+			resp, err := s.cli.Txn(rctx).If(clientv3.Compare(clientv3.Value(s.k.conn(node)), "=", conn)).Then(clientv3.OpPut(s.k.conn(node), conn+connClosed, clientv3.WithLease(lease))).Commit()
 			if err == nil && resp.Succeeded {
 				s.log.Info("node disconnected: it keeps its place until its lease ends", "node", node)
 			}
@@ -370,7 +371,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	leaseTTL := time.Duration(first.TTL) * time.Second
 	before := min(max(time.Duration(req.GetDeadlineLeftMs())*time.Millisecond, 0), leaseTTL)
 	g := s.grants.open(node, conn, lease, start.Add(before))
-	defer s.grants.close(node, g)
+	defer s.grants.close(node, g, 2*leaseTTL)
 	give := func(now time.Time) (ttlMs int64, ok bool) {
 		ttl := windowTTL(s.cfg.FenceWindow, leaseTTL, renewed, now)
 		if ttl <= 0 || !g.give(now, ttl) {
