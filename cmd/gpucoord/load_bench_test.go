@@ -35,7 +35,8 @@ import (
 // agents as goroutines of this test (simFleet), each over its own gRPC
 // connection with its own Watch stream and lease, as real agents. Per
 // size it reports
-//   - registration: until every agent is registered and watching;
+//   - registration: until every agent is registered and its stream has
+//     brought its first message (its conns key is written);
 //   - rendezvous: from Submit of an N-node job until every agent holds
 //     generation 1, opened, and rank 0's address;
 //   - loss: the last agent, a real member of its failure domain's pool
@@ -244,7 +245,18 @@ type holding struct {
 	named         map[string]bool
 	first, all    time.Time
 	bootstrapSent time.Time
+
+	// heard are the agents whose stream brought its first message (sent
+	// once the coordinator has written the stream's conns key): the
+	// registration ends when all of them have.
+	heard    map[string]bool
+	heardAll chan struct{}
+	agents   int
 }
+
+// allHeard is closed once each of the n agents' streams has brought its
+// first message.
+func (h *holding) allHeard() <-chan struct{} { return h.heardAll }
 
 // phases says when, after begin, the first and the last agent got the
 // expected generation and rank 0's node reported its address.
@@ -310,6 +322,12 @@ func (h *holding) received() (mean float64, most int) {
 func (h *holding) saw(agent string, a *slimAssignment) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if !h.heard[agent] {
+		h.heard[agent] = true
+		if len(h.heard) == h.agents {
+			close(h.heardAll)
+		}
+	}
 	h.bytes[agent] += a.size
 	if a.job == h.job && a.gen == h.gen && h.named != nil && !h.named[agent] {
 		h.named[agent] = true
@@ -423,7 +441,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 		}
 	}()
 
-	h := &holding{at: map[string]int64{}, bytes: map[string]int{}}
+	h := &holding{at: map[string]int64{}, bytes: map[string]int{}, heard: map[string]bool{}, heardAll: make(chan struct{}), agents: n}
 	agents := make([]*simAgent, n)
 	const rank0 = "n0000" // first by name: rank 0 in every generation here
 	ctx, stop := context.WithCancel(t.Context())
@@ -497,8 +515,19 @@ func loadRun(t *testing.T, bin string, n int) string {
 			t.Fatal(err)
 		}
 	}
+	// Watching: each stream has brought its first message, which the
+	// coordinator sends once it has written the stream's conns key (the
+	// node is then free for a job, as the leader's view will say).
+	select {
+	case <-h.allHeard():
+	case <-time.After(2 * time.Minute):
+		h.mu.Lock()
+		heard := len(h.heard)
+		h.mu.Unlock()
+		t.Fatalf("%d of %d agents had their stream's first message after 2 minutes", heard, n)
+	}
 	registration := time.Since(registering)
-	t.Logf("%d agents registered and watching in %s", n, registration.Round(time.Millisecond))
+	t.Logf("%d agents registered and watching (each stream's first message) in %s", n, registration.Round(time.Millisecond))
 	cl := agents[0].cl
 
 	// Rendezvous.
