@@ -303,14 +303,16 @@ func (c *Coordinator) revokeMember(ctx context.Context, member string) error {
 	if err != nil {
 		return err
 	}
-	ttl, err := c.etcd.Client.TimeToLive(ctx, lease)
-	if err != nil {
-		return err
-	}
-	if ttl.TTL > 0 && !windowed {
-		f := fence{Instance: instance, UntilMs: time.Now().Add(time.Duration(ttl.TTL) * time.Second).UnixMilli()}
-		if _, err := c.etcd.Client.Put(ctx, keys(c.cfg.Prefix).fence(name), encodeJSON(f)); err != nil {
+	if !windowed {
+		ttl, err := c.etcd.Client.TimeToLive(ctx, lease)
+		if err != nil {
 			return err
+		}
+		if ttl.TTL > 0 {
+			f := fence{Instance: instance, UntilMs: time.Now().Add(time.Duration(ttl.TTL) * time.Second).UnixMilli()}
+			if _, err := c.etcd.Client.Put(ctx, keys(c.cfg.Prefix).fence(name), encodeJSON(f)); err != nil {
+				return err
+			}
 		}
 	}
 	if _, err := c.etcd.Client.Revoke(ctx, lease); err != nil {

@@ -30,15 +30,11 @@ func connOpen(v string) bool { return v != connFenced && !strings.HasSuffix(v, c
 // connValue is the conns key of session's stream id.
 func connValue(session uint64, id string) string { return fmt.Sprintf("%020d %s", session, id) }
 
-// connStream is the stream id a conns key names, "" for none (fenced).
-func connStream(v string) string {
-	_, id, _ := strings.Cut(strings.TrimSuffix(v, connClosed), " ")
-	return id
-}
-
-// connBy is the coordinator whose stream a conns key names.
+// connBy is the coordinator whose stream a conns key names ("session
+// coordinator/seq"), "" for none (fenced).
 func connBy(v string) string {
-	by, _, _ := strings.Cut(connStream(v), "/")
+	_, id, _ := strings.Cut(v, " ")
+	by, _, _ := strings.Cut(id, "/")
 	return by
 }
 

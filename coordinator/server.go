@@ -286,8 +286,9 @@ func (s *server) ownLease(ctx context.Context, node string, lease clientv3.Lease
 
 // Watch implements pb.CoordinatorServer. The node's lease is kept alive
 // while the stream is open, and every renewal is sent to the agent (a
-// renewal message with the lease's TTL) so that the agent knows how long
-// its ranks may run without another. Assignments come from this
+// renewal message with the lease's TTL, or the fence window when shorter,
+// which then also comes every third of the window) so that the agent knows
+// how long its ranks may run without another. Assignments come from this
 // coordinator's cache: a stream wakes when the cache changes, never reads
 // etcd itself. While the stream is open the node's connection key says so;
 // a stream that drops leaves the node in the pool, disconnected, until its
@@ -301,12 +302,14 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	if err := s.ownLease(ctx, node, lease); err != nil {
 		return err
 	}
-	start := time.Now() // the agent's earlier streams of this run ended before
+	// The agent's earlier streams of this run ended before start, and the
+	// lease's first renewal is no older than it.
+	start := time.Now()
+	renewed := start
 	// The lease is kept alive from here on, before any wait: a view that
 	// is slow to catch up costs the stream, never the node's lease. Its
 	// first renewal (on the etcd client's one keep-alive stream, within
 	// half a second: no stream of its own per Watch) says it lives.
-	renewed := time.Now() // the renewal is no older than this
 	kctx, stopKeep := context.WithCancel(ctx)
 	defer stopKeep()
 	renewals, err := s.cli.KeepAlive(kctx, lease)
@@ -363,11 +366,11 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 		}()
 	}()
 	// What the stream gives the run from here on (grants) is what a fence
-	// by the window waits out: each deadline is recorded before it is
-	// sent, and none is given once the grant is stopped.
-	// The run's earlier streams gave what the agent says is left (no
-	// grant is longer than the lease: an agent's word is not taken for
-	// more, nor the fence held back by it).
+	// by the stream waits out: each deadline is recorded before it is
+	// sent, and none is given once the grant is stopped. The run's earlier
+	// streams gave what the agent says is left (no grant is longer than
+	// the lease: an agent's word is not taken for more, nor the fence
+	// held back by it).
 	leaseTTL := time.Duration(first.TTL) * time.Second
 	before := min(max(time.Duration(req.GetDeadlineLeftMs())*time.Millisecond, 0), leaseTTL)
 	g := s.grants.open(node, conn, lease, start.Add(before))

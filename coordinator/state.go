@@ -181,8 +181,9 @@ type jobPolicy struct {
 type fence struct {
 	Instance string `json:"instance"`
 	UntilMs  int64  `json:"until_ms"`
-	// Window says UntilMs is the last deadline the run's serving
-	// coordinator gave it (Config.FenceWindow), not its lease's end.
+	// Window says UntilMs is the last deadline the run's serving stream
+	// gave it (a window's, Config.FenceWindow, or the lease's without
+	// one: grants), not the lease's time left as etcd said it.
 	Window bool `json:"window,omitempty"`
 }
 
