@@ -302,13 +302,22 @@ func TestRestoreFallback(t *testing.T) {
 	// waits to open.
 	_, addr := coordinatorProc(t, exe, "--fence-margin", "20s")
 	w0, _ := workerProc(t, exe, addr, "w0", 2)
-	workerProc(t, exe, addr, "w1", 2)
+	w1, _ := workerProc(t, exe, addr, "w1", 2)
 	shared := t.TempDir()
 	p := start(t, exe, "launch", "--coordinator", addr, "--job-id", "fallback", "--nodes", "1", "--gpus-per-node", "2", "--tp", "2",
 		"--min-nodes", "1", "--max-restarts", "3", "--checkpoint-every", "1", "--checkpoint-dir", shared, "--steps", strconv.Itoa(steps),
 		"--json", "../../examples/jobs/mlp.yaml")
+	m := genNodes.FindStringSubmatch(p.waitLine(t, "generation 1:", time.Minute))
+	if m == nil {
+		t.Fatalf("no nodes in the generation line:\n%s", p.output())
+	}
+	// The job runs on whichever node the coordinator chose: kill that one.
+	victim := map[string]*proc{"w0": w0, "w1": w1}[m[1]]
+	if victim == nil {
+		t.Fatalf("generation 1 ran on %q, not on w0 or w1", m[1])
+	}
 	p.waitLine(t, `{"step":10,`, time.Minute)
-	w0.cmd.Process.Kill() // its ranks die with it
+	victim.cmd.Process.Kill() // its ranks die with it
 	p.waitLine(t, "generation 2:", time.Minute)
 	cs := commits(p.output())
 	if len(cs) == 0 {
