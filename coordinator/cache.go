@@ -49,9 +49,12 @@ type cache struct {
 	// candidates are the election's keys: the one created first leads.
 	candidates map[string]candidate
 	holder     map[string]string // node -> the running job whose generation holds it
-	// holds is each node's holds key: the unfinished job whose generation
-	// has it, as etcd's transactions decided.
-	holds map[string]string
+	// holds is, for each node an unfinished job's generation has, that
+	// job (rebuildHolds); gensRev is the generations key's revision, which
+	// the transaction of every generation compares (generationTxn), so
+	// that no two unfinished jobs' generations share a node.
+	holds   map[string]string
+	gensRev int64
 	// fences are revoked nodes' latest deadlines, by node.
 	fences map[string]fence
 	// assigned is each running job's assignment, kept while it does not
@@ -215,10 +218,11 @@ func (c *cache) reset(rev int64, kvs []*mvccpb.KeyValue) {
 	c.mu.Lock()
 	c.nodes, c.conns, c.nodePol, c.jobs = map[string]nodeEntry{}, map[string]string{}, map[string]nodePolicy{}, map[string]*jobEntry{}
 	c.pools = map[string]map[string]struct{}{}
-	c.candidates, c.holds, c.fences = map[string]candidate{}, map[string]string{}, map[string]fence{}
+	c.candidates, c.holds, c.fences, c.gensRev = map[string]candidate{}, map[string]string{}, map[string]fence{}, 0
 	for _, kv := range kvs {
 		c.put(kv)
 	}
+	c.rebuildHolds()
 	ids := c.ids()
 	c.finish(rev, true)
 	notify := c.notify
@@ -232,7 +236,7 @@ func (c *cache) reset(rev int64, kvs []*mvccpb.KeyValue) {
 func (c *cache) apply(rev int64, evs []*clientv3.Event) {
 	c.mu.Lock()
 	dirty := map[string]bool{}
-	pool, assign := false, false
+	pool, assign, holders := false, false, false
 	for _, ev := range evs {
 		key := string(ev.Kv.Key)
 		if ev.Type == clientv3.EventTypeDelete {
@@ -245,17 +249,20 @@ func (c *cache) apply(rev int64, evs []*clientv3.Event) {
 			if affectsDecision(field) {
 				dirty[id] = true
 			}
+			holders = holders || field == "spec" || field == "state" || field == "generation"
 			assign = assign || field == "spec" || field == "state" || field == "generation" || field == "open" || strings.HasPrefix(field, "bootstrap/")
 		case strings.HasPrefix(key, c.k.leader()+"/"):
 		case key == c.k.gossipKey():
 			assign = true
-		case strings.HasPrefix(key, c.k.holdsAll()):
-			pool, assign = true, true
 		case strings.HasPrefix(key, c.k.fences()):
 			pool = true
 		default:
 			pool = pool || strings.HasPrefix(key, c.k.nodes()) || strings.HasPrefix(key, c.k.conns()) || strings.HasPrefix(key, c.k.nodePolicies())
 		}
+	}
+	// Another job's nodes taken or released change every job's decision.
+	if holders && c.rebuildHolds() {
+		pool, assign = true, true
 	}
 	var ids []string
 	if pool {
@@ -317,6 +324,25 @@ func (c *cache) finish(rev int64, assign bool) {
 	c.advanced = make(chan struct{})
 }
 
+// rebuildHolds derives holds from the unfinished jobs' generations and
+// reports whether it changed. The caller holds c.mu for writing.
+func (c *cache) rebuildHolds() bool {
+	holds := make(map[string]string, len(c.holds))
+	for id, j := range c.jobs {
+		if j.spec == nil || j.gen == nil || pb.Terminal(j.state) {
+			continue
+		}
+		for _, m := range j.gen.Members {
+			holds[m.Node] = id
+		}
+	}
+	if maps.Equal(holds, c.holds) {
+		return false
+	}
+	c.holds = holds
+	return true
+}
+
 // reindex rebuilds the node -> running job index and wakes the Watch
 // streams.
 func (c *cache) reindex() {
@@ -334,8 +360,8 @@ func (c *cache) reindex() {
 		if j.spec == nil || j.gen == nil || j.state.GetPhase() != pb.JobState_RUNNING {
 			continue
 		}
-		// A node runs the job its holds key names, whatever another job's
-		// generation says (etcd's transactions keep them from disagreeing).
+		// A node runs the one unfinished job whose generation has it
+		// (etcd's transactions keep two from sharing it).
 		for _, m := range j.gen.Members {
 			if c.holds[m.Node] == id {
 				c.holder[m.Node] = id
@@ -410,8 +436,8 @@ func (c *cache) put(kv *mvccpb.KeyValue) {
 		} else {
 			delete(c.conns, strings.TrimPrefix(key, c.k.conns()))
 		}
-	case strings.HasPrefix(key, c.k.holdsAll()):
-		c.holds[strings.TrimPrefix(key, c.k.holdsAll())] = string(kv.Value)
+	case key == c.k.generations():
+		c.gensRev = kv.ModRevision
 	case strings.HasPrefix(key, c.k.fences()):
 		var f fence
 		bad(decodeJSON(kv.Value, &f))
@@ -671,8 +697,8 @@ func (c *cache) del(key string) {
 		delete(c.nodes, name)
 	case strings.HasPrefix(key, c.k.conns()):
 		delete(c.conns, strings.TrimPrefix(key, c.k.conns()))
-	case strings.HasPrefix(key, c.k.holdsAll()):
-		delete(c.holds, strings.TrimPrefix(key, c.k.holdsAll()))
+	case key == c.k.generations():
+		c.gensRev = 0
 	case strings.HasPrefix(key, c.k.fences()):
 		delete(c.fences, strings.TrimPrefix(key, c.k.fences()))
 	case strings.HasPrefix(key, c.k.nodePolicies()):
@@ -856,6 +882,7 @@ func (c *cache) view(id string) (*view, bool) {
 		v.nodePolicy[name] = p
 	}
 	maps.Copy(v.busy, c.holds)
+	v.gensRev = c.gensRev
 	v.fences = maps.Clone(c.fences)
 	return v, true
 }

@@ -24,7 +24,10 @@ type view struct {
 	connected map[string]bool
 	// busy names, for each node an unfinished job's generation holds (this
 	// job's too), that job.
-	busy       map[string]string
+	busy map[string]string
+	// gensRev is the revision of the generations key busy was derived at:
+	// a generation is written only while it is still that.
+	gensRev    int64
 	nodePolicy map[string]nodePolicy
 	// fences are the latest deadlines revoked nodes' agents may have (a
 	// revocation ends a lease before the agent's own deadline), by node.

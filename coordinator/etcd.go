@@ -161,8 +161,8 @@ func OpenEtcd(ctx context.Context, c EtcdConfig) (*Etcd, error) {
 		Logger:      zap.NewNop(),
 		DialOptions: e.requests.dialOptions(),
 		// A generation of thousands of nodes is one transaction of
-		// megabytes (its members, and each node's holds key): the
-		// client sends what the server takes (etcdRequestLimit).
+		// megabytes (its members): the client sends what the server
+		// takes (etcdRequestLimit).
 		MaxCallSendMsgSize: etcdRequestLimit + 1<<20,
 		MaxCallRecvMsgSize: 2*etcdRequestLimit + 1<<20,
 	}
@@ -254,15 +254,12 @@ func lockDataDir(dir string) (*os.File, error) {
 // port the kernel picks; only this coordinator talks to it), its peer port
 // a unix socket in DataDir for a one-member cluster, or its URL in
 // Members, with mutual TLS, in a static cluster.
-// The embedded etcd's limits on one transaction, and the client's on one
-// request: enough for a generation of 16,384 nodes (three operations and
-// about 200 bytes a member). An external etcd needs --max-txn-ops and
-// --max-request-bytes as large for jobs of more than 60 nodes
-// (docs/LAUNCH.md).
-const (
-	etcdTxnOps       = 64 << 10
-	etcdRequestLimit = 16 << 20
-)
+// etcdRequestLimit is the embedded etcd's limit on one request, and the
+// client's: enough for a generation of 65,536 nodes (about 160 bytes a
+// member, in a transaction of a few operations whatever its size). An
+// external etcd needs --max-request-bytes as large for jobs of more than
+// about 9,000 nodes (docs/LAUNCH.md).
+const etcdRequestLimit = 16 << 20
 
 func startEmbedded(c EtcdConfig) (*embed.Etcd, error) {
 	dir := c.DataDir
@@ -275,7 +272,7 @@ func startEmbedded(c EtcdConfig) (*embed.Etcd, error) {
 	// etcd formats a request it found slow (over 100 ms to apply, in its
 	// apply loop, or to answer) as text for its log, even for a logger
 	// that drops it: 140 ms of a CPU profile of a 16,384-node rendezvous
-	// went to printing the generation's transaction of 16,384 holds keys.
+	// went to printing a generation's transaction that wrote 16,384 keys.
 	// Its log is dropped here, so the warnings are never due.
 	cfg.WarningApplyDuration, cfg.WarningUnaryRequestDuration = 24*time.Hour, 24*time.Hour
 	lc, _ := url.Parse("http://127.0.0.1:0")
@@ -320,10 +317,9 @@ func startEmbedded(c EtcdConfig) (*embed.Etcd, error) {
 	// launch that lost its coordinator to resume its Follow stream) and
 	// compact the rest, so a long job does not grow the database forever.
 	cfg.AutoCompactionMode, cfg.AutoCompactionRetention = embed.CompactorModePeriodic, "1h"
-	// A generation's transaction compares and writes each member's holds
-	// key and carries its member list: etcd's defaults (128 operations,
-	// 1.5 MiB) stop a job at 60 nodes.
-	cfg.MaxTxnOps, cfg.MaxRequestBytes = etcdTxnOps, etcdRequestLimit
+	// A generation's transaction carries its member list: etcd's default
+	// (1.5 MiB) stops a job at about 9,000 nodes.
+	cfg.MaxRequestBytes = etcdRequestLimit
 	srv, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd in %s: %w", dir, err)

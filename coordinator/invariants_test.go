@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"testing"
@@ -133,9 +134,6 @@ func TestGenerationTxnInvariants(t *testing.T) {
 		if generationOn(t, l, staleB, 0, false, "n1") {
 			t.Fatal("job b was given n1, which job a's generation has")
 		}
-		if got, _ := value(t, l, l.k.holds("n1")); got != "a" {
-			t.Fatalf("holds/n1 = %q, want a", got)
-		}
 		if !generationOn(t, l, viewNow(t, l, "b"), 0, false, "n2") {
 			t.Fatal("job b refused the free node n2")
 		}
@@ -145,35 +143,32 @@ func TestGenerationTxnInvariants(t *testing.T) {
 	})
 	t.Run("members left out and ended jobs release their nodes, and only theirs", func(t *testing.T) {
 		l := txnLeader(t)
-		submitted(t, l, "a", "n1", "n2", "n3")
+		submitted(t, l, "a", "n1", "n2", "n3", "n4")
+		submitted(t, l, "b")
 		if !generationOn(t, l, viewNow(t, l, "a"), 0, false, "n1", "n2") {
 			t.Fatal("generation 1 refused")
 		}
 		if !generationOn(t, l, viewNow(t, l, "a"), 0, false, "n2", "n3") {
 			t.Fatal("generation 2 refused")
 		}
-		for n, want := range map[string]bool{"n1": false, "n2": true, "n3": true} {
-			if _, held := value(t, l, l.k.holds(n)); held != want {
-				t.Errorf("after generation 2 on n2,n3: holds/%s exists = %v, want %v", n, held, want)
-			}
+		if v := viewNow(t, l, "b"); !maps.Equal(v.busy, map[string]string{"n2": "a", "n3": "a"}) {
+			t.Errorf("after generation 2 on n2,n3: busy = %v, want n2 and n3 a's", v.busy)
 		}
-		// A key that is not a's (written by hand, say) is never deleted
-		// by a's end.
-		put(t, l, l.k.holds("n3"), "other")
+		if !generationOn(t, l, viewNow(t, l, "b"), 0, false, "n1", "n4") {
+			t.Fatal("job b refused n1, which a's generation 2 left out")
+		}
 		v := viewNow(t, l, "a")
 		if _, ok, err := l.apply(t.Context(), v, &decision{state: &pb.JobState{Phase: pb.JobState_FAILED, FailedRank: -1}}); err != nil || !ok {
 			t.Fatalf("failing the job: %v, %v", ok, err)
 		}
-		if _, held := value(t, l, l.k.holds("n2")); held {
-			t.Error("holds/n2 outlived the job that had it")
-		}
-		if got, _ := value(t, l, l.k.holds("n3")); got != "other" {
-			t.Errorf("holds/n3 = %q, want other: a's end deleted what was not a's", got)
+		if v := viewNow(t, l, "b"); !maps.Equal(v.busy, map[string]string{"n1": "b", "n4": "b"}) {
+			t.Errorf("after a failed: busy = %v, want n1 and n4 b's alone", v.busy)
 		}
 	})
 	t.Run("a cancelled job releases its nodes", func(t *testing.T) {
 		l := txnLeader(t)
 		submitted(t, l, "a", "n1")
+		submitted(t, l, "b")
 		if !generationOn(t, l, viewNow(t, l, "a"), 0, false, "n1") {
 			t.Fatal("generation 1 refused")
 		}
@@ -181,8 +176,8 @@ func TestGenerationTxnInvariants(t *testing.T) {
 		if _, err := s.Cancel(t.Context(), &pb.CancelRequest{Job: "a"}); err != nil {
 			t.Fatal(err)
 		}
-		if _, held := value(t, l, l.k.holds("n1")); held {
-			t.Error("holds/n1 outlived the cancelled job")
+		if !generationOn(t, l, viewNow(t, l, "b"), 0, false, "n1") {
+			t.Fatal("n1 still held after its job was cancelled")
 		}
 	})
 	t.Run("the keys of the generation before the previous one go", func(t *testing.T) {

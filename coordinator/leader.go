@@ -168,8 +168,8 @@ func (l *leader) run(ctx context.Context) error {
 		case errors.Is(err, errDeposed):
 			return err
 		case err != nil && ctx.Err() == nil:
-			if errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrRequestTooLarge) {
-				err = fmt.Errorf("%w: etcd refuses a transaction this large; start etcd with --max-txn-ops 65536 --max-request-bytes 16777216, as the embedded etcd runs", err)
+			if errors.Is(err, rpctypes.ErrRequestTooLarge) {
+				err = fmt.Errorf("%w: etcd refuses a generation this large; start etcd with --max-request-bytes 16777216, as the embedded etcd runs", err)
 			}
 			l.log.Warn("reconcile", "job", id, "err", err)
 			q.retry(id)
@@ -237,9 +237,10 @@ func (l *leader) reconcile(ctx context.Context, q *queue, id string, p policy) e
 
 // apply writes d in one transaction, on the condition that this
 // coordinator still leads and the job's state and generation are as the
-// view saw them; a new generation also on its commit and its nodes'
-// holds keys (generationTxn). A job that ends releases its nodes in the
-// same transaction. It reports the revision written and whether it was.
+// view saw them; a new generation also on its commit and on no other
+// generation written since the view (generationTxn). A job that ends
+// releases its nodes with its terminal state. It reports the revision
+// written and whether it was.
 func (l *leader) apply(ctx context.Context, v *view, d *decision) (int64, bool, error) {
 	id := v.job.spec.Id
 	var ops []clientv3.Op
@@ -249,12 +250,9 @@ func (l *leader) apply(ctx context.Context, v *view, d *decision) (int64, bool, 
 	}
 	if d.state != nil {
 		ops = append(ops, clientv3.OpPut(l.k.state(id), encode(d.state)))
-		if pb.Terminal(d.state) && d.gen == nil {
-			ops = append(ops, releaseOps(l.k, id, v.job.gen, nil)...)
-		}
 	}
 	if d.gen != nil {
-		gcmps, gops := generationTxn(l.k, v.job, d.gen, d.commit)
+		gcmps, gops := generationTxn(l.k, v, d.gen, d.commit)
 		cmps, ops = append(cmps, gcmps...), append(ops, gops...)
 	}
 	if d.open != 0 {
@@ -272,64 +270,39 @@ func (l *leader) apply(ctx context.Context, v *view, d *decision) (int64, bool, 
 	return l.txn(ctx, ops, cmps...)
 }
 
-// generationTxn is what the transaction that writes j's next generation
-// next compares and writes besides it, so that what spans objects is
-// etcd's to keep, not the cache's:
+// generationTxn is what the transaction that writes the view's job's next
+// generation compares and writes besides it, so that what spans objects
+// is etcd's to keep, not the cache's:
 //   - the commit is the one the view saw (a commit written since would be
 //     passed over, and its later steps deleted by every holder's Begin);
 //     a generation that resumes from another step (an earlier kept one,
 //     the backup tier's) writes it as the commit, so that the commit never
 //     names steps the holders drop;
-//   - each node new to the job is free (no holds key) and becomes this
-//     job's; members left out are released: no node is in two unfinished
-//     jobs' generations. A member of j's generation kept in next is
-//     neither compared nor written again: the transaction that wrote j's
-//     generation wrote its holds key, and only a transaction that also
-//     writes j's state or generation (this job's own leader, or Cancel)
-//     deletes it, so apply's compare on those two revisions already says
-//     it is j's. A generation that loses one node of 16,384 so writes a
-//     few keys, not 16,384;
+//   - no generation of any job was written since the view's (the
+//     generations key, which every generation's transaction writes, is
+//     at the view's revision): the nodes the view saw free, no unfinished
+//     job's generation has, so no node is in two. A node is released with
+//     the generation that leaves it out or the terminal state that ends
+//     its job, neither of which can make a free node taken. One compare
+//     and one put, whatever the generation's size: a generation of 16,384
+//     nodes writes no key per node;
 //   - the keys of the generation before the previous one (its exits,
 //     times and bootstrap) are deleted: a job's state stays bounded.
-func generationTxn(k keys, j *job, next *pb.Generation, commit *pb.Step) ([]clientv3.Cmp, []clientv3.Op) {
-	id := j.spec.Id
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.commit(id)), "=", j.commitRev)}
-	ops := []clientv3.Op{clientv3.OpPut(k.generation(id), encode(next))}
+func generationTxn(k keys, v *view, next *pb.Generation, commit *pb.Step) ([]clientv3.Cmp, []clientv3.Op) {
+	id := v.job.spec.Id
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.commit(id)), "=", v.job.commitRev),
+		clientv3.Compare(clientv3.ModRevision(k.generations()), "=", v.gensRev)}
+	ops := []clientv3.Op{clientv3.OpPut(k.generation(id), encode(next)),
+		clientv3.OpPut(k.generations(), id+"/"+strconv.FormatInt(next.Number, 10))}
 	if commit != nil {
 		ops = append(ops, clientv3.OpPut(k.commit(id), encode(commit)))
 	}
-	ours := map[string]bool{}
-	for _, m := range j.gen.GetMembers() {
-		ours[m.Node] = true
-	}
-	keep := map[string]bool{}
-	for _, m := range next.Members {
-		keep[m.Node] = true
-		if !ours[m.Node] {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k.holds(m.Node)), "=", 0))
-			ops = append(ops, clientv3.OpPut(k.holds(m.Node), id))
-		}
-	}
-	ops = append(ops, releaseOps(k, id, j.gen, keep)...)
 	if old := next.Number - 2; old >= 1 {
 		ops = append(ops, clientv3.OpDelete(k.exits(id, old), clientv3.WithPrefix()),
 			clientv3.OpDelete(k.timesOf(id, old), clientv3.WithPrefix()),
 			clientv3.OpDelete(k.bootstrap(id, old)))
 	}
 	return cmps, ops
-}
-
-// releaseOps delete the holds keys of g's members but those in keep, each
-// only while it names job: nothing releases another job's node.
-func releaseOps(k keys, job string, g *pb.Generation, keep map[string]bool) []clientv3.Op {
-	var ops []clientv3.Op
-	for _, m := range g.GetMembers() {
-		if !keep[m.Node] {
-			ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(k.holds(m.Node)), "=", job)},
-				[]clientv3.Op{clientv3.OpDelete(k.holds(m.Node))}, nil))
-		}
-	}
-	return ops
 }
 
 // txn commits ops if this coordinator leads and every cmp holds. It

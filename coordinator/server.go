@@ -1050,7 +1050,7 @@ func (s *server) Cancel(ctx context.Context, req *pb.CancelRequest) (*pb.CancelR
 	}
 	for {
 		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(s.k.spec(id)), ">", 0)).
-			Then(clientv3.OpGet(s.k.state(id)), clientv3.OpGet(s.k.generation(id))).Commit()
+			Then(clientv3.OpGet(s.k.state(id))).Commit()
 		if err != nil {
 			return nil, etcdErr(err)
 		}
@@ -1067,22 +1067,14 @@ func (s *server) Cancel(ctx context.Context, req *pb.CancelRequest) (*pb.CancelR
 		if pb.Terminal(cur) {
 			return &pb.CancelResponse{State: cur}, nil
 		}
-		// The job's nodes are released with its end, in one transaction
-		// on the generation that holds them.
-		var gen *pb.Generation
-		genRev := int64(0)
-		if kvs := resp.Responses[1].GetResponseRange().GetKvs(); len(kvs) == 1 {
-			if gen, err = decodeGeneration(kvs[0].Value); err != nil {
-				return nil, status.Errorf(codes.Internal, "job %s: generation: %v", id, err)
-			}
-			genRev = kvs[0].ModRevision
-		}
+		// The job's nodes are released with its end: a terminal job's
+		// generation holds none (cache.rebuildHolds), so the state is the
+		// one key written.
 		if s.hooks.cancelRead != nil {
 			s.hooks.cancelRead(id)
 		}
-		w, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.state(id)), "=", rev),
-			clientv3.Compare(clientv3.ModRevision(s.k.generation(id)), "=", genRev)).
-			Then(append([]clientv3.Op{clientv3.OpPut(s.k.state(id), encode(st))}, releaseOps(s.k, id, gen, nil)...)...).Commit()
+		w, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(s.k.state(id)), "=", rev)).
+			Then(clientv3.OpPut(s.k.state(id), encode(st))).Commit()
 		if err != nil {
 			return nil, etcdErr(err)
 		}

@@ -32,9 +32,10 @@ import (
 //	jobs/<id>/open                     the newest generation whose ranks may start (decimal)
 //	jobs/<id>/stopped/<node>           Stopped: the generation below which the node runs no rank
 //	fences/<node>                      fence: a revoked node's run and its latest deadline (JSON)
-//	holds/<node>                       the id of the unfinished job whose generation has the node:
-//	                                   written and compared in the transaction of every generation,
-//	                                   deleted in the one that ends the job (one job per node, by etcd)
+//	generations                        the last generation written (<id>/<number>): the transaction of every
+//	                                   generation compares its revision with the one the decision saw, so a
+//	                                   node in an unfinished job's generation is never given to another
+//	                                   (one job per node, by etcd, with one key whatever the cluster's size)
 //	policy/nodes/<node>                nodePolicy: strikes and cooldown (JSON), kept across registrations
 //	leader                             the election (etcd concurrency package)
 //	gossip/key                         the gossip pools' keys (hex, comma-separated, the one in use first), created once
@@ -60,13 +61,12 @@ func (k keys) times(id string, gen int64, coordinator string) string {
 func (k keys) stragglers(id string) string    { return k.job(id) + "stragglers" }
 func (k keys) policy(id string) string        { return k.job(id) + "policy" }
 func (k keys) conns() string                  { return string(k) + "conns/" }
-func (k keys) holdsAll() string               { return string(k) + "holds/" }
+func (k keys) generations() string            { return string(k) + "generations" }
 func (k keys) fences() string                 { return string(k) + "fences/" }
 func (k keys) fence(node string) string       { return k.fences() + node }
 func (k keys) open(id string) string          { return k.job(id) + "open" }
 func (k keys) stoppedAll(id string) string    { return k.job(id) + "stopped/" }
 func (k keys) stopped(id, node string) string { return k.stoppedAll(id) + node }
-func (k keys) holds(node string) string       { return k.holdsAll() + node }
 func (k keys) conn(node string) string        { return k.conns() + node }
 func (k keys) nodePolicies() string           { return string(k) + "policy/nodes/" }
 func (k keys) nodePolicy(node string) string  { return k.nodePolicies() + node }

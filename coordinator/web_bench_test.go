@@ -32,7 +32,6 @@ func webCache(tb testing.TB, n int) (*cache, keys) {
 		name := fmt.Sprintf("n%04d", i)
 		put(k.node(name), encode(&pb.Node{Name: name, Host: "10.0.0.1", Gpus: 8, Instance: name, FailureDomain: fmt.Sprintf("rack-%02d", i/128)}))
 		put(k.conn(name), connValue(1, "c/1"))
-		put(k.holds(name), "j")
 		g.Members = append(g.Members, &pb.Member{Node: name, FirstRank: int32(8 * i), Ranks: 8, Instance: name})
 		var ranks []*pb.RankTime
 		for r := range 8 {
