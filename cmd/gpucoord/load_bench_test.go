@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -454,15 +455,12 @@ func loadRun(t *testing.T, bin string, n int) string {
 	// real member of its pool, as real agents: the last is the node that
 	// will be lost, and the other finds it dead and reports it
 	// (PoolReport), as an agent does. They register after the others, one
-	// after the other, so that the second joins the first's pool.
+	// after the other, so that the second joins the first's pool. Each
+	// member is a process of its own (poolMemberMain), as on a real node:
+	// beside the simulated agents' goroutines they would miss their
+	// probes and find each other dead.
 	const lostRack = "rack-lost"
-	var pools []*gossip.Pool
-	var victim *gossip.Pool // the last agent's member
-	defer func() {
-		for _, p := range pools {
-			p.Shutdown()
-		}
-	}()
+	var victim *proc // the last agent's member
 	registering := time.Now()
 	register := func(rctx context.Context, i int) error {
 		name := fmt.Sprintf("n%04d", i)
@@ -476,25 +474,18 @@ func loadRun(t *testing.T, bin string, n int) string {
 			return err
 		}
 		if pooled {
-			gs := resp.GetGossip()
-			tune := gossip.Tuning{ProbeInterval: time.Duration(gs.GetProbeIntervalMs()) * time.Millisecond,
-				ProbeTimeout: time.Duration(gs.GetProbeTimeoutMs()) * time.Millisecond, SuspicionMult: int(gs.GetSuspicionMult())}
-			var events gossip.Events
-			if i == n-2 {
-				events = witness{ctx: ctx, agent: a}
-			}
-			p, err := gossip.New(gossip.MemberName(name, name), node.GossipAddr, "", tune, gossip.Secure{Keys: gs.GetKeys(), Label: gs.GetLabel()}, events, nil)
+			m := poolMember{Name: gossip.MemberName(name, name), Addr: node.GossipAddr, Gossip: resp.GetGossip(), Join: i == n-1}
+			js, err := json.Marshal(m)
 			if err != nil {
 				a.close()
 				return err
 			}
-			pools = append(pools, p)
-			if i == n-1 {
+			p := startEnv(t, []string{poolMemberEnv + "=" + string(js)}, os.Args[0])
+			p.waitLine(t, "pool member ready", 30*time.Second)
+			if m.Join {
 				victim = p
-				if _, err := p.Join(gs.GetSeeds()); err != nil {
-					a.close()
-					return fmt.Errorf("%s joining its rack's pool: %w", name, err)
-				}
+			} else {
+				go witness(ctx, a, p)
 			}
 		}
 		if err := fleet.watch(a, simHooks{rank0: name == rank0, bootstrap: h.bootstrapped,
@@ -644,7 +635,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 	// makes the next generation.
 	reached = h.expect(job, 2, n-1)
 	begin = time.Now()
-	victim.Shutdown()
+	victim.cmd.Process.Kill()
 	agents[n-1].cancel()
 	waitFor(t, reached, "every surviving agent holding generation 2", h)
 	loss := time.Since(begin)
@@ -662,17 +653,65 @@ func loadRun(t *testing.T, bin string, n int) string {
 	return row
 }
 
-// witness is the pool events of an agent that reports the members its
-// pool declares dead, as an agent does (PoolReport), with its current
-// lease.
-type witness struct {
-	ctx   context.Context
-	agent *simAgent
+// witness reports each member its node's pool member (p, a process of
+// poolMemberMain) declares dead, as an agent does (PoolReport), with the
+// agent's current lease.
+func witness(ctx context.Context, a *simAgent, p *proc) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case l := <-p.lines:
+			if member, ok := strings.CutPrefix(l, "pool member dead: "); ok {
+				go a.cl.PoolReport(ctx, &pb.PoolReportRequest{Node: a.name, LeaseId: a.Lease(), Dead: []string{member}})
+			}
+		}
+	}
 }
 
-func (w witness) Dead(member string) {
-	go w.agent.cl.PoolReport(w.ctx, &pb.PoolReportRequest{Node: w.agent.name, LeaseId: w.agent.Lease(), Dead: []string{member}})
+// poolMemberEnv set to a poolMember's JSON makes the test binary that
+// member of a gossip pool (poolMemberMain) instead of running tests.
+const poolMemberEnv = "GPUCOORD_BENCH_POOL_MEMBER"
+
+// poolMember is a simulated agent's member of its failure domain's pool,
+// as the coordinator's registration answer configures it.
+type poolMember struct {
+	Name, Addr string
+	Gossip     *pb.Gossip
+	Join       bool // join the answer's seeds
 }
+
+// poolMemberMain runs the member in the environment until it is killed,
+// printing "pool member ready" once it is in the pool and "pool member
+// dead: <member>" for each member it finds dead.
+func poolMemberMain() int {
+	var m poolMember
+	if err := json.Unmarshal([]byte(os.Getenv(poolMemberEnv)), &m); err != nil {
+		fmt.Println("pool member:", err)
+		return 2
+	}
+	gs := m.Gossip
+	tune := gossip.Tuning{ProbeInterval: time.Duration(gs.GetProbeIntervalMs()) * time.Millisecond,
+		ProbeTimeout: time.Duration(gs.GetProbeTimeoutMs()) * time.Millisecond, SuspicionMult: int(gs.GetSuspicionMult())}
+	p, err := gossip.New(m.Name, m.Addr, "", tune, gossip.Secure{Keys: gs.GetKeys(), Label: gs.GetLabel()}, deadPrinter{}, nil)
+	if err != nil {
+		fmt.Println("pool member:", err)
+		return 1
+	}
+	defer p.Shutdown()
+	if m.Join {
+		if _, err := p.Join(gs.GetSeeds()); err != nil {
+			fmt.Println("pool member: joining:", err)
+			return 1
+		}
+	}
+	fmt.Println("pool member ready")
+	select {} // until killed (the test's cleanup, or the loss it measures)
+}
+
+type deadPrinter struct{}
+
+func (deadPrinter) Dead(member string) { fmt.Println("pool member dead: " + member) }
 
 func waitFor(t *testing.T, ch <-chan struct{}, what string, h *holding) {
 	t.Helper()

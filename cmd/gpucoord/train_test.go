@@ -83,6 +83,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(strangerEnv) != "" {
 		os.Exit(strangerMain())
 	}
+	if os.Getenv(poolMemberEnv) != "" {
+		os.Exit(poolMemberMain())
+	}
 	if len(os.Args) > 1 && (os.Args[1] == fenceCmd || os.Args[1] == rankCmd) {
 		// An agent of a test's in-process cluster (launch --standalone run
 		// by the test itself) starts this binary as its fence watchdog or
