@@ -137,3 +137,21 @@ func (c *cache) relayIn(job string, gen int64, node string) (string, bool) {
 	}
 	return ja.whole.Generation.Members[pb.Relay(i)].Node, true
 }
+
+// blockMembers is the members of node's block (pb.RelayBlock) in the job it
+// runs, its relay first; nil when it runs none.
+func (c *cache) blockMembers(node string) []*pb.Member {
+	c.mu.RLock()
+	ja := c.assigned[c.holder[node]]
+	c.mu.RUnlock()
+	if ja == nil {
+		return nil
+	}
+	i, ok := ja.index[node]
+	if !ok {
+		return nil
+	}
+	ms := ja.whole.Generation.Members
+	r := pb.Relay(i)
+	return ms[r:min(r+pb.RelayBlock, len(ms))]
+}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // A node's conns key names the stream that serves it: the agent's session
@@ -86,21 +88,44 @@ type grants struct {
 type grant struct {
 	mu      sync.Mutex
 	conn    string           // the stream's conns key
+	session uint64           // the agent's number for the stream (WatchRequest.session)
 	lease   clientv3.LeaseID // the run's lease
 	floor   time.Time        // what the run's earlier streams gave
 	end     time.Time        // the latest deadline given
 	stopped bool
+	// renewed is when etcd last renewed the lease, for leaseTTL: no
+	// deadline given runs past renewed+leaseTTL (windowTTL).
+	renewed  time.Time
+	leaseTTL time.Duration
 }
 
 func newGrants() *grants { return &grants{m: map[string]*grant{}} }
 
-// open records node's stream, whose conns key is conn, of the run on
-// lease whose earlier streams gave it until floor.
-func (gs *grants) open(node, conn string, lease clientv3.LeaseID, floor time.Time) *grant {
-	g := &grant{conn: conn, lease: lease, floor: floor}
+// open records node's stream session, whose conns key is conn, of the run
+// on lease whose earlier streams gave it until floor; etcd renewed the
+// lease for leaseTTL at renewed.
+func (gs *grants) open(node, conn string, session uint64, lease clientv3.LeaseID, floor, renewed time.Time, leaseTTL time.Duration) *grant {
+	g := &grant{conn: conn, session: session, lease: lease, floor: floor, renewed: renewed, leaseTTL: leaseTTL}
 	gs.mu.Lock()
 	gs.m[node] = g
 	gs.mu.Unlock()
+	return g
+}
+
+// live is node's stream on this coordinator while it gives deadlines;
+// nil for none.
+func (gs *grants) live(node string) *grant {
+	gs.mu.Lock()
+	g := gs.m[node]
+	gs.mu.Unlock()
+	if g == nil {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return nil
+	}
 	return g
 }
 
@@ -148,6 +173,10 @@ func (gs *grants) stop(node string, lease clientv3.LeaseID) (bound time.Time, co
 func (g *grant) give(now time.Time, ttl time.Duration) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	return g.giveLocked(now, ttl)
+}
+
+func (g *grant) giveLocked(now time.Time, ttl time.Duration) bool {
 	if g.stopped {
 		return false
 	}
@@ -155,6 +184,80 @@ func (g *grant) give(now time.Time, ttl time.Duration) bool {
 		g.end = d
 	}
 	return true
+}
+
+// renewed says etcd renewed the lease for ttl at now.
+func (g *grant) leaseRenewed(now time.Time, ttl time.Duration) {
+	g.mu.Lock()
+	g.renewed, g.leaseTTL = now, ttl
+	g.mu.Unlock()
+}
+
+// renewal gives and records the deadline a renewal sent at now carries
+// with a fence window of window (windowTTL), and returns it: false when
+// none is to be sent (the stream stopped, or the lease's time is up).
+func (g *grant) renewal(window time.Duration, now time.Time) (time.Duration, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ttl := windowTTL(window, g.leaseTTL, g.renewed, now)
+	if ttl <= 0 || !g.giveLocked(now, ttl) {
+		return 0, false
+	}
+	return ttl, true
+}
+
+// Through relays. With a fence window, each stream would send a renewal
+// every third of it: three messages a second a node at 1 s, more than a
+// coordinator of 16,384 nodes can send. A running job's members are
+// renewed through their block's relay instead (Assignment.relay, the
+// first of each block of pb.RelayBlock): on the relay's renewal, its
+// stream gives each member whose own stream this coordinator serves its
+// deadline, recorded in the member's grant before it is sent as for the
+// member's own, and its agent forwards them (relayed_renewals). The
+// members' own streams send their window renewals only while their relay
+// has a stream here (relayed); their lease renewals, and everything else,
+// they send as before. So a block costs the coordinator one message a
+// third of the window, and a member's bound is its own grant's either way.
+// A relay that stalls stops its block's ranks with its own: the job loses
+// the relay, as it would anyway.
+
+// relayedRenewals are the renewals, sent at now, that relay's stream
+// carries for the members of relay's block: none when relay is not the
+// first of a block of a running job, or has no node server to forward
+// them from.
+func (s *server) relayedRenewals(relay string, now time.Time) []*pb.RelayedRenewal {
+	b := s.cache.blockMembers(relay)
+	if len(b) < 2 || b[0].Node != relay || b[0].CheckpointAddr == "" {
+		return nil
+	}
+	var out []*pb.RelayedRenewal
+	for _, m := range b[1:] {
+		g := s.grants.live(m.Node)
+		if m.CheckpointAddr == "" || g == nil {
+			continue
+		}
+		if ttl, ok := g.renewal(s.cfg.FenceWindow, now); ok {
+			out = append(out, &pb.RelayedRenewal{Node: m.Node, Session: g.session, LeaseTtlMs: ttl.Milliseconds(), Addr: m.CheckpointAddr})
+		}
+	}
+	return out
+}
+
+// relayed says whether node's window renewals go through its block's
+// relay, the rule relayedRenewals follows: node is a member of a running
+// job's block, not its relay, both have node servers, and the relay's
+// stream is served here.
+func (s *server) relayed(node string) bool {
+	b := s.cache.blockMembers(node)
+	if len(b) < 2 || b[0].Node == node || b[0].CheckpointAddr == "" {
+		return false
+	}
+	for _, m := range b[1:] {
+		if m.Node == node {
+			return m.CheckpointAddr != "" && s.grants.live(b[0].Node) != nil
+		}
+	}
+	return false
 }
 
 // windowTTL is how long a renewal sent at now gives a node whose lease

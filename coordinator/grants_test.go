@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -9,6 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
 // TestWindowTTL: a renewal gives the window, or the lease's time left when
@@ -42,7 +45,7 @@ func TestGrantBound(t *testing.T) {
 	if _, _, ok := gs.stop("n", 7); ok {
 		t.Fatal("a node no stream serves was stopped")
 	}
-	g := gs.open("n", "conn", 7, t0.Add(5*time.Second))
+	g := gs.open("n", "conn", 1, 7, t0.Add(5*time.Second), t0, time.Minute)
 	if !g.give(t0.Add(6*time.Second), time.Second) || !g.give(t0.Add(6500*time.Millisecond), 300*time.Millisecond) {
 		t.Fatal("a running stream refused to give")
 	}
@@ -56,7 +59,7 @@ func TestGrantBound(t *testing.T) {
 	if g.give(t0.Add(7*time.Second), time.Second) {
 		t.Error("a stopped stream gave a deadline")
 	}
-	young := gs.open("m", "c2", 9, t0.Add(5*time.Second))
+	young := gs.open("m", "c2", 1, 9, t0.Add(5*time.Second), t0, time.Minute)
 	young.give(t0.Add(time.Second), time.Second)
 	if bound, _, _ := gs.stop("m", 9); !bound.Equal(t0.Add(5 * time.Second)) {
 		t.Errorf("a young stream's bound is start+%s, want start+5s (what its earlier streams gave)", bound.Sub(t0))
@@ -64,7 +67,7 @@ func TestGrantBound(t *testing.T) {
 	// A stream that ends gives nothing more, and its bound stays for a
 	// fence until it is forgotten; forgetting it leaves a newer stream of
 	// its node alone.
-	closed := gs.open("k", "c4", 3, t0)
+	closed := gs.open("k", "c4", 1, 3, t0, t0, time.Minute)
 	closed.give(t0.Add(time.Second), time.Second)
 	gs.close("k", closed, time.Hour)
 	if closed.give(t0.Add(2*time.Second), time.Second) {
@@ -73,7 +76,7 @@ func TestGrantBound(t *testing.T) {
 	if bound, conn, ok := gs.stop("k", 3); !ok || conn != "c4" || !bound.Equal(t0.Add(2*time.Second)) {
 		t.Errorf("a closed stream's bound: start+%s %q %v, want start+2s \"c4\" true", bound.Sub(t0), conn, ok)
 	}
-	newer := gs.open("m", "c3", 9, t0)
+	newer := gs.open("m", "c3", 1, 9, t0, t0, time.Minute)
 	gs.forget("m", young)
 	if _, conn, ok := gs.stop("m", 9); !ok || conn != "c3" {
 		t.Errorf("the newer stream was forgotten with the older: %q %v", conn, ok)
@@ -150,7 +153,7 @@ func TestConnSessions(t *testing.T) {
 	}
 	// The window's fence (fenceWindow's transaction) takes the key from
 	// the stream that holds it; no later session takes it back.
-	co.srv.grants.open("n", connValue(11, "d/11"), l.ID, time.Now().Add(time.Minute))
+	co.srv.grants.open("n", connValue(11, "d/11"), 11, l.ID, time.Now().Add(time.Minute), time.Now(), time.Minute)
 	if ok, err := co.fenceWindow(t.Context(), "n", "i1", l.ID); err != nil || !ok {
 		t.Fatalf("fence by the window: %v %v", ok, err)
 	}
@@ -189,7 +192,7 @@ func TestFenceWindow(t *testing.T) {
 		if err := co.srv.writeConns(t.Context(), map[string]connItem{node: {id: "c/1", session: 1, lease: l.ID}})[node]; err != nil {
 			t.Fatal(err)
 		}
-		g := co.srv.grants.open(node, connValue(1, "c/1"), l.ID, start.Add(5*time.Second))
+		g := co.srv.grants.open(node, connValue(1, "c/1"), 1, l.ID, start.Add(5*time.Second), start, time.Minute)
 		g.give(start.Add(30*time.Second), 800*time.Millisecond)
 	}
 	// The agent of "moved" opened a stream on another coordinator.
@@ -217,5 +220,87 @@ func TestFenceWindow(t *testing.T) {
 	}
 	if _, _, again := co.srv.grants.stop("moved", clientv3.LeaseID(l.ID)); !again {
 		t.Error("the grant was forgotten")
+	}
+}
+
+// TestRelayedRenewals: with a fence window, a running job's members are
+// renewed through their block's relay: the relay's stream carries each
+// member's renewal, given as the member's own (recorded in its grant
+// before it is sent), for the member's stream; a member without a node
+// server, or whose relay's stream is gone, renews itself; a member fenced
+// is renewed no more.
+func TestRelayedRenewals(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.FenceWindow = 300 * time.Millisecond })
+	c := client(t, co.Addr())
+	var chans []<-chan *pb.Assignment
+	var drop []context.CancelFunc
+	for i, name := range []string{"n0", "n1", "n2"} {
+		n := node(name, 4)
+		if name != "n2" {
+			n.CheckpointAddr = fmt.Sprintf("127.0.0.1:%d", 9000+i)
+		}
+		resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, cancel := watch(t, c, name, resp.LeaseId, 0)
+		chans, drop = append(chans, ch), append(drop, cancel)
+	}
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 3, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range chans {
+		next(t, ch, func(a *pb.Assignment) bool { return a.Job == "j" })
+	}
+	// n0 is the block's relay (the first member by name).
+	var relayed *pb.RelayedRenewal
+	timeout := time.After(10 * time.Second)
+	for relayed == nil {
+		select {
+		case a := <-chans[0]:
+			for _, r := range a.RelayedRenewals {
+				if r.Node != "n1" {
+					t.Fatalf("the relay's stream renewed %s, which has no node server or is the relay", r.Node)
+				}
+				relayed = r
+			}
+		case <-timeout:
+			t.Fatal("no renewal of n1 through its relay n0")
+		}
+	}
+	g1 := co.srv.grants.live("n1")
+	if g1 == nil || relayed.Session != g1.session || relayed.Addr != "127.0.0.1:9001" || relayed.LeaseTtlMs <= 0 || relayed.LeaseTtlMs > 300 {
+		t.Fatalf("relayed renewal %v; want n1's stream's session, its node server and at most the window", relayed)
+	}
+	for node, want := range map[string]bool{"n0": false, "n1": true, "n2": false} {
+		if got := co.srv.relayed(node); got != want {
+			t.Errorf("relayed(%s) = %v, want %v", node, got, want)
+		}
+	}
+	// What the relay's renewal gives is recorded in n1's grant before it
+	// is sent: the fence of n1's run waits it out.
+	now := time.Now()
+	rs := co.srv.relayedRenewals("n0", now)
+	if len(rs) != 1 || rs[0].Node != "n1" {
+		t.Fatalf("relayed renewals %v, want n1's", rs)
+	}
+	bound, _, ok := co.srv.grants.stop("n1", g1.lease)
+	if want := now.Add(time.Duration(rs[0].LeaseTtlMs) * time.Millisecond); !ok || bound.Before(want) {
+		t.Errorf("n1's bound %v (%v), want at least the relayed deadline %v", bound, ok, want)
+	}
+	if rs := co.srv.relayedRenewals("n0", time.Now()); len(rs) != 0 {
+		t.Errorf("a stopped stream's node renewed through its relay: %v", rs)
+	}
+	// The relay's stream gone, its members renew themselves.
+	drop[0]()
+	for co.srv.grants.live("n0") != nil {
+		select {
+		case <-timeout:
+			t.Fatal("the relay's dropped stream still gives deadlines")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if co.srv.relayed("n2") || co.srv.relayed("n1") {
+		t.Error("members wait for a relay whose stream is gone")
 	}
 }

@@ -373,14 +373,11 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	// held back by it).
 	leaseTTL := time.Duration(first.TTL) * time.Second
 	before := min(max(time.Duration(req.GetDeadlineLeftMs())*time.Millisecond, 0), leaseTTL)
-	g := s.grants.open(node, conn, lease, start.Add(before))
+	g := s.grants.open(node, conn, req.GetSession(), lease, start.Add(before), renewed, leaseTTL)
 	defer s.grants.close(node, g, 2*leaseTTL)
 	give := func(now time.Time) (ttlMs int64, ok bool) {
-		ttl := windowTTL(s.cfg.FenceWindow, leaseTTL, renewed, now)
-		if ttl <= 0 || !g.give(now, ttl) {
-			return 0, false
-		}
-		return ttl.Milliseconds(), true
+		ttl, ok := g.renewal(s.cfg.FenceWindow, now)
+		return ttl.Milliseconds(), ok
 	}
 	a, _, changed := s.cache.assignment(node)
 	if s.hooks.watchRead != nil {
@@ -396,19 +393,20 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	s.renewals.sent(node, renewed, first.TTL*1000)
 	last := a
 	// With a fence window, the stream renews the node every third of it
-	// between the lease's renewals.
+	// between the lease's renewals, and a relay's stream its block's
+	// members too; a member's stream leaves it to its relay's.
 	var window <-chan time.Time
 	if s.cfg.FenceWindow > 0 {
 		t := time.NewTicker(s.cfg.FenceWindow / 3)
 		defer t.Stop()
 		window = t.C
 	}
-	renew := func(now time.Time) error {
+	renew := func(now time.Time, relayed []*pb.RelayedRenewal) error {
 		ttlMs, ok := give(now)
-		if !ok {
+		if !ok && len(relayed) == 0 {
 			return nil
 		}
-		return stream.Send(&pb.Assignment{Renewal: true, LeaseTtlMs: ttlMs, SentUnixNanos: now.UnixNano(), Revision: last.Revision})
+		return stream.Send(&pb.Assignment{Renewal: true, LeaseTtlMs: ttlMs, SentUnixNanos: now.UnixNano(), Revision: last.Revision, RelayedRenewals: relayed})
 	}
 	// The client renews every third of the TTL etcd granted (an etcd
 	// cluster's shortest lease may be longer than --lease-ttl): two thirds
@@ -441,13 +439,17 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			if s.keepalive != nil {
 				s.keepalive(now.Sub(renewed).Seconds())
 			}
-			renewed, leaseTTL = now, time.Duration(r.TTL)*time.Second
-			if err := renew(now); err != nil {
+			renewed = now
+			g.leaseRenewed(now, time.Duration(r.TTL)*time.Second)
+			if err := renew(now, nil); err != nil {
 				return err
 			}
 			s.renewals.sent(node, now, r.TTL*1000)
 		case now := <-window:
-			if err := renew(now); err != nil {
+			if s.relayed(node) {
+				continue
+			}
+			if err := renew(now, s.relayedRenewals(node, now)); err != nil {
 				return err
 			}
 		case <-changed:

@@ -212,6 +212,10 @@ type Agent struct {
 	revision int64
 	deadline time.Time // when the lease runs out unless renewed: the ranks' right to run
 	dog      *fenceDog // the fence watchdog; nil without FenceCommand
+	// clock is the open stream's (session's) coordinator clock, for the
+	// renewals that come through the node's relay.
+	clock        *leaseClock
+	clockSession uint64
 	// reported is the job and generation of the assignment whose Stopped
 	// report was sent last (the session goroutine's alone).
 	reported struct {
@@ -435,7 +439,7 @@ func (a *Agent) serveNode(ctx context.Context, peer *pki.Credentials) (<-chan st
 		return nil, fmt.Errorf("worker: node server: %w", err)
 	}
 	a.ckptAddr = net.JoinHostPort(a.net.Host, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
-	mux := nodeMux(a.holder, a.output, a.relayReport)
+	mux := nodeMux(a.holder, a.output, a.relayReport, a.relayRenewal)
 	go func() {
 		defer close(done)
 		if err := ckpt.Serve(ctx, ln, server, mux, a.log); err != nil {
@@ -547,7 +551,17 @@ func (a *Agent) pause(ctx context.Context, d time.Duration, conns []*grpc.Client
 // renew moves the lease deadline to d, when it is later, and tells the
 // fence watchdog.
 func (a *Agent) renew(d time.Time) {
+	a.renewIf(d, func() bool { return true })
+}
+
+// renewIf is renew when ok, called with a.mu held, says so; it reports
+// whether ok did.
+func (a *Agent) renewIf(d time.Time, ok func() bool) bool {
 	a.mu.Lock()
+	if !ok() {
+		a.mu.Unlock()
+		return false
+	}
 	later := d.After(a.deadline)
 	if later {
 		a.deadline = d
@@ -560,6 +574,7 @@ func (a *Agent) renew(d time.Time) {
 	case a.renewed <- struct{}{}:
 	default:
 	}
+	return true
 }
 
 // fence stops the ranks whenever the lease deadline passes with ranks
@@ -593,7 +608,7 @@ func (a *Agent) fence(ctx context.Context, run *runner) {
 // answered says whether the coordinator answered (registered the node or
 // opened the stream), the error why the session ended.
 func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *runner) (answered bool, err error) {
-	var clock leaseClock // this stream's coordinator's clock, mapped onto ours
+	clock := &leaseClock{} // this stream's coordinator's clock, mapped onto ours
 	a.mu.Lock()
 	lease := a.lease
 	a.mu.Unlock()
@@ -629,8 +644,10 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	// the deadlines the streams before it gave still run: a fence of the
 	// run waits that out at least. A registration gives no deadline: the
 	// first comes with the first assignment.
+	// Renewals through the relay of the stream before count no more.
 	a.streams++
 	a.mu.Lock()
+	a.clock = nil
 	seen, left := a.revision, max(time.Until(a.deadline), 0)
 	a.mu.Unlock()
 	stream, err := client.Watch(ctx, &pb.WatchRequest{Node: a.cfg.Name, LeaseId: lease, FromRevision: seen, Session: a.streams, DeadlineLeftMs: left.Milliseconds() + 1})
@@ -639,6 +656,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	}
 	a.mu.Lock()
 	a.client = client
+	a.clock, a.clockSession = clock, a.streams
 	a.mu.Unlock()
 	for {
 		asg, err := stream.Recv()
@@ -662,6 +680,9 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		a.readyOnce.Do(func() { close(a.ready) })
 		if asg.LeaseTtlMs > 0 {
 			a.renew(clock.deadline(asg, time.Now()))
+		}
+		if len(asg.RelayedRenewals) > 0 {
+			a.forwardRenewals(asg)
 		}
 		a.mu.Lock()
 		a.revision = max(a.revision, asg.Revision)

@@ -215,7 +215,10 @@ func (wd *fenceDog) stop() error {
 // stopped or starved) then counts from when it was sent, not from when it
 // was read. Renewals without a send time (an older coordinator) count
 // from when they are read.
+// Its renewals come on the stream and through the node's relay
+// (relayRenewal): it may be used from any goroutine.
 type leaseClock struct {
+	mu   sync.Mutex
 	seen [32]time.Duration // the last renewals' r-s, a ring
 	n    int
 }
@@ -228,11 +231,30 @@ func (c *leaseClock) deadline(asg *pb.Assignment, recv time.Time) time.Time {
 		return recv.Add(ttl)
 	}
 	sent := time.Unix(0, asg.SentUnixNanos)
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.seen[c.n%len(c.seen)] = recv.Round(0).Sub(sent)
 	c.n++
+	return sent.Add(c.offsetLocked() + ttl)
+}
+
+// relayed is the deadline a renewal of ttlMs sent at sentNanos on the
+// stream's coordinator clock, forwarded by the node's relay, gives: on the
+// offset the stream's own renewals measured (one through the relay, later
+// by its hop, is not a sample of it); false before the stream brought one.
+func (c *leaseClock) relayed(ttlMs, sentNanos int64) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == 0 || sentNanos == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, sentNanos).Add(c.offsetLocked() + time.Duration(ttlMs)*time.Millisecond), true
+}
+
+func (c *leaseClock) offsetLocked() time.Duration {
 	offset := c.seen[0]
 	for _, d := range c.seen[:min(c.n, len(c.seen))] {
 		offset = min(offset, d)
 	}
-	return sent.Add(offset + ttl)
+	return offset
 }

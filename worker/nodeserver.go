@@ -12,14 +12,18 @@ import (
 
 // nodeMux is the node server's handler: the checkpoints h holds, to the
 // nodes of their jobs (ckpt.Holder.Handle), what the ranks print, to
-// users' clients and admins (ranklog.Store.Handle), and, when relay is
-// not nil, the reports of the node's block to relay (Agent.relayReport).
-func nodeMux(h *ckpt.Holder, output *ranklog.Store, relay http.HandlerFunc) *http.ServeMux {
+// users' clients and admins (ranklog.Store.Handle), and, when not nil,
+// the reports of the node's block to relay (Agent.relayReport) and the
+// renewals its relay forwards (Agent.relayRenewal).
+func nodeMux(h *ckpt.Holder, output *ranklog.Store, relay, renewal http.HandlerFunc) *http.ServeMux {
 	mux := http.NewServeMux()
 	h.Handle(mux)
 	output.Handle(mux)
 	if relay != nil {
 		mux.HandleFunc(relayRoute, relay)
+	}
+	if renewal != nil {
+		mux.HandleFunc(renewalRoute, renewal)
 	}
 	return mux
 }

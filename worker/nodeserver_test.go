@@ -79,7 +79,7 @@ func startTestNode(t *testing.T, p *testPKI, name string, lim ckpt.Limits) *test
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- ckpt.Serve(ctx, ln, server, nodeMux(h, out, nil), log) }()
+	go func() { done <- ckpt.Serve(ctx, ln, server, nodeMux(h, out, nil, nil), log) }()
 	t.Cleanup(func() {
 		cancel()
 		<-done

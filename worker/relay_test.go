@@ -69,7 +69,9 @@ func relayAgent(t *testing.T, p *testPKI, name string, asg *pb.Assignment, co pb
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	out := ranklog.New(t.TempDir(), name, ranklog.DefaultLimits, log)
-	go func() { done <- ckpt.Serve(ctx, ln, server, nodeMux(a.holder, out, a.relayReport), log) }()
+	go func() {
+		done <- ckpt.Serve(ctx, ln, server, nodeMux(a.holder, out, a.relayReport, a.relayRenewal), log)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		<-done

@@ -24,5 +24,8 @@ package gpucoordpb
 // (deadline_left_ms), and a registration gives none: an agent of 8 would
 // send neither, and run ranks for a lease's TTL after it registered, so
 // that a fence by a coordinator's window (Config.FenceWindow) could end
-// before its ranks.
-const ProtocolVersion = 9
+// before its ranks. 10: with a fence window, a block's members are renewed
+// through its relay (Assignment.relayed_renewals, forwarded to each
+// member's node server): an agent of 9 would forward none, and its
+// members' ranks would stop at the window's end.
+const ProtocolVersion = 10

@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39, 0}
 }
 
 // Node is one machine in the pool.
@@ -1624,9 +1624,16 @@ type Assignment struct {
 	// node. Empty: the node reports to the coordinator itself (it is a
 	// relay, or its block has no other member), as it does when its relay
 	// does not answer.
-	Relay         string `protobuf:"bytes,17,opt,name=relay,proto3" json:"relay,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Relay string `protobuf:"bytes,17,opt,name=relay,proto3" json:"relay,omitempty"`
+	// relayed_renewals, on a renewal of a relay's stream, are the renewals
+	// of its block's members the coordinator gives through it (with a fence
+	// window: one message a block, not one a node): the relay's agent
+	// forwards each to the member's node server at once
+	// (RelayedRenewal.addr), with this message's sent_unix_nanos. Each was
+	// recorded as given before it was sent, as the stream's own.
+	RelayedRenewals []*RelayedRenewal `protobuf:"bytes,18,rep,name=relayed_renewals,json=relayedRenewals,proto3" json:"relayed_renewals,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
@@ -1778,6 +1785,98 @@ func (x *Assignment) GetRelay() string {
 	return ""
 }
 
+func (x *Assignment) GetRelayedRenewals() []*RelayedRenewal {
+	if x != nil {
+		return x.RelayedRenewals
+	}
+	return nil
+}
+
+// RelayedRenewal is a renewal of a member's lease through its block's
+// relay (Assignment.relayed_renewals): the member's agent takes it only
+// from its relay (over mutual TLS), for its current stream (session), and
+// counts its deadline as one on that stream: from the coordinator's
+// sent_unix_nanos, mapped onto its clock by that stream's renewals.
+type RelayedRenewal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// session is the member's stream on the coordinator that gave it
+	// (WatchRequest.session).
+	Session    uint64 `protobuf:"varint,2,opt,name=session,proto3" json:"session,omitempty"`
+	LeaseTtlMs int64  `protobuf:"varint,3,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	// sent_unix_nanos is set by the relay, from the renewal that carried it.
+	SentUnixNanos int64 `protobuf:"varint,4,opt,name=sent_unix_nanos,json=sentUnixNanos,proto3" json:"sent_unix_nanos,omitempty"`
+	// addr is the member's node server (Node.checkpoint_addr).
+	Addr          string `protobuf:"bytes,5,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RelayedRenewal) Reset() {
+	*x = RelayedRenewal{}
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RelayedRenewal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RelayedRenewal) ProtoMessage() {}
+
+func (x *RelayedRenewal) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RelayedRenewal.ProtoReflect.Descriptor instead.
+func (*RelayedRenewal) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RelayedRenewal) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RelayedRenewal) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *RelayedRenewal) GetLeaseTtlMs() int64 {
+	if x != nil {
+		return x.LeaseTtlMs
+	}
+	return 0
+}
+
+func (x *RelayedRenewal) GetSentUnixNanos() int64 {
+	if x != nil {
+		return x.SentUnixNanos
+	}
+	return 0
+}
+
+func (x *RelayedRenewal) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
 // Bootstrap is rank 0's node's report that the generation can start: the
 // rendezvous address and the checkpoint directory's probe.
 type Bootstrap struct {
@@ -1794,7 +1893,7 @@ type Bootstrap struct {
 
 func (x *Bootstrap) Reset() {
 	*x = Bootstrap{}
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1806,7 +1905,7 @@ func (x *Bootstrap) String() string {
 func (*Bootstrap) ProtoMessage() {}
 
 func (x *Bootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[14]
+	mi := &file_proto_gpucoord_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1819,7 +1918,7 @@ func (x *Bootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bootstrap.ProtoReflect.Descriptor instead.
 func (*Bootstrap) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{14}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Bootstrap) GetMaster() string {
@@ -1881,7 +1980,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +1992,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[15]
+	mi := &file_proto_gpucoord_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +2005,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{15}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Step) GetStep() int64 {
@@ -2021,7 +2120,7 @@ type Stored struct {
 
 func (x *Stored) Reset() {
 	*x = Stored{}
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2033,7 +2132,7 @@ func (x *Stored) String() string {
 func (*Stored) ProtoMessage() {}
 
 func (x *Stored) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[16]
+	mi := &file_proto_gpucoord_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2046,7 +2145,7 @@ func (x *Stored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stored.ProtoReflect.Descriptor instead.
 func (*Stored) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{16}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Stored) GetSteps() []*StoredStep {
@@ -2068,7 +2167,7 @@ type StoredBlock struct {
 
 func (x *StoredBlock) Reset() {
 	*x = StoredBlock{}
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2080,7 +2179,7 @@ func (x *StoredBlock) String() string {
 func (*StoredBlock) ProtoMessage() {}
 
 func (x *StoredBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[17]
+	mi := &file_proto_gpucoord_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2093,7 +2192,7 @@ func (x *StoredBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredBlock.ProtoReflect.Descriptor instead.
 func (*StoredBlock) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{17}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StoredBlock) GetNodes() map[string]*Stored {
@@ -2116,7 +2215,7 @@ type StoredStep struct {
 
 func (x *StoredStep) Reset() {
 	*x = StoredStep{}
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2128,7 +2227,7 @@ func (x *StoredStep) String() string {
 func (*StoredStep) ProtoMessage() {}
 
 func (x *StoredStep) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[18]
+	mi := &file_proto_gpucoord_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2141,7 +2240,7 @@ func (x *StoredStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredStep.ProtoReflect.Descriptor instead.
 func (*StoredStep) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{18}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StoredStep) GetStep() int64 {
@@ -2199,7 +2298,7 @@ type RankExit struct {
 
 func (x *RankExit) Reset() {
 	*x = RankExit{}
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2211,7 +2310,7 @@ func (x *RankExit) String() string {
 func (*RankExit) ProtoMessage() {}
 
 func (x *RankExit) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[19]
+	mi := &file_proto_gpucoord_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2224,7 +2323,7 @@ func (x *RankExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankExit.ProtoReflect.Descriptor instead.
 func (*RankExit) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{19}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RankExit) GetRank() int32 {
@@ -2295,7 +2394,7 @@ type Hang struct {
 
 func (x *Hang) Reset() {
 	*x = Hang{}
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2307,7 +2406,7 @@ func (x *Hang) String() string {
 func (*Hang) ProtoMessage() {}
 
 func (x *Hang) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[20]
+	mi := &file_proto_gpucoord_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2320,7 +2419,7 @@ func (x *Hang) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hang.ProtoReflect.Descriptor instead.
 func (*Hang) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{20}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Hang) GetLastStep() int64 {
@@ -2362,7 +2461,7 @@ type RankTimes struct {
 
 func (x *RankTimes) Reset() {
 	*x = RankTimes{}
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2374,7 +2473,7 @@ func (x *RankTimes) String() string {
 func (*RankTimes) ProtoMessage() {}
 
 func (x *RankTimes) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[21]
+	mi := &file_proto_gpucoord_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2387,7 +2486,7 @@ func (x *RankTimes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTimes.ProtoReflect.Descriptor instead.
 func (*RankTimes) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{21}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RankTimes) GetRanks() []*RankTime {
@@ -2422,7 +2521,7 @@ type TimesSummary struct {
 
 func (x *TimesSummary) Reset() {
 	*x = TimesSummary{}
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2434,7 +2533,7 @@ func (x *TimesSummary) String() string {
 func (*TimesSummary) ProtoMessage() {}
 
 func (x *TimesSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[22]
+	mi := &file_proto_gpucoord_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2447,7 +2546,7 @@ func (x *TimesSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimesSummary.ProtoReflect.Descriptor instead.
 func (*TimesSummary) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TimesSummary) GetLatest() []float64 {
@@ -2493,7 +2592,7 @@ type SlowRank struct {
 
 func (x *SlowRank) Reset() {
 	*x = SlowRank{}
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2505,7 +2604,7 @@ func (x *SlowRank) String() string {
 func (*SlowRank) ProtoMessage() {}
 
 func (x *SlowRank) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[23]
+	mi := &file_proto_gpucoord_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2518,7 +2617,7 @@ func (x *SlowRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlowRank.ProtoReflect.Descriptor instead.
 func (*SlowRank) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{23}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SlowRank) GetNode() string {
@@ -2562,7 +2661,7 @@ type RankTime struct {
 
 func (x *RankTime) Reset() {
 	*x = RankTime{}
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2574,7 +2673,7 @@ func (x *RankTime) String() string {
 func (*RankTime) ProtoMessage() {}
 
 func (x *RankTime) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[24]
+	mi := &file_proto_gpucoord_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2587,7 +2686,7 @@ func (x *RankTime) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankTime.ProtoReflect.Descriptor instead.
 func (*RankTime) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{24}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RankTime) GetRank() int32 {
@@ -2626,7 +2725,7 @@ type Straggler struct {
 
 func (x *Straggler) Reset() {
 	*x = Straggler{}
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2638,7 +2737,7 @@ func (x *Straggler) String() string {
 func (*Straggler) ProtoMessage() {}
 
 func (x *Straggler) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[25]
+	mi := &file_proto_gpucoord_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2651,7 +2750,7 @@ func (x *Straggler) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Straggler.ProtoReflect.Descriptor instead.
 func (*Straggler) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{25}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Straggler) GetRank() int32 {
@@ -2692,7 +2791,7 @@ type Stragglers struct {
 
 func (x *Stragglers) Reset() {
 	*x = Stragglers{}
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2704,7 +2803,7 @@ func (x *Stragglers) String() string {
 func (*Stragglers) ProtoMessage() {}
 
 func (x *Stragglers) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[26]
+	mi := &file_proto_gpucoord_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2717,7 +2816,7 @@ func (x *Stragglers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stragglers.ProtoReflect.Descriptor instead.
 func (*Stragglers) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{26}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Stragglers) GetGeneration() int64 {
@@ -2760,7 +2859,7 @@ type ReportRequest struct {
 
 func (x *ReportRequest) Reset() {
 	*x = ReportRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2772,7 +2871,7 @@ func (x *ReportRequest) String() string {
 func (*ReportRequest) ProtoMessage() {}
 
 func (x *ReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[27]
+	mi := &file_proto_gpucoord_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2785,7 +2884,7 @@ func (x *ReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRequest.ProtoReflect.Descriptor instead.
 func (*ReportRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{27}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReportRequest) GetJob() string {
@@ -2945,7 +3044,7 @@ type Relayed struct {
 
 func (x *Relayed) Reset() {
 	*x = Relayed{}
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2957,7 +3056,7 @@ func (x *Relayed) String() string {
 func (*Relayed) ProtoMessage() {}
 
 func (x *Relayed) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[28]
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2970,7 +3069,7 @@ func (x *Relayed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Relayed.ProtoReflect.Descriptor instead.
 func (*Relayed) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{28}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Relayed) GetReports() []*ReportRequest {
@@ -2993,7 +3092,7 @@ type Stopped struct {
 
 func (x *Stopped) Reset() {
 	*x = Stopped{}
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3005,7 +3104,7 @@ func (x *Stopped) String() string {
 func (*Stopped) ProtoMessage() {}
 
 func (x *Stopped) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3018,7 +3117,7 @@ func (x *Stopped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stopped.ProtoReflect.Descriptor instead.
 func (*Stopped) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Stopped) GetBelow() int64 {
@@ -3042,7 +3141,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3054,7 +3153,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3067,7 +3166,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReportResponse) GetCommitted() int64 {
@@ -3096,7 +3195,7 @@ type RelayedAnswer struct {
 
 func (x *RelayedAnswer) Reset() {
 	*x = RelayedAnswer{}
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3108,7 +3207,7 @@ func (x *RelayedAnswer) String() string {
 func (*RelayedAnswer) ProtoMessage() {}
 
 func (x *RelayedAnswer) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3121,7 +3220,7 @@ func (x *RelayedAnswer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayedAnswer.ProtoReflect.Descriptor instead.
 func (*RelayedAnswer) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RelayedAnswer) GetCommitted() int64 {
@@ -3157,7 +3256,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3169,7 +3268,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3182,7 +3281,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *MembersRequest) GetJob() string {
@@ -3209,7 +3308,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3221,7 +3320,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3234,7 +3333,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *MembersResponse) GetGeneration() int64 {
@@ -3261,7 +3360,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3273,7 +3372,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3286,7 +3385,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -3311,7 +3410,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3323,7 +3422,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3336,7 +3435,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
 }
 
 type SubmitRequest struct {
@@ -3348,7 +3447,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3360,7 +3459,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3373,7 +3472,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -3394,7 +3493,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3406,7 +3505,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3419,7 +3518,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SubmitResponse) GetDashboard() string {
@@ -3452,7 +3551,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3464,7 +3563,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3477,7 +3576,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -3549,7 +3648,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3561,7 +3660,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3574,7 +3673,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -3612,7 +3711,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3624,7 +3723,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3637,7 +3736,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -3685,7 +3784,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3697,7 +3796,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3710,7 +3809,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -3738,7 +3837,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3750,7 +3849,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3763,7 +3862,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CancelResponse) GetState() *JobState {
@@ -3781,7 +3880,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3793,7 +3892,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3806,7 +3905,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
 }
 
 type NodeStatus struct {
@@ -3820,7 +3919,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3832,7 +3931,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3845,7 +3944,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -3880,7 +3979,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3892,7 +3991,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3905,7 +4004,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -3973,7 +4072,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3985,7 +4084,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3998,7 +4097,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -4044,7 +4143,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4056,7 +4155,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4069,7 +4168,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -4117,7 +4216,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4129,7 +4228,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4142,7 +4241,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -4184,7 +4283,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4196,7 +4295,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4209,7 +4308,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -4239,7 +4338,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4251,7 +4350,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4264,7 +4363,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -4299,7 +4398,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4311,7 +4410,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4324,7 +4423,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -4356,7 +4455,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4368,7 +4467,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4381,7 +4480,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -4427,7 +4526,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[53]
+	mi := &file_proto_gpucoord_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4439,7 +4538,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[53]
+	mi := &file_proto_gpucoord_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4452,7 +4551,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{53}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{54}
 }
 
 type ListTokensResponse struct {
@@ -4464,7 +4563,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[54]
+	mi := &file_proto_gpucoord_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4476,7 +4575,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[54]
+	mi := &file_proto_gpucoord_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4489,7 +4588,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{54}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -4508,7 +4607,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[55]
+	mi := &file_proto_gpucoord_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4520,7 +4619,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[55]
+	mi := &file_proto_gpucoord_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4533,7 +4632,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{55}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -4551,7 +4650,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[56]
+	mi := &file_proto_gpucoord_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4563,7 +4662,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[56]
+	mi := &file_proto_gpucoord_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4576,7 +4675,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{56}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{57}
 }
 
 type GossipKeysRequest struct {
@@ -4591,7 +4690,7 @@ type GossipKeysRequest struct {
 
 func (x *GossipKeysRequest) Reset() {
 	*x = GossipKeysRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[57]
+	mi := &file_proto_gpucoord_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4603,7 +4702,7 @@ func (x *GossipKeysRequest) String() string {
 func (*GossipKeysRequest) ProtoMessage() {}
 
 func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[57]
+	mi := &file_proto_gpucoord_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4616,7 +4715,7 @@ func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeysRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{57}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GossipKeysRequest) GetAction() string {
@@ -4637,7 +4736,7 @@ type GossipKeysResponse struct {
 
 func (x *GossipKeysResponse) Reset() {
 	*x = GossipKeysResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[58]
+	mi := &file_proto_gpucoord_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4649,7 +4748,7 @@ func (x *GossipKeysResponse) String() string {
 func (*GossipKeysResponse) ProtoMessage() {}
 
 func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[58]
+	mi := &file_proto_gpucoord_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4662,7 +4761,7 @@ func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeysResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{58}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GossipKeysResponse) GetFingerprints() []string {
@@ -4813,7 +4912,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aholders\x18\x02 \x03(\tR\aholders\x12\x14\n" +
 	"\x05addrs\x18\x03 \x03(\tR\x05addrs\x12\x1c\n" +
-	"\tinstances\x18\x04 \x03(\tR\tinstances\"\x96\x04\n" +
+	"\tinstances\x18\x04 \x03(\tR\tinstances\"\xde\x04\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -4839,7 +4938,15 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\vgroup_world\x18\x0f \x01(\x05R\n" +
 	"groupWorld\x12\x1a\n" +
 	"\breplicas\x18\x10 \x03(\tR\breplicas\x12\x14\n" +
-	"\x05relay\x18\x11 \x01(\tR\x05relay\"\\\n" +
+	"\x05relay\x18\x11 \x01(\tR\x05relay\x12F\n" +
+	"\x10relayed_renewals\x18\x12 \x03(\v2\x1b.gpucoord.v1.RelayedRenewalR\x0frelayedRenewals\"\x9c\x01\n" +
+	"\x0eRelayedRenewal\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\asession\x18\x02 \x01(\x04R\asession\x12 \n" +
+	"\flease_ttl_ms\x18\x03 \x01(\x03R\n" +
+	"leaseTtlMs\x12&\n" +
+	"\x0fsent_unix_nanos\x18\x04 \x01(\x03R\rsentUnixNanos\x12\x12\n" +
+	"\x04addr\x18\x05 \x01(\tR\x04addr\"\\\n" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x02 \x01(\tR\x05probe\x12!\n" +
@@ -5093,7 +5200,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),                // 1: gpucoord.v1.Node
@@ -5110,59 +5217,60 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*Unrestorable)(nil),        // 12: gpucoord.v1.Unrestorable
 	(*Copies)(nil),              // 13: gpucoord.v1.Copies
 	(*Assignment)(nil),          // 14: gpucoord.v1.Assignment
-	(*Bootstrap)(nil),           // 15: gpucoord.v1.Bootstrap
-	(*Step)(nil),                // 16: gpucoord.v1.Step
-	(*Stored)(nil),              // 17: gpucoord.v1.Stored
-	(*StoredBlock)(nil),         // 18: gpucoord.v1.StoredBlock
-	(*StoredStep)(nil),          // 19: gpucoord.v1.StoredStep
-	(*RankExit)(nil),            // 20: gpucoord.v1.RankExit
-	(*Hang)(nil),                // 21: gpucoord.v1.Hang
-	(*RankTimes)(nil),           // 22: gpucoord.v1.RankTimes
-	(*TimesSummary)(nil),        // 23: gpucoord.v1.TimesSummary
-	(*SlowRank)(nil),            // 24: gpucoord.v1.SlowRank
-	(*RankTime)(nil),            // 25: gpucoord.v1.RankTime
-	(*Straggler)(nil),           // 26: gpucoord.v1.Straggler
-	(*Stragglers)(nil),          // 27: gpucoord.v1.Stragglers
-	(*ReportRequest)(nil),       // 28: gpucoord.v1.ReportRequest
-	(*Relayed)(nil),             // 29: gpucoord.v1.Relayed
-	(*Stopped)(nil),             // 30: gpucoord.v1.Stopped
-	(*ReportResponse)(nil),      // 31: gpucoord.v1.ReportResponse
-	(*RelayedAnswer)(nil),       // 32: gpucoord.v1.RelayedAnswer
-	(*MembersRequest)(nil),      // 33: gpucoord.v1.MembersRequest
-	(*MembersResponse)(nil),     // 34: gpucoord.v1.MembersResponse
-	(*LeaveRequest)(nil),        // 35: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),       // 36: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),       // 37: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),      // 38: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),            // 39: gpucoord.v1.JobState
-	(*FollowRequest)(nil),       // 40: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),            // 41: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),       // 42: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),      // 43: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),       // 44: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),          // 45: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),           // 46: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),        // 47: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),      // 48: gpucoord.v1.StatusResponse
-	(*JoinRequest)(nil),         // 49: gpucoord.v1.JoinRequest
-	(*JoinResponse)(nil),        // 50: gpucoord.v1.JoinResponse
-	(*CreateTokenRequest)(nil),  // 51: gpucoord.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil), // 52: gpucoord.v1.CreateTokenResponse
-	(*TokenInfo)(nil),           // 53: gpucoord.v1.TokenInfo
-	(*ListTokensRequest)(nil),   // 54: gpucoord.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),  // 55: gpucoord.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),  // 56: gpucoord.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil), // 57: gpucoord.v1.RevokeTokenResponse
-	(*GossipKeysRequest)(nil),   // 58: gpucoord.v1.GossipKeysRequest
-	(*GossipKeysResponse)(nil),  // 59: gpucoord.v1.GossipKeysResponse
-	nil,                         // 60: gpucoord.v1.JobSpec.EnvEntry
-	nil,                         // 61: gpucoord.v1.StoredBlock.NodesEntry
+	(*RelayedRenewal)(nil),      // 15: gpucoord.v1.RelayedRenewal
+	(*Bootstrap)(nil),           // 16: gpucoord.v1.Bootstrap
+	(*Step)(nil),                // 17: gpucoord.v1.Step
+	(*Stored)(nil),              // 18: gpucoord.v1.Stored
+	(*StoredBlock)(nil),         // 19: gpucoord.v1.StoredBlock
+	(*StoredStep)(nil),          // 20: gpucoord.v1.StoredStep
+	(*RankExit)(nil),            // 21: gpucoord.v1.RankExit
+	(*Hang)(nil),                // 22: gpucoord.v1.Hang
+	(*RankTimes)(nil),           // 23: gpucoord.v1.RankTimes
+	(*TimesSummary)(nil),        // 24: gpucoord.v1.TimesSummary
+	(*SlowRank)(nil),            // 25: gpucoord.v1.SlowRank
+	(*RankTime)(nil),            // 26: gpucoord.v1.RankTime
+	(*Straggler)(nil),           // 27: gpucoord.v1.Straggler
+	(*Stragglers)(nil),          // 28: gpucoord.v1.Stragglers
+	(*ReportRequest)(nil),       // 29: gpucoord.v1.ReportRequest
+	(*Relayed)(nil),             // 30: gpucoord.v1.Relayed
+	(*Stopped)(nil),             // 31: gpucoord.v1.Stopped
+	(*ReportResponse)(nil),      // 32: gpucoord.v1.ReportResponse
+	(*RelayedAnswer)(nil),       // 33: gpucoord.v1.RelayedAnswer
+	(*MembersRequest)(nil),      // 34: gpucoord.v1.MembersRequest
+	(*MembersResponse)(nil),     // 35: gpucoord.v1.MembersResponse
+	(*LeaveRequest)(nil),        // 36: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),       // 37: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),       // 38: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),      // 39: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),            // 40: gpucoord.v1.JobState
+	(*FollowRequest)(nil),       // 41: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),            // 42: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),       // 43: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),      // 44: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),       // 45: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),          // 46: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),           // 47: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),        // 48: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),      // 49: gpucoord.v1.StatusResponse
+	(*JoinRequest)(nil),         // 50: gpucoord.v1.JoinRequest
+	(*JoinResponse)(nil),        // 51: gpucoord.v1.JoinResponse
+	(*CreateTokenRequest)(nil),  // 52: gpucoord.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil), // 53: gpucoord.v1.CreateTokenResponse
+	(*TokenInfo)(nil),           // 54: gpucoord.v1.TokenInfo
+	(*ListTokensRequest)(nil),   // 55: gpucoord.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),  // 56: gpucoord.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),  // 57: gpucoord.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil), // 58: gpucoord.v1.RevokeTokenResponse
+	(*GossipKeysRequest)(nil),   // 59: gpucoord.v1.GossipKeysRequest
+	(*GossipKeysResponse)(nil),  // 60: gpucoord.v1.GossipKeysResponse
+	nil,                         // 61: gpucoord.v1.JobSpec.EnvEntry
+	nil,                         // 62: gpucoord.v1.StoredBlock.NodesEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	60, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
-	16, // 3: gpucoord.v1.JobSpec.resume_backup:type_name -> gpucoord.v1.Step
+	61, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	17, // 3: gpucoord.v1.JobSpec.resume_backup:type_name -> gpucoord.v1.Step
 	9,  // 4: gpucoord.v1.JobSpec.replan:type_name -> gpucoord.v1.Replan
 	10, // 5: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
 	13, // 6: gpucoord.v1.Generation.checkpoint:type_name -> gpucoord.v1.Copies
@@ -5170,78 +5278,79 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	12, // 8: gpucoord.v1.Generation.unrestorable:type_name -> gpucoord.v1.Unrestorable
 	8,  // 9: gpucoord.v1.Assignment.spec:type_name -> gpucoord.v1.JobSpec
 	11, // 10: gpucoord.v1.Assignment.generation:type_name -> gpucoord.v1.Generation
-	13, // 11: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
-	16, // 12: gpucoord.v1.Step.earlier:type_name -> gpucoord.v1.Step
-	19, // 13: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
-	61, // 14: gpucoord.v1.StoredBlock.nodes:type_name -> gpucoord.v1.StoredBlock.NodesEntry
-	21, // 15: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
-	25, // 16: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
-	24, // 17: gpucoord.v1.TimesSummary.slow:type_name -> gpucoord.v1.SlowRank
-	25, // 18: gpucoord.v1.TimesSummary.ranks:type_name -> gpucoord.v1.RankTime
-	26, // 19: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
-	15, // 20: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
-	16, // 21: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
-	20, // 22: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
-	22, // 23: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
-	17, // 24: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
-	30, // 25: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
-	29, // 26: gpucoord.v1.ReportRequest.relayed:type_name -> gpucoord.v1.Relayed
-	28, // 27: gpucoord.v1.Relayed.reports:type_name -> gpucoord.v1.ReportRequest
-	32, // 28: gpucoord.v1.ReportResponse.relayed:type_name -> gpucoord.v1.RelayedAnswer
-	8,  // 29: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 30: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	39, // 31: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	11, // 32: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	16, // 33: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	16, // 34: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
-	39, // 35: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 36: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	8,  // 37: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	39, // 38: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	11, // 39: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	16, // 40: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	47, // 41: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	26, // 42: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	45, // 43: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	46, // 44: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	53, // 45: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	53, // 46: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	17, // 47: gpucoord.v1.StoredBlock.NodesEntry.value:type_name -> gpucoord.v1.Stored
-	49, // 48: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	51, // 49: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	54, // 50: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	56, // 51: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	58, // 52: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 53: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	7,  // 54: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	28, // 55: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	35, // 56: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	33, // 57: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
-	5,  // 58: gpucoord.v1.Coordinator.PoolReport:input_type -> gpucoord.v1.PoolReportRequest
-	37, // 59: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	40, // 60: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	42, // 61: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	44, // 62: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	50, // 63: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	52, // 64: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	55, // 65: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	57, // 66: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	59, // 67: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 68: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	14, // 69: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	31, // 70: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	36, // 71: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	34, // 72: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
-	6,  // 73: gpucoord.v1.Coordinator.PoolReport:output_type -> gpucoord.v1.PoolReportResponse
-	38, // 74: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	41, // 75: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	43, // 76: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	48, // 77: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	63, // [63:78] is the sub-list for method output_type
-	48, // [48:63] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	15, // 11: gpucoord.v1.Assignment.relayed_renewals:type_name -> gpucoord.v1.RelayedRenewal
+	13, // 12: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
+	17, // 13: gpucoord.v1.Step.earlier:type_name -> gpucoord.v1.Step
+	20, // 14: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
+	62, // 15: gpucoord.v1.StoredBlock.nodes:type_name -> gpucoord.v1.StoredBlock.NodesEntry
+	22, // 16: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
+	26, // 17: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
+	25, // 18: gpucoord.v1.TimesSummary.slow:type_name -> gpucoord.v1.SlowRank
+	26, // 19: gpucoord.v1.TimesSummary.ranks:type_name -> gpucoord.v1.RankTime
+	27, // 20: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
+	16, // 21: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
+	17, // 22: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
+	21, // 23: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
+	23, // 24: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
+	18, // 25: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
+	31, // 26: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
+	30, // 27: gpucoord.v1.ReportRequest.relayed:type_name -> gpucoord.v1.Relayed
+	29, // 28: gpucoord.v1.Relayed.reports:type_name -> gpucoord.v1.ReportRequest
+	33, // 29: gpucoord.v1.ReportResponse.relayed:type_name -> gpucoord.v1.RelayedAnswer
+	8,  // 30: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 31: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	40, // 32: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	11, // 33: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	17, // 34: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	17, // 35: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
+	40, // 36: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 37: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	8,  // 38: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	40, // 39: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	11, // 40: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	17, // 41: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	48, // 42: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	27, // 43: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	46, // 44: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	47, // 45: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	54, // 46: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	54, // 47: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	18, // 48: gpucoord.v1.StoredBlock.NodesEntry.value:type_name -> gpucoord.v1.Stored
+	50, // 49: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	52, // 50: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	55, // 51: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	57, // 52: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	59, // 53: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 54: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	7,  // 55: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	29, // 56: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	36, // 57: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	34, // 58: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
+	5,  // 59: gpucoord.v1.Coordinator.PoolReport:input_type -> gpucoord.v1.PoolReportRequest
+	38, // 60: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	41, // 61: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	43, // 62: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	45, // 63: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	51, // 64: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	53, // 65: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	56, // 66: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	58, // 67: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	60, // 68: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 69: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	14, // 70: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	32, // 71: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	37, // 72: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	35, // 73: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
+	6,  // 74: gpucoord.v1.Coordinator.PoolReport:output_type -> gpucoord.v1.PoolReportResponse
+	39, // 75: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	42, // 76: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	44, // 77: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	49, // 78: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	64, // [64:79] is the sub-list for method output_type
+	49, // [49:64] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -5249,7 +5358,7 @@ func file_proto_gpucoord_proto_init() {
 	if File_proto_gpucoord_proto != nil {
 		return
 	}
-	file_proto_gpucoord_proto_msgTypes[27].OneofWrappers = []any{
+	file_proto_gpucoord_proto_msgTypes[28].OneofWrappers = []any{
 		(*ReportRequest_Bootstrap)(nil),
 		(*ReportRequest_Step)(nil),
 		(*ReportRequest_Exit)(nil),
@@ -5264,7 +5373,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   61,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
