@@ -215,8 +215,10 @@ func (g *grant) renewal(window time.Duration, now time.Time) (time.Duration, boo
 // deadline, recorded in the member's grant before it is sent as for the
 // member's own, and its agent forwards them (relayed_renewals). The
 // members' own streams send their window renewals only while their relay
-// has a stream here (relayed); their lease renewals, and everything else,
-// they send as before. So a block costs the coordinator one message a
+// has no stream here (relayed); their lease renewals, and everything else,
+// they send as before. A node that runs no job gets no window renewals at
+// all: it has no ranks to stop, and the assignment that gives it a job
+// carries a deadline. So a block costs the coordinator one message a
 // third of the window, and a member's bound is its own grant's either way.
 // A relay that stalls stops its block's ranks with its own: the job loses
 // the relay, as it would anyway.
@@ -243,12 +245,20 @@ func (s *server) relayedRenewals(relay string, now time.Time) []*pb.RelayedRenew
 	return out
 }
 
-// relayed says whether node's window renewals go through its block's
-// relay, the rule relayedRenewals follows: node is a member of a running
+// renewsItself says whether node's own stream sends its window renewals:
+// node runs a job (a node without ranks needs none: the assignment that
+// gives it a job carries its first deadline), and is not renewed through
+// its relay (relayed).
+func (s *server) renewsItself(node string) bool {
+	b := s.cache.blockMembers(node)
+	return b != nil && !s.relayed(node, b)
+}
+
+// relayed says whether node's window renewals go through the relay of its
+// block b, the rule relayedRenewals follows: node is a member of a running
 // job's block, not its relay, both have node servers, and the relay's
 // stream is served here.
-func (s *server) relayed(node string) bool {
-	b := s.cache.blockMembers(node)
+func (s *server) relayed(node string, b []*pb.Member) bool {
 	if len(b) < 2 || b[0].Node == node || b[0].CheckpointAddr == "" {
 		return false
 	}

@@ -249,8 +249,11 @@ func TestRelayedRenewals(t *testing.T) {
 	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 3, 4)}); err != nil {
 		t.Fatal(err)
 	}
-	for _, ch := range chans {
-		next(t, ch, func(a *pb.Assignment) bool { return a.Job == "j" })
+	for i, ch := range chans {
+		// A node given a job gets a window deadline with it.
+		if a := next(t, ch, func(a *pb.Assignment) bool { return a.Job == "j" }); a.LeaseTtlMs <= 0 || a.LeaseTtlMs > 300 || a.SentUnixNanos == 0 {
+			t.Errorf("n%d's assignment of the job renews it for %d ms, want the window's 300 at most", i, a.LeaseTtlMs)
+		}
 	}
 	// n0 is the block's relay (the first member by name).
 	var relayed *pb.RelayedRenewal
@@ -272,9 +275,9 @@ func TestRelayedRenewals(t *testing.T) {
 	if g1 == nil || relayed.Session != g1.session || relayed.Addr != "127.0.0.1:9001" || relayed.LeaseTtlMs <= 0 || relayed.LeaseTtlMs > 300 {
 		t.Fatalf("relayed renewal %v; want n1's stream's session, its node server and at most the window", relayed)
 	}
-	for node, want := range map[string]bool{"n0": false, "n1": true, "n2": false} {
-		if got := co.srv.relayed(node); got != want {
-			t.Errorf("relayed(%s) = %v, want %v", node, got, want)
+	for node, want := range map[string]bool{"n0": true, "n1": false, "n2": true} {
+		if got := co.srv.renewsItself(node); got != want {
+			t.Errorf("renewsItself(%s) = %v, want %v", node, got, want)
 		}
 	}
 	// What the relay's renewal gives is recorded in n1's grant before it
@@ -300,7 +303,13 @@ func TestRelayedRenewals(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	if co.srv.relayed("n2") || co.srv.relayed("n1") {
+	if !co.srv.renewsItself("n1") || !co.srv.renewsItself("n2") {
 		t.Error("members wait for a relay whose stream is gone")
+	}
+	// A node that runs no job is renewed by its lease alone.
+	ch, _ := agent(t, c, node("idle", 4))
+	next(t, ch, func(*pb.Assignment) bool { return true })
+	if co.srv.renewsItself("idle") {
+		t.Error("a node without a job gets window renewals")
 	}
 }

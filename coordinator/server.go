@@ -446,7 +446,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			}
 			s.renewals.sent(node, now, r.TTL*1000)
 		case now := <-window:
-			if s.relayed(node) {
+			if !s.renewsItself(node) {
 				continue
 			}
 			if err := renew(now, s.relayedRenewals(node, now)); err != nil {
@@ -459,6 +459,14 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 				continue
 			}
 			last = a
+			if s.cfg.FenceWindow > 0 && a.Job != "" {
+				// A node given a job gets its first window deadline with
+				// it: without one, it gets none until its relay's next.
+				now := time.Now()
+				if ttlMs, ok := give(now); ok {
+					wire = wire.withRenewal(ttlMs, now)
+				}
+			}
 			if err := stream.SendMsg(wire); err != nil {
 				return err
 			}

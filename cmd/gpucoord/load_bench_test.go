@@ -464,7 +464,12 @@ func loadRun(t *testing.T, bin string, n int) string {
 	registering := time.Now()
 	register := func(rctx context.Context, i int) error {
 		name := fmt.Sprintf("n%04d", i)
-		node := &pb.Node{Name: name, Host: "127.0.0.1", Gpus: 8, Protocol: loadProtocol, Instance: name}
+		// Each node says it has a node server, as real agents do: with a
+		// fence window, a block's members are then renewed through its
+		// relay (relayed_renewals), one message a block. The simulated
+		// relays forward none (nothing listens there): the members' side
+		// of it is the agents' machines' work, not the coordinator's.
+		node := &pb.Node{Name: name, Host: "127.0.0.1", Gpus: 8, Protocol: loadProtocol, Instance: name, CheckpointAddr: "127.0.0.1:9"}
 		pooled := i >= n-2
 		if pooled {
 			node.FailureDomain, node.GossipAddr = lostRack, freeAddr(t)
