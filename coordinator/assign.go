@@ -138,6 +138,18 @@ func (c *cache) relayIn(job string, gen int64, node string) (string, bool) {
 	return ja.whole.Generation.Members[pb.Relay(i)].Node, true
 }
 
+// runningMembers is each running job's generation's members, in order
+// (shared: not to be changed).
+func (c *cache) runningMembers() [][]*pb.Member {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([][]*pb.Member, 0, len(c.assigned))
+	for _, ja := range c.assigned {
+		out = append(out, ja.whole.Generation.Members)
+	}
+	return out
+}
+
 // blockMembers is the members of node's block (pb.RelayBlock) in the job it
 // runs, its relay first; nil when it runs none.
 func (c *cache) blockMembers(node string) []*pb.Member {

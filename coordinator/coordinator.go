@@ -382,6 +382,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	})
 	g.Go(func() error { return c.campaign(gctx) })
 	g.Go(func() error { return c.revokeDead(gctx) })
+	g.Go(func() error { return c.srv.windowLoop(gctx) })
 	if c.metrics != nil {
 		g.Go(func() error { return serveMetrics(gctx, c.metrics, c.registry) })
 	}

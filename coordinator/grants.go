@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -97,6 +98,9 @@ type grant struct {
 	// deadline given runs past renewed+leaseTTL (windowTTL).
 	renewed  time.Time
 	leaseTTL time.Duration
+	// tick is the stream's turn to send a window renewal (windowLoop);
+	// a turn missed while the stream is busy is dropped.
+	tick chan time.Time
 }
 
 func newGrants() *grants { return &grants{m: map[string]*grant{}} }
@@ -105,7 +109,7 @@ func newGrants() *grants { return &grants{m: map[string]*grant{}} }
 // on lease whose earlier streams gave it until floor; etcd renewed the
 // lease for leaseTTL at renewed.
 func (gs *grants) open(node, conn string, session uint64, lease clientv3.LeaseID, floor, renewed time.Time, leaseTTL time.Duration) *grant {
-	g := &grant{conn: conn, session: session, lease: lease, floor: floor, renewed: renewed, leaseTTL: leaseTTL}
+	g := &grant{conn: conn, session: session, lease: lease, floor: floor, renewed: renewed, leaseTTL: leaseTTL, tick: make(chan time.Time, 1)}
 	gs.mu.Lock()
 	gs.m[node] = g
 	gs.mu.Unlock()
@@ -214,11 +218,9 @@ func (g *grant) renewal(window time.Duration, now time.Time) (time.Duration, boo
 // stream gives each member whose own stream this coordinator serves its
 // deadline, recorded in the member's grant before it is sent as for the
 // member's own, and its agent forwards them (relayed_renewals). The
-// members' own streams send their window renewals only while their relay
-// has no stream here (relayed); their lease renewals, and everything else,
-// they send as before. A node that runs no job gets no window renewals at
-// all: it has no ranks to stop, and the assignment that gives it a job
-// carries a deadline. So a block costs the coordinator one message a
+// members' own streams send no window renewals while their relay has a
+// stream here (windowRenewers); their lease renewals, and everything else,
+// they send as before. So a block costs the coordinator one message a
 // third of the window, and a member's bound is its own grant's either way.
 // A relay that stalls stops its block's ranks with its own: the job loses
 // the relay, as it would anyway.
@@ -245,29 +247,59 @@ func (s *server) relayedRenewals(relay string, now time.Time) []*pb.RelayedRenew
 	return out
 }
 
-// renewsItself says whether node's own stream sends its window renewals:
-// node runs a job (a node without ranks needs none: the assignment that
-// gives it a job carries its first deadline), and is not renewed through
-// its relay (relayed).
-func (s *server) renewsItself(node string) bool {
-	b := s.cache.blockMembers(node)
-	return b != nil && !s.relayed(node, b)
-}
-
-// relayed says whether node's window renewals go through the relay of its
-// block b, the rule relayedRenewals follows: node is a member of a running
-// job's block, not its relay, both have node servers, and the relay's
-// stream is served here.
-func (s *server) relayed(node string, b []*pb.Member) bool {
-	if len(b) < 2 || b[0].Node == node || b[0].CheckpointAddr == "" {
-		return false
+// windowLoop, with a fence window, gives each stream that sends window
+// renewals its turn every third of the window, until ctx ends: one clock
+// for the coordinator, not a timer a stream, so that a round wakes the
+// streams that send (a block's relay, a node renewed by no relay), not
+// every stream.
+func (s *server) windowLoop(ctx context.Context) error {
+	if s.cfg.FenceWindow <= 0 {
+		return nil
 	}
-	for _, m := range b[1:] {
-		if m.Node == node {
-			return m.CheckpointAddr != "" && s.grants.live(b[0].Node) != nil
+	t := time.NewTicker(s.cfg.FenceWindow / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			for _, g := range s.windowRenewers() {
+				select {
+				case g.tick <- now:
+				default:
+				}
+			}
 		}
 	}
-	return false
+}
+
+// windowRenewers are the grants of the streams that send window renewals
+// now, the rule relayedRenewals follows: each running job's members with
+// a stream here, but those renewed through their block's relay (both with
+// a node server, the relay's stream here). A node that runs no job gets
+// none: it has no ranks to stop, and the assignment that gives it a job
+// carries a deadline.
+func (s *server) windowRenewers() []*grant {
+	var out []*grant
+	for _, ms := range s.cache.runningMembers() {
+		for r := 0; r < len(ms); r += pb.RelayBlock {
+			b := ms[r:min(r+pb.RelayBlock, len(ms))]
+			rg := s.grants.live(b[0].Node)
+			if rg != nil {
+				out = append(out, rg)
+			}
+			relays := rg != nil && b[0].CheckpointAddr != ""
+			for _, m := range b[1:] {
+				if relays && m.CheckpointAddr != "" {
+					continue
+				}
+				if g := s.grants.live(m.Node); g != nil {
+					out = append(out, g)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // windowTTL is how long a renewal sent at now gives a node whose lease

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -227,14 +228,14 @@ func TestFenceWindow(t *testing.T) {
 // renewed through their block's relay: the relay's stream carries each
 // member's renewal, given as the member's own (recorded in its grant
 // before it is sent), for the member's stream; a member without a node
-// server, or whose relay's stream is gone, renews itself; a member fenced
-// is renewed no more.
+// server (n2), or whose relay's stream is gone, renews itself; a member
+// fenced (n1) is renewed no more; a node without a job gets none.
 func TestRelayedRenewals(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) { c.FenceWindow = 300 * time.Millisecond })
 	c := client(t, co.Addr())
 	var chans []<-chan *pb.Assignment
 	var drop []context.CancelFunc
-	for i, name := range []string{"n0", "n1", "n2"} {
+	for i, name := range []string{"n0", "n1", "n2", "n3"} {
 		n := node(name, 4)
 		if name != "n2" {
 			n.CheckpointAddr = fmt.Sprintf("127.0.0.1:%d", 9000+i)
@@ -246,7 +247,7 @@ func TestRelayedRenewals(t *testing.T) {
 		ch, cancel := watch(t, c, name, resp.LeaseId, 0)
 		chans, drop = append(chans, ch), append(drop, cancel)
 	}
-	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 3, 4)}); err != nil {
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 4, 4)}); err != nil {
 		t.Fatal(err)
 	}
 	for i, ch := range chans {
@@ -262,10 +263,12 @@ func TestRelayedRenewals(t *testing.T) {
 		select {
 		case a := <-chans[0]:
 			for _, r := range a.RelayedRenewals {
-				if r.Node != "n1" {
+				if r.Node != "n1" && r.Node != "n3" {
 					t.Fatalf("the relay's stream renewed %s, which has no node server or is the relay", r.Node)
 				}
-				relayed = r
+				if r.Node == "n1" {
+					relayed = r
+				}
 			}
 		case <-timeout:
 			t.Fatal("no renewal of n1 through its relay n0")
@@ -275,24 +278,28 @@ func TestRelayedRenewals(t *testing.T) {
 	if g1 == nil || relayed.Session != g1.session || relayed.Addr != "127.0.0.1:9001" || relayed.LeaseTtlMs <= 0 || relayed.LeaseTtlMs > 300 {
 		t.Fatalf("relayed renewal %v; want n1's stream's session, its node server and at most the window", relayed)
 	}
-	for node, want := range map[string]bool{"n0": true, "n1": false, "n2": true} {
-		if got := co.srv.renewsItself(node); got != want {
-			t.Errorf("renewsItself(%s) = %v, want %v", node, got, want)
+	renews := func(node string) bool {
+		g := co.srv.grants.live(node)
+		return g != nil && slices.Contains(co.srv.windowRenewers(), g)
+	}
+	for node, want := range map[string]bool{"n0": true, "n1": false, "n2": true, "n3": false} {
+		if got := renews(node); got != want {
+			t.Errorf("%s's stream sends window renewals: %v, want %v", node, got, want)
 		}
 	}
 	// What the relay's renewal gives is recorded in n1's grant before it
 	// is sent: the fence of n1's run waits it out.
 	now := time.Now()
 	rs := co.srv.relayedRenewals("n0", now)
-	if len(rs) != 1 || rs[0].Node != "n1" {
-		t.Fatalf("relayed renewals %v, want n1's", rs)
+	if len(rs) != 2 || rs[0].Node != "n1" || rs[1].Node != "n3" {
+		t.Fatalf("relayed renewals %v, want n1's and n3's", rs)
 	}
 	bound, _, ok := co.srv.grants.stop("n1", g1.lease)
 	if want := now.Add(time.Duration(rs[0].LeaseTtlMs) * time.Millisecond); !ok || bound.Before(want) {
 		t.Errorf("n1's bound %v (%v), want at least the relayed deadline %v", bound, ok, want)
 	}
-	if rs := co.srv.relayedRenewals("n0", time.Now()); len(rs) != 0 {
-		t.Errorf("a stopped stream's node renewed through its relay: %v", rs)
+	if rs := co.srv.relayedRenewals("n0", time.Now()); len(rs) != 1 || rs[0].Node != "n3" {
+		t.Errorf("relayed renewals after n1's stream stopped: %v, want n3's alone", rs)
 	}
 	// The relay's stream gone, its members renew themselves.
 	drop[0]()
@@ -303,13 +310,13 @@ func TestRelayedRenewals(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	if !co.srv.renewsItself("n1") || !co.srv.renewsItself("n2") {
+	if !renews("n3") || !renews("n2") {
 		t.Error("members wait for a relay whose stream is gone")
 	}
 	// A node that runs no job is renewed by its lease alone.
 	ch, _ := agent(t, c, node("idle", 4))
 	next(t, ch, func(*pb.Assignment) bool { return true })
-	if co.srv.renewsItself("idle") {
+	if renews("idle") {
 		t.Error("a node without a job gets window renewals")
 	}
 }

@@ -392,15 +392,10 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	}
 	s.renewals.sent(node, renewed, first.TTL*1000)
 	last := a
-	// With a fence window, the stream renews the node every third of it
-	// between the lease's renewals, and a relay's stream its block's
-	// members too; a member's stream leaves it to its relay's.
-	var window <-chan time.Time
-	if s.cfg.FenceWindow > 0 {
-		t := time.NewTicker(s.cfg.FenceWindow / 3)
-		defer t.Stop()
-		window = t.C
-	}
+	// With a fence window, the stream renews the node at its turns
+	// (windowLoop: every third of the window, while the node runs a job
+	// and no relay renews it) between the lease's renewals, and a relay's
+	// stream its block's members too.
 	renew := func(now time.Time, relayed []*pb.RelayedRenewal) error {
 		ttlMs, ok := give(now)
 		if !ok && len(relayed) == 0 {
@@ -445,10 +440,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 				return err
 			}
 			s.renewals.sent(node, now, r.TTL*1000)
-		case now := <-window:
-			if !s.renewsItself(node) {
-				continue
-			}
+		case now := <-g.tick:
 			if err := renew(now, s.relayedRenewals(node, now)); err != nil {
 				return err
 			}
