@@ -238,9 +238,26 @@ func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error), hoo
 			// A generation that waits for earlier ranks to stop: the node
 			// stops its own and says so, as every real agent does.
 			*stopped = asg.gen
+			// A real agent says it again while the coordinator answers
+			// that it could not write it (reportResp): the generation
+			// opens only with it.
 			req := &pb.ReportRequest{Job: asg.job, Node: a.name, LeaseId: a.lease.Load(),
 				Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: asg.gen}}}
-			f.wg.Go(func() { a.cl.Report(a.ctx, req) })
+			f.wg.Go(func() {
+				for {
+					_, err := a.cl.Report(a.ctx, req)
+					switch status.Code(err) {
+					case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.ResourceExhausted:
+					default:
+						return
+					}
+					select {
+					case <-a.ctx.Done():
+						return
+					case <-time.After(200 * time.Millisecond):
+					}
+				}
+			})
 		}
 		if asg.job != "" && asg.open && asg.master == "" && hooks.rank0 {
 			// This node runs rank 0: it reports its address.
