@@ -53,11 +53,14 @@ func (ja *jobAssignment) same(a *pb.Assignment) bool {
 
 // forNode is node's assignment: the whole one but for the generation,
 // which is the node's view (pb.NodeView), with the node's place and the
-// nodes it replicates to.
+// nodes it replicates to. It is made outside the lock: at a new
+// generation every stream asks at once (16,384 of them), and made under
+// it they would take turns on one core.
 func (ja *jobAssignment) forNode(node string) (*pb.Assignment, encoded) {
 	ja.mu.Lock()
-	defer ja.mu.Unlock()
-	if na, ok := ja.nodes[node]; ok {
+	na, ok := ja.nodes[node]
+	ja.mu.Unlock()
+	if ok {
 		return na.a, na.wire
 	}
 	i, ok := ja.index[node]
@@ -78,7 +81,12 @@ func (ja *jobAssignment) forNode(node string) (*pb.Assignment, encoded) {
 		a.Relay = w.Generation.Members[r].Node
 	}
 	a.Generation = pb.NodeView(w.Generation, i, ja.replicas, sources)
-	na := nodeAssignment{a: a, wire: mustMarshal(a)}
+	na = nodeAssignment{a: a, wire: mustMarshal(a)}
+	ja.mu.Lock()
+	defer ja.mu.Unlock()
+	if first, ok := ja.nodes[node]; ok {
+		return first.a, first.wire // made by another stream of the node meanwhile
+	}
 	ja.nodes[node] = na
 	return na.a, na.wire
 }

@@ -238,26 +238,9 @@ func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error), hoo
 			// A generation that waits for earlier ranks to stop: the node
 			// stops its own and says so, as every real agent does.
 			*stopped = asg.gen
-			// A real agent says it again while the coordinator answers
-			// that it could not write it (reportResp): the generation
-			// opens only with it.
 			req := &pb.ReportRequest{Job: asg.job, Node: a.name, LeaseId: a.lease.Load(),
 				Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: asg.gen}}}
-			f.wg.Go(func() {
-				for {
-					_, err := a.cl.Report(a.ctx, req)
-					switch status.Code(err) {
-					case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.ResourceExhausted:
-					default:
-						return
-					}
-					select {
-					case <-a.ctx.Done():
-						return
-					case <-time.After(200 * time.Millisecond):
-					}
-				}
-			})
+			f.wg.Go(func() { a.report(req) })
 		}
 		if asg.job != "" && asg.open && asg.master == "" && hooks.rank0 {
 			// This node runs rank 0: it reports its address.
@@ -266,7 +249,7 @@ func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error), hoo
 			}
 			req := &pb.ReportRequest{Job: asg.job, Generation: asg.gen, Node: a.name,
 				Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: "127.0.0.1:29500"}}}
-			f.wg.Go(func() { a.cl.Report(a.ctx, req) })
+			f.wg.Go(func() { a.report(req) })
 		}
 		if hooks.assigned != nil {
 			hooks.assigned(asg)
@@ -412,5 +395,25 @@ func TestSimAgentsComeBack(t *testing.T) {
 	case <-done:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the agents' goroutines still run 30 s after the fleet's context ended")
+	}
+}
+
+// report sends r until the coordinator takes it or refuses it for good,
+// as a real agent's reportResp does: a generation opens only with every
+// Stopped report and rank 0's address, and one the coordinator could not
+// write (etcd slow under the load) is said again.
+func (a *simAgent) report(r *pb.ReportRequest) {
+	for {
+		_, err := a.cl.Report(a.ctx, r)
+		switch status.Code(err) {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.ResourceExhausted:
+		default:
+			return
+		}
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 }
