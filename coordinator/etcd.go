@@ -254,12 +254,16 @@ func lockDataDir(dir string) (*os.File, error) {
 // port the kernel picks; only this coordinator talks to it), its peer port
 // a unix socket in DataDir for a one-member cluster, or its URL in
 // Members, with mutual TLS, in a static cluster.
-// etcdRequestLimit is the embedded etcd's limit on one request, and the
-// client's: enough for a generation of 65,536 nodes (about 160 bytes a
-// member, in a transaction of a few operations whatever its size). An
-// external etcd needs --max-request-bytes as large for jobs of more than
-// about 9,000 nodes (docs/LAUNCH.md).
-const etcdRequestLimit = 16 << 20
+// The embedded etcd's limits on one transaction, and the client's on one
+// request: enough for a generation of 65,536 nodes (about 160 bytes a
+// member), and for a decision that writes a strike for each of thousands
+// of nodes lost at once (a 16,384-node run lost hundreds when etcd
+// stalled; etcd's default is 128 operations). An external etcd needs
+// --max-txn-ops and --max-request-bytes as large (docs/LAUNCH.md).
+const (
+	etcdTxnOps       = 64 << 10
+	etcdRequestLimit = 16 << 20
+)
 
 func startEmbedded(c EtcdConfig) (*embed.Etcd, error) {
 	dir := c.DataDir
@@ -317,9 +321,11 @@ func startEmbedded(c EtcdConfig) (*embed.Etcd, error) {
 	// launch that lost its coordinator to resume its Follow stream) and
 	// compact the rest, so a long job does not grow the database forever.
 	cfg.AutoCompactionMode, cfg.AutoCompactionRetention = embed.CompactorModePeriodic, "1h"
-	// A generation's transaction carries its member list: etcd's default
-	// (1.5 MiB) stops a job at about 9,000 nodes.
-	cfg.MaxRequestBytes = etcdRequestLimit
+	// A generation's transaction carries its member list, and a decision
+	// a strike for each node lost: etcd's defaults (1.5 MiB, 128
+	// operations) stop a job at about 9,000 nodes, or one that loses more
+	// than about 120 at once.
+	cfg.MaxTxnOps, cfg.MaxRequestBytes = etcdTxnOps, etcdRequestLimit
 	srv, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd in %s: %w", dir, err)

@@ -168,8 +168,8 @@ func (l *leader) run(ctx context.Context) error {
 		case errors.Is(err, errDeposed):
 			return err
 		case err != nil && ctx.Err() == nil:
-			if errors.Is(err, rpctypes.ErrRequestTooLarge) {
-				err = fmt.Errorf("%w: etcd refuses a generation this large; start etcd with --max-request-bytes 16777216, as the embedded etcd runs", err)
+			if errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrRequestTooLarge) {
+				err = fmt.Errorf("%w: etcd refuses a transaction this large; start etcd with --max-txn-ops 65536 --max-request-bytes 16777216, as the embedded etcd runs", err)
 			}
 			l.log.Warn("reconcile", "job", id, "err", err)
 			q.retry(id)

@@ -688,7 +688,8 @@ func newStoppedWriter(s *server) *stoppedWriter {
 // writeStopped writes the Stopped records of job id (node -> below) in
 // transactions of up to storedTxnOps/2 nodes, stoppedWrites at once (a
 // generation of 16,384 nodes brings 256 of them, which one after the
-// other took 8 s here): only a job that exists gets them, and only a
+// other took 8 s here; 8 at once, 3 s, but etcd then answered its health
+// probe too late, and the coordinator stopped serving): only a job that exists gets them, and only a
 // larger value (a report that arrives late never undoes a newer one),
 // each key written only if no other write changed it since it was read
 // (else read again).
@@ -714,7 +715,7 @@ func (s *server) writeStopped(ctx context.Context, id string, below map[string]i
 
 // stoppedWrites is how many of a group's transactions writeStopped has
 // under way at once.
-const stoppedWrites = 8
+const stoppedWrites = 2
 
 // writeStoppedChunk writes the Stopped records of chunk's nodes in one
 // transaction, for writeStopped.
