@@ -853,12 +853,17 @@ func (c *cache) poolOf(domain, except string, most int) (seeds []string, members
 // channel closed when that may change. Both are shared: read only.
 func (c *cache) assignment(node string) (*pb.Assignment, encoded, <-chan struct{}) {
 	c.mu.RLock()
-	defer c.mu.RUnlock()
-	if id := c.holder[node]; id != "" {
-		a, wire := c.assigned[id].forNode(node)
-		return a, wire, c.changed
+	ja, changed := c.assigned[c.holder[node]], c.changed
+	if ja == nil {
+		defer c.mu.RUnlock()
+		return &pb.Assignment{Revision: c.assignRev, GossipKeys: c.ring.keys(), LiveJobs: c.live}, c.empty, changed
 	}
-	return &pb.Assignment{Revision: c.assignRev, GossipKeys: c.ring.keys(), LiveJobs: c.live}, c.empty, c.changed
+	c.mu.RUnlock()
+	// The node's part is made outside the cache's lock (ja does not
+	// change; a change since closes changed): 16,384 streams make theirs
+	// at once after a new generation, while the watch applies events.
+	a, wire := ja.forNode(node)
+	return a, wire, changed
 }
 
 // view is one job and the pool as the cache holds them now, for decide:
