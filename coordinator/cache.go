@@ -295,7 +295,7 @@ func (c *cache) gossipKeys() keyring {
 func affectsDecision(field string) bool {
 	switch {
 	case field == "spec", field == "state", field == "generation", field == "commit", field == "backup", field == "open",
-		strings.HasPrefix(field, "exits/"), strings.HasPrefix(field, "stopped/"):
+		strings.HasPrefix(field, "exits/"), strings.HasPrefix(field, "stopped/"), strings.HasPrefix(field, "stoppedb/"):
 		return true
 	}
 	return false
@@ -505,7 +505,22 @@ func (c *cache) putJob(j *jobEntry, field string, kv *mvccpb.KeyValue, bad func(
 		if j.stopped == nil {
 			j.stopped = map[string]int64{}
 		}
-		j.stopped[strings.TrimPrefix(field, "stopped/")] = s.Below
+		node := strings.TrimPrefix(field, "stopped/")
+		j.stopped[node] = max(j.stopped[node], s.Below)
+	case strings.HasPrefix(field, "stoppedb/"):
+		b := &pb.StoppedBucket{}
+		if err := decode(kv.Value, b); err != nil {
+			bad(err)
+			return
+		}
+		if j.stopped == nil {
+			j.stopped = map[string]int64{}
+		}
+		// A node's record only grows, in its bucket's key or its own
+		// (written by earlier versions).
+		for node, below := range b.Below {
+			j.stopped[node] = max(j.stopped[node], below)
+		}
 	case strings.HasPrefix(field, "stored/"):
 		b := &pb.StoredBlock{}
 		if err := decode(kv.Value, b); err != nil {

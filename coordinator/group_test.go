@@ -3,15 +3,19 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"maps"
 	"runtime"
 	"slices"
 	"sync"
 	"testing"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
@@ -130,23 +134,29 @@ func TestStoppedReportsGrouped(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	resp, err := co.etcd.Client.Get(t.Context(), keys(co.cfg.Prefix).stoppedAll("j"), clientv3.WithPrefix())
+	resp, err := co.etcd.Client.Get(t.Context(), keys(co.cfg.Prefix).job("j")+"stoppedb/", clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := 0
 	for _, kv := range resp.Kvs {
-		if string(kv.Key) == keys(co.cfg.Prefix).stopped("j", "m") {
-			continue // the watching node's own (the test's agent reports it)
+		b := &pb.StoppedBucket{}
+		if err := decode(kv.Value, b); err != nil {
+			t.Fatalf("%s: %v", kv.Key, err)
 		}
-		got++
-		st := &pb.Stopped{}
-		if err := decode(kv.Value, st); err != nil || st.Below != 2 {
-			t.Errorf("%s: %v, %v: want below 2 (a lower report after it changes nothing)", kv.Key, st, err)
+		for node, below := range b.Below {
+			if node == "m" {
+				continue // the watching node's own (the test's agent reports it)
+			}
+			got++
+			if below != 2 || kv.Key == nil || string(kv.Key) != keys(co.cfg.Prefix).stoppedBucket("j", stoppedBucketOf(node)) {
+				t.Errorf("%s in %s: below %d, want 2 (a lower report after it changes nothing) in its bucket's key", node, kv.Key, below)
+			}
 		}
 	}
-	if got != n {
-		t.Errorf("%d stopped keys, want %d", got, n)
+	// A bucket a key: the reports of n nodes are fewer keys than nodes.
+	if got != n || len(resp.Kvs) >= n {
+		t.Errorf("%d nodes' records in %d keys, want %d in fewer keys", got, len(resp.Kvs), n)
 	}
 	if err := report("n000", 1); err != nil {
 		t.Error(err)
@@ -220,6 +230,27 @@ func TestConnsGrouped(t *testing.T) {
 		}
 		if out[node] != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != connValue(it.session, it.id) || clientv3.LeaseID(resp.Kvs[0].Lease) != it.lease {
 			t.Errorf("%s: %v, %v; want %s under lease %x", node, out[node], resp.Kvs, it.id, it.lease)
+		}
+	}
+}
+
+// TestStoppedKeysMerge: a node's Stopped record is the highest of its
+// bucket's key and its own key (written by earlier versions), whatever
+// the order the keys come in.
+func TestStoppedKeysMerge(t *testing.T) {
+	k := keys("/m/")
+	kv := func(key string, v proto.Message) *mvccpb.KeyValue {
+		return &mvccpb.KeyValue{Key: []byte(key), Value: []byte(encode(v)), CreateRevision: 1, ModRevision: 1}
+	}
+	spec := kv(k.spec("j"), &pb.JobSpec{Id: "j"})
+	own := kv(k.stopped("j", "a"), &pb.Stopped{Below: 3})
+	bucket := kv(k.stoppedBucket("j", 7), &pb.StoppedBucket{Below: map[string]int64{"a": 2, "b": 5}})
+	for _, order := range [][]*mvccpb.KeyValue{{spec, own, bucket}, {spec, bucket, own}} {
+		c := newCache(nil, k, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		c.reset(2, order)
+		v, ok := c.view("j")
+		if !ok || v.job.stopped["a"] != 3 || v.job.stopped["b"] != 5 {
+			t.Errorf("stopped %v, want a 3 (its own key) and b 5 (its bucket's)", v.job.stopped)
 		}
 	}
 }

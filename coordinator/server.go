@@ -686,24 +686,34 @@ func newStoppedWriter(s *server) *stoppedWriter {
 }
 
 // writeStopped writes the Stopped records of job id (node -> below) in
-// transactions of up to storedTxnOps/2 nodes, stoppedWrites at once (a
-// generation of 16,384 nodes brings 256 of them, which one after the
-// other took 8 s here; 8 at once, 3 s, but etcd then answered its health
-// probe too late, and the coordinator stopped serving): only a job that exists gets them, and only a
-// larger value (a report that arrives late never undoes a newer one),
-// each key written only if no other write changed it since it was read
-// (else read again).
+// their buckets' keys (stoppedBucketOf: a generation of 16,384 nodes
+// brings 16,384 reports, written as 256 keys, where a key a node took 8 s
+// here before the generation could open), up to storedTxnOps/2 keys a
+// transaction, stoppedWrites transactions at once: only a job that exists
+// gets them, and only a larger value (a report that arrives late never
+// undoes a newer one), each key written only if no other write changed it
+// since it was read (else read again).
 func (s *server) writeStopped(ctx context.Context, id string, below map[string]int64) map[string]error {
+	buckets := map[uint32]map[string]int64{}
+	for node, b := range below {
+		k := stoppedBucketOf(node)
+		if buckets[k] == nil {
+			buckets[k] = map[string]int64{}
+		}
+		buckets[k][node] = b
+	}
 	var mu sync.Mutex
 	out := make(map[string]error, len(below))
 	var g errgroup.Group
 	g.SetLimit(stoppedWrites)
-	for chunk := range slices.Chunk(slices.Sorted(maps.Keys(below)), storedTxnOps/2) {
+	for chunk := range slices.Chunk(slices.Sorted(maps.Keys(buckets)), storedTxnOps/2) {
 		g.Go(func() error {
-			err := s.writeStoppedChunk(ctx, id, below, chunk)
+			err := s.writeStoppedChunk(ctx, id, buckets, chunk)
 			mu.Lock()
-			for _, node := range chunk {
-				out[node] = err
+			for _, b := range chunk {
+				for node := range buckets[b] {
+					out[node] = err
+				}
 			}
 			mu.Unlock()
 			return nil
@@ -714,53 +724,60 @@ func (s *server) writeStopped(ctx context.Context, id string, below map[string]i
 }
 
 // stoppedWrites is how many of a group's transactions writeStopped has
-// under way at once.
+// under way at once (8 at 16,384 nodes, when it wrote a key a node, made
+// etcd answer its health probe too late).
 const stoppedWrites = 2
 
-// writeStoppedChunk writes the Stopped records of chunk's nodes in one
+// writeStoppedChunk writes the records of chunk's buckets in one
 // transaction, for writeStopped.
-func (s *server) writeStoppedChunk(ctx context.Context, id string, below map[string]int64, chunk []string) error {
+func (s *server) writeStoppedChunk(ctx context.Context, id string, buckets map[uint32]map[string]int64, chunk []uint32) error {
 	err := status.Errorf(codes.Aborted, "job %s: stopped reports kept conflicting", id)
 	for range 8 {
 		reads := []clientv3.Op{clientv3.OpGet(s.k.spec(id), clientv3.WithCountOnly())}
-		for _, node := range chunk {
-			reads = append(reads, clientv3.OpGet(s.k.stopped(id, node)))
+		for _, b := range chunk {
+			reads = append(reads, clientv3.OpGet(s.k.stoppedBucket(id, b)))
 		}
 		resp, rerr := s.cli.Txn(ctx).Then(reads...).Commit()
 		if rerr != nil {
-			err = etcdErr(rerr)
-			break
+			return etcdErr(rerr)
 		}
 		if resp.Responses[0].GetResponseRange().GetCount() == 0 {
-			err = status.Errorf(codes.NotFound, "no job %q", id)
-			break
+			return status.Errorf(codes.NotFound, "no job %q", id)
 		}
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(s.k.spec(id)), ">", 0)}
 		var puts []clientv3.Op
-		for i, node := range chunk {
-			key, rev := s.k.stopped(id, node), int64(0)
+		for i, b := range chunk {
+			key, rev, cur := s.k.stoppedBucket(id, b), int64(0), &pb.StoppedBucket{}
 			if kvs := resp.Responses[1+i].GetResponseRange().GetKvs(); len(kvs) == 1 {
-				old := &pb.Stopped{}
-				if decode(kvs[0].Value, old) == nil && old.Below >= below[node] {
-					continue
+				if decode(kvs[0].Value, cur) != nil {
+					cur = &pb.StoppedBucket{} // unreadable: written anew
 				}
 				rev = kvs[0].ModRevision
 			}
+			if cur.Below == nil {
+				cur.Below = map[string]int64{}
+			}
+			grew := false
+			for node, below := range buckets[b] {
+				if below > cur.Below[node] {
+					cur.Below[node], grew = below, true
+				}
+			}
+			if !grew {
+				continue
+			}
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", rev))
-			puts = append(puts, clientv3.OpPut(key, encode(&pb.Stopped{Below: below[node]})))
+			puts = append(puts, clientv3.OpPut(key, encode(cur)))
 		}
 		if len(puts) == 0 {
-			err = nil
-			break
+			return nil
 		}
 		w, werr := s.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
 		if werr != nil {
-			err = etcdErr(werr)
-			break
+			return etcdErr(werr)
 		}
 		if w.Succeeded {
-			err = nil
-			break
+			return nil
 		}
 	}
 	return err

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"encoding/json"
+	"hash/fnv"
 	"fmt"
 	"maps"
 	"strconv"
@@ -30,7 +31,8 @@ import (
 //	jobs/<id>/policy                   jobPolicy: the leader's timers for the job (JSON)
 //	conns/<node>                       the node's open Watch stream, leased with the node
 //	jobs/<id>/open                     the newest generation whose ranks may start (decimal)
-//	jobs/<id>/stopped/<node>           Stopped: the generation below which the node runs no rank
+//	jobs/<id>/stopped/<node>           Stopped: the generation below which the node runs no rank (read, no more written)
+//	jobs/<id>/stoppedb/<bucket>        StoppedBucket: the same for each node of a bucket (stoppedBucketOf)
 //	fences/<node>                      fence: a revoked node's run and its latest deadline (JSON)
 //	generations                        the last generation written (<id>/<number>): the transaction of every
 //	                                   generation compares its revision with the one the decision saw, so a
@@ -67,6 +69,25 @@ func (k keys) fence(node string) string       { return k.fences() + node }
 func (k keys) open(id string) string          { return k.job(id) + "open" }
 func (k keys) stoppedAll(id string) string    { return k.job(id) + "stopped/" }
 func (k keys) stopped(id, node string) string { return k.stoppedAll(id) + node }
+
+// stoppedBucket is the key of the Stopped records of the nodes of bucket
+// b (stoppedBucketOf).
+func (k keys) stoppedBucket(id string, b uint32) string {
+	return k.job(id) + "stoppedb/" + strconv.FormatUint(uint64(b), 10)
+}
+
+// stoppedBuckets is how many buckets a job's Stopped records are kept in:
+// 64 nodes a bucket at 16,384, so that a generation's reports are
+// written in four transactions of 64 keys.
+const stoppedBuckets = 256
+
+// stoppedBucketOf is node's bucket: a hash of its name, the same in every
+// generation and on every coordinator.
+func stoppedBucketOf(node string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(node))
+	return h.Sum32() % stoppedBuckets
+}
 func (k keys) conn(node string) string        { return k.conns() + node }
 func (k keys) nodePolicies() string           { return string(k) + "policy/nodes/" }
 func (k keys) nodePolicy(node string) string  { return k.nodePolicies() + node }

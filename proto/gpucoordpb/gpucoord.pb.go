@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40, 0}
 }
 
 // Node is one machine in the pool.
@@ -3127,6 +3127,54 @@ func (x *Stopped) GetBelow() int64 {
 	return 0
 }
 
+// StoppedBucket is the Stopped records of the nodes of one bucket of a
+// job (by a hash of their names): one etcd key a bucket, so that the
+// reports of a generation of N nodes are N/64 keys, not N.
+type StoppedBucket struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// below is each node's Stopped.below.
+	Below         map[string]int64 `protobuf:"bytes,1,rep,name=below,proto3" json:"below,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoppedBucket) Reset() {
+	*x = StoppedBucket{}
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoppedBucket) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoppedBucket) ProtoMessage() {}
+
+func (x *StoppedBucket) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoppedBucket.ProtoReflect.Descriptor instead.
+func (*StoppedBucket) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *StoppedBucket) GetBelow() map[string]int64 {
+	if x != nil {
+		return x.Below
+	}
+	return nil
+}
+
 type ReportResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// committed is the job's last committed step as the coordinator knows
@@ -3141,7 +3189,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3153,7 +3201,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3166,7 +3214,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReportResponse) GetCommitted() int64 {
@@ -3195,7 +3243,7 @@ type RelayedAnswer struct {
 
 func (x *RelayedAnswer) Reset() {
 	*x = RelayedAnswer{}
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3207,7 +3255,7 @@ func (x *RelayedAnswer) String() string {
 func (*RelayedAnswer) ProtoMessage() {}
 
 func (x *RelayedAnswer) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3220,7 +3268,7 @@ func (x *RelayedAnswer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayedAnswer.ProtoReflect.Descriptor instead.
 func (*RelayedAnswer) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RelayedAnswer) GetCommitted() int64 {
@@ -3256,7 +3304,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3268,7 +3316,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3281,7 +3329,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *MembersRequest) GetJob() string {
@@ -3308,7 +3356,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3320,7 +3368,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3333,7 +3381,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MembersResponse) GetGeneration() int64 {
@@ -3360,7 +3408,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3372,7 +3420,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3385,7 +3433,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -3410,7 +3458,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3422,7 +3470,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3435,7 +3483,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
 }
 
 type SubmitRequest struct {
@@ -3447,7 +3495,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3459,7 +3507,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3472,7 +3520,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -3493,7 +3541,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3505,7 +3553,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3518,7 +3566,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SubmitResponse) GetDashboard() string {
@@ -3551,7 +3599,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3563,7 +3611,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3576,7 +3624,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -3648,7 +3696,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3660,7 +3708,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3673,7 +3721,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -3711,7 +3759,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3723,7 +3771,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3736,7 +3784,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -3784,7 +3832,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3796,7 +3844,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3809,7 +3857,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -3837,7 +3885,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3849,7 +3897,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3862,7 +3910,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CancelResponse) GetState() *JobState {
@@ -3880,7 +3928,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3892,7 +3940,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3905,7 +3953,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
 }
 
 type NodeStatus struct {
@@ -3919,7 +3967,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3931,7 +3979,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3944,7 +3992,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -3979,7 +4027,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3991,7 +4039,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4004,7 +4052,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -4072,7 +4120,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4084,7 +4132,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4097,7 +4145,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -4143,7 +4191,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4155,7 +4203,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4168,7 +4216,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -4216,7 +4264,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4228,7 +4276,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4241,7 +4289,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -4283,7 +4331,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4295,7 +4343,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4308,7 +4356,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -4338,7 +4386,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4350,7 +4398,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4363,7 +4411,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -4398,7 +4446,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4410,7 +4458,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4423,7 +4471,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -4455,7 +4503,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_proto_gpucoord_proto_msgTypes[53]
+	mi := &file_proto_gpucoord_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4467,7 +4515,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[53]
+	mi := &file_proto_gpucoord_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4480,7 +4528,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{53}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -4526,7 +4574,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[54]
+	mi := &file_proto_gpucoord_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4538,7 +4586,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[54]
+	mi := &file_proto_gpucoord_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4551,7 +4599,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{54}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{55}
 }
 
 type ListTokensResponse struct {
@@ -4563,7 +4611,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[55]
+	mi := &file_proto_gpucoord_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4575,7 +4623,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[55]
+	mi := &file_proto_gpucoord_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4588,7 +4636,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{55}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -4607,7 +4655,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[56]
+	mi := &file_proto_gpucoord_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4619,7 +4667,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[56]
+	mi := &file_proto_gpucoord_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4632,7 +4680,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{56}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -4650,7 +4698,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[57]
+	mi := &file_proto_gpucoord_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4662,7 +4710,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[57]
+	mi := &file_proto_gpucoord_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4675,7 +4723,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{57}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{58}
 }
 
 type GossipKeysRequest struct {
@@ -4690,7 +4738,7 @@ type GossipKeysRequest struct {
 
 func (x *GossipKeysRequest) Reset() {
 	*x = GossipKeysRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[58]
+	mi := &file_proto_gpucoord_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4702,7 +4750,7 @@ func (x *GossipKeysRequest) String() string {
 func (*GossipKeysRequest) ProtoMessage() {}
 
 func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[58]
+	mi := &file_proto_gpucoord_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4715,7 +4763,7 @@ func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeysRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{58}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GossipKeysRequest) GetAction() string {
@@ -4736,7 +4784,7 @@ type GossipKeysResponse struct {
 
 func (x *GossipKeysResponse) Reset() {
 	*x = GossipKeysResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[59]
+	mi := &file_proto_gpucoord_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4748,7 +4796,7 @@ func (x *GossipKeysResponse) String() string {
 func (*GossipKeysResponse) ProtoMessage() {}
 
 func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[59]
+	mi := &file_proto_gpucoord_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4761,7 +4809,7 @@ func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeysResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{59}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GossipKeysResponse) GetFingerprints() []string {
@@ -5046,7 +5094,13 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\aRelayed\x124\n" +
 	"\areports\x18\x01 \x03(\v2\x1a.gpucoord.v1.ReportRequestR\areports\"\x1f\n" +
 	"\aStopped\x12\x14\n" +
-	"\x05below\x18\x01 \x01(\x03R\x05below\"d\n" +
+	"\x05below\x18\x01 \x01(\x03R\x05below\"\x86\x01\n" +
+	"\rStoppedBucket\x12;\n" +
+	"\x05below\x18\x01 \x03(\v2%.gpucoord.v1.StoppedBucket.BelowEntryR\x05below\x1a8\n" +
+	"\n" +
+	"BelowEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"d\n" +
 	"\x0eReportResponse\x12\x1c\n" +
 	"\tcommitted\x18\x01 \x01(\x03R\tcommitted\x124\n" +
 	"\arelayed\x18\x02 \x03(\v2\x1a.gpucoord.v1.RelayedAnswerR\arelayed\"W\n" +
@@ -5200,7 +5254,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),                // 1: gpucoord.v1.Node
@@ -5234,42 +5288,44 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*ReportRequest)(nil),       // 29: gpucoord.v1.ReportRequest
 	(*Relayed)(nil),             // 30: gpucoord.v1.Relayed
 	(*Stopped)(nil),             // 31: gpucoord.v1.Stopped
-	(*ReportResponse)(nil),      // 32: gpucoord.v1.ReportResponse
-	(*RelayedAnswer)(nil),       // 33: gpucoord.v1.RelayedAnswer
-	(*MembersRequest)(nil),      // 34: gpucoord.v1.MembersRequest
-	(*MembersResponse)(nil),     // 35: gpucoord.v1.MembersResponse
-	(*LeaveRequest)(nil),        // 36: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),       // 37: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),       // 38: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),      // 39: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),            // 40: gpucoord.v1.JobState
-	(*FollowRequest)(nil),       // 41: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),            // 42: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),       // 43: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),      // 44: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),       // 45: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),          // 46: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),           // 47: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),        // 48: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),      // 49: gpucoord.v1.StatusResponse
-	(*JoinRequest)(nil),         // 50: gpucoord.v1.JoinRequest
-	(*JoinResponse)(nil),        // 51: gpucoord.v1.JoinResponse
-	(*CreateTokenRequest)(nil),  // 52: gpucoord.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil), // 53: gpucoord.v1.CreateTokenResponse
-	(*TokenInfo)(nil),           // 54: gpucoord.v1.TokenInfo
-	(*ListTokensRequest)(nil),   // 55: gpucoord.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),  // 56: gpucoord.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),  // 57: gpucoord.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil), // 58: gpucoord.v1.RevokeTokenResponse
-	(*GossipKeysRequest)(nil),   // 59: gpucoord.v1.GossipKeysRequest
-	(*GossipKeysResponse)(nil),  // 60: gpucoord.v1.GossipKeysResponse
-	nil,                         // 61: gpucoord.v1.JobSpec.EnvEntry
-	nil,                         // 62: gpucoord.v1.StoredBlock.NodesEntry
+	(*StoppedBucket)(nil),       // 32: gpucoord.v1.StoppedBucket
+	(*ReportResponse)(nil),      // 33: gpucoord.v1.ReportResponse
+	(*RelayedAnswer)(nil),       // 34: gpucoord.v1.RelayedAnswer
+	(*MembersRequest)(nil),      // 35: gpucoord.v1.MembersRequest
+	(*MembersResponse)(nil),     // 36: gpucoord.v1.MembersResponse
+	(*LeaveRequest)(nil),        // 37: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),       // 38: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),       // 39: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),      // 40: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),            // 41: gpucoord.v1.JobState
+	(*FollowRequest)(nil),       // 42: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),            // 43: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),       // 44: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),      // 45: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),       // 46: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),          // 47: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),           // 48: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),        // 49: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),      // 50: gpucoord.v1.StatusResponse
+	(*JoinRequest)(nil),         // 51: gpucoord.v1.JoinRequest
+	(*JoinResponse)(nil),        // 52: gpucoord.v1.JoinResponse
+	(*CreateTokenRequest)(nil),  // 53: gpucoord.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil), // 54: gpucoord.v1.CreateTokenResponse
+	(*TokenInfo)(nil),           // 55: gpucoord.v1.TokenInfo
+	(*ListTokensRequest)(nil),   // 56: gpucoord.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),  // 57: gpucoord.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),  // 58: gpucoord.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil), // 59: gpucoord.v1.RevokeTokenResponse
+	(*GossipKeysRequest)(nil),   // 60: gpucoord.v1.GossipKeysRequest
+	(*GossipKeysResponse)(nil),  // 61: gpucoord.v1.GossipKeysResponse
+	nil,                         // 62: gpucoord.v1.JobSpec.EnvEntry
+	nil,                         // 63: gpucoord.v1.StoredBlock.NodesEntry
+	nil,                         // 64: gpucoord.v1.StoppedBucket.BelowEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	61, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	62, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
 	17, // 3: gpucoord.v1.JobSpec.resume_backup:type_name -> gpucoord.v1.Step
 	9,  // 4: gpucoord.v1.JobSpec.replan:type_name -> gpucoord.v1.Replan
 	10, // 5: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
@@ -5282,7 +5338,7 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	13, // 12: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
 	17, // 13: gpucoord.v1.Step.earlier:type_name -> gpucoord.v1.Step
 	20, // 14: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
-	62, // 15: gpucoord.v1.StoredBlock.nodes:type_name -> gpucoord.v1.StoredBlock.NodesEntry
+	63, // 15: gpucoord.v1.StoredBlock.nodes:type_name -> gpucoord.v1.StoredBlock.NodesEntry
 	22, // 16: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
 	26, // 17: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
 	25, // 18: gpucoord.v1.TimesSummary.slow:type_name -> gpucoord.v1.SlowRank
@@ -5296,61 +5352,62 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	31, // 26: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
 	30, // 27: gpucoord.v1.ReportRequest.relayed:type_name -> gpucoord.v1.Relayed
 	29, // 28: gpucoord.v1.Relayed.reports:type_name -> gpucoord.v1.ReportRequest
-	33, // 29: gpucoord.v1.ReportResponse.relayed:type_name -> gpucoord.v1.RelayedAnswer
-	8,  // 30: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 31: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	40, // 32: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	11, // 33: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	17, // 34: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	17, // 35: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
-	40, // 36: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 37: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	8,  // 38: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	40, // 39: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	11, // 40: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	17, // 41: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	48, // 42: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	27, // 43: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	46, // 44: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	47, // 45: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	54, // 46: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	54, // 47: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	18, // 48: gpucoord.v1.StoredBlock.NodesEntry.value:type_name -> gpucoord.v1.Stored
-	50, // 49: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	52, // 50: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	55, // 51: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	57, // 52: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	59, // 53: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 54: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	7,  // 55: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	29, // 56: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	36, // 57: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	34, // 58: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
-	5,  // 59: gpucoord.v1.Coordinator.PoolReport:input_type -> gpucoord.v1.PoolReportRequest
-	38, // 60: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	41, // 61: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	43, // 62: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	45, // 63: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	51, // 64: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	53, // 65: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	56, // 66: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	58, // 67: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	60, // 68: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 69: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	14, // 70: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	32, // 71: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	37, // 72: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	35, // 73: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
-	6,  // 74: gpucoord.v1.Coordinator.PoolReport:output_type -> gpucoord.v1.PoolReportResponse
-	39, // 75: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	42, // 76: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	44, // 77: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	49, // 78: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	64, // [64:79] is the sub-list for method output_type
-	49, // [49:64] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	64, // 29: gpucoord.v1.StoppedBucket.below:type_name -> gpucoord.v1.StoppedBucket.BelowEntry
+	34, // 30: gpucoord.v1.ReportResponse.relayed:type_name -> gpucoord.v1.RelayedAnswer
+	8,  // 31: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 32: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	41, // 33: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	11, // 34: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	17, // 35: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	17, // 36: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
+	41, // 37: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 38: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	8,  // 39: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	41, // 40: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	11, // 41: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	17, // 42: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	49, // 43: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	27, // 44: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	47, // 45: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	48, // 46: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	55, // 47: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	55, // 48: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	18, // 49: gpucoord.v1.StoredBlock.NodesEntry.value:type_name -> gpucoord.v1.Stored
+	51, // 50: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	53, // 51: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	56, // 52: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	58, // 53: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	60, // 54: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 55: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	7,  // 56: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	29, // 57: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	37, // 58: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	35, // 59: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
+	5,  // 60: gpucoord.v1.Coordinator.PoolReport:input_type -> gpucoord.v1.PoolReportRequest
+	39, // 61: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	42, // 62: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	44, // 63: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	46, // 64: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	52, // 65: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	54, // 66: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	57, // 67: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	59, // 68: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	61, // 69: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 70: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	14, // 71: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	33, // 72: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	38, // 73: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	36, // 74: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
+	6,  // 75: gpucoord.v1.Coordinator.PoolReport:output_type -> gpucoord.v1.PoolReportResponse
+	40, // 76: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	43, // 77: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	45, // 78: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	50, // 79: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	65, // [65:80] is the sub-list for method output_type
+	50, // [50:65] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -5373,7 +5430,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   62,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
