@@ -143,6 +143,33 @@ func TestClusterNativeJob(t *testing.T) {
 	}
 }
 
+// TestClusterWindowThroughRelay: on three hosts over mutual TLS, with a
+// 500 ms fence window and 10 s leases, the job's two members other than
+// its relay are renewed through the relay alone (its agent posts each
+// renewal to theirs): the job trains to its end in one generation, and no
+// agent stops its ranks at a deadline.
+func TestClusterWindowThroughRelay(t *testing.T) {
+	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
+	b.coordinator(t, b.Host(1), b.local, "--lease-ttl", "10s", "--fence-window", "500ms")
+	var workers []*proc
+	for _, h := range b.Hosts()[1:] {
+		workers = append(workers, b.worker(t, h, 2))
+	}
+	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2",
+		"--job-id", "window", b.job)
+	if code := p.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("launch exited %d:\n%s", code, p.output())
+	}
+	if out := p.output(); strings.Contains(out, "generation 2:") {
+		t.Errorf("the job changed generation:\n%s", out)
+	}
+	for _, w := range workers {
+		if strings.Contains(w.output(), "lease deadline passed") {
+			t.Errorf("an agent stopped its ranks at their deadline:\n%s", w.output())
+		}
+	}
+}
+
 // TestClusterTorchDDP: examples/pytorch/ddp.py (gloo) on three hosts whose
 // own names resolve to loopback, without the user naming an interface:
 // every rank ends with the same parameters, as launch shows from the
