@@ -242,31 +242,6 @@ func TestWorkerFrozenWindow(t *testing.T) {
 	}
 }
 
-// TestWindowThroughRelay: with a 500 ms fence window and 10 s leases, a
-// job's member is renewed through its block's relay alone (its own stream
-// renews it only with the lease, every 3.3 s): it trains 40 steps over
-// several windows without its ranks ever stopped by their deadline, and
-// the job succeeds.
-func TestWindowThroughRelay(t *testing.T) {
-	exe := buildBinary(t)
-	_, addr := coordinatorProc(t, exe, "--lease-ttl", "10s", "--fence-window", "500ms")
-	w0, _ := workerProc(t, exe, addr, "w0", 2)
-	w1, _ := workerProc(t, exe, addr, "w1", 2)
-	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "2", "--pp", "2",
-		"--steps", "40", "../../examples/jobs/mlp.yaml")
-	if code := p.wait(t, 2*time.Minute); code != 0 {
-		t.Fatalf("launch exited %d:\n%s", code, p.output())
-	}
-	if out := p.output(); !strings.Contains(out, "generation 1:") || strings.Contains(out, "generation 2:") {
-		t.Errorf("the job did not run in one generation:\n%s", out)
-	}
-	for _, w := range []*proc{w0, w1} {
-		if strings.Contains(w.output(), "lease deadline passed") {
-			t.Errorf("a worker's ranks were stopped by their deadline:\n%s", w.output())
-		}
-	}
-}
-
 // logTime is the time a log line's field holds (RFC 3339).
 func logTime(t *testing.T, line, field string) time.Time {
 	t.Helper()
