@@ -157,21 +157,3 @@ func (c *cache) runningMembers() [][]*pb.Member {
 	}
 	return out
 }
-
-// blockMembers is the members of node's block (pb.RelayBlock) in the job it
-// runs, its relay first; nil when it runs none.
-func (c *cache) blockMembers(node string) []*pb.Member {
-	c.mu.RLock()
-	ja := c.assigned[c.holder[node]]
-	c.mu.RUnlock()
-	if ja == nil {
-		return nil
-	}
-	i, ok := ja.index[node]
-	if !ok {
-		return nil
-	}
-	ms := ja.whole.Generation.Members
-	r := pb.Relay(i)
-	return ms[r:min(r+pb.RelayBlock, len(ms))]
-}

@@ -100,7 +100,7 @@ type grant struct {
 	leaseTTL time.Duration
 	// tick is the stream's turn to send a window renewal (windowLoop);
 	// a turn missed while the stream is busy is dropped.
-	tick chan time.Time
+	tick chan turn
 }
 
 func newGrants() *grants { return &grants{m: map[string]*grant{}} }
@@ -109,7 +109,7 @@ func newGrants() *grants { return &grants{m: map[string]*grant{}} }
 // on lease whose earlier streams gave it until floor; etcd renewed the
 // lease for leaseTTL at renewed.
 func (gs *grants) open(node, conn string, session uint64, lease clientv3.LeaseID, floor, renewed time.Time, leaseTTL time.Duration) *grant {
-	g := &grant{conn: conn, session: session, lease: lease, floor: floor, renewed: renewed, leaseTTL: leaseTTL, tick: make(chan time.Time, 1)}
+	g := &grant{conn: conn, session: session, lease: lease, floor: floor, renewed: renewed, leaseTTL: leaseTTL, tick: make(chan turn, 1)}
 	gs.mu.Lock()
 	gs.m[node] = g
 	gs.mu.Unlock()
@@ -172,24 +172,6 @@ func (gs *grants) stop(node string, lease clientv3.LeaseID) (bound time.Time, co
 	return g.floor, g.conn, true
 }
 
-// give records a deadline of now+ttl, to be sent: false once the stream
-// is stopped, when it must send none.
-func (g *grant) give(now time.Time, ttl time.Duration) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.giveLocked(now, ttl)
-}
-
-func (g *grant) giveLocked(now time.Time, ttl time.Duration) bool {
-	if g.stopped {
-		return false
-	}
-	if d := now.Add(ttl); d.After(g.end) {
-		g.end = d
-	}
-	return true
-}
-
 // renewed says etcd renewed the lease for ttl at now.
 func (g *grant) leaseRenewed(now time.Time, ttl time.Duration) {
 	g.mu.Lock()
@@ -197,15 +179,19 @@ func (g *grant) leaseRenewed(now time.Time, ttl time.Duration) {
 	g.mu.Unlock()
 }
 
-// renewal gives and records the deadline a renewal sent at now carries
-// with a fence window of window (windowTTL), and returns it: false when
-// none is to be sent (the stream stopped, or the lease's time is up).
+// renewal records the deadline a renewal sent at now carries with a
+// fence window of window (windowTTL), before it is sent, and returns its
+// TTL: false when none is to be sent (the stream stopped, when it must
+// send none, or the lease's time is up).
 func (g *grant) renewal(window time.Duration, now time.Time) (time.Duration, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	ttl := windowTTL(window, g.leaseTTL, g.renewed, now)
-	if ttl <= 0 || !g.giveLocked(now, ttl) {
+	if ttl <= 0 || g.stopped {
 		return 0, false
+	}
+	if d := now.Add(ttl); d.After(g.end) {
+		g.end = d
 	}
 	return ttl, true
 }
@@ -219,25 +205,26 @@ func (g *grant) renewal(window time.Duration, now time.Time) (time.Duration, boo
 // deadline, recorded in the member's grant before it is sent as for the
 // member's own, and its agent forwards them (relayed_renewals). The
 // members' own streams send no window renewals while their relay has a
-// stream here (windowRenewers); their lease renewals, and everything else,
+// stream here (windowRenewers, the one place of that rule); their lease renewals, and everything else,
 // they send as before. So a block costs the coordinator one message a
 // third of the window, and a member's bound is its own grant's either way.
 // A relay that stalls stops its block's ranks with its own: the job loses
 // the relay, as it would anyway.
 
-// relayedRenewals are the renewals, sent at now, that relay's stream
-// carries for the members of relay's block: none when relay is not the
-// first of a block of a running job, or has no node server to forward
-// them from.
-func (s *server) relayedRenewals(relay string, now time.Time) []*pb.RelayedRenewal {
-	b := s.cache.blockMembers(relay)
-	if len(b) < 2 || b[0].Node != relay || b[0].CheckpointAddr == "" {
-		return nil
-	}
+// turn is a stream's turn to send a window renewal, at now: a relay's
+// with the members of its block it renews (relayed).
+type turn struct {
+	now     time.Time
+	relayed []*pb.Member
+}
+
+// relayedRenewals are the renewals of members, given at now, that a
+// relay's stream carries: each member's whose stream is still here.
+func (s *server) relayedRenewals(members []*pb.Member, now time.Time) []*pb.RelayedRenewal {
 	var out []*pb.RelayedRenewal
-	for _, m := range b[1:] {
+	for _, m := range members {
 		g := s.grants.live(m.Node)
-		if m.CheckpointAddr == "" || g == nil {
+		if g == nil {
 			continue
 		}
 		if ttl, ok := g.renewal(s.cfg.FenceWindow, now); ok {
@@ -263,9 +250,9 @@ func (s *server) windowLoop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case now := <-t.C:
-			for _, g := range s.windowRenewers() {
+			for g, relayed := range s.windowRenewers() {
 				select {
-				case g.tick <- now:
+				case g.tick <- turn{now: now, relayed: relayed}:
 				default:
 				}
 			}
@@ -274,28 +261,28 @@ func (s *server) windowLoop(ctx context.Context) error {
 }
 
 // windowRenewers are the grants of the streams that send window renewals
-// now, the rule relayedRenewals follows: each running job's members with
-// a stream here, but those renewed through their block's relay (both with
-// a node server, the relay's stream here). A node that runs no job gets
-// none: it has no ranks to stop, and the assignment that gives it a job
-// carries a deadline.
-func (s *server) windowRenewers() []*grant {
-	var out []*grant
+// now, each with the members it renews through its agent: each running
+// job's members with a stream here, but those renewed through their
+// block's relay (both with a node server, the relay's stream here). A
+// node that runs no job gets none: it has no ranks to stop, and the
+// assignment that gives it a job carries a deadline.
+func (s *server) windowRenewers() map[*grant][]*pb.Member {
+	out := map[*grant][]*pb.Member{}
 	for _, ms := range s.cache.runningMembers() {
 		for r := 0; r < len(ms); r += pb.RelayBlock {
 			b := ms[r:min(r+pb.RelayBlock, len(ms))]
 			rg := s.grants.live(b[0].Node)
-			if rg != nil {
-				out = append(out, rg)
-			}
 			relays := rg != nil && b[0].CheckpointAddr != ""
+			var relayed []*pb.Member
 			for _, m := range b[1:] {
 				if relays && m.CheckpointAddr != "" {
-					continue
+					relayed = append(relayed, m)
+				} else if g := s.grants.live(m.Node); g != nil {
+					out[g] = nil
 				}
-				if g := s.grants.live(m.Node); g != nil {
-					out = append(out, g)
-				}
+			}
+			if rg != nil {
+				out[rg] = relayed
 			}
 		}
 	}

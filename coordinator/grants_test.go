@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
@@ -47,7 +46,7 @@ func TestGrantBound(t *testing.T) {
 		t.Fatal("a node no stream serves was stopped")
 	}
 	g := gs.open("n", "conn", 1, 7, t0.Add(5*time.Second), t0, time.Minute)
-	if !g.give(t0.Add(6*time.Second), time.Second) || !g.give(t0.Add(6500*time.Millisecond), 300*time.Millisecond) {
+	if !give(g, t0.Add(6*time.Second), time.Second) || !give(g, t0.Add(6500*time.Millisecond), 300*time.Millisecond) {
 		t.Fatal("a running stream refused to give")
 	}
 	if _, _, ok := gs.stop("n", 8); ok {
@@ -57,11 +56,11 @@ func TestGrantBound(t *testing.T) {
 	if !ok || conn != "conn" || !bound.Equal(t0.Add(7*time.Second)) {
 		t.Errorf("bound %v %q %v, want start+7s (the latest given) \"conn\" true", bound.Sub(t0), conn, ok)
 	}
-	if g.give(t0.Add(7*time.Second), time.Second) {
+	if give(g, t0.Add(7*time.Second), time.Second) {
 		t.Error("a stopped stream gave a deadline")
 	}
 	young := gs.open("m", "c2", 1, 9, t0.Add(5*time.Second), t0, time.Minute)
-	young.give(t0.Add(time.Second), time.Second)
+	give(young, t0.Add(time.Second), time.Second)
 	if bound, _, _ := gs.stop("m", 9); !bound.Equal(t0.Add(5 * time.Second)) {
 		t.Errorf("a young stream's bound is start+%s, want start+5s (what its earlier streams gave)", bound.Sub(t0))
 	}
@@ -69,9 +68,9 @@ func TestGrantBound(t *testing.T) {
 	// fence until it is forgotten; forgetting it leaves a newer stream of
 	// its node alone.
 	closed := gs.open("k", "c4", 1, 3, t0, t0, time.Minute)
-	closed.give(t0.Add(time.Second), time.Second)
+	give(closed, t0.Add(time.Second), time.Second)
 	gs.close("k", closed, time.Hour)
-	if closed.give(t0.Add(2*time.Second), time.Second) {
+	if give(closed, t0.Add(2*time.Second), time.Second) {
 		t.Error("a closed stream gave a deadline")
 	}
 	if bound, conn, ok := gs.stop("k", 3); !ok || conn != "c4" || !bound.Equal(t0.Add(2*time.Second)) {
@@ -194,7 +193,7 @@ func TestFenceWindow(t *testing.T) {
 			t.Fatal(err)
 		}
 		g := co.srv.grants.open(node, connValue(1, "c/1"), 1, l.ID, start.Add(5*time.Second), start, time.Minute)
-		g.give(start.Add(30*time.Second), 800*time.Millisecond)
+		give(g, start.Add(30*time.Second), 800*time.Millisecond)
 	}
 	// The agent of "moved" opened a stream on another coordinator.
 	if err := co.srv.writeConns(t.Context(), map[string]connItem{"moved": {id: "other/4", session: 2, lease: l.ID}})["moved"]; err != nil {
@@ -280,7 +279,8 @@ func TestRelayedRenewals(t *testing.T) {
 	}
 	renews := func(node string) bool {
 		g := co.srv.grants.live(node)
-		return g != nil && slices.Contains(co.srv.windowRenewers(), g)
+		_, ok := co.srv.windowRenewers()[g]
+		return g != nil && ok
 	}
 	for node, want := range map[string]bool{"n0": true, "n1": false, "n2": true, "n3": false} {
 		if got := renews(node); got != want {
@@ -290,7 +290,8 @@ func TestRelayedRenewals(t *testing.T) {
 	// What the relay's renewal gives is recorded in n1's grant before it
 	// is sent: the fence of n1's run waits it out.
 	now := time.Now()
-	rs := co.srv.relayedRenewals("n0", now)
+	relayedBy := func(relay string) []*pb.Member { return co.srv.windowRenewers()[co.srv.grants.live(relay)] }
+	rs := co.srv.relayedRenewals(relayedBy("n0"), now)
 	if len(rs) != 2 || rs[0].Node != "n1" || rs[1].Node != "n3" {
 		t.Fatalf("relayed renewals %v, want n1's and n3's", rs)
 	}
@@ -298,7 +299,7 @@ func TestRelayedRenewals(t *testing.T) {
 	if want := now.Add(time.Duration(rs[0].LeaseTtlMs) * time.Millisecond); !ok || bound.Before(want) {
 		t.Errorf("n1's bound %v (%v), want at least the relayed deadline %v", bound, ok, want)
 	}
-	if rs := co.srv.relayedRenewals("n0", time.Now()); len(rs) != 1 || rs[0].Node != "n3" {
+	if rs := co.srv.relayedRenewals(relayedBy("n0"), time.Now()); len(rs) != 1 || rs[0].Node != "n3" {
 		t.Errorf("relayed renewals after n1's stream stopped: %v, want n3's alone", rs)
 	}
 	// The relay's stream gone, its members renew themselves.
@@ -319,4 +320,11 @@ func TestRelayedRenewals(t *testing.T) {
 	if renews("idle") {
 		t.Error("a node without a job gets window renewals")
 	}
+}
+
+// give has g give a deadline of ttl at now, as a renewal with a window of
+// ttl does while the lease has longer left, and reports whether it did.
+func give(g *grant, now time.Time, ttl time.Duration) bool {
+	_, ok := g.renewal(ttl, now)
+	return ok
 }

@@ -441,8 +441,8 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 				return err
 			}
 			s.renewals.sent(node, now, r.TTL*1000)
-		case now := <-g.tick:
-			if err := renew(now, s.relayedRenewals(node, now)); err != nil {
+		case t := <-g.tick:
+			if err := renew(t.now, s.relayedRenewals(t.relayed, t.now)); err != nil {
 				return err
 			}
 		case <-changed:

@@ -2,8 +2,8 @@ package coordinator
 
 import (
 	"encoding/json"
-	"hash/fnv"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"strconv"
 
@@ -70,32 +70,14 @@ func (k keys) open(id string) string          { return k.job(id) + "open" }
 func (k keys) stoppedAll(id string) string    { return k.job(id) + "stopped/" }
 func (k keys) stopped(id, node string) string { return k.stoppedAll(id) + node }
 
-// stoppedBucket is the key of the Stopped records of the nodes of bucket
-// b (stoppedBucketOf).
-func (k keys) stoppedBucket(id string, b uint32) string {
-	return k.job(id) + "stoppedb/" + strconv.FormatUint(uint64(b), 10)
-}
-
-// stoppedBuckets is how many buckets a job's Stopped records are kept in:
-// 64 nodes a bucket at 16,384, so that a generation's reports are
-// written in four transactions of 64 keys.
-const stoppedBuckets = 256
-
-// stoppedBucketOf is node's bucket: a hash of its name, the same in every
-// generation and on every coordinator.
-func stoppedBucketOf(node string) uint32 {
-	h := fnv.New32a()
-	h.Write([]byte(node))
-	return h.Sum32() % stoppedBuckets
-}
-func (k keys) conn(node string) string        { return k.conns() + node }
-func (k keys) nodePolicies() string           { return string(k) + "policy/nodes/" }
-func (k keys) nodePolicy(node string) string  { return k.nodePolicies() + node }
-func (k keys) leader() string                 { return string(k) + "leader" }
-func (k keys) gossipKey() string              { return string(k) + "gossip/key" }
-func (k keys) ca() string                     { return string(k) + "pki/ca" }
-func (k keys) tokens() string                 { return string(k) + "tokens/" }
-func (k keys) token(id string) string         { return k.tokens() + id }
+func (k keys) conn(node string) string       { return k.conns() + node }
+func (k keys) nodePolicies() string          { return string(k) + "policy/nodes/" }
+func (k keys) nodePolicy(node string) string { return k.nodePolicies() + node }
+func (k keys) leader() string                { return string(k) + "leader" }
+func (k keys) gossipKey() string             { return string(k) + "gossip/key" }
+func (k keys) ca() string                    { return string(k) + "pki/ca" }
+func (k keys) tokens() string                { return string(k) + "tokens/" }
+func (k keys) token(id string) string        { return k.tokens() + id }
 func (k keys) bootstrap(id string, gen int64) string {
 	return k.job(id) + "bootstrap/" + strconv.FormatInt(gen, 10)
 }
@@ -249,4 +231,23 @@ func (j *job) terminal() bool { return pb.Terminal(j.state) }
 // equal reports whether p and o are the same timers.
 func (p jobPolicy) equal(o jobPolicy) bool {
 	return p.PendingSince == o.PendingSince && p.EnoughSince == o.EnoughSince && p.FailedSince == o.FailedSince && maps.Equal(p.GoneSince, o.GoneSince)
+}
+
+// stoppedBucket is the key of the Stopped records of the nodes of bucket
+// b (stoppedBucketOf).
+func (k keys) stoppedBucket(id string, b uint32) string {
+	return k.job(id) + "stoppedb/" + strconv.FormatUint(uint64(b), 10)
+}
+
+// stoppedBuckets is how many buckets a job's Stopped records are kept in:
+// 64 nodes a bucket at 16,384, so that a generation's reports are
+// written in four transactions of 64 keys.
+const stoppedBuckets = 256
+
+// stoppedBucketOf is node's bucket: a hash of its name, the same in every
+// generation and on every coordinator.
+func stoppedBucketOf(node string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(node))
+	return h.Sum32() % stoppedBuckets
 }
