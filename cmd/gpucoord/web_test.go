@@ -132,12 +132,15 @@ func TestWebDashboard(t *testing.T) {
 	co, addr, web := dashboardCoordinator(t, exe, "--lease-ttl", "4s")
 	workerProc(t, exe, addr, "w0", 2, "--failure-domain", "rack-a")
 	w1, _ := workerProc(t, exe, addr, "w1", 2, "--failure-domain", "rack-b")
-	workerProc(t, exe, addr, "w2", 2, "--failure-domain", "rack-b")
 	const job = "webjob"
 	launch := start(t, exe, "launch", "--coordinator", addr, "--job-id", job, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2",
 		"--min-nodes", "1", "--max-restarts", "5", "--hang-timeout", "2s", "--checkpoint-every", "20", "--checkpoint-dir", t.TempDir(),
 		"--steps", "100000000", "--json", "../../examples/jobs/mlp.yaml")
 	launch.waitLine(t, "dashboard: "+web+"#/jobs/"+job, 30*time.Second)
+	// The spare, w2, comes once the job runs on w0 and w1 (w1 with ranks
+	// 2 and 3): with all three free, the coordinator may take any two.
+	launch.waitLine(t, "generation 1: 2 nodes (w0, w1)", time.Minute)
+	workerProc(t, exe, addr, "w2", 2, "--failure-domain", "rack-b")
 	if out, _, err := runCLI(t, "status", "--coordinator", addr, "--web"); err != nil || out != web+"\n" {
 		t.Errorf("status --web printed %q (%v), want %q", out, err, web)
 	}
