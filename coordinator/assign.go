@@ -51,6 +51,22 @@ func (ja *jobAssignment) same(a *pb.Assignment) bool {
 		bytes.Equal(w.StoreSecret, a.StoreSecret) && slices.EqualFunc(w.GossipKeys, a.GossipKeys, bytes.Equal) && slices.Equal(w.LiveJobs, a.LiveJobs)
 }
 
+// awaitsMaster says the generation opened before rank 0's node reported
+// its address (a generation made open, with no earlier ranks to wait
+// for), and node does not run rank 0: its agent does nothing with the
+// generation until the address comes (it bootstraps before it
+// prepares), so its stream sends it once, with the address. Opening a
+// generation so costs one message a node, not two; rank 0's node gets
+// both.
+func (ja *jobAssignment) awaitsMaster(node string) bool {
+	w := ja.whole
+	if !w.Open || w.Master != "" {
+		return false
+	}
+	i, ok := ja.index[node]
+	return ok && w.Generation.Members[i].FirstRank != 0
+}
+
 // forNode is node's assignment: the whole one but for the generation,
 // which is the node's view (pb.NodeView), with the node's place and the
 // nodes it replicates to. It is made outside the lock: at a new

@@ -367,9 +367,14 @@ func (c *cache) reindex() {
 				c.holder[m.Node] = id
 			}
 		}
-		boot := j.boots[j.gen.Number]
-		a := &pb.Assignment{Job: id, Spec: j.spec, Generation: j.gen, Open: j.open >= j.gen.Number, Master: boot.GetMaster(), Probe: boot.GetProbe(),
-			StoreSecret: boot.GetStoreSecret(), Revision: c.assignRev, GossipKeys: keys, LiveJobs: live}
+		a := &pb.Assignment{Job: id, Spec: j.spec, Generation: j.gen, Open: j.open >= j.gen.Number, Revision: c.assignRev, GossipKeys: keys, LiveJobs: live}
+		if boot := j.boots[j.gen.Number]; a.Open {
+			// Rank 0's node may report its address before the generation
+			// opens (it bootstraps while the earlier ranks stop): it goes
+			// out with the opening, one message a node, and no node waits
+			// on it then.
+			a.Master, a.Probe, a.StoreSecret = boot.GetMaster(), boot.GetProbe(), boot.GetStoreSecret()
+		}
 		if ja := prev[id]; ja != nil && ja.same(a) {
 			c.assigned[id] = ja
 		} else {
@@ -881,6 +886,18 @@ func (c *cache) assignment(node string) (*pb.Assignment, encoded, <-chan struct{
 	return a, wire, changed
 }
 
+// awaitsMaster says whether node's job opened before rank 0's node
+// reported its address, and node does not run rank 0 (jobAssignment's
+// awaitsMaster); changed is closed when that may change. Asked before
+// assignment, so that the 16,383 streams of such a job make no part
+// they would not send.
+func (c *cache) awaitsMaster(node string) (bool, <-chan struct{}) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	ja := c.assigned[c.holder[node]]
+	return ja != nil && ja.awaitsMaster(node), c.changed
+}
+
 // view is one job and the pool as the cache holds them now, for decide:
 // the job's fields of its current generation only, and every map its own.
 func (c *cache) view(id string) (*view, bool) {
@@ -908,7 +925,7 @@ func (c *cache) view(id string) (*view, bool) {
 }
 
 // job builds the decision input of one job: its current generation's
-// bootstrap, exits (in the order they were written) and times.
+// exits (in the order they were written) and times.
 func (e *jobEntry) job() *job {
 	j := &job{spec: e.spec, state: e.state, stateRev: e.stateRev, gen: e.gen, genRev: e.genRev, policy: e.policy,
 		step: e.step, commit: e.commit, commitRev: e.commitRv, open: e.open, stopped: maps.Clone(e.stopped), backup: e.backup, created: e.created, exits: map[int32]*pb.RankExit{}}
@@ -919,7 +936,6 @@ func (e *jobEntry) job() *job {
 		return j
 	}
 	g := e.gen.Number
-	j.boot = e.boots[g]
 	// A node that moved between coordinators is in several summaries
 	// until the one it left drops it: the one written last has its newest
 	// windows.

@@ -128,8 +128,8 @@ func watch(t *testing.T, c pb.CoordinatorClient, name string, lease, from int64)
 		// As an agent does, the node says when it runs nothing of a
 		// generation below its assignment's (Stopped): this one runs no
 		// ranks at all.
-		var job string
-		var gen int64
+		var job, booted string
+		var gen, bootedGen int64
 		stopped := func(job string, below int64) {
 			c.Report(ctx, &pb.ReportRequest{Job: job, Node: name, LeaseId: lease, Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: below}}})
 		}
@@ -142,13 +142,17 @@ func watch(t *testing.T, c pb.CoordinatorClient, name string, lease, from int64)
 				if job != "" && a.Job != job {
 					stopped(job, gen+1)
 				}
-				if job, gen = a.Job, a.Generation.GetNumber(); job != "" {
-					stopped(job, gen)
-				}
-				if a.Job != "" && a.Open && a.Master == "" && runsRank0(a, name) {
-					// Rank 0's node reports its address, as its agent does.
-					c.Report(ctx, &pb.ReportRequest{Job: a.Job, Generation: gen, Node: name, LeaseId: lease,
+				job, gen = a.Job, a.Generation.GetNumber()
+				if job != "" && a.Master == "" && runsRank0(a, name) && (booted != job || bootedGen != gen) {
+					// Rank 0's node reports its address once a
+					// generation, opened or not, before it says it
+					// stopped, as its agent does.
+					booted, bootedGen = job, gen
+					c.Report(ctx, &pb.ReportRequest{Job: job, Generation: gen, Node: name, LeaseId: lease,
 						Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: testMaster}}})
+				}
+				if job != "" {
+					stopped(job, gen)
 				}
 			}
 			ch <- a

@@ -194,6 +194,48 @@ func TestOthersGetTheMaster(t *testing.T) {
 	}
 }
 
+// TestOpeningCarriesMaster: a generation that waits for the ranks of the
+// one before to stop reaches its nodes first closed, never with rank 0's
+// address; rank 0's node reports the address meanwhile (its test agent
+// does so before it says it stopped, as a real agent does), and the
+// opening brings every node, rank 0's too, the address in its one
+// message.
+func TestOpeningCarriesMaster(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	c := client(t, co.Addr())
+	ch0, _ := agent(t, c, node("n0", 4))
+	ch1, _ := agent(t, c, node("n1", 4))
+	s := spec("j", 2, 4)
+	s.MaxRestarts = 1
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: s}); err != nil {
+		t.Fatal(err)
+	}
+	next(t, ch1, func(a *pb.Assignment) bool { return a.Job == "j" && a.Open && a.Master == testMaster })
+	report(t, c, "j", 1, &pb.RankExit{Rank: 5, Code: 1})
+	for name, ch := range map[string]<-chan *pb.Assignment{"n0": ch0, "n1": ch1} {
+		var closed int
+		a := next(t, ch, func(a *pb.Assignment) bool {
+			if a.Generation.GetNumber() != 2 {
+				return false
+			}
+			if !a.Open {
+				closed++
+				if a.Master != "" {
+					t.Errorf("%s: generation 2 not open yet, with rank 0's address %q", name, a.Master)
+				}
+				return false
+			}
+			return true
+		})
+		if closed == 0 || a.Master != testMaster {
+			t.Errorf("%s: generation 2 came %d times closed, then opened with address %q: want closed first, then opened with %q", name, closed, a.Master, testMaster)
+		}
+	}
+	if g, _ := co.cache.generation("j"); len(g.GetStopping()) != 2 {
+		t.Fatalf("generation 2 waited for %v: want both nodes", g.GetStopping())
+	}
+}
+
 // TestConnsGrouped: the conns keys of streams that open together go in
 // transactions of 64; a node whose lease is gone fails alone, the others
 // of its transaction are written, each under its own lease.

@@ -446,9 +446,13 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 				return err
 			}
 		case <-changed:
+			if waits, next := s.cache.awaitsMaster(node); waits {
+				changed = next
+				continue
+			}
 			a, wire, next := s.cache.assignment(node)
 			changed = next
-			if sameAssignment(a, last) || awaitsMaster(a, node) {
+			if sameAssignment(a, last) {
 				continue
 			}
 			last = a
@@ -465,24 +469,6 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			}
 		}
 	}
-}
-
-// awaitsMaster says a is a generation that opened before rank 0's node
-// reported its address, and node does not run rank 0: its agent does
-// nothing with the generation until the address comes (it bootstraps
-// before it prepares), so its stream sends it once, with the address.
-// Opening a generation so costs one message per node, not two; rank 0's
-// node gets both.
-func awaitsMaster(a *pb.Assignment, node string) bool {
-	if a.Job == "" || !a.Open || a.Master != "" {
-		return false
-	}
-	for _, m := range a.Generation.GetMembers() {
-		if m.Node == node {
-			return m.FirstRank != 0
-		}
-	}
-	return false
 }
 
 // sameAssignment reports whether a and b run the same thing (revisions

@@ -206,7 +206,6 @@ type job struct {
 	stateRev  int64 // mod revision of the state key, for transactions
 	gen       *pb.Generation
 	genRev    int64
-	boot      *pb.Bootstrap // of the current generation; nil until reported
 	step      *pb.Step
 	commit    *pb.Step // last committed step; nil before the first
 	commitRev int64    // mod revision of the commit key; 0 when it does not exist

@@ -693,8 +693,8 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 			a.mu.Unlock()
 			a.sawAssignment(asg)
 			a.setPoolKeys(asg.GossipKeys)
-			run.apply(ctx, asg)
-			a.stopped(ctx, asg)
+			booted := run.apply(ctx, asg)
+			a.stopped(ctx, asg, booted)
 			a.dropHeld(asg.LiveJobs)
 			a.output.Keep(asg.LiveJobs)
 		}
@@ -776,8 +776,11 @@ func (a *Agent) dropHeld(live []string) {
 // that may still run earlier ranks has said so. A generation already open
 // waits for nobody. The reports are sent in the background, tried again
 // while no coordinator answers, or while this node is not registered (a
-// cut lost its lease) and no later assignment has made them stale.
-func (a *Agent) stopped(ctx context.Context, asg *pb.Assignment) {
+// cut lost its lease) and no later assignment has made them stale. The
+// report for asg's job waits for booted, rank 0's address reported
+// (runner.bootEarly), when it is not nil: the generation then opens
+// with the address.
+func (a *Agent) stopped(ctx context.Context, asg *pb.Assignment, booted <-chan struct{}) {
 	job, gen := asg.Job, asg.Generation.GetNumber()
 	last := a.reported
 	if last.job == job && last.gen == gen {
@@ -785,10 +788,17 @@ func (a *Agent) stopped(ctx context.Context, asg *pb.Assignment) {
 	}
 	a.reported.job, a.reported.gen = job, gen
 	seq := a.stopSeq.Add(1)
-	send := func(job string, below int64) {
+	send := func(job string, below int64, after <-chan struct{}) {
 		a.bg.Add(1)
 		go func() {
 			defer a.bg.Done()
+			if after != nil {
+				select {
+				case <-after:
+				case <-ctx.Done():
+					return
+				}
+			}
 			for {
 				_, err := a.reportResp(ctx, &pb.ReportRequest{Job: job, Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: below}}})
 				if err == nil || ctx.Err() != nil {
@@ -811,10 +821,10 @@ func (a *Agent) stopped(ctx context.Context, asg *pb.Assignment) {
 		}()
 	}
 	if last.job != "" && last.job != job {
-		send(last.job, last.gen+1)
+		send(last.job, last.gen+1, nil)
 	}
 	if job != "" && !asg.Open {
-		send(job, gen)
+		send(job, gen, booted)
 	}
 }
 
@@ -1112,6 +1122,9 @@ type runner struct {
 	// fenced is the job and generation whose ranks the lease fence stopped.
 	fenced  *pb.Assignment
 	masters chan *pb.Bootstrap // hands the master address and probe to a run waiting for them
+	// early is rank 0's bootstrap of the assigned generation, made on this
+	// node before the generation opened; nil for none.
+	early *earlyBoot
 }
 
 func (r *runner) active() bool {
@@ -1121,10 +1134,16 @@ func (r *runner) active() bool {
 }
 
 // apply makes the ranks match asg: stops a run of another job or
-// generation, starts a new one, or passes on the master address.
-func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
+// generation, starts a new one, or passes on the master address. On rank
+// 0's node, a generation not open yet gets its bootstrap made and
+// reported meanwhile (bootEarly): booted is closed once that report is
+// answered; nil for none.
+func (r *runner) apply(ctx context.Context, asg *pb.Assignment) (booted <-chan struct{}) {
 	r.life.Lock()
 	defer r.life.Unlock()
+	if e := r.early; e != nil && (asg.Job != e.job || asg.Generation.GetNumber() != e.gen) {
+		r.dropEarlyLocked()
+	}
 	if r.cur != nil && (asg.Job != r.cur.Job || asg.Generation.GetNumber() != r.cur.Generation.GetNumber()) {
 		old := r.cur.Job
 		r.stopLocked()
@@ -1135,28 +1154,31 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 		}
 	}
 	if asg.Job == "" {
-		return
+		return nil
 	}
 	if err := pb.CheckJobID(asg.Job); err != nil {
 		// Every path of a job is named by its id: a coordinator that
 		// sends one no job may have gets nothing run, or removed.
 		r.agent.log.Error("assignment refused", "err", err)
-		return
+		return nil
 	}
 	if r.cur == nil && asg.Job == r.started.job && asg.Generation.GetNumber() <= r.started.gen {
 		r.refuseRestart(ctx, asg)
-		return
+		return nil
 	}
 	if r.cur != nil {
 		if asg.Master != "" && r.cur.Master == "" {
 			r.cur.Master = asg.Master
 			r.masters <- &pb.Bootstrap{Master: asg.Master, Probe: asg.Probe, StoreSecret: asg.StoreSecret}
 		}
-		return
+		return nil
 	}
 	if !asg.Open {
-		return // earlier ranks of the job may still run elsewhere: not yet
+		// Earlier ranks of the job may still run elsewhere: no rank yet.
+		return r.bootEarly(ctx, asg)
 	}
+	early := r.early
+	r.early = nil
 	r.cur = proto.Clone(asg).(*pb.Assignment)
 	r.started.job, r.started.gen = asg.Job, asg.Generation.GetNumber()
 	// The ranks outlive the agent's context: when the agent is told to
@@ -1180,8 +1202,53 @@ func (r *runner) apply(ctx context.Context, asg *pb.Assignment) {
 	go func(a *pb.Assignment, masters <-chan *pb.Bootstrap, done chan struct{}) {
 		defer close(done)
 		defer r.agent.dog.clear() // every rank has exited
-		r.agent.run(rctx, a, masters, hooks)
+		r.agent.run(rctx, a, masters, early, hooks)
 	}(r.cur, r.masters, r.done)
+	return nil
+}
+
+// bootEarly makes rank 0's bootstrap of asg's generation, which has not
+// opened, when this node runs rank 0 (earlyBoot), and reports it in the
+// background: the store serves no rank of an earlier generation (its
+// address and secret are the new generation's), and the probe is a file
+// of its own. It returns a channel closed once the report is answered;
+// nil when this node makes none. A bootstrap that fails here is left to
+// the run, which reports the failure.
+func (r *runner) bootEarly(ctx context.Context, asg *pb.Assignment) <-chan struct{} {
+	if r.early != nil {
+		return r.early.reported
+	}
+	a, gen := r.agent, asg.Generation.GetNumber()
+	if me := member(asg, a.cfg.Name); me == nil || me.FirstRank != 0 || asg.Master != "" {
+		return nil
+	}
+	// The store outlives the session that made it, as a run's does: it
+	// ends with stop (dropEarlyLocked, or the run that takes it over).
+	boot, stop, err := a.bootstrapRank0(context.WithoutCancel(ctx), asg)
+	if err != nil {
+		a.log.Warn("rank 0's bootstrap before the generation opens (its run tries again)", "job", asg.Job, "generation", gen, "err", err)
+		return nil
+	}
+	e := &earlyBoot{job: asg.Job, gen: gen, boot: boot, stop: stop, reported: make(chan struct{})}
+	r.early = e
+	a.bg.Add(1)
+	go func() {
+		defer a.bg.Done()
+		defer close(e.reported)
+		if err := a.report(ctx, &pb.ReportRequest{Job: e.job, Generation: e.gen, Kind: &pb.ReportRequest_Bootstrap{Bootstrap: boot}}); err != nil && ctx.Err() == nil {
+			a.log.Warn("reporting rank 0's bootstrap before the generation opens (its run reports it again)", "job", e.job, "generation", e.gen, "err", err)
+		}
+	}()
+	return e.reported
+}
+
+// dropEarlyLocked stops the store of a bootstrap made for a generation
+// that did not open here (another came, or the agent stops).
+func (r *runner) dropEarlyLocked() {
+	if r.early != nil {
+		r.early.stop()
+		r.early = nil
+	}
 }
 
 // preempt asks the current run's native ranks to checkpoint the step in
@@ -1234,6 +1301,7 @@ func (r *runner) fence() {
 	}
 	r.mu.Unlock()
 	r.stopLocked()
+	r.dropEarlyLocked()
 }
 
 // refuseRestart answers an assignment of a generation this node already
@@ -1261,6 +1329,7 @@ func (r *runner) stop() {
 	r.life.Lock()
 	defer r.life.Unlock()
 	r.stopLocked()
+	r.dropEarlyLocked()
 }
 
 func (r *runner) stopLocked() {

@@ -58,7 +58,10 @@ func (g *generation) fail(code int32, format string, args ...any) error {
 
 // run runs one generation on this node (see generation) and reports how
 // it ended.
-func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.Bootstrap, hooks runHooks) {
+func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.Bootstrap, early *earlyBoot, hooks runHooks) {
+	if early != nil {
+		defer early.stop() // the run's now: ended after its ranks
+	}
 	log := a.log.With("job", asg.Job, "generation", asg.Generation.GetNumber())
 	me := member(asg, a.cfg.Name)
 	if me == nil {
@@ -74,7 +77,7 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 			g.cleanups[i]()
 		}
 	}()
-	err := g.bootstrap(ctx, masters)
+	err := g.bootstrap(ctx, masters, early)
 	if err == nil {
 		err = g.prepare(ctx)
 	}
@@ -91,35 +94,72 @@ func (a *Agent) run(ctx context.Context, asg *pb.Assignment, masters <-chan *pb.
 	}
 }
 
-// probeDir is the directory every node of the generation must share (a
+// probeDir is the directory every node of asg's generation must share (a
 // shared checkpoint directory, or the backup tier of held ones), checked
 // at every generation: rank 0's node writes a probe there and every other
 // node must read it; "" when there is none to check.
-func (g *generation) probeDir() string {
-	dir := cmp.Or(g.asg.Spec.GetCheckpointDir(), g.asg.Spec.GetCheckpointBackup())
-	if dir == "" || g.asg.GroupWorld < 2 {
+func probeDir(asg *pb.Assignment) string {
+	dir := cmp.Or(asg.Spec.GetCheckpointDir(), asg.Spec.GetCheckpointBackup())
+	if dir == "" || asg.GroupWorld < 2 {
 		return ""
 	}
 	return dir
 }
 
+// bootstrapRank0 makes rank 0's part of asg's generation on this node:
+// its rendezvous (Agent.bootstrap) and, where the nodes must share a
+// directory, the probe written there. stop ends the one and removes the
+// other.
+func (a *Agent) bootstrapRank0(ctx context.Context, asg *pb.Assignment) (boot *pb.Bootstrap, stop func(), err error) {
+	boot, stopStore, err := a.bootstrap(ctx, len(asg.Spec.GetCommand()) == 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bootstrap: %w", err)
+	}
+	dir := probeDir(asg)
+	if dir == "" {
+		return boot, stopStore, nil
+	}
+	if boot.Probe, err = writeProbe(dir, asg); err != nil {
+		stopStore()
+		return nil, nil, err
+	}
+	return boot, func() { stopStore(); os.Remove(filepath.Join(Owned(dir), boot.Probe)) }, nil
+}
+
+// earlyBoot is rank 0's bootstrap made on this node while its generation
+// had not opened (the ranks of the one before still stopping elsewhere):
+// its store serves and its address is reported meanwhile, so that the
+// opening brings every node the address in one message, with nobody
+// waiting on rank 0's node then. The generation's run takes it over.
+type earlyBoot struct {
+	job  string
+	gen  int64
+	boot *pb.Bootstrap
+	stop func()
+	// reported is closed once the report is answered, or given up.
+	reported chan struct{}
+}
+
 // bootstrap, on rank 0's node, serves the generation's rendezvous, writes
-// the probe and reports both; then every node waits for the master address
+// the probe and reports both, or takes over those made before the
+// generation opened (early); then every node waits for the master address
 // and checks the probe.
-func (g *generation) bootstrap(ctx context.Context, masters <-chan *pb.Bootstrap) error {
-	a, asg, probeDir := g.a, g.asg, g.probeDir()
+func (g *generation) bootstrap(ctx context.Context, masters <-chan *pb.Bootstrap, early *earlyBoot) error {
+	a, asg, probeDir := g.a, g.asg, probeDir(g.asg)
 	if g.me.FirstRank == 0 && asg.Master == "" {
-		boot, stopStore, err := a.bootstrap(ctx, g.native)
-		if err != nil {
-			g.log.Error("bootstrap", "err", err)
-			return &failedStep{&pb.RankExit{Rank: 0, Code: 1, Error: "bootstrap: " + err.Error()}}
-		}
-		g.cleanups = append(g.cleanups, stopStore)
-		if probeDir != "" {
-			if boot.Probe, err = writeProbe(probeDir, asg); err != nil {
+		var boot *pb.Bootstrap
+		if early != nil {
+			// Reported already, or being reported: once more does no
+			// harm (the first report of a generation's is the one kept).
+			boot = early.boot
+		} else {
+			b, stop, err := a.bootstrapRank0(ctx, asg)
+			if err != nil {
+				g.log.Error("bootstrap", "err", err)
 				return &failedStep{&pb.RankExit{Rank: 0, Code: 1, Error: err.Error()}}
 			}
-			g.cleanups = append(g.cleanups, func() { os.Remove(filepath.Join(Owned(probeDir), boot.Probe)) })
+			g.cleanups = append(g.cleanups, stop)
+			boot = b
 		}
 		if err := a.report(ctx, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
 			Kind: &pb.ReportRequest_Bootstrap{Bootstrap: boot}}); err != nil {

@@ -167,9 +167,10 @@ func (f *simFleet) watch(a *simAgent, hooks simHooks) error {
 		defer f.wg.Done()
 		defer a.close()
 		var stopped int64 // the generation below which this node said it runs nothing
+		var booted int64  // the last generation whose rank 0's address this node reported
 		register := false // the coordinator said the lease is gone
 		for failed := 0; ; failed++ {
-			received, err := f.follow(a, recv, hooks, &stopped)
+			received, err := f.follow(a, recv, hooks, &stopped, &booted)
 			if a.ctx.Err() != nil {
 				return
 			}
@@ -224,7 +225,7 @@ func (f *simFleet) openWatch(a *simAgent) (func() (*slimAssignment, error), erro
 
 // follow reads one stream until it ends; received says whether it
 // brought anything.
-func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error), hooks simHooks, stopped *int64) (received bool, err error) {
+func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error), hooks simHooks, stopped, booted *int64) (received bool, err error) {
 	for {
 		asg, err := recv()
 		if err != nil {
@@ -234,22 +235,32 @@ func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error), hoo
 		if asg.renewal {
 			continue
 		}
-		if asg.job != "" && !asg.open && asg.gen > *stopped {
-			// A generation that waits for earlier ranks to stop: the node
-			// stops its own and says so, as every real agent does.
-			*stopped = asg.gen
-			req := &pb.ReportRequest{Job: asg.job, Node: a.name, LeaseId: a.lease.Load(),
-				Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: asg.gen}}}
-			f.wg.Go(func() { a.report(req) })
-		}
-		if asg.job != "" && asg.open && asg.master == "" && hooks.rank0 {
-			// This node runs rank 0: it reports its address.
+		var boot *pb.ReportRequest
+		if asg.job != "" && asg.master == "" && hooks.rank0 && asg.gen > *booted {
+			// This node runs rank 0: it reports its address once a
+			// generation, opened or not, as a real agent does.
+			*booted = asg.gen
 			if hooks.bootstrap != nil {
 				hooks.bootstrap()
 			}
-			req := &pb.ReportRequest{Job: asg.job, Generation: asg.gen, Node: a.name,
+			boot = &pb.ReportRequest{Job: asg.job, Generation: asg.gen, Node: a.name,
 				Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: "127.0.0.1:29500"}}}
-			f.wg.Go(func() { a.report(req) })
+		}
+		if asg.job != "" && !asg.open && asg.gen > *stopped {
+			// A generation that waits for earlier ranks to stop: the node
+			// stops its own and says so, as every real agent does, after
+			// its address when it runs rank 0.
+			*stopped = asg.gen
+			req := &pb.ReportRequest{Job: asg.job, Node: a.name, LeaseId: a.lease.Load(),
+				Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: asg.gen}}}
+			f.wg.Go(func() {
+				if boot != nil {
+					a.report(boot)
+				}
+				a.report(req)
+			})
+		} else if boot != nil {
+			f.wg.Go(func() { a.report(boot) })
 		}
 		if hooks.assigned != nil {
 			hooks.assigned(asg)
