@@ -700,9 +700,9 @@ func stored(t *testing.T, c pb.CoordinatorClient, job string, gen, step int64, n
 
 // TestRelayedReports: n0, the relay of a three-node job's block, forwards
 // n1's and n2's Stored reports and n2's times in one call; with n0's own
-// report the step is committed. A report of another generation or of
-// another kind than Stored and Times is refused alone, and n1 relays
-// nothing.
+// report the step is committed. A report of another generation, of
+// another kind than Stored, Times and Stopped, or a Stopped of another
+// generation than the relay's, is refused alone, and n1 relays nothing.
 func TestRelayedReports(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), nil)
 	c := client(t, co.Addr())
@@ -738,15 +738,18 @@ func TestRelayedReports(t *testing.T) {
 	}
 	times := &pb.ReportRequest{Job: "j", Generation: 1, Node: "n2", Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: []*pb.RankTime{{Rank: 4, ComputeSeconds: 0.5, Steps: 1}}}}}
 	exit := &pb.ReportRequest{Job: "j", Generation: 1, Node: "n1", Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: 2, Code: 1}}}
-	resp := relayed("n0", storedBy("n1", 1), times, storedBy("n2", 1), storedBy("n2", 2), exit)
-	want := []codes.Code{codes.OK, codes.OK, codes.OK, codes.InvalidArgument, codes.InvalidArgument}
+	stoppedBy := func(node string, below int64) *pb.ReportRequest {
+		return &pb.ReportRequest{Job: "j", Generation: 1, Node: node, Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: below}}}
+	}
+	resp := relayed("n0", storedBy("n1", 1), times, storedBy("n2", 1), storedBy("n2", 2), exit, stoppedBy("n2", 1), stoppedBy("n1", 2))
+	want := []codes.Code{codes.OK, codes.OK, codes.OK, codes.InvalidArgument, codes.InvalidArgument, codes.OK, codes.InvalidArgument}
 	for i, a := range resp.Relayed {
 		if codes.Code(a.Code) != want[i] {
 			t.Errorf("relayed report %d: %s %q, want %s", i, codes.Code(a.Code), a.Error, want[i])
 		}
 	}
-	if resp := relayed("n1", storedBy("n2", 1)); codes.Code(resp.Relayed[0].Code) != codes.PermissionDenied {
-		t.Errorf("n1 relaying n2's report: %v, want PermissionDenied", resp.Relayed[0])
+	if resp := relayed("n1", storedBy("n2", 1), stoppedBy("n2", 1)); codes.Code(resp.Relayed[0].Code) != codes.PermissionDenied || codes.Code(resp.Relayed[1].Code) != codes.PermissionDenied {
+		t.Errorf("n1 relaying n2's reports: %v, want PermissionDenied", resp.Relayed)
 	}
 	if co.cache.committed("j") != 0 {
 		t.Fatal("committed before n0 stored")

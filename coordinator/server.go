@@ -1203,11 +1203,22 @@ func (s *server) reportRelayed(ctx context.Context, relay *pb.ReportRequest, rel
 	return &pb.ReportResponse{Committed: s.cache.committed(relay.GetJob()), Relayed: answers}, nil
 }
 
+// relayedOne takes one report a relay forwarded: a Stored, Times or
+// Stopped report of the relay's generation, by a node whose reports the
+// relay forwards in it (its block's), checked as the node's own call
+// would be but for its identity, which the relay checked (mutual TLS).
+// A Stopped report through a relay speaks of the generation the relay
+// forwards for (below it, the node runs no rank).
 func (s *server) relayedOne(ctx context.Context, relay, r *pb.ReportRequest) (*pb.ReportResponse, error) {
+	stopped := r.GetStopped()
 	switch r.Kind.(type) {
 	case *pb.ReportRequest_Stored, *pb.ReportRequest_Times:
+	case *pb.ReportRequest_Stopped:
+		if stopped.GetBelow() != r.GetGeneration() {
+			return nil, status.Errorf(codes.InvalidArgument, "relayed stopped of node %s: below %d, want its generation, %d", r.GetNode(), stopped.GetBelow(), r.GetGeneration())
+		}
 	default:
-		return nil, status.Error(codes.InvalidArgument, "a relay forwards Stored and Times reports alone")
+		return nil, status.Error(codes.InvalidArgument, "a relay forwards Stored, Times and Stopped reports alone")
 	}
 	if r.GetJob() != relay.GetJob() || r.GetGeneration() != relay.GetGeneration() {
 		return nil, status.Errorf(codes.InvalidArgument, "relay %s forwards job %s generation %d's reports, not job %s generation %d's",
@@ -1215,6 +1226,9 @@ func (s *server) relayedOne(ctx context.Context, relay, r *pb.ReportRequest) (*p
 	}
 	if !s.cache.relays(r.GetJob(), r.GetGeneration(), relay.GetNode(), r.GetNode()) {
 		return nil, status.Errorf(codes.PermissionDenied, "node %s does not relay node %s's reports in job %s generation %d", relay.GetNode(), r.GetNode(), r.GetJob(), r.GetGeneration())
+	}
+	if stopped != nil {
+		return s.reportStopped(ctx, r, stopped)
 	}
 	if err := s.ownRanks(ctx, r); err != nil {
 		return nil, err

@@ -788,7 +788,7 @@ func (a *Agent) stopped(ctx context.Context, asg *pb.Assignment, booted <-chan s
 	}
 	a.reported.job, a.reported.gen = job, gen
 	seq := a.stopSeq.Add(1)
-	send := func(job string, below int64, after <-chan struct{}) {
+	send := func(job string, below int64, after <-chan struct{}, via *pb.Assignment) {
 		a.bg.Add(1)
 		go func() {
 			defer a.bg.Done()
@@ -800,7 +800,18 @@ func (a *Agent) stopped(ctx context.Context, asg *pb.Assignment, booted <-chan s
 				}
 			}
 			for {
-				_, err := a.reportResp(ctx, &pb.ReportRequest{Job: job, Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: below}}})
+				r := &pb.ReportRequest{Job: job, Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: below}}}
+				var err error
+				if via != nil {
+					// The first try goes through the node's relay in the
+					// new generation, with the block's others; any other
+					// to the coordinator itself.
+					r.Generation = below
+					_, err = a.reportVia(ctx, via, r)
+					via = nil
+				} else {
+					_, err = a.reportResp(ctx, r)
+				}
 				if err == nil || ctx.Err() != nil {
 					return
 				}
@@ -821,10 +832,10 @@ func (a *Agent) stopped(ctx context.Context, asg *pb.Assignment, booted <-chan s
 		}()
 	}
 	if last.job != "" && last.job != job {
-		send(last.job, last.gen+1, nil)
+		send(last.job, last.gen+1, nil, nil)
 	}
 	if job != "" && !asg.Open {
-		send(job, gen, booted)
+		send(job, gen, booted, asg)
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"sync"
 	"time"
 
@@ -20,11 +19,13 @@ import (
 )
 
 // A relay (Assignment.relay, the first node of each block of 32 members)
-// forwards its block's Stored and Times reports to the coordinator in one
-// call, Relayed, gathering those that arrive while its last call is under
-// way: a coordinator so answers a call per block, not per node, and the
-// block's stored records go to etcd in one write. A node whose relay does
-// not answer reports to the coordinator itself.
+// forwards its block's Stored, Times and Stopped reports to the
+// coordinator in one call, Relayed, gathering those that arrive while its
+// last call is under way: a coordinator so answers a call per block, not
+// per node (at a new generation of 16,384 nodes, 512 calls for the
+// survivors' Stopped reports, not 16,383), and the block's stored records
+// go to etcd in one write. A node whose relay does not answer reports to
+// the coordinator itself.
 const (
 	// relayRoute is the node server's route for reports to relay.
 	relayRoute = "POST /v1/relay"
@@ -86,13 +87,17 @@ func (a *Agent) relayReport(w http.ResponseWriter, r *http.Request) {
 	}
 	switch rep.Kind.(type) {
 	case *pb.ReportRequest_Stored, *pb.ReportRequest_Times:
+		asg := a.current()
+		if asg == nil || asg.Job != rep.GetJob() || asg.Generation.GetNumber() != rep.GetGeneration() || asg.Relay != "" {
+			http.Error(w, fmt.Sprintf("relay: %s does not relay job %s generation %d", a.cfg.Name, rep.GetJob(), rep.GetGeneration()), http.StatusConflict)
+			return
+		}
+	case *pb.ReportRequest_Stopped:
+		// Of a new generation, which may reach the block's nodes before
+		// this one: the coordinator checks that this node relays the
+		// sender's reports in it.
 	default:
-		http.Error(w, "relay: Stored and Times reports alone", http.StatusBadRequest)
-		return
-	}
-	asg := a.current()
-	if asg == nil || asg.Job != rep.GetJob() || asg.Generation.GetNumber() != rep.GetGeneration() || asg.Relay != "" {
-		http.Error(w, fmt.Sprintf("relay: %s does not relay job %s generation %d", a.cfg.Name, rep.GetJob(), rep.GetGeneration()), http.StatusConflict)
+		http.Error(w, "relay: Stored, Times and Stopped reports alone", http.StatusBadRequest)
 		return
 	}
 	x := &relayedReport{r: rep, done: make(chan struct{})}
@@ -102,7 +107,7 @@ func (a *Agent) relayReport(w http.ResponseWriter, r *http.Request) {
 	rl.busy = true
 	rl.mu.Unlock()
 	if lead {
-		go a.forward(rep.GetJob(), rep.GetGeneration())
+		go a.forward()
 	}
 	select {
 	case <-x.done:
@@ -119,20 +124,28 @@ func (a *Agent) relayReport(w http.ResponseWriter, r *http.Request) {
 }
 
 // forward sends the pending reports, maxRelayed a call, until none is
-// left: each call carries those that came while the last was under way.
-func (a *Agent) forward(job string, gen int64) {
+// left: each call carries those that came while the last was under way,
+// of the job and generation of the first of them (a call is of one).
+func (a *Agent) forward() {
 	rl := &a.relays
 	time.Sleep(relayGather) // not a synchronisation: a batching window, whose length costs only latency
 	for {
 		rl.mu.Lock()
-		n := min(len(rl.pending), maxRelayed)
-		batch := slices.Clone(rl.pending[:n])
-		rl.pending = rl.pending[n:]
-		if n == 0 {
+		if len(rl.pending) == 0 {
 			rl.busy = false
 			rl.mu.Unlock()
 			return
 		}
+		job, gen := rl.pending[0].r.GetJob(), rl.pending[0].r.GetGeneration()
+		var batch, rest []*relayedReport
+		for _, x := range rl.pending {
+			if len(batch) < maxRelayed && x.r.GetJob() == job && x.r.GetGeneration() == gen {
+				batch = append(batch, x)
+			} else {
+				rest = append(rest, x)
+			}
+		}
+		rl.pending = rest
 		rl.mu.Unlock()
 		reports := make([]*pb.ReportRequest, len(batch))
 		for i, x := range batch {
@@ -153,7 +166,7 @@ func (a *Agent) forward(job string, gen int64) {
 	}
 }
 
-// reportVia sends r, a Stored or Times report of asg's generation,
+// reportVia sends r, a Stored, Times or Stopped report of asg's generation,
 // through the node's relay, or to the coordinator itself when it has none
 // or the relay does not take it.
 //

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 
@@ -165,6 +166,54 @@ func TestRelayForwards(t *testing.T) {
 	r.mu.Unlock()
 	if _, err := senders[0].throughRelay(t.Context(), view, stored()); err == nil || status.Code(err) != codes.Unknown {
 		t.Errorf("relay at generation 2 taking a report of 1: %v", err)
+	}
+	// A Stopped report of a generation the relay has not got yet (3) is
+	// forwarded, in a call of its own generation: the coordinator judges
+	// it (a relay may get a new generation after its block's nodes).
+	before := len(co.seen())
+	view3 := &pb.Assignment{Job: "j", Relay: "r", Generation: &pb.Generation{Number: 3, Members: []*pb.Member{{Node: "r", CheckpointAddr: addr}}}}
+	stop := &pb.ReportRequest{Job: "j", Generation: 3, Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: 3}}}
+	if _, err := senders[0].throughRelay(t.Context(), view3, stop); err != nil {
+		t.Fatalf("a Stopped report of generation 3 through a relay at 2: %v", err)
+	}
+	if got := co.seen()[before:]; len(got) != 1 || got[0].Generation != 3 || got[0].GetRelayed().GetReports()[0].GetStopped().GetBelow() != 3 {
+		t.Errorf("relayed calls %v: want one of generation 3 with a's Stopped", got)
+	}
+}
+
+// TestRelayCallOfOneGeneration: reports waiting at a relay go in calls of
+// one job and generation each (the coordinator refuses a report of
+// another generation than its call's).
+func TestRelayCallOfOneGeneration(t *testing.T) {
+	co := &fakeCoordinator{}
+	a := &Agent{cfg: &Config{Name: "r"}, log: slog.New(slog.NewTextHandler(t.Output(), nil)), client: co}
+	var waits []*relayedReport
+	for _, g := range []int64{1, 2, 1, 2, 2} {
+		x := &relayedReport{r: &pb.ReportRequest{Job: "j", Generation: g, Node: fmt.Sprint("n", len(waits))}, done: make(chan struct{})}
+		waits = append(waits, x)
+	}
+	a.relays.pending, a.relays.busy = slices.Clone(waits), true
+	a.forward()
+	calls := co.seen()
+	if len(calls) != 2 || calls[0].Generation != 1 || len(calls[0].GetRelayed().GetReports()) != 2 || calls[1].Generation != 2 || len(calls[1].GetRelayed().GetReports()) != 3 {
+		t.Fatalf("calls %v: want generation 1's two reports, then generation 2's three", calls)
+	}
+	for _, c := range calls {
+		for _, r := range c.GetRelayed().GetReports() {
+			if r.Generation != c.Generation {
+				t.Errorf("a report of generation %d in a call of %d", r.Generation, c.Generation)
+			}
+		}
+	}
+	for i, x := range waits {
+		select {
+		case <-x.done:
+		default:
+			t.Errorf("report %d not answered", i)
+		}
+	}
+	if a.relays.busy || len(a.relays.pending) != 0 {
+		t.Errorf("after forward: busy %v, %d pending", a.relays.busy, len(a.relays.pending))
 	}
 }
 

@@ -45,8 +45,9 @@ import (
 //     cut): its pool finds it dead and the other member reports it. Until
 //     every surviving agent holds generation 2, and until it opens with
 //     its rank 0's address (each agent reports it stopped generation 1's
-//     ranks, as real agents do, and the lost node's own deadline, its
-//     lease, must pass: the fence);
+//     ranks, through its block's relay, and rank 0's node its address
+//     before that, as real agents do; and the lost node's own deadline,
+//     its lease or its fence window, must pass: the fence);
 //   - the coordinator process's CPU (cores, from /proc) over 5 s of lease
 //     renewals and rank 0's 10 steps a second alone, then over 10 s of
 //     steady state: rank 0 reporting 10 steps a second and every agent,
@@ -460,6 +461,10 @@ func loadRun(t *testing.T, bin string, n int) string {
 	// beside the simulated agents' goroutines they would miss their
 	// probes and find each other dead.
 	const lostRack = "rack-lost"
+	relays := make([]*simRelay, (n+pb.RelayBlock-1)/pb.RelayBlock)
+	for i := range relays {
+		relays[i] = &simRelay{}
+	}
 	var victim *proc // the last agent's member
 	registering := time.Now()
 	register := func(rctx context.Context, i int) error {
@@ -493,7 +498,17 @@ func loadRun(t *testing.T, bin string, n int) string {
 				go witness(ctx, a, p)
 			}
 		}
-		if err := fleet.watch(a, simHooks{rank0: name == rank0, bootstrap: h.bootstrapped,
+		// Its relay in both generations: the first of its block of 32
+		// (the generations order their members by name, and the lost
+		// node is the last).
+		rl := relays[i/pb.RelayBlock]
+		if i%pb.RelayBlock == 0 {
+			rl.via, rl = a, nil // a relay reports its own
+		}
+		if os.Getenv("GPUCOORD_BENCH_LOAD_DIRECT") != "" {
+			rl = nil
+		}
+		if err := fleet.watch(a, simHooks{rank0: name == rank0, bootstrap: h.bootstrapped, relay: rl,
 			assigned: func(asg *slimAssignment) { h.saw(name, asg) }}); err != nil {
 			return err
 		}

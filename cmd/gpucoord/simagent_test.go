@@ -139,9 +139,12 @@ func (f *simFleet) register(ctx context.Context, node *pb.Node) (*simAgent, *pb.
 // simHooks is what an agent does with its assignments beyond what every
 // simulated agent does.
 type simHooks struct {
-	// rank0 says the node runs rank 0: it reports rank 0's address when
-	// a generation opens without one.
+	// rank0 says the node runs rank 0: it reports rank 0's address once
+	// a generation that has none, opened or not.
 	rank0 bool
+	// relay, if not nil, is the node's relay (Assignment.relay), through
+	// which it says it stopped earlier ranks.
+	relay *simRelay
 	// bootstrap, if not nil, is called as rank 0's node reports the
 	// address.
 	bootstrap func()
@@ -257,6 +260,11 @@ func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error), hoo
 				if boot != nil {
 					a.report(boot)
 				}
+				if hooks.relay != nil {
+					req.Generation = asg.gen
+					hooks.relay.report(a, req)
+					return
+				}
 				a.report(req)
 			})
 		} else if boot != nil {
@@ -264,6 +272,58 @@ func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error), hoo
 		}
 		if hooks.assigned != nil {
 			hooks.assigned(asg)
+		}
+	}
+}
+
+// simRelay is a block's relay (the worker's relay.go) as the simulated
+// agents have it: the block's nodes hand it their Stopped reports, and it
+// sends those that come within 5 ms, or while its last call is under way,
+// in one Relayed call of its own node (via). A report the coordinator does
+// not take in a relayed call, for a reason another try could mend, its
+// node sends itself, as a real one does.
+type simRelay struct {
+	via     *simAgent // set before any job
+	mu      sync.Mutex
+	pending []simRelayed
+	busy    bool
+}
+
+type simRelayed struct {
+	from *simAgent
+	r    *pb.ReportRequest
+}
+
+func (rl *simRelay) report(from *simAgent, r *pb.ReportRequest) {
+	rl.mu.Lock()
+	rl.pending = append(rl.pending, simRelayed{from, r})
+	lead := !rl.busy
+	rl.busy = true
+	rl.mu.Unlock()
+	if !lead {
+		return
+	}
+	time.Sleep(5 * time.Millisecond) // the relay's gathering window (relayGather)
+	for {
+		rl.mu.Lock()
+		batch := rl.pending
+		rl.pending = nil
+		if len(batch) == 0 {
+			rl.busy = false
+			rl.mu.Unlock()
+			return
+		}
+		rl.mu.Unlock()
+		reports := make([]*pb.ReportRequest, len(batch))
+		for i, x := range batch {
+			reports[i] = x.r
+		}
+		resp, err := rl.via.cl.Report(rl.via.ctx, &pb.ReportRequest{Job: batch[0].r.Job, Generation: batch[0].r.Generation, Node: rl.via.name,
+			LeaseId: rl.via.lease.Load(), Kind: &pb.ReportRequest_Relayed{Relayed: &pb.Relayed{Reports: reports}}})
+		for i, x := range batch {
+			if err != nil || i >= len(resp.Relayed) || codes.Code(resp.Relayed[i].Code) != codes.OK {
+				x.from.report(x.r)
+			}
 		}
 	}
 }

@@ -1617,7 +1617,7 @@ type Assignment struct {
 	// checkpoints to, in order (the coordinator chooses them: the next
 	// members after it in other failure domains first).
 	Replicas []string `protobuf:"bytes,16,rep,name=replicas,proto3" json:"replicas,omitempty"`
-	// relay is the member this node's Stored and Times reports go through
+	// relay is the member this node's Stored, Times and Stopped reports go through
 	// (its node server, at its checkpoint_addr among the members): the first
 	// of each block of 32 members forwards its block's reports in one call
 	// (Relayed), so that a coordinator answers a call per block, not per
@@ -3032,9 +3032,10 @@ func (*ReportRequest_Stopped) isReportRequest_Kind() {}
 func (*ReportRequest_Relayed) isReportRequest_Kind() {}
 
 // Relayed is a relay's call for the members of its block (Assignment.relay):
-// their Stored and Times reports, each with its node and lease, gathered
-// while the relay's last call was under way. The reporting node (node,
-// lease_id) is the relay.
+// their Stored and Times reports, and their Stopped reports at a new
+// generation (below it, with generation set to it), each with its node
+// and lease, gathered while the relay's last call was under way. The
+// reporting node (node, lease_id) is the relay.
 type Relayed struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Reports       []*ReportRequest       `protobuf:"bytes,1,rep,name=reports,proto3" json:"reports,omitempty"`
