@@ -58,35 +58,46 @@ func (h *health) set(down bool) bool {
 // errEtcdDown is what calls get while etcd is unreachable.
 var errEtcdDown = status.Error(codes.Unavailable, "this coordinator cannot reach etcd: try another")
 
-// monitor probes etcd every probe interval until ctx ends; after failing
-// probes spanning more than after, etcd counts as unreachable, and one
-// answered probe makes it reachable again.
-func (h *health) monitor(ctx context.Context, cli *clientv3.Client, key string, every, after time.Duration, log *slog.Logger) error {
+// etcdProbe asks etcd something small that only its current leader
+// answers: a probe of whether this coordinator reaches etcd.
+func etcdProbe(cli *clientv3.Client, key string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := cli.Get(clientv3.WithRequireLeader(ctx), key, clientv3.WithCountOnly())
+		return err
+	}
+}
+
+// monitor probes etcd every interval until ctx ends. etcd counts as
+// unreachable once no probe has been answered for after, and reachable
+// again at the next answer. A probe may take up to after: an etcd slow to
+// answer under load (a 16,384-node cluster's renewals and reports, on
+// the coordinator's cores) is not an unreachable one, and a coordinator
+// that stopped serving for it would send every agent's stream elsewhere
+// at once.
+func (h *health) monitor(ctx context.Context, probe func(context.Context) error, every, after time.Duration, log *slog.Logger) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
-	var failingSince time.Time
+	answered := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
-		pctx, cancel := context.WithTimeout(ctx, every)
-		_, err := cli.Get(clientv3.WithRequireLeader(pctx), key, clientv3.WithCountOnly())
+		pctx, cancel := context.WithTimeout(ctx, after)
+		err := probe(pctx)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case err == nil:
-			failingSince = time.Time{}
+			answered = time.Now()
 			if h.set(false) {
 				log.Info("etcd is reachable again: serving")
 			}
-		case failingSince.IsZero():
-			failingSince = time.Now()
-		case time.Since(failingSince) >= after:
+		case time.Since(answered) >= after:
 			if h.set(true) {
-				log.Warn("etcd is unreachable: this coordinator stops serving so that agents move to another", "err", err)
+				log.Warn("etcd is unreachable: this coordinator stops serving so that agents move to another", "err", err, "last_answer", answered.Format(time.RFC3339Nano))
 			}
 		}
 	}
