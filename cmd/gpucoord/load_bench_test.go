@@ -247,6 +247,10 @@ type holding struct {
 	named         map[string]bool
 	first, all    time.Time
 	bootstrapSent time.Time
+	// stoppedLast is when the last of the agents' Stopped reports since
+	// expect was answered, stopped how many were.
+	stoppedLast time.Time
+	stopped     int
 
 	// heard are the agents whose stream brought its first message (sent
 	// once the coordinator has written the stream's conns key): the
@@ -271,7 +275,7 @@ func (h *holding) phases(begin time.Time) string {
 		}
 		return t.Sub(begin).Round(time.Millisecond).String()
 	}
-	return fmt.Sprintf("first agent %s, every agent %s, rank 0's address reported %s", d(h.first), d(h.all), d(h.bootstrapSent))
+	return fmt.Sprintf("first agent %s, every agent %s, rank 0's address reported %s, %d Stopped reports answered by %s", d(h.first), d(h.all), d(h.bootstrapSent), h.stopped, d(h.stoppedLast))
 }
 
 // allAt is when the last agent got the expected generation, opened or
@@ -280,6 +284,13 @@ func (h *holding) allAt() time.Time {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.all
+}
+
+func (h *holding) stoppedAnswered() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stoppedLast = time.Now()
+	h.stopped++
 }
 
 func (h *holding) bootstrapped() {
@@ -296,6 +307,7 @@ func (h *holding) expect(job string, gen int64, target int) <-chan struct{} {
 	h.job, h.gen, h.target, h.reached = job, gen, target, make(chan struct{})
 	h.count, h.bytes = 0, map[string]int{}
 	h.named, h.first, h.all, h.bootstrapSent = map[string]bool{}, time.Time{}, time.Time{}, time.Time{}
+	h.stoppedLast, h.stopped = time.Time{}, 0
 	for _, g := range h.at {
 		if g == gen {
 			h.count++
@@ -445,7 +457,12 @@ func loadRun(t *testing.T, bin string, n int) string {
 
 	h := &holding{at: map[string]int64{}, bytes: map[string]int{}, heard: map[string]bool{}, heardAll: make(chan struct{}), agents: n}
 	agents := make([]*simAgent, n)
-	const rank0 = "n0000" // first by name: rank 0 in every generation here
+	// Names of one width (n00000 to n16383 at 16,384: n10000 sorted
+	// before n1001 when they were n%04d), so that the generations, which
+	// order their members by name here, order them as the agents are:
+	// rank 0 and the blocks of 32 (their relays) are the benchmark's.
+	width := max(4, len(strconv.Itoa(n-1)))
+	rank0 := fmt.Sprintf("n%0*d", width, 0)
 	ctx, stop := context.WithCancel(t.Context())
 	fleet := newSimFleet(ctx, addr, os.Getenv("GPUCOORD_BENCH_LOAD_DECODE") == "full")
 	defer fleet.wait() // after stop, which ends them
@@ -463,12 +480,12 @@ func loadRun(t *testing.T, bin string, n int) string {
 	const lostRack = "rack-lost"
 	relays := make([]*simRelay, (n+pb.RelayBlock-1)/pb.RelayBlock)
 	for i := range relays {
-		relays[i] = &simRelay{}
+		relays[i] = &simRelay{fleet: fleet}
 	}
 	var victim *proc // the last agent's member
 	registering := time.Now()
 	register := func(rctx context.Context, i int) error {
-		name := fmt.Sprintf("n%04d", i)
+		name := fmt.Sprintf("n%0*d", width, i)
 		// Each node says it has a node server, as real agents do: with a
 		// fence window, a block's members are then renewed through its
 		// relay (relayed_renewals), one message a block. The simulated
@@ -508,7 +525,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 		if os.Getenv("GPUCOORD_BENCH_LOAD_DIRECT") != "" {
 			rl = nil
 		}
-		if err := fleet.watch(a, simHooks{rank0: name == rank0, bootstrap: h.bootstrapped, relay: rl,
+		if err := fleet.watch(a, simHooks{rank0: name == rank0, bootstrap: h.bootstrapped, relay: rl, stopped: h.stoppedAnswered,
 			assigned: func(asg *slimAssignment) { h.saw(name, asg) }}); err != nil {
 			return err
 		}

@@ -54,6 +54,24 @@ type simFleet struct {
 
 	mu    sync.Mutex
 	ended map[codes.Code]*streamEnds // why streams ended (or were refused) while the run went on
+	// relayRefused is why the coordinator did not take reports relayed
+	// (simRelay): their nodes then sent them themselves.
+	relayRefused map[codes.Code]*streamEnds
+}
+
+// refusedRelayed counts a relayed report the coordinator did not take.
+func (f *simFleet) refusedRelayed(c codes.Code, msg string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.relayRefused == nil {
+		f.relayRefused = map[codes.Code]*streamEnds{}
+	}
+	e := f.relayRefused[c]
+	if e == nil {
+		e = &streamEnds{first: msg}
+		f.relayRefused[c] = e
+	}
+	e.count++
 }
 
 // streamEnds is how many streams ended with one code, and the first one's
@@ -148,6 +166,9 @@ type simHooks struct {
 	// bootstrap, if not nil, is called as rank 0's node reports the
 	// address.
 	bootstrap func()
+	// stopped, if not nil, is called once the node's report that it
+	// stopped earlier ranks is answered.
+	stopped func()
 	// assigned, if not nil, is called with every assignment but
 	// renewals, on the agent's goroutine, after the agent's own reports.
 	assigned func(*slimAssignment)
@@ -263,9 +284,12 @@ func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error), hoo
 				if hooks.relay != nil {
 					req.Generation = asg.gen
 					hooks.relay.report(a, req)
-					return
+				} else {
+					a.report(req)
 				}
-				a.report(req)
+				if hooks.stopped != nil {
+					hooks.stopped()
+				}
 			})
 		} else if boot != nil {
 			f.wg.Go(func() { a.report(boot) })
@@ -283,6 +307,7 @@ func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error), hoo
 // not take in a relayed call, for a reason another try could mend, its
 // node sends itself, as a real one does.
 type simRelay struct {
+	fleet   *simFleet
 	via     *simAgent // set before any job
 	mu      sync.Mutex
 	pending []simRelayed
@@ -292,15 +317,22 @@ type simRelay struct {
 type simRelayed struct {
 	from *simAgent
 	r    *pb.ReportRequest
+	done chan struct{}
 }
 
+// report hands r, from's, to the relay and returns once it is answered.
 func (rl *simRelay) report(from *simAgent, r *pb.ReportRequest) {
+	x := simRelayed{from, r, make(chan struct{})}
 	rl.mu.Lock()
-	rl.pending = append(rl.pending, simRelayed{from, r})
+	rl.pending = append(rl.pending, x)
 	lead := !rl.busy
 	rl.busy = true
 	rl.mu.Unlock()
 	if !lead {
+		select {
+		case <-x.done:
+		case <-from.ctx.Done():
+		}
 		return
 	}
 	time.Sleep(5 * time.Millisecond) // the relay's gathering window (relayGather)
@@ -320,10 +352,26 @@ func (rl *simRelay) report(from *simAgent, r *pb.ReportRequest) {
 		}
 		resp, err := rl.via.cl.Report(rl.via.ctx, &pb.ReportRequest{Job: batch[0].r.Job, Generation: batch[0].r.Generation, Node: rl.via.name,
 			LeaseId: rl.via.lease.Load(), Kind: &pb.ReportRequest_Relayed{Relayed: &pb.Relayed{Reports: reports}}})
+		var direct []simRelayed
 		for i, x := range batch {
-			if err != nil || i >= len(resp.Relayed) || codes.Code(resp.Relayed[i].Code) != codes.OK {
-				x.from.report(x.r)
+			switch {
+			case err != nil:
+				rl.fleet.refusedRelayed(status.Code(err), err.Error())
+			case i >= len(resp.Relayed):
+				rl.fleet.refusedRelayed(codes.Internal, "no answer")
+			case codes.Code(resp.Relayed[i].Code) != codes.OK:
+				rl.fleet.refusedRelayed(codes.Code(resp.Relayed[i].Code), resp.Relayed[i].Error)
+			default:
+				close(x.done)
+				continue
 			}
+			direct = append(direct, x)
+		}
+		for _, x := range direct {
+			go func() {
+				x.from.report(x.r)
+				close(x.done)
+			}()
 		}
 	}
 }
@@ -343,6 +391,9 @@ func (f *simFleet) counts() string {
 		why = append(why, fmt.Sprintf("%s %d (the first: %q)", c, f.ended[c].count, f.ended[c].first))
 	}
 	s := fmt.Sprintf("agents: %d reconnections, %d re-registrations", f.reconnects.Load(), f.reregistrations.Load())
+	for _, c := range slices.Sorted(maps.Keys(f.relayRefused)) {
+		s += fmt.Sprintf("; relayed reports refused %s %d (the first: %q)", c, f.relayRefused[c].count, f.relayRefused[c].first)
+	}
 	if len(why) > 0 {
 		s += "; streams ended or refused: " + strings.Join(why, ", ")
 	}
