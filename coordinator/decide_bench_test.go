@@ -127,3 +127,32 @@ func BenchmarkGenerationTxn16384(b *testing.B) {
 		b.ReportMetric(float64(len(ops)), "ops/gen2")
 	}
 }
+
+// BenchmarkDecideWaiting16384 times the decision taken again and again
+// while a 16,384-node generation waits for its members' Stopped reports
+// (half of them in): the leader's work in the seconds before the opening.
+func BenchmarkDecideWaiting16384(b *testing.B) {
+	const n = 16384
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("n%05d", i)
+	}
+	j := runningOn(pending(n, func(s *pb.JobSpec) { s.GpusPerNode, s.Tp, s.Pp, s.MinNodes = 8, 8, 1, 1 }), 2, names...)
+	j.open = 1
+	j.stopped = map[string]int64{}
+	for _, m := range j.gen.Members {
+		j.gen.Stopping = append(j.gen.Stopping, &pb.Member{Node: m.Node, Instance: m.Instance})
+		if len(j.stopped) < n/2 {
+			j.stopped[m.Node] = 2
+		}
+	}
+	v := pool(j, names...)
+	for _, name := range names {
+		v.nodes[name].Gpus = 8
+	}
+	for b.Loop() {
+		if d := decide(v, t0, testPolicy); d.open != 0 {
+			b.Fatal("opened before every member reported")
+		}
+	}
+}
