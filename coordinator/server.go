@@ -1254,7 +1254,10 @@ func (s *server) reportStored(ctx context.Context, id string, gen int64, node st
 	if node == "" || len(st.GetSteps()) == 0 || len(st.GetSteps()) > maxStored {
 		return 0, status.Errorf(codes.InvalidArgument, "stored: want a node and 1 to %d steps", maxStored)
 	}
-	rec := proto.Clone(st).(*pb.Stored)
+	// The request's own message, decoded for this call alone (as is a
+	// relayed one, inside its relay's): filled in place. A clone of each
+	// was 3% of a 16,384-node coordinator's time.
+	rec := st
 	for _, x := range rec.Steps {
 		if x.Step < 1 || len(x.Holders) > 64 {
 			return 0, status.Errorf(codes.InvalidArgument, "stored step %d with %d holders", x.Step, len(x.Holders))
