@@ -368,11 +368,12 @@ func (c *cache) reindex() {
 			}
 		}
 		a := &pb.Assignment{Job: id, Spec: j.spec, Generation: j.gen, Open: j.open >= j.gen.Number, Revision: c.assignRev, GossipKeys: keys, LiveJobs: live}
-		if boot := j.boots[j.gen.Number]; a.Open {
+		if a.Open {
 			// Rank 0's node may report its address before the generation
 			// opens (it bootstraps while the earlier ranks stop): it goes
 			// out with the opening, one message a node, and no node waits
 			// on it then.
+			boot := j.boots[j.gen.Number]
 			a.Master, a.Probe, a.StoreSecret = boot.GetMaster(), boot.GetProbe(), boot.GetStoreSecret()
 		}
 		if ja := prev[id]; ja != nil && ja.same(a) {

@@ -463,6 +463,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 	// rank 0 and the blocks of 32 (their relays) are the benchmark's.
 	width := max(4, len(strconv.Itoa(n-1)))
 	rank0 := fmt.Sprintf("n%0*d", width, 0)
+	direct := os.Getenv("GPUCOORD_BENCH_LOAD_DIRECT") != "" // every agent reports itself, as before relays
 	ctx, stop := context.WithCancel(t.Context())
 	fleet := newSimFleet(ctx, addr, os.Getenv("GPUCOORD_BENCH_LOAD_DECODE") == "full")
 	defer fleet.wait() // after stop, which ends them
@@ -522,7 +523,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 		if i%pb.RelayBlock == 0 {
 			rl.via, rl = a, nil // a relay reports its own
 		}
-		if os.Getenv("GPUCOORD_BENCH_LOAD_DIRECT") != "" {
+		if direct {
 			rl = nil
 		}
 		if err := fleet.watch(a, simHooks{rank0: name == rank0, bootstrap: h.bootstrapped, relay: rl, stopped: h.stoppedAnswered,
@@ -599,9 +600,8 @@ func loadRun(t *testing.T, bin string, n int) string {
 	// As real agents do, the nodes of each block of 32 report through
 	// the block's first (Assignment.relay), which forwards their times
 	// and stored steps in one call a second (Relayed). The first node of
-	// each block is rank 0's node, n0000, for the first: the assignments
-	// say so, as the generation orders its members by name here.
-	direct := os.Getenv("GPUCOORD_BENCH_LOAD_DIRECT") != "" // every agent reports itself, as before relays
+	// each block is rank 0's node for the first: the assignments say so,
+	// as the generation orders its members by name here.
 	noStored := os.Getenv("GPUCOORD_BENCH_LOAD_NOSTORED") != ""
 	for b := 0; b < n; b += pb.RelayBlock {
 		block := agents[b:min(b+pb.RelayBlock, n)]
