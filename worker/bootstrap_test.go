@@ -64,10 +64,12 @@ func TestBootEarly(t *testing.T) {
 
 	next := r.apply(t.Context(), gen(3))
 	<-next
-	if serves(boot.Master) {
+	boot3 := co.seen()[2].GetBootstrap()
+	// Generation 3's store may have got the port generation 2's freed:
+	// then that one was closed first.
+	if boot3.GetMaster() != boot.Master && serves(boot.Master) {
 		t.Errorf("generation 2's store still serves once generation 3 came")
 	}
-	boot3 := co.seen()[2].GetBootstrap()
 	if p := probes(); len(p) != 1 || filepath.Base(p[0]) != boot3.GetProbe() {
 		t.Errorf("probes %v, want generation 3's alone (%s)", p, boot3.GetProbe())
 	}
