@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -297,12 +298,25 @@ func TestClusterHostLost(t *testing.T) {
 			const steps = 150
 			b := newBoxCluster(t, testcluster.Config{Hosts: 5, Shared: true})
 			want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
-			// h5 is a spare: the rendezvous takes the first three by name.
+			// One of the four agents is a spare: the rendezvous may take
+			// any three, so the lost host (the second member) and the
+			// spare come from generation 1's line.
 			_, workers := b.pool(t)
-			spare := workers[3]
 			p := b.elasticJob(t, 1, steps)
+			m := genNodes.FindStringSubmatch(p.waitLine(t, "generation 1:", time.Minute))
+			if m == nil {
+				t.Fatalf("no nodes in the generation line:\n%s", p.output())
+			}
+			members := strings.Split(m[1], ", ")
+			var spare *proc
+			var spareName string
+			for i, h := range b.Hosts()[1:] {
+				if !slices.Contains(members, h.Name) {
+					spare, spareName = workers[i], h.Name
+				}
+			}
 			p.waitLine(t, `{"step":10,`, time.Minute)
-			lost := b.Host(3)
+			lost := b.hostNamed(t, members[1])
 			cut := time.Now()
 			if silent {
 				lost.Cut()
@@ -318,7 +332,8 @@ func TestClusterHostLost(t *testing.T) {
 				t.Fatalf("launch exited %d:\n%s", code, p.output())
 			}
 			sameLosses(t, losses(t, p.output()), want)
-			if s := "generation 2: 3 nodes (h2, h4, h5), 6 ranks, tp 2 pp 1 dp 3 (node lost: h3 (ranks 2-3); spare nodes joined: h5; resuming after step"; !strings.Contains(p.output(), s) {
+			if s := fmt.Sprintf("generation 2: 3 nodes (%s, %s, %s), 6 ranks, tp 2 pp 1 dp 3 (node lost: %s (ranks 2-3); spare nodes joined: %s; resuming after step",
+				members[0], members[2], spareName, members[1], spareName); !strings.Contains(p.output(), s) {
 				t.Errorf("launch's output lacks %q:\n%s", s, p.output())
 			}
 			if !strings.Contains(spare.output(), "starting ranks") {
