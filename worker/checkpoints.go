@@ -60,6 +60,19 @@ func (a *Agent) restore(ctx context.Context, asg *pb.Assignment) error {
 	return nil
 }
 
+// wroteResume says whether node wrote its own files of g's resume step in
+// the generation that committed it: whether the step's holders (g's
+// checkpoint) name it as a writer. A step from the backup tier is copied
+// whole from there; a generation that names no holders (none with a
+// shared directory) leaves the node's files as they are.
+func wroteResume(g *pb.Generation, node string) bool {
+	if g.GetFromBackup() {
+		return false
+	}
+	cs := g.GetCheckpoint()
+	return len(cs) == 0 || slices.ContainsFunc(cs, func(c *pb.Copies) bool { return c.Node == node })
+}
+
 // gatherOne brings writer c.Node's files of the resume step into this
 // node's own directory of it.
 func (a *Agent) gatherOne(ctx context.Context, asg *pb.Assignment, c *pb.Copies, addrs map[string]string, bytes *int64) error {

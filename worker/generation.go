@@ -245,7 +245,7 @@ func (g *generation) checkpoints(ctx context.Context) error {
 		g.ckptDir = SharedCheckpointDir(shared, asg.Job)
 	} else {
 		g.ckptDir = a.holder.Own(asg.Job)
-		if err := a.holder.Begin(asg.Job, asg.Generation.GetNumber(), asg.Generation.GetResumeStep()); err != nil {
+		if err := a.holder.Begin(asg.Job, asg.Generation.GetNumber(), asg.Generation.GetResumeStep(), wroteResume(asg.Generation, a.cfg.Name)); err != nil {
 			g.log.Error("checkpoint", "err", err)
 			return g.fail(1, "node %s: %v", a.cfg.Name, err)
 		}

@@ -41,7 +41,7 @@ func benchReplicate(b *testing.B, root string) {
 	for _, n := range []string{"a", "b", "c"} {
 		c := credentials(b, ca, caPEM, pki.Identity{Role: pki.RoleNode, Name: n})
 		nodes[n] = startNodeIn(b, filepath.Join(root, n), n, &c)
-		nodes[n].h.Begin("j", 1, 0)
+		nodes[n].h.Begin("j", 1, 0, true)
 		nodes[n].h.Saw("j", 1, []string{"a", "b", "c"})
 	}
 	const file = 16 << 20

@@ -154,12 +154,22 @@ func (h *Holder) stepDir(job, src string, step int64) string {
 // step resume: steps after resume were never committed (or belong to a
 // generation that failed) and are removed, here and in the replicas this
 // node holds, so that a step's files are only ever the new generation's.
-// What a crash left half-placed goes too. (Which generations' replicas
-// are taken is what the node heard of, Saw.)
-func (h *Holder) Begin(job string, gen, resume int64) error {
+// This node's own files of resume stay only when it wrote them in the
+// generation that committed resume (wrote): otherwise they are of an
+// attempt at that step that was never committed (this node's generation
+// failed before its commit, and a generation without it committed the
+// step since), and the step's files are gathered into an empty
+// directory, never next to them. What a crash left half-placed goes too.
+// (Which generations' replicas are taken is what the node heard of, Saw.)
+func (h *Holder) Begin(job string, gen, resume int64, wrote bool) error {
 	h.sweep(job)
 	if err := os.MkdirAll(h.Own(job), 0o755); err != nil {
 		return fmt.Errorf("checkpoint directory: %w", err)
+	}
+	if !wrote && resume > 0 {
+		if err := os.RemoveAll(h.stepDir(job, h.node, resume)); err != nil {
+			return fmt.Errorf("checkpoint directory: %w", err)
+		}
 	}
 	for _, dir := range h.stepRoots(job) {
 		for _, s := range steps(dir) {

@@ -121,7 +121,7 @@ func TestReplicateAndGather(t *testing.T) {
 		creds[n] = credentials(t, ca, caPEM, pki.Identity{Role: pki.RoleNode, Name: n})
 		c := creds[n]
 		nodes[n] = startNode(t, n, &c)
-		if err := nodes[n].h.Begin("job1", 1, 0); err != nil {
+		if err := nodes[n].h.Begin("job1", 1, 0, true); err != nil {
 			t.Fatal(err)
 		}
 		if err := nodes[n].h.Saw("job1", 1, []string{"a", "b", "c"}); err != nil {
@@ -257,15 +257,17 @@ func flip(b []byte, i int) []byte {
 	return out
 }
 
-// TestBeginAndPrune: a new generation drops steps after its resume step;
-// pruning keeps the newest committed steps and everything after.
+// TestBeginAndPrune: a new generation drops steps after its resume step,
+// and the resume step's own files when this node did not write them in the
+// generation that committed it; pruning keeps the newest committed steps
+// and everything after.
 func TestBeginAndPrune(t *testing.T) {
 	h := New(t.TempDir(), "a", nil, nil, nil)
 	for _, s := range []string{"3", "4", "5", "6", "7"} {
 		writeFiles(t, filepath.Join(h.Own("j"), s), map[string]string{"f": s})
 		writeFiles(t, filepath.Join(h.peers("j"), "b", s), map[string]string{"f": s})
 	}
-	if err := h.Begin("j", 2, 6); err != nil {
+	if err := h.Begin("j", 2, 6, true); err != nil {
 		t.Fatal(err)
 	}
 	h.Prune("j", 2, 5)
@@ -273,6 +275,18 @@ func TestBeginAndPrune(t *testing.T) {
 		if got := fmt.Sprint(steps(dir)); got != "[4 5 6]" {
 			t.Errorf("%s: steps %s, want [4 5 6]", dir, got)
 		}
+	}
+	// A generation resumes from step 5, which a generation without this
+	// node committed: this node's own files of 5 are of an attempt never
+	// committed and go; its replicas and earlier steps stay.
+	if err := h.Begin("j", 3, 5, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(steps(h.Own("j"))); got != "[4]" {
+		t.Errorf("own steps %s after a resume it did not write, want [4]", got)
+	}
+	if got := fmt.Sprint(steps(filepath.Join(h.peers("j"), "b"))); got != "[4 5]" {
+		t.Errorf("b's replicas: steps %s, want [4 5]", got)
 	}
 	if err := h.Remove("j"); err != nil {
 		t.Fatal(err)

@@ -371,7 +371,7 @@ func TestHasWholeOnly(t *testing.T) {
 	if !b.h.Has("j", "a", 5) || readFiles(t, filepath.Join(b.h.peers("j"), "a", "5"))["tp0/shard"] != "half" {
 		t.Error("the placed replica is not whole")
 	}
-	if err := b.h.Begin("j", 1, 5); err != nil {
+	if err := b.h.Begin("j", 1, 5, true); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(staged); !os.IsNotExist(err) {
