@@ -12,12 +12,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/gpucoord/gpucoord/internal/localproc"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/topology"
+	"github.com/gpucoord/gpucoord/worker/engine"
 	"github.com/gpucoord/gpucoord/worker/progress"
 )
 
@@ -253,7 +253,7 @@ func (g *generation) checkpoints(ctx context.Context) error {
 			if ctx.Err() == nil {
 				g.log.Error("checkpoint", "err", err)
 			}
-			if nodeFull(err) {
+			if engine.NodeFull(err) {
 				// This node has no room for the step now, which says nothing
 				// of the step: the next generation tries it again.
 				return g.fail(1, "node %s: no room to gather the resume step: %v", a.cfg.Name, err)
@@ -371,14 +371,6 @@ func (g *generation) runRanks(ctx context.Context, hooks runHooks) error {
 	}
 	g.exited(ctx, err, out)
 	return nil
-}
-
-// nodeFull says whether err is this node's own storage refusing a write
-// (its /dev/shm or disk full, a quota): a fault of the node, for now, not
-// of the step being gathered, which must not be marked unrestorable for it
-// (the chaos test's full /dev/shm did, and a job lost every kept step).
-func nodeFull(err error) bool {
-	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 // progressDrain bounds how long the ranks' last progress lines are read

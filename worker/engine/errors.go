@@ -1,6 +1,31 @@
 package engine
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+)
+
+// NodeFull says whether err is this node's own storage refusing a write
+// (its /dev/shm or disk full, a quota): a fault of the node, for now, not
+// of the checkpoint step being gathered or restored, which must not be
+// marked unrestorable for it (the chaos test's full /dev/shm did: once a
+// job lost every kept step, once a restore writing its manifest passed
+// over the step).
+func NodeFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// unrestorable is the error of a restore that failed with err: the
+// checkpoint's fault (ErrUnrestorable), unless ctx ended or the node has
+// no room to write (NodeFull), which say nothing of the checkpoint.
+func unrestorable(ctx context.Context, err error) error {
+	if ctx.Err() != nil || NodeFull(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnrestorable, err)
+}
 
 // ErrInvalidJob is wrapped by every error about a job file or an engine
 // Config that cannot work: a bad field, a layout that does not divide the

@@ -119,10 +119,7 @@ func Train(ctx context.Context, cfg *Config, world collectives.Communicator, rep
 			restore = r.RestoreLocal
 		}
 		if err := restore(ctx, cfg.CheckpointDir, cfg.Resume); err != nil {
-			if ctx.Err() == nil {
-				err = fmt.Errorf("%w: %w", ErrUnrestorable, err)
-			}
-			return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, err)
+			return r, fmt.Errorf("rank %d %+v: %w", world.Rank(), coord, unrestorable(ctx, err))
 		}
 	}
 	bg := &background{r: r, root: cfg.CheckpointDir, done: cfg.Checkpointed}
