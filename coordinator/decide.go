@@ -15,7 +15,9 @@ import (
 )
 
 // view is what decide reads: one job and the pool, as the cache held them
-// at one revision. Every map is the view's own.
+// at one revision. Its pool maps (nodes, connected, busy, nodePolicy) are
+// shared with the other views of the same pool (cache.view): nothing
+// writes to them; the job's and fences are its own.
 type view struct {
 	job *job
 	// nodes are the registered nodes (their lease lives), by name.
@@ -916,7 +918,10 @@ func awaitHolders(v *view, now time.Time, why string, r restore) decision {
 // registered again as another run (its agent's end took its ranks
 // with it), or, its lease ended, FenceMargin after the latest its own
 // deadline can be: when its key was first seen gone, or the lease's time
-// left when a coordinator revoked it (fences). Else the job waits: for a
+// left when a coordinator revoked it (fences), whichever is later; or the
+// last deadline its stream gave, when a window fence of the lease its key
+// had says so (exact: the detection that revoked it, and its key seen
+// gone after, then wait for nothing more). Else the job waits: for a
 // report, or until when. pol gains the times nodes were first seen gone.
 func fenced(v *view, now time.Time, p policy, pol *jobPolicy) (ok bool, until time.Time, waiting []string) {
 	j := v.job
@@ -942,7 +947,7 @@ func fenced(v *view, now time.Time, p policy, pol *jobPolicy) (ok bool, until ti
 			pol.GoneSince[s.Node] = since
 		}
 		t := at(since)
-		if f, ok := v.fences[s.Node]; ok && (s.Instance == "" || f.Instance == s.Instance) && at(f.UntilMs).After(t) {
+		if f, ok := v.fences[s.Node]; ok && (s.Instance == "" || f.Instance == s.Instance) && (f.exact || at(f.UntilMs).After(t)) {
 			t = at(f.UntilMs)
 		}
 		if t = t.Add(p.FenceMargin); now.Before(t) {

@@ -2,9 +2,12 @@ package coordinator
 
 import (
 	"fmt"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -153,6 +156,34 @@ func BenchmarkDecideWaiting16384(b *testing.B) {
 	for b.Loop() {
 		if d := decide(v, t0, testPolicy); d.open != 0 {
 			b.Fatal("opened before every member reported")
+		}
+	}
+}
+
+// BenchmarkView16384 times the leader's view of a running 16,384-node job
+// while the pool does not change (each recheck of its compute times, five
+// times a second by default): the pool's maps are made once a change.
+func BenchmarkView16384(b *testing.B) {
+	const n = 16384
+	k := keys("/b/")
+	c := newCache(nil, k, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var kvs []*mvccpb.KeyValue
+	put := func(key, value string, lease int64) {
+		rev := int64(len(kvs) + 1)
+		kvs = append(kvs, &mvccpb.KeyValue{Key: []byte(key), Value: []byte(value), CreateRevision: rev, ModRevision: rev, Lease: lease})
+	}
+	put(k.spec("j"), encode(&pb.JobSpec{Id: "j", Nodes: n, GpusPerNode: 8, Tp: 8, Pp: 1, Command: []string{"true"}}), 0)
+	put(k.state("j"), encode(&pb.JobState{Phase: pb.JobState_RUNNING}), 0)
+	put(k.generation("j"), encode(bigGeneration(n)), 0)
+	for i := range n {
+		name := fmt.Sprintf("n%05d", i)
+		put(k.node(name), encode(&pb.Node{Name: name, Host: "10.0.0.1", Gpus: 8}), int64(i+1))
+		put(k.conn(name), "c/1", int64(i+1))
+	}
+	c.reset(int64(len(kvs)), kvs)
+	for b.Loop() {
+		if v, ok := c.view("j"); !ok || len(v.busy) != n || len(v.connected) != n {
+			b.Fatal("no view of the running job")
 		}
 	}
 }

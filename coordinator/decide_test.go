@@ -3,6 +3,8 @@ package coordinator
 import (
 	"cmp"
 	"fmt"
+	"io"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -10,6 +12,8 @@ import (
 	"time"
 
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // t0 is the tests' "now": every time in a case is relative to it.
@@ -706,7 +710,8 @@ func TestMemberDomains(t *testing.T) {
 // TestDecideFence: a generation opens only once every rank of an earlier
 // generation that may have run is surely stopped: its node said so, or
 // registered again as another run, or its lease ended FenceMargin before
-// (and a revoked lease's time left has passed).
+// (and a revoked lease's time left has passed), or FenceMargin has passed
+// since the last deadline its stream gave the lease its key had.
 func TestDecideFence(t *testing.T) {
 	p := testPolicy
 	p.FenceMargin = time.Second
@@ -755,6 +760,27 @@ func TestDecideFence(t *testing.T) {
 			j.stopped["n0"] = 2
 			j.policy.GoneSince = map[string]int64{"n1": ms(t0.Add(-5 * time.Second))}
 			v.fences["n1"] = fence{Instance: "n1-1", UntilMs: ms(t0.Add(2500 * time.Millisecond))}
+		})},
+		// The pool found n1 dead after its last window deadline had
+		// passed (its stream was cut with it): its key is seen gone just
+		// now, but the window fence of the lease it had is the latest its
+		// ranks ran to.
+		{name: "n1's window fence of its lease: a margin after its deadline", wantOpen: true, v: waiting(func(j *job, v *view) {
+			j.stopped["n0"] = 2
+			j.policy.GoneSince = map[string]int64{"n1": ms(t0)}
+			v.fences["n1"] = fence{Instance: "n1-1", UntilMs: ms(t0.Add(-1500 * time.Millisecond)), Window: true, Lease: 7, exact: true}
+		})},
+		{name: "n1's window fence of its lease, its deadline not passed", after: 1700 * time.Millisecond, v: waiting(func(j *job, v *view) {
+			j.stopped["n0"] = 2
+			j.policy.GoneSince = map[string]int64{"n1": ms(t0)}
+			v.fences["n1"] = fence{Instance: "n1-1", UntilMs: ms(t0.Add(700 * time.Millisecond)), Window: true, Lease: 7, exact: true}
+		})},
+		// The same fence, of another lease of the run (it registered again
+		// since): its key's end is all there is to go by.
+		{name: "a window fence of another lease: a margin after n1 was seen gone", after: time.Second, v: waiting(func(j *job, v *view) {
+			j.stopped["n0"] = 2
+			j.policy.GoneSince = map[string]int64{"n1": ms(t0)}
+			v.fences["n1"] = fence{Instance: "n1-1", UntilMs: ms(t0.Add(-1500 * time.Millisecond)), Window: true, Lease: 7}
 		})},
 		{name: "an earlier run's fence counts for nothing", wantOpen: true, v: waiting(func(j *job, v *view) {
 			j.stopped["n0"] = 2
@@ -912,4 +938,100 @@ func TestDecideAwaitHolders(t *testing.T) {
 	})
 	check(t, decide(pool(broken, "n0", "n1"), t0, testPolicy), want{phase: pb.JobState_FAILED,
 		reason: "no kept step can be restored: step 12: rank 1 could not restore it: step 12 has no manifest"})
+}
+
+// TestViewExactFence: a window fence is exact in a view only while it is
+// of the lease the node's key had when the cache saw it go: not once the
+// node has registered again and that key gone too, nor for a fence of the
+// lease's time left.
+func TestViewExactFence(t *testing.T) {
+	k := keys("/v/")
+	c := newCache(nil, k, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	rev := int64(0)
+	kv := func(key, value string, lease int64) *mvccpb.KeyValue {
+		rev++
+		return &mvccpb.KeyValue{Key: []byte(key), Value: []byte(value), CreateRevision: rev, ModRevision: rev, Lease: lease}
+	}
+	node := `{"name":"n1","host":"10.0.0.1","gpus":1}`
+	c.reset(3, []*mvccpb.KeyValue{kv(k.spec("j"), `{"id":"j","nodes":1,"gpusPerNode":1,"command":["true"]}`, 0), kv(k.node("n1"), node, 7), kv(k.node("n2"), node, 9)})
+	exact := func(name string) bool {
+		t.Helper()
+		v, ok := c.view("j")
+		if !ok {
+			t.Fatal("no view of job j")
+		}
+		return v.fences[name].exact
+	}
+	put := func(key, value string, lease int64) {
+		c.apply(rev+1, []*clientv3.Event{{Type: clientv3.EventTypePut, Kv: kv(key, value, lease)}})
+	}
+	del := func(key string) {
+		rev++
+		c.apply(rev, []*clientv3.Event{{Type: clientv3.EventTypeDelete, Kv: &mvccpb.KeyValue{Key: []byte(key), ModRevision: rev}}})
+	}
+	put(k.fence("n1"), `{"instance":"i1","until_ms":1,"window":true,"lease":7}`, 0)
+	put(k.fence("n2"), `{"instance":"i2","until_ms":1,"lease":9}`, 0)
+	if exact("n1") {
+		t.Error("n1's fence exact while its key lives")
+	}
+	del(k.node("n1"))
+	del(k.node("n2"))
+	if !exact("n1") {
+		t.Error("n1's window fence of lease 7 not exact once its key of lease 7 is gone")
+	}
+	if exact("n2") {
+		t.Error("n2's fence of the lease's time left is exact")
+	}
+	put(k.node("n1"), node, 8)
+	if exact("n1") {
+		t.Error("n1's fence exact while it is registered again")
+	}
+	del(k.node("n1"))
+	if exact("n1") {
+		t.Error("n1's fence of lease 7 exact once its key of lease 8 is gone")
+	}
+}
+
+// TestViewSharesPool: the views made while the pool does not change share
+// its maps; a change gives the next view a pool with it, and leaves the
+// maps of the views made before as they were.
+func TestViewSharesPool(t *testing.T) {
+	k := keys("/v/")
+	c := newCache(nil, k, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	rev := int64(0)
+	kv := func(key, value string) *mvccpb.KeyValue {
+		rev++
+		return &mvccpb.KeyValue{Key: []byte(key), Value: []byte(value), CreateRevision: rev, ModRevision: rev, Lease: 7}
+	}
+	node := func(name string) string { return fmt.Sprintf(`{"name":%q,"host":"10.0.0.1","gpus":1}`, name) }
+	c.reset(2, []*mvccpb.KeyValue{kv(k.spec("j"), `{"id":"j","nodes":1,"gpusPerNode":1,"command":["true"]}`), kv(k.node("n1"), node("n1"))})
+	view := func() *view {
+		t.Helper()
+		v, ok := c.view("j")
+		if !ok {
+			t.Fatal("no view of job j")
+		}
+		return v
+	}
+	put := func(key, value string) {
+		c.apply(rev+1, []*clientv3.Event{{Type: clientv3.EventTypePut, Kv: kv(key, value)}})
+	}
+	v1, v2 := view(), view()
+	if fmt.Sprintf("%p %p", v1.nodes, v1.connected) != fmt.Sprintf("%p %p", v2.nodes, v2.connected) {
+		t.Error("two views of an unchanged pool do not share its maps")
+	}
+	put(k.node("n2"), node("n2"))
+	put(k.conn("n1"), "c/1")
+	v3 := view()
+	if v3.nodes["n2"] == nil || !v3.connected["n1"] {
+		t.Errorf("the view after n2 registered and n1 connected: nodes %v, connected %v", slices.Sorted(maps.Keys(v3.nodes)), v3.connected)
+	}
+	if v1.nodes["n2"] != nil || v1.connected["n1"] || len(v1.nodes) != 1 {
+		t.Errorf("the view before changed with the pool: nodes %v, connected %v", slices.Sorted(maps.Keys(v1.nodes)), v1.connected)
+	}
+	// A job's field is not the pool: the view after it shares the pool.
+	put(k.state("j"), `{"phase":"RUNNING"}`)
+	if v4 := view(); fmt.Sprintf("%p", v4.nodes) != fmt.Sprintf("%p", v3.nodes) {
+		t.Error("a job's state made a new pool")
+	}
 }

@@ -331,7 +331,7 @@ func (c *Coordinator) fenceWindow(ctx context.Context, node, instance string, le
 		return false, nil
 	}
 	k := keys(c.cfg.Prefix)
-	f := fence{Instance: instance, UntilMs: bound.UnixMilli(), Window: true}
+	f := fence{Instance: instance, UntilMs: bound.UnixMilli(), Window: true, Lease: int64(lease)}
 	// The stream's key, open or closed (the agent dropped it: a killed
 	// host's agent does).
 	fenced := []clientv3.Op{clientv3.OpPut(k.conn(node), connFenced, clientv3.WithLease(lease)), clientv3.OpPut(k.fence(node), encodeJSON(f))}

@@ -188,6 +188,14 @@ type fence struct {
 	// gave it (a window's, Config.FenceWindow, or the lease's without
 	// one: grants), not the lease's time left as etcd said it.
 	Window bool `json:"window,omitempty"`
+	// Lease is the run's lease that a window fence ended (0 in fences
+	// written before it was kept).
+	Lease int64 `json:"lease,omitempty"`
+	// exact, in a view (not stored), says the fence is a window fence of
+	// the lease the node's key had when the cache last saw it go: UntilMs
+	// is then the latest the run's ranks can run, however late the key
+	// was seen gone (fenced).
+	exact bool
 }
 
 // nodePolicy is what the leader holds against a node, kept across its
