@@ -74,10 +74,10 @@ type cache struct {
 	ring keyring
 	// poolVer counts the changes of nodes, conns, nodePol and holds; snap
 	// is the pool as the leader's views share it (view), made at most
-	// once a change: a decision at 16,384 nodes copied four maps of
-	// 16,384 entries, five times a second (the recheck of compute times),
-	// much of the coordinator's garbage. snapMu serializes its making
-	// among readers (writers hold mu).
+	// once a change: at 16,384 nodes each decision copied four maps of
+	// 16,384 entries (about 20 ms and 4.4 MB), five times a second with
+	// the recheck of compute times. snapMu serializes its making among
+	// readers (writers hold mu).
 	poolVer uint64
 	snapMu  sync.Mutex
 	snap    *poolSnap

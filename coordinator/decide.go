@@ -918,11 +918,11 @@ func awaitHolders(v *view, now time.Time, why string, r restore) decision {
 // registered again as another run (its agent's end took its ranks
 // with it), or, its lease ended, FenceMargin after the latest its own
 // deadline can be: when its key was first seen gone, or the lease's time
-// left when a coordinator revoked it (fences), whichever is later; or the
-// last deadline its stream gave, when a window fence of the lease its key
-// had says so (exact: the detection that revoked it, and its key seen
-// gone after, then wait for nothing more). Else the job waits: for a
-// report, or until when. pol gains the times nodes were first seen gone.
+// left when a coordinator revoked it (fences), whichever is later; or,
+// when a window fence is of the lease its key had (exact), the last
+// deadline its stream gave, however late the key was seen gone. Else the
+// job waits: for a report, or until when. pol gains the times nodes were
+// first seen gone.
 func fenced(v *view, now time.Time, p policy, pol *jobPolicy) (ok bool, until time.Time, waiting []string) {
 	j := v.job
 	ok = true

@@ -63,8 +63,8 @@ func (a *Agent) restore(ctx context.Context, asg *pb.Assignment) error {
 // wroteResume says whether node wrote its own files of g's resume step in
 // the generation that committed it: whether the step's holders (g's
 // checkpoint) name it as a writer. A step from the backup tier is copied
-// whole from there; a generation that names no holders (none with a
-// shared directory) leaves the node's files as they are.
+// whole from there; a generation that names no holders at all says
+// nothing either way, and the node's files stay as they are.
 func wroteResume(g *pb.Generation, node string) bool {
 	if g.GetFromBackup() {
 		return false
