@@ -374,7 +374,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error {
-		return c.srv.health.monitor(gctx, etcdProbe(c.etcd.Client, c.cfg.Prefix), time.Second, healthAfter(c.cfg.LeaseTTL), c.log.With("component", "health"))
+		return c.srv.health.monitor(gctx, etcdProbe(c.etcd.Client, c.cfg.Prefix), time.Second, 2*time.Second, c.log.With("component", "health"))
 	})
 	g.Go(func() error { return c.cache.run(gctx) })
 	g.Go(func() error {

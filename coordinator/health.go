@@ -67,16 +67,6 @@ func etcdProbe(cli *clientv3.Client, key string) func(context.Context) error {
 	}
 }
 
-// healthAfter is how long etcd may answer no probe before a coordinator
-// whose nodes hold leases of leaseTTL stops serving: 2 s, or a third of
-// the lease when longer. Its nodes' leases, renewed through etcd a third
-// of the lease apart, then have a third of it left at least to move to
-// another coordinator; a longer lease (the 15 s that 16,384 nodes on two
-// cores need) is not given up to a generation's 2 s transaction.
-func healthAfter(leaseTTL time.Duration) time.Duration {
-	return max(2*time.Second, leaseTTL/3)
-}
-
 // monitor probes etcd every interval until ctx ends. etcd counts as
 // unreachable once no probe has been answered for after, and reachable
 // again at the next answer. A probe may take up to after: an etcd slow to

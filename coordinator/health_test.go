@@ -63,20 +63,3 @@ func TestHealthSlowIsNotDown(t *testing.T) {
 		t.Fatal("still down after etcd answered again")
 	}
 }
-
-// TestHealthAfter: a coordinator stops serving after 2 s without an answer
-// from etcd, or a third of its nodes' lease when that is longer, so that
-// they have a third of it left at least to move.
-func TestHealthAfter(t *testing.T) {
-	for _, c := range []struct{ ttl, want time.Duration }{
-		{2 * time.Second, 2 * time.Second},
-		{5 * time.Second, 2 * time.Second},
-		{6 * time.Second, 2 * time.Second},
-		{15 * time.Second, 5 * time.Second},
-		{time.Minute, 20 * time.Second},
-	} {
-		if got := healthAfter(c.ttl); got != c.want {
-			t.Errorf("healthAfter(%s) = %s, want %s", c.ttl, got, c.want)
-		}
-	}
-}
