@@ -2,8 +2,6 @@ package coordinator
 
 import (
 	"fmt"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -165,25 +163,21 @@ func BenchmarkDecideWaiting16384(b *testing.B) {
 // times a second by default): the pool's maps are made once a change.
 func BenchmarkView16384(b *testing.B) {
 	const n = 16384
-	k := keys("/b/")
-	c := newCache(nil, k, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	var kvs []*mvccpb.KeyValue
-	put := func(key, value string, lease int64) {
-		rev := int64(len(kvs) + 1)
-		kvs = append(kvs, &mvccpb.KeyValue{Key: []byte(key), Value: []byte(value), CreateRevision: rev, ModRevision: rev, Lease: lease})
+	c := newTestCache()
+	k := c.k
+	kvs := []*mvccpb.KeyValue{
+		c.kv(k.spec("j"), encode(&pb.JobSpec{Id: "j", Nodes: n, GpusPerNode: 8, Tp: 8, Pp: 1, Command: []string{"true"}}), 0),
+		c.kv(k.state("j"), encode(&pb.JobState{Phase: pb.JobState_RUNNING}), 0),
+		c.kv(k.generation("j"), encode(bigGeneration(n)), 0),
 	}
-	put(k.spec("j"), encode(&pb.JobSpec{Id: "j", Nodes: n, GpusPerNode: 8, Tp: 8, Pp: 1, Command: []string{"true"}}), 0)
-	put(k.state("j"), encode(&pb.JobState{Phase: pb.JobState_RUNNING}), 0)
-	put(k.generation("j"), encode(bigGeneration(n)), 0)
 	for i := range n {
 		name := fmt.Sprintf("n%05d", i)
-		put(k.node(name), encode(&pb.Node{Name: name, Host: "10.0.0.1", Gpus: 8}), int64(i+1))
-		put(k.conn(name), "c/1", int64(i+1))
+		kvs = append(kvs, c.kv(k.node(name), encode(&pb.Node{Name: name, Host: "10.0.0.1", Gpus: 8}), int64(i+1)), c.kv(k.conn(name), "c/1", int64(i+1)))
 	}
-	c.reset(int64(len(kvs)), kvs)
+	c.reset(kvs...)
 	for b.Loop() {
-		if v, ok := c.view("j"); !ok || len(v.busy) != n || len(v.connected) != n {
-			b.Fatal("no view of the running job")
+		if v := c.view(b, "j"); len(v.busy) != n || len(v.connected) != n {
+			b.Fatalf("a view of %d busy and %d connected nodes, want %d", len(v.busy), len(v.connected), n)
 		}
 	}
 }

@@ -940,34 +940,60 @@ func TestDecideAwaitHolders(t *testing.T) {
 		reason: "no kept step can be restored: step 12: rank 1 could not restore it: step 12 has no manifest"})
 }
 
+// testCache is a cache fed by hand, each write at the next revision.
+type testCache struct {
+	*cache
+	k   keys
+	rev int64
+}
+
+func newTestCache() *testCache {
+	k := keys("/v/")
+	return &testCache{cache: newCache(nil, k, slog.New(slog.NewTextHandler(io.Discard, nil))), k: k}
+}
+
+// kv is key's value at the next revision, on lease (0: none).
+func (c *testCache) kv(key, value string, lease int64) *mvccpb.KeyValue {
+	c.rev++
+	return &mvccpb.KeyValue{Key: []byte(key), Value: []byte(value), CreateRevision: c.rev, ModRevision: c.rev, Lease: lease}
+}
+
+// reset lists kvs (made by kv) as the cache's first view.
+func (c *testCache) reset(kvs ...*mvccpb.KeyValue) { c.cache.reset(c.rev, kvs) }
+
+// put writes key at the next revision; del deletes it.
+func (c *testCache) put(key, value string, lease int64) {
+	kv := c.kv(key, value, lease)
+	c.apply(c.rev, []*clientv3.Event{{Type: clientv3.EventTypePut, Kv: kv}})
+}
+
+func (c *testCache) del(key string) {
+	c.rev++
+	c.apply(c.rev, []*clientv3.Event{{Type: clientv3.EventTypeDelete, Kv: &mvccpb.KeyValue{Key: []byte(key), ModRevision: c.rev}}})
+}
+
+// view is job id's view; tb fails without one.
+func (c *testCache) view(tb testing.TB, id string) *view {
+	tb.Helper()
+	v, ok := c.cache.view(id)
+	if !ok {
+		tb.Fatalf("no view of job %s", id)
+	}
+	return v
+}
+
 // TestViewExactFence: a window fence is exact in a view only while it is
 // of the lease the node's key had when the cache saw it go: not once the
 // node has registered again and that key gone too, nor for a fence of the
 // lease's time left.
 func TestViewExactFence(t *testing.T) {
-	k := keys("/v/")
-	c := newCache(nil, k, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	rev := int64(0)
-	kv := func(key, value string, lease int64) *mvccpb.KeyValue {
-		rev++
-		return &mvccpb.KeyValue{Key: []byte(key), Value: []byte(value), CreateRevision: rev, ModRevision: rev, Lease: lease}
-	}
+	c := newTestCache()
+	k, put, del := c.k, c.put, c.del
 	node := `{"name":"n1","host":"10.0.0.1","gpus":1}`
-	c.reset(3, []*mvccpb.KeyValue{kv(k.spec("j"), `{"id":"j","nodes":1,"gpusPerNode":1,"command":["true"]}`, 0), kv(k.node("n1"), node, 7), kv(k.node("n2"), node, 9)})
+	c.reset(c.kv(k.spec("j"), `{"id":"j","nodes":1,"gpusPerNode":1,"command":["true"]}`, 0), c.kv(k.node("n1"), node, 7), c.kv(k.node("n2"), node, 9))
 	exact := func(name string) bool {
 		t.Helper()
-		v, ok := c.view("j")
-		if !ok {
-			t.Fatal("no view of job j")
-		}
-		return v.fences[name].exact
-	}
-	put := func(key, value string, lease int64) {
-		c.apply(rev+1, []*clientv3.Event{{Type: clientv3.EventTypePut, Kv: kv(key, value, lease)}})
-	}
-	del := func(key string) {
-		rev++
-		c.apply(rev, []*clientv3.Event{{Type: clientv3.EventTypeDelete, Kv: &mvccpb.KeyValue{Key: []byte(key), ModRevision: rev}}})
+		return c.view(t, "j").fences[name].exact
 	}
 	put(k.fence("n1"), `{"instance":"i1","until_ms":1,"window":true,"lease":7}`, 0)
 	put(k.fence("n2"), `{"instance":"i2","until_ms":1,"lease":9}`, 0)
@@ -996,26 +1022,15 @@ func TestViewExactFence(t *testing.T) {
 // its maps; a change gives the next view a pool with it, and leaves the
 // maps of the views made before as they were.
 func TestViewSharesPool(t *testing.T) {
-	k := keys("/v/")
-	c := newCache(nil, k, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	rev := int64(0)
-	kv := func(key, value string) *mvccpb.KeyValue {
-		rev++
-		return &mvccpb.KeyValue{Key: []byte(key), Value: []byte(value), CreateRevision: rev, ModRevision: rev, Lease: 7}
-	}
+	c := newTestCache()
+	k := c.k
 	node := func(name string) string { return fmt.Sprintf(`{"name":%q,"host":"10.0.0.1","gpus":1}`, name) }
-	c.reset(2, []*mvccpb.KeyValue{kv(k.spec("j"), `{"id":"j","nodes":1,"gpusPerNode":1,"command":["true"]}`), kv(k.node("n1"), node("n1"))})
+	c.reset(c.kv(k.spec("j"), `{"id":"j","nodes":1,"gpusPerNode":1,"command":["true"]}`, 0), c.kv(k.node("n1"), node("n1"), 7))
 	view := func() *view {
 		t.Helper()
-		v, ok := c.view("j")
-		if !ok {
-			t.Fatal("no view of job j")
-		}
-		return v
+		return c.view(t, "j")
 	}
-	put := func(key, value string) {
-		c.apply(rev+1, []*clientv3.Event{{Type: clientv3.EventTypePut, Kv: kv(key, value)}})
-	}
+	put := func(key, value string) { c.put(key, value, 7) }
 	v1, v2 := view(), view()
 	if fmt.Sprintf("%p %p", v1.nodes, v1.connected) != fmt.Sprintf("%p %p", v2.nodes, v2.connected) {
 		t.Error("two views of an unchanged pool do not share its maps")

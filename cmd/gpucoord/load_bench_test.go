@@ -50,9 +50,10 @@ import (
 //     its lease or its fence window, must pass: the fence);
 //   - the coordinator process's CPU (cores, from /proc) over 5 s of lease
 //     renewals and rank 0's 10 steps a second alone, then over 10 s
-//     (GPUCOORD_BENCH_LOAD_STEADY) of steady state: rank 0 reporting 10 steps a second and every agent,
-//     each second, its 8 ranks' compute times and that it stored the last 10th step
-//     (each such step committed once all have); its resident memory, and
+//     (GPUCOORD_BENCH_LOAD_STEADY) of steady state: rank 0 reporting 10
+//     steps a second and every agent, each second, its 8 ranks' compute
+//     times and that it stored the last 10th step (each such step
+//     committed once all have); its resident memory, and
 //     its etcd requests and writes per step (from
 //     gpucoord_etcd_requests_total);
 //   - the bytes of the assignments each agent received for generations 1
