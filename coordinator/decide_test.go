@@ -497,7 +497,7 @@ func TestDecideStragglers(t *testing.T) {
 					w.Ranks = append(w.Ranks, &pb.RankTime{Rank: r, ComputeSeconds: secs[i]})
 				}
 			}
-			n.windows = append(n.windows, w)
+			n.push(w, 3)
 		}
 		return n
 	}

@@ -75,11 +75,49 @@ type timesEntry struct {
 }
 
 // nodeTimes is one node's last windows, newest last, and when its last
-// two reports came.
+// two reports came. ranks is what a summary reads of them, worked out as
+// each window comes (push): a summary reads every node every flush, and
+// working out each node's there was a tenth of a 16,384-node
+// coordinator's time.
 type nodeTimes struct {
 	windows []*pb.RankTimes
+	ranks   []rankTimes
 	at      time.Time
 	every   time.Duration
+}
+
+// rankTimes is a rank of a node's newest window: its newest mean (and
+// that to three significant figures, the histogram's) over steps, and
+// the fastest of its means in the windows kept and how many of them hold
+// it.
+type rankTimes struct {
+	rank, steps     int32
+	latest, latest3 float64
+	fastest         float64
+	windows         int
+}
+
+// push appends window w, keeping the newest keep, and works out ranks.
+// A rank missing from the newest window is in no summary's check: the
+// check wants a rank in every window kept.
+func (n *nodeTimes) push(w *pb.RankTimes, keep int) {
+	n.windows = append(n.windows, w)
+	if len(n.windows) > keep {
+		n.windows = n.windows[len(n.windows)-keep:]
+	}
+	n.ranks = n.ranks[:0]
+	for _, r := range w.GetRanks() {
+		x := rankTimes{rank: r.Rank, steps: r.Steps, latest: r.ComputeSeconds, latest3: round3(r.ComputeSeconds), fastest: math.Inf(1)}
+		for _, old := range n.windows {
+			for _, o := range old.GetRanks() {
+				if o.Rank == r.Rank {
+					x.fastest = min(x.fastest, o.ComputeSeconds)
+					x.windows++
+				}
+			}
+		}
+		n.ranks = append(n.ranks, x)
+	}
 }
 
 func newTimesBuffer(keep int, factor float64) *timesBuffer {
@@ -105,10 +143,7 @@ func (b *timesBuffer) add(job string, gen int64, node string, w *pb.RankTimes, n
 		n.every = now.Sub(n.at)
 	}
 	n.at = now
-	n.windows = append(n.windows, w)
-	if len(n.windows) > b.keep {
-		n.windows = n.windows[len(n.windows)-b.keep:]
-	}
+	n.push(w, b.keep)
 	e.dirty = true
 }
 
@@ -180,13 +215,10 @@ func summarize(nodes map[string]*nodeTimes, others []*pb.TimesSummary, keep int,
 	s := &pb.TimesSummary{}
 	own := map[float64]int32{}
 	for _, n := range nodes {
-		if len(n.windows) == 0 {
-			continue
-		}
-		for _, r := range n.windows[len(n.windows)-1].GetRanks() {
-			own[round3(r.ComputeSeconds)]++
+		for _, r := range n.ranks {
+			own[r.latest3]++
 			if every {
-				s.Ranks = append(s.Ranks, &pb.RankTime{Rank: r.Rank, ComputeSeconds: r.ComputeSeconds, Steps: r.Steps})
+				s.Ranks = append(s.Ranks, &pb.RankTime{Rank: r.rank, ComputeSeconds: r.latest, Steps: r.steps})
 			}
 		}
 	}
@@ -201,26 +233,9 @@ func summarize(nodes map[string]*nodeTimes, others []*pb.TimesSummary, keep int,
 	}
 	bar := slowSlack * factor * median
 	for node, n := range nodes {
-		if len(n.windows) < keep {
-			continue
-		}
-		fastest := map[int32]float64{}
-		windows := map[int32]int{}
-		for _, w := range n.windows {
-			for _, r := range w.Ranks {
-				if windows[r.Rank] == 0 || r.ComputeSeconds < fastest[r.Rank] {
-					fastest[r.Rank] = r.ComputeSeconds
-				}
-				windows[r.Rank]++
-			}
-		}
-		latest := map[int32]float64{}
-		for _, r := range n.windows[len(n.windows)-1].Ranks {
-			latest[r.Rank] = r.ComputeSeconds
-		}
-		for rank, f := range fastest {
-			if windows[rank] >= keep && f > bar {
-				s.Slow = append(s.Slow, &pb.SlowRank{Node: node, Rank: rank, Fastest: f, Latest: latest[rank]})
+		for _, r := range n.ranks {
+			if r.windows >= keep && r.fastest > bar {
+				s.Slow = append(s.Slow, &pb.SlowRank{Node: node, Rank: r.rank, Fastest: r.fastest, Latest: r.latest})
 			}
 		}
 	}

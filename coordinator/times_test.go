@@ -54,7 +54,7 @@ func history(ranks map[int32][]float64) *nodeTimes {
 		if len(w.Ranks) == 0 {
 			return n
 		}
-		n.windows = append(n.windows, w)
+		n.push(w, 3)
 	}
 }
 
@@ -218,5 +218,41 @@ func TestTimesTake(t *testing.T) {
 	b.again(timesKey{"j", 1})
 	if got := fmt.Sprint(read(b.take(t0.Add(12*sec), sec, jobs, "c"))); got != "[j/1 [0.01]]" {
 		t.Errorf("after a failed write: %s, want it again", got)
+	}
+}
+
+// BenchmarkTimesFlush16384 is a second of a 16,384-node job's compute
+// times at a coordinator: every node's window of its 8 ranks, then the
+// flush's summary. A few ranks are slow, so the summary lists them.
+func BenchmarkTimesFlush16384(b *testing.B) {
+	const nodes, gpus = 16384, 8
+	names := make([]string, nodes)
+	for i := range names {
+		names[i] = fmt.Sprintf("node-%05d", i)
+	}
+	buf := newTimesBuffer(3, 2)
+	jobs := fakeTimesJobs{running_: map[timesKey]bool{{"j", 1}: true}, world: nodes * gpus}
+	window := func(node, sec int) *pb.RankTimes {
+		w := &pb.RankTimes{}
+		for g := range gpus {
+			secs := .010 + float64((node*gpus+g+sec)%7)*.0001
+			if node%1000 == 0 {
+				secs *= 3
+			}
+			w.Ranks = append(w.Ranks, &pb.RankTime{Rank: int32(node*gpus + g), ComputeSeconds: secs, Steps: 10})
+		}
+		return w
+	}
+	t0 := time.Unix(1e9, 0)
+	sec := 0
+	for b.Loop() {
+		at := t0.Add(time.Duration(sec) * time.Second)
+		for i, n := range names {
+			buf.add("j", 1, n, window(i, sec), at)
+		}
+		if len(buf.take(at, time.Second, jobs, "c")) != 1 {
+			b.Fatal("no summary")
+		}
+		sec++
 	}
 }
