@@ -231,6 +231,9 @@ type hooks struct {
 	// cancelRead runs after Cancel read the job's state and before it
 	// writes.
 	cancelRead func(job string)
+	// dropRenewal, when it says so, has a Watch stream send no message
+	// for a renewal of node's lease (as when etcd's renewal is late).
+	dropRenewal func(node string) bool
 }
 
 // New binds the listen address and opens etcd, so that a port in use or an

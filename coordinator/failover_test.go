@@ -409,3 +409,42 @@ func TestCheckGeneration(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchHeartbeat: a stream's first message says how often the stream
+// brings one, and while etcd's renewals bring none (dropped here, as when
+// they are late), the stream sends an empty renewal in their place, so
+// that the agent, whose connection is not pinged, keeps to it.
+func TestWatchHeartbeat(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), nil)
+	co.hooks.dropRenewal = func(string) bool { return true }
+	c := client(t, co.Addr())
+	resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: node("n0", 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without heartbeats the stream would say nothing until this bound.
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	stream, err := c.Watch(ctx, &pb.WatchRequest{Node: "n0", LeaseId: resp.LeaseId, Session: testSessions.Add(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The tests' lease is 2 s: etcd renews it every 666 ms, within the
+	// half second of its client's loop.
+	if want := (2*time.Second/3 + 600*time.Millisecond).Milliseconds(); first.HeartbeatMs != want {
+		t.Errorf("first message's heartbeat %d ms, want %d", first.HeartbeatMs, want)
+	}
+	for i := range 3 {
+		m, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("message %d: %v", i+2, err)
+		}
+		if !m.Renewal || m.LeaseTtlMs != 0 || m.HeartbeatMs != 0 {
+			t.Errorf("message %d: %v, want an empty renewal", i+2, m)
+		}
+	}
+}

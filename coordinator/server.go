@@ -384,15 +384,23 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	if s.hooks.watchRead != nil {
 		s.hooks.watchRead(node)
 	}
+	// The first message says how often the stream brings one (the agent
+	// takes a stream silent for longer, and a margin, for this
+	// coordinator gone); a quiet timer keeps that promise while etcd's
+	// renewals are late.
+	beat := heartbeat(leaseTTL)
 	now := time.Now()
-	if ttlMs, ok := give(now); ok {
-		a = withTTL(a, ttlMs, now)
+	ttlMs, ok := give(now)
+	if !ok {
+		ttlMs = 0
 	}
-	if err := stream.Send(a); err != nil {
+	if err := stream.Send(firstMessage(a, ttlMs, now, beat)); err != nil {
 		return err
 	}
 	s.renewals.sent(node, renewed, first.TTL*1000)
 	last := a
+	quiet := time.NewTimer(beat)
+	defer quiet.Stop()
 	// With a fence window, the stream renews the node at its turns
 	// (windowLoop: every third of the window, while the node runs a job
 	// and no relay renews it) between the lease's renewals, and a relay's
@@ -402,6 +410,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 		if !ok && len(relayed) == 0 {
 			return nil
 		}
+		quiet.Reset(beat)
 		return stream.Send(&pb.Assignment{Renewal: true, LeaseTtlMs: ttlMs, SentUnixNanos: now.UnixNano(), Revision: last.Revision, RelayedRenewals: relayed})
 	}
 	// The client renews every third of the TTL etcd granted (an etcd
@@ -437,10 +446,21 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			}
 			renewed = now
 			g.leaseRenewed(now, time.Duration(r.TTL)*time.Second)
+			if s.hooks.dropRenewal != nil && s.hooks.dropRenewal(node) {
+				continue
+			}
 			if err := renew(now, nil); err != nil {
 				return err
 			}
 			s.renewals.sent(node, now, r.TTL*1000)
+		case <-quiet.C:
+			// etcd's renewal is late: the agent hears the coordinator
+			// serves it still (the stall above ends the stream if etcd
+			// stays away).
+			quiet.Reset(beat)
+			if err := stream.Send(&pb.Assignment{Renewal: true, Revision: last.Revision}); err != nil {
+				return err
+			}
 		case t := <-g.tick:
 			if err := renew(t.now, s.relayedRenewals(t.relayed, t.now)); err != nil {
 				return err
@@ -464,6 +484,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 					wire = wire.withRenewal(ttlMs, now)
 				}
 			}
+			quiet.Reset(beat)
 			if err := stream.SendMsg(wire); err != nil {
 				return err
 			}
@@ -471,22 +492,33 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	}
 }
 
+// heartbeat is the longest a Watch stream of a lease of ttl goes without
+// a message while its coordinator serves it (Assignment.heartbeat_ms):
+// etcd's client renews a lease a third of its TTL after the last renewal,
+// looking every half second, and the stream sends each renewal on.
+func heartbeat(ttl time.Duration) time.Duration { return ttl/3 + heartbeatSlack }
+
+// heartbeatSlack is the half second etcd's client may take past a third
+// of the TTL, and a tenth of one for its answer.
+const heartbeatSlack = 600 * time.Millisecond
+
+// firstMessage is a stream's first message: assignment a (the cache's,
+// not changed) with the lease renewal of ttlMs made at sent when given,
+// and how often the stream brings a message.
+func firstMessage(a *pb.Assignment, ttlMs int64, sent time.Time, beat time.Duration) *pb.Assignment {
+	a = proto.Clone(a).(*pb.Assignment)
+	if ttlMs > 0 {
+		a.LeaseTtlMs, a.SentUnixNanos = ttlMs, sent.UnixNano()
+	}
+	a.HeartbeatMs = beat.Milliseconds()
+	return a
+}
+
 // sameAssignment reports whether a and b run the same thing (revisions
 // aside). Spec and generation are the cache's: shared while unchanged.
 func sameAssignment(a, b *pb.Assignment) bool {
 	return a.Job == b.Job && a.Open == b.Open && a.Master == b.Master && a.Probe == b.Probe && (a.Generation == b.Generation || proto.Equal(a.Generation, b.Generation)) &&
 		slices.EqualFunc(a.GossipKeys, b.GossipKeys, bytes.Equal) && slices.Equal(a.LiveJobs, b.LiveJobs)
-}
-
-// withTTL is a with the lease renewal of ttlMs made at sent, or a itself
-// for none.
-func withTTL(a *pb.Assignment, ttlMs int64, sent time.Time) *pb.Assignment {
-	if ttlMs == 0 {
-		return a
-	}
-	a = proto.Clone(a).(*pb.Assignment)
-	a.LeaseTtlMs, a.SentUnixNanos = ttlMs, sent.UnixNano()
-	return a
 }
 
 // Report implements pb.CoordinatorServer.

@@ -207,6 +207,9 @@ type Agent struct {
 	mu     sync.Mutex
 	client pb.CoordinatorClient // current coordinator
 	lease  int64
+	// leaseTTL is the lease's, as its registration gave it: how long a
+	// stream may take to bring its first message.
+	leaseTTL time.Duration
 	// revision is the newest view of etcd an assignment came from: a stream
 	// opened on another coordinator starts no earlier.
 	revision int64
@@ -327,7 +330,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer func() { stopServing(); <-served }()
 	conns := make([]*grpc.ClientConn, len(a.cfg.Coordinators))
 	for i, addr := range a.cfg.Coordinators {
-		cc, err := pb.Dial(addr, creds, a.cfg.ConnectTimeout)
+		cc, err := pb.DialAgent(addr, creds, a.cfg.ConnectTimeout)
 		if err != nil {
 			return fmt.Errorf("worker: coordinator %s: %w", addr, err)
 		}
@@ -610,7 +613,7 @@ func (a *Agent) fence(ctx context.Context, run *runner) {
 func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *runner) (answered bool, err error) {
 	clock := &leaseClock{} // this stream's coordinator's clock, mapped onto ours
 	a.mu.Lock()
-	lease := a.lease
+	lease, ttl := a.lease, a.leaseTTL
 	a.mu.Unlock()
 	if lease == 0 {
 		// A coordinator that took the connection and never answers is
@@ -630,11 +633,11 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 			return false, err
 		}
 		answered = true
-		lease = resp.LeaseId
+		lease, ttl = resp.LeaseId, time.Duration(resp.TtlSeconds)*time.Second
 		a.mu.Lock()
 		// A new registration watches afresh: the revision seen belongs to
 		// the lease that ended (perhaps of an etcd cluster since replaced).
-		a.lease, a.revision = lease, 0
+		a.lease, a.leaseTTL, a.revision = lease, ttl, 0
 		a.mu.Unlock()
 		a.log.Info("registered", "gpus", a.cfg.GPUs, "host", a.net.Host, "bind", a.net.Bind, "iface", a.net.Iface)
 		a.joinPool(resp.Gossip)
@@ -650,7 +653,14 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	a.clock = nil
 	seen, left := a.revision, max(time.Until(a.deadline), 0)
 	a.mu.Unlock()
-	stream, err := client.Watch(ctx, &pb.WatchRequest{Node: a.cfg.Name, LeaseId: lease, FromRevision: seen, Session: a.streams, DeadlineLeftMs: left.Milliseconds() + 1})
+	// The connection is not pinged (DialAgent): the stream's messages say
+	// the coordinator is there, and a stream silent for longer than it
+	// promised is ended here (silence).
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	silent := newSilence(ttl, func(err error) { cancel(err) })
+	defer silent.stop()
+	stream, err := client.Watch(wctx, &pb.WatchRequest{Node: a.cfg.Name, LeaseId: lease, FromRevision: seen, Session: a.streams, DeadlineLeftMs: left.Milliseconds() + 1})
 	if err != nil {
 		return answered, err
 	}
@@ -660,6 +670,11 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	a.mu.Unlock()
 	for {
 		asg, err := stream.Recv()
+		if err == nil {
+			silent.heard(asg.HeartbeatMs)
+		} else if cause := context.Cause(wctx); ctx.Err() == nil && errors.Is(cause, errSilent) {
+			err = fmt.Errorf("%w: no message for %s", cause, silent.bound())
+		}
 		if err != nil {
 			switch status.Code(err) {
 			case codes.NotFound:

@@ -408,7 +408,7 @@ func TestClusterCoordinatorFailover(t *testing.T) {
 	if _, err := os.Stat(etcdBin); err != nil {
 		t.Fatalf("%s is missing: install Debian's etcd-server (make deps)", etcdBin)
 	}
-	for _, how := range []string{"killed", "cut from etcd"} {
+	for _, how := range []string{"killed", "cut from etcd", "cut from its agents"} {
 		t.Run(how, func(t *testing.T) {
 			const steps = 200
 			b := newBoxCluster(t, testcluster.Config{Hosts: 5, Shared: true})
@@ -421,9 +421,17 @@ func TestClusterCoordinatorFailover(t *testing.T) {
 				"--initial-cluster", "e=http://127.0.0.1:2380"))
 			etcd.waitLine(t, "ready to serve client requests", time.Minute)
 			// The leases live 5 s: long enough for an agent to notice its
-			// coordinator is gone and move to the other.
+			// coordinator is gone and move to the other. An agent cut off
+			// from its coordinator notices when a report of its goes
+			// unacknowledged for 2 s, or when its stream is silent for a
+			// heartbeat (a third of the lease and 0.6 s) and 2 s: there
+			// the leases live 10 s.
+			ttl := "5s"
+			if how == "cut from its agents" {
+				ttl = "10s"
+			}
 			coord := func(h *testcluster.Host) *proc {
-				return b.coordinator(t, h, net.JoinHostPort(h.Addr, "7070"), "--etcd", client, "--name", h.Name, "--lease-ttl", "5s")
+				return b.coordinator(t, h, net.JoinHostPort(h.Addr, "7070"), "--etcd", client, "--name", h.Name, "--lease-ttl", ttl)
 			}
 			leader := coord(b.Host(2))
 			leader.waitLine(t, "elected leader", time.Minute)
@@ -434,14 +442,25 @@ func TestClusterCoordinatorFailover(t *testing.T) {
 			p := b.run(t, h1, "launch", "--coordinator", both, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2",
 				"--checkpoint-every", "10", "--checkpoint-dir", b.Shared(), "--steps", strconv.Itoa(steps), "--json", b.job)
 			p.waitLine(t, `{"step":20,`, time.Minute)
-			if how == "killed" {
+			switch how {
+			case "killed":
 				b.Host(2).Kill()
-			} else {
+			case "cut from etcd":
 				b.Host(2).Cut(h1)
+			default:
+				b.Host(2).Cut(b.Host(4), b.Host(5))
 			}
 			// The job must outlive the failover, or nothing was tested: the
-			// standby leads, the job still runs, and steps follow.
-			standby.waitLine(t, "elected leader", time.Minute)
+			// standby leads (or, for the agents, serves: the leader still
+			// reaches etcd, and its agents hear nothing from it), the job
+			// still runs, and steps follow.
+			if how == "cut from its agents" {
+				for _, w := range workers {
+					w.waitLine(t, "addr=h2:7070 err=", time.Minute)
+				}
+			} else {
+				standby.waitLine(t, "elected leader", time.Minute)
+			}
 			select {
 			case <-p.done:
 				t.Fatalf("the job ended before the standby led: the failover went untested (raise steps):\n%s", p.output())

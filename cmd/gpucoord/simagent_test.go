@@ -138,7 +138,7 @@ func (a *simAgent) close() {
 // register dials the coordinator and registers node, with ctx bounding
 // the registration. The agent does nothing more until watch.
 func (f *simFleet) register(ctx context.Context, node *pb.Node) (*simAgent, *pb.RegisterResponse, error) {
-	cc, err := pb.Dial(f.addr, nil, 0)
+	cc, err := pb.DialAgent(f.addr, nil, 0)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -27,5 +27,8 @@ package gpucoordpb
 // before its ranks. 10: with a fence window, a block's members are renewed
 // through its relay (Assignment.relayed_renewals, forwarded to each
 // member's node server): an agent of 9 would forward none, and its
-// members' ranks would stop at the window's end.
-const ProtocolVersion = 10
+// members' ranks would stop at the window's end. 11: neither end pings an
+// agent's connection, and a Watch stream's first message says how often
+// the stream brings one (Assignment.heartbeat_ms): an agent of 10 would
+// not notice a coordinator gone for 30 s.
+const ProtocolVersion = 11

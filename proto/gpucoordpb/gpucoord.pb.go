@@ -1632,8 +1632,16 @@ type Assignment struct {
 	// (RelayedRenewal.addr), with this message's sent_unix_nanos. Each was
 	// recorded as given before it was sent, as the stream's own.
 	RelayedRenewals []*RelayedRenewal `protobuf:"bytes,18,rep,name=relayed_renewals,json=relayedRenewals,proto3" json:"relayed_renewals,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// heartbeat_ms, on a stream's first message, is the longest the stream
+	// goes without a message while its coordinator serves it: a renewal
+	// comes each third of the lease, and when etcd's is late, a renewal
+	// message with no lease_ttl_ms instead. An agent takes a stream silent
+	// for heartbeat_ms and gpucoordpb.KeepaliveTimeout more for a
+	// coordinator gone, and moves to another: an agent's connection is not
+	// pinged (gpucoordpb.DialAgent), so the stream is what tells it.
+	HeartbeatMs   int64 `protobuf:"varint,19,opt,name=heartbeat_ms,json=heartbeatMs,proto3" json:"heartbeat_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
@@ -1790,6 +1798,13 @@ func (x *Assignment) GetRelayedRenewals() []*RelayedRenewal {
 		return x.RelayedRenewals
 	}
 	return nil
+}
+
+func (x *Assignment) GetHeartbeatMs() int64 {
+	if x != nil {
+		return x.HeartbeatMs
+	}
+	return 0
 }
 
 // RelayedRenewal is a renewal of a member's lease through its block's
@@ -4961,7 +4976,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aholders\x18\x02 \x03(\tR\aholders\x12\x14\n" +
 	"\x05addrs\x18\x03 \x03(\tR\x05addrs\x12\x1c\n" +
-	"\tinstances\x18\x04 \x03(\tR\tinstances\"\xde\x04\n" +
+	"\tinstances\x18\x04 \x03(\tR\tinstances\"\x81\x05\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -4988,7 +5003,8 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"groupWorld\x12\x1a\n" +
 	"\breplicas\x18\x10 \x03(\tR\breplicas\x12\x14\n" +
 	"\x05relay\x18\x11 \x01(\tR\x05relay\x12F\n" +
-	"\x10relayed_renewals\x18\x12 \x03(\v2\x1b.gpucoord.v1.RelayedRenewalR\x0frelayedRenewals\"\x9c\x01\n" +
+	"\x10relayed_renewals\x18\x12 \x03(\v2\x1b.gpucoord.v1.RelayedRenewalR\x0frelayedRenewals\x12!\n" +
+	"\fheartbeat_ms\x18\x13 \x01(\x03R\vheartbeatMs\"\x9c\x01\n" +
 	"\x0eRelayedRenewal\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\asession\x18\x02 \x01(\x04R\asession\x12 \n" +
