@@ -162,6 +162,14 @@ func (c *cache) relayIn(job string, gen int64, node string) (string, bool) {
 	return ja.whole.Generation.Members[pb.Relay(i)].Node, true
 }
 
+// assignmentsChanged is closed once the running jobs' assignments change
+// (a generation, a job started or ended).
+func (c *cache) assignmentsChanged() <-chan struct{} {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.changed
+}
+
 // runningMembers is each running job's generation's members, in order
 // (shared: not to be changed).
 func (c *cache) runningMembers() [][]*pb.Member {

@@ -290,7 +290,7 @@ func TestRelayedRenewals(t *testing.T) {
 	// What the relay's renewal gives is recorded in n1's grant before it
 	// is sent: the fence of n1's run waits it out.
 	now := time.Now()
-	relayedBy := func(relay string) []*pb.Member { return co.srv.windowRenewers()[co.srv.grants.live(relay)] }
+	relayedBy := func(relay string) []relayedMember { return co.srv.windowRenewers()[co.srv.grants.live(relay)] }
 	rs := co.srv.relayedRenewals(relayedBy("n0"), now)
 	if len(rs) != 2 || rs[0].Node != "n1" || rs[1].Node != "n3" {
 		t.Fatalf("relayed renewals %v, want n1's and n3's", rs)
