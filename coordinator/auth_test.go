@@ -159,6 +159,15 @@ func TestAuthority(t *testing.T) {
 	code("n0 reports as n1", err, codes.PermissionDenied)
 	_, err = n0.Report(t.Context(), exit("n0", lease0, n1First))
 	code("n0 reports n1's rank", err, codes.PermissionDenied)
+	timesOf := func(rank int32) *pb.ReportRequest {
+		return &pb.ReportRequest{Job: "j", Generation: g.Number, Node: "n0", LeaseId: lease0, Kind: &pb.ReportRequest_Times{Times: pb.NewRankTimes(&pb.RankTime{Rank: rank, ComputeSeconds: 9, Steps: 1})}}
+	}
+	_, err = n0.Report(t.Context(), timesOf(n1First))
+	code("n0 reports n1's rank's times", err, codes.PermissionDenied)
+	uneven := timesOf(0)
+	uneven.GetTimes().Steps = nil
+	_, err = n0.Report(t.Context(), uneven)
+	code("n0 reports times without their steps", err, codes.InvalidArgument)
 	_, err = n0.Report(t.Context(), exit("n0", 0, 0))
 	code("n0 reports without its lease", err, codes.InvalidArgument)
 	_, err = n0.Report(t.Context(), exit("n0", lease1, 0))

@@ -736,7 +736,7 @@ func TestRelayedReports(t *testing.T) {
 		}
 		return resp
 	}
-	times := &pb.ReportRequest{Job: "j", Generation: 1, Node: "n2", Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: []*pb.RankTime{{Rank: 4, ComputeSeconds: 0.5, Steps: 1}}}}}
+	times := &pb.ReportRequest{Job: "j", Generation: 1, Node: "n2", Kind: &pb.ReportRequest_Times{Times: pb.NewRankTimes(&pb.RankTime{Rank: 4, ComputeSeconds: 0.5, Steps: 1})}}
 	exit := &pb.ReportRequest{Job: "j", Generation: 1, Node: "n1", Kind: &pb.ReportRequest_Exit{Exit: &pb.RankExit{Rank: 2, Code: 1}}}
 	stoppedBy := func(node string, below int64) *pb.ReportRequest {
 		return &pb.ReportRequest{Job: "j", Generation: 1, Node: node, Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: below}}}
@@ -907,7 +907,7 @@ func TestStragglers(t *testing.T) {
 			{"n1", []*pb.RankTime{{Rank: 2, ComputeSeconds: 0.010, Steps: 20}, {Rank: 3, ComputeSeconds: slow, Steps: 20}}},
 		} {
 			if _, err := c.Report(t.Context(), &pb.ReportRequest{Job: job, Generation: 1, Node: n.node,
-				Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: n.ranks}}}); err != nil {
+				Kind: &pb.ReportRequest_Times{Times: pb.NewRankTimes(n.ranks...)}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -957,7 +957,7 @@ func TestStragglers(t *testing.T) {
 			{"n2", []*pb.RankTime{{Rank: 0, ComputeSeconds: 0.010}, {Rank: 1, ComputeSeconds: 0.011}}},
 			{"n3", []*pb.RankTime{{Rank: 2, ComputeSeconds: 0.010}, {Rank: 3, ComputeSeconds: 0.05}}},
 		} {
-			c.Report(t.Context(), &pb.ReportRequest{Job: "e", Generation: 1, Node: n.node, Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: n.ranks}}})
+			c.Report(t.Context(), &pb.ReportRequest{Job: "e", Generation: 1, Node: n.node, Kind: &pb.ReportRequest_Times{Times: pb.NewRankTimes(n.ranks...)}})
 		}
 	}
 	g := whole(t, co, next(t, b0, func(a *pb.Assignment) bool { return a.Generation.GetNumber() == 2 }))

@@ -494,7 +494,7 @@ func TestDecideStragglers(t *testing.T) {
 			w := &pb.RankTimes{}
 			for r, secs := range ranks {
 				if i < len(secs) {
-					w.Ranks = append(w.Ranks, &pb.RankTime{Rank: r, ComputeSeconds: secs[i]})
+					w.Add(r, secs[i], 0)
 				}
 			}
 			n.push(w, 3)

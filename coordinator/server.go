@@ -560,6 +560,9 @@ func (s *server) report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 		if req.GetNode() == "" {
 			return nil, status.Error(codes.InvalidArgument, "times without a node")
 		}
+		if err := k.Times.Check(); err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
 		s.times.add(id, gen, req.GetNode(), k.Times, time.Now())
 	case *pb.ReportRequest_Exit:
 		_, err = s.cli.Put(ctx, s.k.exit(id, gen, k.Exit.GetRank()), encode(k.Exit))
@@ -847,6 +850,14 @@ func (s *server) ownRanks(ctx context.Context, req *pb.ReportRequest) error {
 	case *pb.ReportRequest_Exit:
 		if r := k.Exit.GetRank(); r < m.FirstRank || r >= m.FirstRank+m.Ranks {
 			return status.Errorf(codes.PermissionDenied, "node %q runs ranks %d-%d of job %s, not rank %d", req.GetNode(), m.FirstRank, m.FirstRank+m.Ranks-1, req.GetJob(), r)
+		}
+	case *pb.ReportRequest_Times:
+		// A node's times are its own ranks': another's slow times would
+		// make a straggler of a rank that is not.
+		for _, r := range k.Times.GetRank() {
+			if r < m.FirstRank || r >= m.FirstRank+m.Ranks {
+				return status.Errorf(codes.PermissionDenied, "node %q runs ranks %d-%d of job %s, not rank %d", req.GetNode(), m.FirstRank, m.FirstRank+m.Ranks-1, req.GetJob(), r)
+			}
 		}
 	}
 	return nil

@@ -106,18 +106,25 @@ func (n *nodeTimes) push(w *pb.RankTimes, keep int) {
 		n.windows = n.windows[len(n.windows)-keep:]
 	}
 	n.ranks = n.ranks[:0]
-	for _, r := range w.GetRanks() {
-		x := rankTimes{rank: r.Rank, steps: r.Steps, latest: r.ComputeSeconds, latest3: round3(r.ComputeSeconds), fastest: math.Inf(1)}
+	for i := range ranksOf(w) {
+		secs := w.ComputeSeconds[i]
+		x := rankTimes{rank: w.Rank[i], steps: w.Steps[i], latest: secs, latest3: round3(secs), fastest: math.Inf(1)}
 		for _, old := range n.windows {
-			for _, o := range old.GetRanks() {
-				if o.Rank == r.Rank {
-					x.fastest = min(x.fastest, o.ComputeSeconds)
+			for j := range ranksOf(old) {
+				if old.Rank[j] == x.rank {
+					x.fastest = min(x.fastest, old.ComputeSeconds[j])
 					x.windows++
 				}
 			}
 		}
 		n.ranks = append(n.ranks, x)
 	}
+}
+
+// ranksOf is how many ranks w holds in all three of its lists (a report's
+// are checked to be as long: pb.RankTimes.Check).
+func ranksOf(w *pb.RankTimes) int {
+	return min(len(w.GetRank()), len(w.GetComputeSeconds()), len(w.GetSteps()))
 }
 
 func newTimesBuffer(keep int, factor float64) *timesBuffer {

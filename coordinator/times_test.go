@@ -48,10 +48,10 @@ func history(ranks map[int32][]float64) *nodeTimes {
 		w := &pb.RankTimes{}
 		for r, secs := range ranks {
 			if i < len(secs) {
-				w.Ranks = append(w.Ranks, &pb.RankTime{Rank: r, ComputeSeconds: secs[i], Steps: 10})
+				w.Add(r, secs[i], 10)
 			}
 		}
-		if len(w.Ranks) == 0 {
+		if w.Len() == 0 {
 			return n
 		}
 		n.push(w, 3)
@@ -173,7 +173,7 @@ func TestTimesTake(t *testing.T) {
 	b := newTimesBuffer(3, 2)
 	jobs := fakeTimesJobs{running_: map[timesKey]bool{{"j", 1}: true}, world: 8}
 	w := func(rank int32, secs float64) *pb.RankTimes {
-		return &pb.RankTimes{Ranks: []*pb.RankTime{{Rank: rank, ComputeSeconds: secs}}}
+		return pb.NewRankTimes(&pb.RankTime{Rank: rank, ComputeSeconds: secs})
 	}
 	read := func(ws []timesWrite) []string {
 		var out []string
@@ -239,7 +239,7 @@ func BenchmarkTimesFlush16384(b *testing.B) {
 			if node%1000 == 0 {
 				secs *= 3
 			}
-			w.Ranks = append(w.Ranks, &pb.RankTime{Rank: int32(node*gpus + g), ComputeSeconds: secs, Steps: 10})
+			w.Add(int32(node*gpus+g), secs, 10)
 		}
 		return w
 	}

@@ -33,11 +33,12 @@ func webCache(tb testing.TB, n int) (*cache, keys) {
 		put(k.node(name), encode(&pb.Node{Name: name, Host: "10.0.0.1", Gpus: 8, Instance: name, FailureDomain: fmt.Sprintf("rack-%02d", i/128)}))
 		put(k.conn(name), connValue(1, "c/1"))
 		g.Members = append(g.Members, &pb.Member{Node: name, FirstRank: int32(8 * i), Ranks: 8, Instance: name})
-		var ranks []*pb.RankTime
+		w := &pb.RankTimes{}
 		for r := range 8 {
-			ranks = append(ranks, &pb.RankTime{Rank: int32(8*i + r), ComputeSeconds: 0.09 + 0.001*float64(r), Steps: 10})
+			w.Add(int32(8*i+r), 0.09+0.001*float64(r), 10)
 		}
-		nodes[name] = &nodeTimes{windows: []*pb.RankTimes{{Ranks: ranks}}}
+		nodes[name] = &nodeTimes{}
+		nodes[name].push(w, 3)
 	}
 	put(k.spec("j"), encode(&pb.JobSpec{Id: "j", Nodes: int32(n), GpusPerNode: 8, Tp: 8, Command: []string{"true"}}))
 	put(k.state("j"), encode(&pb.JobState{Phase: pb.JobState_RUNNING, FailedRank: -1}))

@@ -1392,9 +1392,9 @@ func (a *Agent) reportTimes(ctx context.Context, asg *pb.Assignment, times *step
 			return
 		case <-t.C:
 		}
-		if ranks := times.take(); len(ranks) > 0 {
+		if ranks := times.take(); ranks.Len() > 0 {
 			a.reportVia(ctx, asg, &pb.ReportRequest{Job: asg.Job, Generation: asg.Generation.GetNumber(),
-				Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: ranks}}})
+				Kind: &pb.ReportRequest_Times{Times: ranks}})
 		}
 	}
 }
@@ -1417,12 +1417,12 @@ func (t *stepTimes) add(rank int, secs float64) {
 
 // take returns each rank's mean since the last take, by rank, and starts
 // a new window.
-func (t *stepTimes) take() []*pb.RankTime {
+func (t *stepTimes) take() *pb.RankTimes {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]*pb.RankTime, 0, len(t.n))
+	out := &pb.RankTimes{}
 	for _, r := range slices.Sorted(maps.Keys(t.n)) {
-		out = append(out, &pb.RankTime{Rank: int32(r), ComputeSeconds: t.sum[r] / float64(t.n[r]), Steps: int32(t.n[r])})
+		out.Add(int32(r), t.sum[r]/float64(t.n[r]), int32(t.n[r]))
 	}
 	clear(t.sum)
 	clear(t.n)

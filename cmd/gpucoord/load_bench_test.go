@@ -638,11 +638,11 @@ func loadRun(t *testing.T, bin string, n int) string {
 				for j, a := range block {
 					// Its 8 ranks' means, spread as a real job's are
 					// (within 2% of each other).
-					ranks := make([]*pb.RankTime, 8)
-					for r := range ranks {
-						ranks[r] = &pb.RankTime{Rank: int32(8*(b+j) + r), ComputeSeconds: 0.09 * (1 + 0.02*rand.Float64()), Steps: 10}
+					ranks := &pb.RankTimes{}
+					for r := range 8 {
+						ranks.Add(int32(8*(b+j)+r), 0.09*(1+0.02*rand.Float64()), 10)
 					}
-					reports = append(reports, &pb.ReportRequest{Job: job, Generation: 1, Node: a.name, Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: ranks}}})
+					reports = append(reports, &pb.ReportRequest{Job: job, Generation: 1, Node: a.name, Kind: &pb.ReportRequest_Times{Times: ranks}})
 					// Every node's ranks have written the last 10th step:
 					// the node reports it stored (a commit needs them all).
 					if c := checkpointed.Load(); c > 0 && !noStored {

@@ -361,11 +361,11 @@ func webLoadRun(t *testing.T, bin string, n int) {
 				g := curGen()
 				var reports []*pb.ReportRequest
 				for j, a := range block {
-					var ranks []*pb.RankTime
+					ranks := &pb.RankTimes{}
 					for r := range 8 {
-						ranks = append(ranks, &pb.RankTime{Rank: int32(8*(b+j) + r), ComputeSeconds: 0.09 + 0.001*float64((k+j+r)%5), Steps: 10})
+						ranks.Add(int32(8*(b+j)+r), 0.09+0.001*float64((k+j+r)%5), 10)
 					}
-					reports = append(reports, &pb.ReportRequest{Job: job, Generation: g, Node: a.name, Kind: &pb.ReportRequest_Times{Times: &pb.RankTimes{Ranks: ranks}}})
+					reports = append(reports, &pb.ReportRequest{Job: job, Generation: g, Node: a.name, Kind: &pb.ReportRequest_Times{Times: ranks}})
 				}
 				cl.Report(tctx, &pb.ReportRequest{Job: job, Generation: g, Node: block[0].name,
 					Kind: &pb.ReportRequest_Relayed{Relayed: &pb.Relayed{Reports: reports}}})

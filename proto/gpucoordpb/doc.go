@@ -30,5 +30,6 @@ package gpucoordpb
 // members' ranks would stop at the window's end. 11: neither end pings an
 // agent's connection, and a Watch stream's first message says how often
 // the stream brings one (Assignment.heartbeat_ms): an agent of 10 would
-// not notice a coordinator gone for 30 s.
+// not notice a coordinator gone for 30 s, and its compute times
+// (RankTimes) would reach a coordinator empty.
 const ProtocolVersion = 11

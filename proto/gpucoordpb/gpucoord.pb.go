@@ -2468,10 +2468,12 @@ func (x *Hang) GetFoundUnixMs() int64 {
 // RankTimes is a node's ranks' mean compute time per step over the last
 // window (about a second of steps): what straggler detection compares.
 type RankTimes struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ranks         []*RankTime            `protobuf:"bytes,1,rep,name=ranks,proto3" json:"ranks,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Rank           []int32                `protobuf:"varint,2,rep,packed,name=rank,proto3" json:"rank,omitempty"`
+	ComputeSeconds []float64              `protobuf:"fixed64,3,rep,packed,name=compute_seconds,json=computeSeconds,proto3" json:"compute_seconds,omitempty"`
+	Steps          []int32                `protobuf:"varint,4,rep,packed,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RankTimes) Reset() {
@@ -2504,9 +2506,23 @@ func (*RankTimes) Descriptor() ([]byte, []int) {
 	return file_proto_gpucoord_proto_rawDescGZIP(), []int{22}
 }
 
-func (x *RankTimes) GetRanks() []*RankTime {
+func (x *RankTimes) GetRank() []int32 {
 	if x != nil {
-		return x.Ranks
+		return x.Rank
+	}
+	return nil
+}
+
+func (x *RankTimes) GetComputeSeconds() []float64 {
+	if x != nil {
+		return x.ComputeSeconds
+	}
+	return nil
+}
+
+func (x *RankTimes) GetSteps() []int32 {
+	if x != nil {
+		return x.Steps
 	}
 	return nil
 }
@@ -5063,9 +5079,11 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\tlast_step\x18\x01 \x01(\x03R\blastStep\x12\x17\n" +
 	"\aidle_ms\x18\x02 \x01(\x03R\x06idleMs\x12\x18\n" +
 	"\astopped\x18\x03 \x01(\bR\astopped\x12\"\n" +
-	"\rfound_unix_ms\x18\x04 \x01(\x03R\vfoundUnixMs\"8\n" +
-	"\tRankTimes\x12+\n" +
-	"\x05ranks\x18\x01 \x03(\v2\x15.gpucoord.v1.RankTimeR\x05ranks\"\xa7\x01\n" +
+	"\rfound_unix_ms\x18\x04 \x01(\x03R\vfoundUnixMs\"d\n" +
+	"\tRankTimes\x12\x12\n" +
+	"\x04rank\x18\x02 \x03(\x05R\x04rank\x12'\n" +
+	"\x0fcompute_seconds\x18\x03 \x03(\x01R\x0ecomputeSeconds\x12\x14\n" +
+	"\x05steps\x18\x04 \x03(\x05R\x05stepsJ\x04\b\x01\x10\x02\"\xa7\x01\n" +
 	"\fTimesSummary\x12\x16\n" +
 	"\x06latest\x18\x02 \x03(\x01R\x06latest\x12!\n" +
 	"\flatest_count\x18\x03 \x03(\x05R\vlatestCount\x12)\n" +
@@ -5357,74 +5375,73 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	20, // 14: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
 	63, // 15: gpucoord.v1.StoredBlock.nodes:type_name -> gpucoord.v1.StoredBlock.NodesEntry
 	22, // 16: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
-	26, // 17: gpucoord.v1.RankTimes.ranks:type_name -> gpucoord.v1.RankTime
-	25, // 18: gpucoord.v1.TimesSummary.slow:type_name -> gpucoord.v1.SlowRank
-	26, // 19: gpucoord.v1.TimesSummary.ranks:type_name -> gpucoord.v1.RankTime
-	27, // 20: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
-	16, // 21: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
-	17, // 22: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
-	21, // 23: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
-	23, // 24: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
-	18, // 25: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
-	31, // 26: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
-	30, // 27: gpucoord.v1.ReportRequest.relayed:type_name -> gpucoord.v1.Relayed
-	29, // 28: gpucoord.v1.Relayed.reports:type_name -> gpucoord.v1.ReportRequest
-	64, // 29: gpucoord.v1.StoppedBucket.below:type_name -> gpucoord.v1.StoppedBucket.BelowEntry
-	34, // 30: gpucoord.v1.ReportResponse.relayed:type_name -> gpucoord.v1.RelayedAnswer
-	8,  // 31: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 32: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	41, // 33: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	11, // 34: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	17, // 35: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	17, // 36: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
-	41, // 37: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 38: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	8,  // 39: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	41, // 40: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	11, // 41: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	17, // 42: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	49, // 43: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	27, // 44: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	47, // 45: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	48, // 46: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	55, // 47: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	55, // 48: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	18, // 49: gpucoord.v1.StoredBlock.NodesEntry.value:type_name -> gpucoord.v1.Stored
-	51, // 50: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	53, // 51: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	56, // 52: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	58, // 53: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	60, // 54: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 55: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	7,  // 56: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	29, // 57: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	37, // 58: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	35, // 59: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
-	5,  // 60: gpucoord.v1.Coordinator.PoolReport:input_type -> gpucoord.v1.PoolReportRequest
-	39, // 61: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	42, // 62: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	44, // 63: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	46, // 64: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	52, // 65: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	54, // 66: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	57, // 67: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	59, // 68: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	61, // 69: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 70: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	14, // 71: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	33, // 72: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	38, // 73: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	36, // 74: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
-	6,  // 75: gpucoord.v1.Coordinator.PoolReport:output_type -> gpucoord.v1.PoolReportResponse
-	40, // 76: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	43, // 77: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	45, // 78: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	50, // 79: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	65, // [65:80] is the sub-list for method output_type
-	50, // [50:65] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	25, // 17: gpucoord.v1.TimesSummary.slow:type_name -> gpucoord.v1.SlowRank
+	26, // 18: gpucoord.v1.TimesSummary.ranks:type_name -> gpucoord.v1.RankTime
+	27, // 19: gpucoord.v1.Stragglers.ranks:type_name -> gpucoord.v1.Straggler
+	16, // 20: gpucoord.v1.ReportRequest.bootstrap:type_name -> gpucoord.v1.Bootstrap
+	17, // 21: gpucoord.v1.ReportRequest.step:type_name -> gpucoord.v1.Step
+	21, // 22: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
+	23, // 23: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
+	18, // 24: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
+	31, // 25: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
+	30, // 26: gpucoord.v1.ReportRequest.relayed:type_name -> gpucoord.v1.Relayed
+	29, // 27: gpucoord.v1.Relayed.reports:type_name -> gpucoord.v1.ReportRequest
+	64, // 28: gpucoord.v1.StoppedBucket.below:type_name -> gpucoord.v1.StoppedBucket.BelowEntry
+	34, // 29: gpucoord.v1.ReportResponse.relayed:type_name -> gpucoord.v1.RelayedAnswer
+	8,  // 30: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 31: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	41, // 32: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	11, // 33: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	17, // 34: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	17, // 35: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
+	41, // 36: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 37: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	8,  // 38: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	41, // 39: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	11, // 40: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	17, // 41: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	49, // 42: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	27, // 43: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	47, // 44: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	48, // 45: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	55, // 46: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	55, // 47: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	18, // 48: gpucoord.v1.StoredBlock.NodesEntry.value:type_name -> gpucoord.v1.Stored
+	51, // 49: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	53, // 50: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	56, // 51: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	58, // 52: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	60, // 53: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 54: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	7,  // 55: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	29, // 56: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	37, // 57: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	35, // 58: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
+	5,  // 59: gpucoord.v1.Coordinator.PoolReport:input_type -> gpucoord.v1.PoolReportRequest
+	39, // 60: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	42, // 61: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	44, // 62: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	46, // 63: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	52, // 64: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	54, // 65: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	57, // 66: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	59, // 67: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	61, // 68: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 69: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	14, // 70: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	33, // 71: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	38, // 72: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	36, // 73: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
+	6,  // 74: gpucoord.v1.Coordinator.PoolReport:output_type -> gpucoord.v1.PoolReportResponse
+	40, // 75: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	43, // 76: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	45, // 77: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	50, // 78: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	64, // [64:79] is the sub-list for method output_type
+	49, // [49:64] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
