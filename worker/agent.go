@@ -658,7 +658,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	// promised is ended here (silence).
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	silent := newSilence(ttl, func(err error) { cancel(err) })
+	silent := newSilence(ttl, cancel)
 	defer silent.stop()
 	stream, err := client.Watch(wctx, &pb.WatchRequest{Node: a.cfg.Name, LeaseId: lease, FromRevision: seen, Session: a.streams, DeadlineLeftMs: left.Milliseconds() + 1})
 	if err != nil {
