@@ -953,7 +953,10 @@ func TestElasticPreemption(t *testing.T) {
 	want := reference(t, exe, "--steps", strconv.Itoa(steps), "../../examples/jobs/mlp.yaml")
 	_, addr := coordinatorProc(t, exe)
 	workerProc(t, exe, addr, "w0", 4)
-	w1, _ := workerProc(t, exe, addr, "w1", 4)
+	// A cloud's notice gives 30 s or more: the step in progress and its
+	// checkpoint must fit, and under make test's load a step of these 8
+	// ranks took 0.6 s, so the tests' usual 1 s did not always.
+	w1, _ := workerProc(t, exe, addr, "w1", 4, "--grace", "30s")
 	p := start(t, exe, "launch", "--coordinator", addr, "--nodes", "2", "--gpus-per-node", "4", "--tp", "2", "--pp", "2",
 		"--min-nodes", "1", "--max-restarts", "1", "--checkpoint-dir", t.TempDir(),
 		"--steps", strconv.Itoa(steps), "--json", "../../examples/jobs/mlp.yaml")
