@@ -105,7 +105,7 @@ func TestRankEnvNoToken(t *testing.T) {
 	own := []string{"GPUCOORD_TOKEN=" + token, "XDG_STATE_HOME=" + filepath.Join(dir, "creds"), "SSH_AUTH_SOCK=/tmp/agent.sock",
 		"AWS_SECRET_ACCESS_KEY=not-for-ranks", "NCCL_DEBUG=WARN", "MY_DATA=/data/set"}
 	w := startEnv(t, own, exe, "worker", "--coordinator", addr, "--name", "w0", "--gpus-per-node", "2", "--state-dir", filepath.Join(dir, "state"),
-		"--grace", "1s", "--rank-env", "MY_DATA")
+		"--checkpoint-local", filepath.Join(dir, "held"), "--grace", "1s", "--rank-env", "MY_DATA")
 	w.waitLine(t, "msg=registered ", 30*time.Second)
 	script := `env | sed "s/^/ENV$RANK /"`
 	clientEnv := []string{"GPUCOORD_TOKEN=" + token, "XDG_STATE_HOME=" + filepath.Join(dir, "client")}
