@@ -448,3 +448,19 @@ func TestWatchHeartbeat(t *testing.T) {
 		}
 	}
 }
+
+// TestStallAfter: a stream ends two thirds of a lease without a renewal,
+// but never before a heartbeat and half a second: the default lease and
+// longer are unchanged, the tests' 2 s gets 1.77 s.
+func TestStallAfter(t *testing.T) {
+	s := time.Second
+	for _, tc := range []struct{ ttl, want time.Duration }{
+		{2 * s, 2*s/3 + 1100*time.Millisecond}, // 1.77 s, not 1.33
+		{5 * s, 10 * s / 3},
+		{15 * s, 10 * s},
+	} {
+		if got := stallAfter(tc.ttl); got != tc.want {
+			t.Errorf("stallAfter(%s) = %s, want %s", tc.ttl, got, tc.want)
+		}
+	}
+}

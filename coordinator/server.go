@@ -417,9 +417,9 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	// cluster's shortest lease may be longer than --lease-ttl): two thirds
 	// without a renewal means this coordinator cannot reach etcd for it,
 	// and the agent should move to one that can before the lease runs
-	// out.
+	// out (stallAfter).
 	stall := func(ttl int64) time.Duration {
-		return max(2*time.Duration(ttl)*time.Second/3, 2*s.cfg.LeaseTTL/3)
+		return max(stallAfter(time.Duration(ttl)*time.Second), stallAfter(s.cfg.LeaseTTL))
 	}
 	stalled := time.NewTimer(stall(first.TTL))
 	defer stalled.Stop()
@@ -501,6 +501,17 @@ func heartbeat(ttl time.Duration) time.Duration { return ttl/3 + heartbeatSlack 
 // heartbeatSlack is the half second etcd's client may take past a third
 // of the TTL, and a tenth of one for its answer.
 const heartbeatSlack = 600 * time.Millisecond
+
+// stallAfter is how long a Watch stream of a lease of ttl goes without a
+// renewal from etcd before it ends, so that its agent moves to a
+// coordinator that can renew: two thirds of the TTL, and never less than
+// a heartbeat and half a second. Renewals come up to a heartbeat apart
+// (etcd's client looks every half second): with 2 s leases, two thirds
+// (1.33 s) ended streams of a renewal 0.17 s late under load, and with
+// one coordinator the new stream's first renewal came after the lease.
+func stallAfter(ttl time.Duration) time.Duration {
+	return max(2*ttl/3, heartbeat(ttl)+500*time.Millisecond)
+}
 
 // firstMessage is a stream's first message: assignment a (the cache's,
 // not changed) with the lease renewal of ttlMs made at sent when given,
