@@ -401,6 +401,11 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	last := a
 	quiet := time.NewTimer(beat)
 	defer quiet.Stop()
+	// send sends m on the stream and counts the heartbeat from it.
+	send := func(m any) error {
+		quiet.Reset(beat)
+		return stream.SendMsg(m)
+	}
 	// With a fence window, the stream renews the node at its turns
 	// (windowLoop: every third of the window, while the node runs a job
 	// and no relay renews it) between the lease's renewals, and a relay's
@@ -410,8 +415,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 		if !ok && len(relayed) == 0 {
 			return nil
 		}
-		quiet.Reset(beat)
-		return stream.Send(&pb.Assignment{Renewal: true, LeaseTtlMs: ttlMs, SentUnixNanos: now.UnixNano(), Revision: last.Revision, RelayedRenewals: relayed})
+		return send(&pb.Assignment{Renewal: true, LeaseTtlMs: ttlMs, SentUnixNanos: now.UnixNano(), Revision: last.Revision, RelayedRenewals: relayed})
 	}
 	// The client renews every third of the TTL etcd granted (an etcd
 	// cluster's shortest lease may be longer than --lease-ttl): two thirds
@@ -457,8 +461,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			// etcd's renewal is late: the agent hears the coordinator
 			// serves it still (the stall above ends the stream if etcd
 			// stays away).
-			quiet.Reset(beat)
-			if err := stream.Send(&pb.Assignment{Renewal: true, Revision: last.Revision}); err != nil {
+			if err := send(&pb.Assignment{Renewal: true, Revision: last.Revision}); err != nil {
 				return err
 			}
 		case t := <-g.tick:
@@ -484,8 +487,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 					wire = wire.withRenewal(ttlMs, now)
 				}
 			}
-			quiet.Reset(beat)
-			if err := stream.SendMsg(wire); err != nil {
+			if err := send(wire); err != nil {
 				return err
 			}
 		}
