@@ -181,3 +181,58 @@ func (c *cache) runningMembers() [][]*pb.Member {
 	}
 	return out
 }
+
+// relayRoute is node's relay in its running job's generation when node's
+// assignment may go through it (relayRoute's rule: node is not the
+// relay, and both have a node server).
+func (c *cache) relayRoute(node string) (string, bool) {
+	c.mu.RLock()
+	ja := c.assigned[c.holder[node]]
+	c.mu.RUnlock()
+	if ja == nil {
+		return "", false
+	}
+	i, ok := ja.index[node]
+	if !ok {
+		return "", false
+	}
+	ms := ja.whole.Generation.Members
+	r := pb.Relay(i)
+	if r == i || ms[i].CheckpointAddr == "" || ms[r].CheckpointAddr == "" {
+		return "", false
+	}
+	return ms[r].Node, true
+}
+
+// blockMember is a member a relay forwards the assignment of.
+type blockMember struct {
+	node, addr string
+	wire       encoded
+}
+
+// relayBlock is the members whose assignments relay forwards now (relayRoute's
+// rule), with their assignments: none unless relay is the first of a block
+// of a running job with a node server. A member that waits for rank 0's
+// address (awaitsMaster) is left out: its stream sends nothing yet.
+func (c *cache) relayBlock(relay string) []blockMember {
+	c.mu.RLock()
+	ja := c.assigned[c.holder[relay]]
+	c.mu.RUnlock()
+	if ja == nil {
+		return nil
+	}
+	i, ok := ja.index[relay]
+	ms := ja.whole.Generation.Members
+	if !ok || pb.Relay(i) != i || ms[i].CheckpointAddr == "" {
+		return nil
+	}
+	var out []blockMember
+	for _, m := range ms[i+1 : min(i+pb.RelayBlock, len(ms))] {
+		if m.CheckpointAddr == "" || ja.awaitsMaster(m.Node) {
+			continue
+		}
+		_, wire := ja.forNode(m.Node)
+		out = append(out, blockMember{node: m.Node, addr: m.CheckpointAddr, wire: wire})
+	}
+	return out
+}

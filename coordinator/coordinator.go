@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -111,6 +112,8 @@ type Config struct {
 	TimesFlush time.Duration
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
+	// relayWait, when not 0, replaces relayWait (tests).
+	relayWait time.Duration
 }
 
 // DefaultConfig returns settings for a real cluster: the embedded etcd,
@@ -293,7 +296,7 @@ func New(ctx context.Context, cfg *Config) (*Coordinator, error) {
 	c.hooks = &hooks{}
 	c.srv = &server{cli: e.Client, k: keys(cfg.Prefix), cfg: cfg, log: c.log, stopping: c.stopping, health: newHealth(), cache: c.cache, hooks: c.hooks,
 		times: newTimesBuffer(cfg.StragglerWindows, cfg.StragglerFactor), gossip: sec, secure: cp != nil, deaths: newDeathReports(), dead: c.dead,
-		renewals: newRenewals(), grants: newGrants()}
+		renewals: newRenewals(), grants: newGrants(), relayWait: cmp.Or(cfg.relayWait, relayWait)}
 	c.srv.stored, c.srv.stopped, c.srv.conns = newStoredWriter(c.srv), newStoppedWriter(c.srv), newConnWriter(c.srv)
 	opts := append(pb.ServerOptions(), grpc.UnaryInterceptor(c.srv.unary), grpc.ChainUnaryInterceptor(c.withDashboard), grpc.StreamInterceptor(c.srv.stream), grpc.ForceServerCodecV2(newPassCodec()))
 	if cp != nil {

@@ -155,7 +155,11 @@ func watch(t *testing.T, c pb.CoordinatorClient, name string, lease, from int64)
 					stopped(job, gen)
 				}
 			}
-			ch <- a
+			select {
+			case ch <- a:
+			case <-ctx.Done(): // the test is over, or dropped the stream
+				return
+			}
 		}
 	}()
 	return ch, cancel
@@ -599,6 +603,7 @@ func TestMetricsAndSecrets(t *testing.T) {
 	next(t, a0, func(a *pb.Assignment) bool { return a.Job == "j" })
 	want := []string{"gpucoord_nodes 1", "gpucoord_nodes_busy 1", "gpucoord_leader 1", `gpucoord_job_generation{job_id="j"} 1`,
 		`gpucoord_jobs{phase="running"} 1`, "gpucoord_lease_renewal_interval_seconds_count", `gpucoord_etcd_requests_total{method="Txn"}`,
+		"gpucoord_relayed_assignments_total 0", "gpucoord_relay_fallbacks_total 0",
 		"# TYPE gpucoord_job_restarts_total counter", `gpucoord_job_restarts_total{job_id="j"} 0`, "go_goroutines", "process_resident_memory_bytes"}
 	var body string
 	deadline := time.Now().Add(10 * time.Second)

@@ -106,6 +106,31 @@ type grant struct {
 	// tick is the stream's turn to send a window renewal (windowLoop);
 	// a turn missed while the stream is busy is dropped.
 	tick chan turn
+	// key is the stream's relay key (Assignment.relay_key): what its
+	// assignments through a relay are checked by.
+	key []byte
+	// delivered is the newest revision of an assignment a relay
+	// delivered to this stream's agent (Delivered), and deliveries says
+	// it moved.
+	delivered  atomic.Int64
+	deliveries chan struct{}
+}
+
+// markDelivered records that a relay delivered the assignment of rev.
+func (g *grant) markDelivered(rev int64) {
+	for {
+		cur := g.delivered.Load()
+		if rev <= cur {
+			return
+		}
+		if g.delivered.CompareAndSwap(cur, rev) {
+			break
+		}
+	}
+	select {
+	case g.deliveries <- struct{}{}:
+	default:
+	}
 }
 
 func newGrants() *grants { return &grants{m: map[string]*grant{}} }
@@ -114,7 +139,8 @@ func newGrants() *grants { return &grants{m: map[string]*grant{}} }
 // on lease whose earlier streams gave it until floor; etcd renewed the
 // lease for leaseTTL at renewed.
 func (gs *grants) open(node, conn string, session uint64, lease clientv3.LeaseID, floor, renewed time.Time, leaseTTL time.Duration) *grant {
-	g := &grant{conn: conn, session: session, lease: lease, floor: floor, renewed: renewed, leaseTTL: leaseTTL, tick: make(chan turn, 1)}
+	g := &grant{conn: conn, session: session, lease: lease, floor: floor, renewed: renewed, leaseTTL: leaseTTL, tick: make(chan turn, 1),
+		key: newRelayKey(), deliveries: make(chan struct{}, 1)}
 	gs.mu.Lock()
 	gs.m[node] = g
 	gs.mu.Unlock()

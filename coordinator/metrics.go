@@ -37,6 +37,8 @@ type metrics struct {
 	members   *prometheus.Desc
 	straggler *prometheus.Desc
 	etcdReqs  *prometheus.Desc
+	relayed   *prometheus.Desc
+	fallbacks *prometheus.Desc
 	requests  *requestCounter
 }
 
@@ -52,6 +54,8 @@ func newMetrics(s *server, leader func() bool, requests *requestCounter) *metric
 			Buckets: prometheus.ExponentialBuckets(0.05, 1.5, 14),
 		}),
 		etcdReqs:  d("etcd_requests_total", "Requests this coordinator sent etcd, by method: a unary call, or a message on a stream (a watch created, a lease renewed).", "method"),
+		relayed:   d("relayed_assignments_total", "Assignments this coordinator's streams sent through the members' block relays (one message a block for a job's change)."),
+		fallbacks: d("relay_fallbacks_total", "Assignments this coordinator's streams sent a node themselves because its relay reported no delivery within a second."),
 		nodes:     d("nodes", "Nodes registered and alive in the pool."),
 		busy:      d("nodes_busy", "Nodes running a job's generation."),
 		isLeader:  d("leader", "1 when this coordinator is the elected leader."),
@@ -68,7 +72,7 @@ func newMetrics(s *server, leader func() bool, requests *requestCounter) *metric
 
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.nodes, m.busy, m.isLeader, m.jobs, m.gen, m.step, m.stepSecs, m.restarts, m.hangs, m.members, m.straggler, m.etcdReqs} {
+	for _, d := range []*prometheus.Desc{m.nodes, m.busy, m.isLeader, m.jobs, m.gen, m.step, m.stepSecs, m.restarts, m.hangs, m.members, m.straggler, m.etcdReqs, m.relayed, m.fallbacks} {
 		ch <- d
 	}
 	m.keepalive.Describe(ch)
@@ -85,6 +89,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		lead = 1
 	}
 	ch <- prometheus.MustNewConstMetric(m.isLeader, prometheus.GaugeValue, lead)
+	ch <- prometheus.MustNewConstMetric(m.relayed, prometheus.CounterValue, float64(m.s.relayedSent.Load()))
+	ch <- prometheus.MustNewConstMetric(m.fallbacks, prometheus.CounterValue, float64(m.s.relayFallbacks.Load()))
 	nodes, _, _, rev := m.s.cache.pool()
 	if rev == 0 {
 		return // not listed yet: the scrape shows the gap

@@ -83,6 +83,12 @@ type server struct {
 	secure bool
 	// ca signs what Join issues; nil when this coordinator cannot.
 	ca *pki.CA
+	// relayWait is how long a member's stream leaves an assignment to its
+	// relay (relayWait); relayFallbacks counts those it then sent itself.
+	relayWait      time.Duration
+	relayFallbacks atomic.Int64
+	// relayedSent counts the assignments relays' messages carried.
+	relayedSent atomic.Int64
 }
 
 func (s *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
@@ -394,7 +400,7 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	if !ok {
 		ttlMs = 0
 	}
-	if err := stream.Send(firstMessage(a, ttlMs, now, beat)); err != nil {
+	if err := stream.Send(firstMessage(a, ttlMs, now, beat, g.key)); err != nil {
 		return err
 	}
 	s.renewals.sent(node, renewed, first.TTL*1000)
@@ -427,6 +433,33 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	}
 	stalled := time.NewTimer(stall(first.TTL))
 	defer stalled.Stop()
+	// sendAssignment sends a, changed, whose wire form is wire, on the
+	// stream: a relay's with its block's members' (relayedAssignments).
+	sendAssignment := func(a *pb.Assignment, wire encoded) error {
+		last = a
+		now := time.Now()
+		if s.cfg.FenceWindow > 0 && a.Job != "" {
+			// A node given a job gets its first window deadline with
+			// it: without one, it gets none until its relay's next.
+			if ttlMs, ok := give(now); ok {
+				wire = wire.withRenewal(ttlMs, now)
+			}
+		}
+		if rs := s.relayedAssignments(node, now); len(rs) > 0 {
+			wire = wire.withRelayed(rs)
+		}
+		return send(wire)
+	}
+	// pending is the assignment this stream leaves to the node's relay
+	// (relayRoute), until a delivery is heard of (g.deliveries) or
+	// fallback fires.
+	var (
+		pending     *pb.Assignment
+		pendingWire encoded
+	)
+	fallback := time.NewTimer(time.Hour)
+	fallback.Stop()
+	defer fallback.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -478,16 +511,38 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			if sameAssignment(a, last) {
 				continue
 			}
-			last = a
-			if s.cfg.FenceWindow > 0 && a.Job != "" {
-				// A node given a job gets its first window deadline with
-				// it: without one, it gets none until its relay's next.
-				now := time.Now()
-				if ttlMs, ok := give(now); ok {
-					wire = wire.withRenewal(ttlMs, now)
-				}
+			if g.delivered.Load() >= a.Revision {
+				last, pending = a, nil // its relay was quicker than this stream
+				continue
 			}
-			if err := send(wire); err != nil {
+			if _, ok := s.relayRoute(node); ok {
+				// Its relay's stream carries it: this one sends it only
+				// if no delivery is heard of in time.
+				if pending == nil {
+					fallback.Reset(s.relayWait)
+				}
+				pending, pendingWire = a, wire
+				continue
+			}
+			pending = nil
+			if err := sendAssignment(a, wire); err != nil {
+				return err
+			}
+		case <-g.deliveries:
+			if pending != nil && g.delivered.Load() >= pending.Revision {
+				last, pending = pending, nil
+				fallback.Stop()
+			}
+		case <-fallback.C:
+			if pending == nil {
+				continue
+			}
+			s.relayFallbacks.Add(1)
+			relay, _ := s.cache.relayRoute(node)
+			s.log.Info("assignment sent on the node's own stream: its relay reported no delivery in time", "node", node, "relay", relay, "job", pending.Job, "revision", pending.Revision)
+			a := pending
+			pending = nil
+			if err := sendAssignment(a, pendingWire); err != nil {
 				return err
 			}
 		}
@@ -518,12 +573,12 @@ func stallAfter(ttl time.Duration) time.Duration {
 // firstMessage is a stream's first message: assignment a (the cache's,
 // not changed) with the lease renewal of ttlMs made at sent when given,
 // and how often the stream brings a message.
-func firstMessage(a *pb.Assignment, ttlMs int64, sent time.Time, beat time.Duration) *pb.Assignment {
+func firstMessage(a *pb.Assignment, ttlMs int64, sent time.Time, beat time.Duration, relayKey []byte) *pb.Assignment {
 	a = proto.Clone(a).(*pb.Assignment)
 	if ttlMs > 0 {
 		a.LeaseTtlMs, a.SentUnixNanos = ttlMs, sent.UnixNano()
 	}
-	a.HeartbeatMs = beat.Milliseconds()
+	a.HeartbeatMs, a.RelayKey = beat.Milliseconds(), relayKey
 	return a
 }
 
@@ -548,8 +603,11 @@ func (s *server) Report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 	if err := s.ownRanks(ctx, req); err != nil {
 		return nil, err
 	}
-	if k, ok := req.Kind.(*pb.ReportRequest_Relayed); ok {
+	switch k := req.Kind.(type) {
+	case *pb.ReportRequest_Relayed:
 		return s.reportRelayed(ctx, req, k.Relayed)
+	case *pb.ReportRequest_Delivered:
+		return s.reportDelivered(req, k.Delivered)
 	}
 	return s.report(ctx, req)
 }

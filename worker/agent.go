@@ -219,6 +219,11 @@ type Agent struct {
 	// renewals that come through the node's relay.
 	clock        *leaseClock
 	clockSession uint64
+	// relayKey is the open stream's relay key (Assignment.relay_key), and
+	// relayedIn takes the assignments its relay forwards, checked by it,
+	// to the session goroutine.
+	relayKey  []byte
+	relayedIn chan *pb.Assignment
 	// reported is the job and generation of the assignment whose Stopped
 	// report was sent last (the session goroutine's alone).
 	reported struct {
@@ -664,12 +669,44 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	if err != nil {
 		return answered, err
 	}
+	relayedIn := make(chan *pb.Assignment, relayedQueue)
 	a.mu.Lock()
 	a.client = client
 	a.clock, a.clockSession = clock, a.streams
+	a.relayKey, a.relayedIn = nil, relayedIn
 	a.mu.Unlock()
+	// The stream's messages and the assignments the node's relay forwards
+	// for it are taken in one place, in the order they come; each revision
+	// once (relayedRev: the newest a relay brought).
+	// The loop below returns only once it has taken the stream's error:
+	// the reader always hands it over, and ends with it.
+	msgs := make(chan received)
+	go func() {
+		for {
+			asg, err := stream.Recv()
+			msgs <- received{asg, err}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	var applied, relayedRev int64
 	for {
-		asg, err := stream.Recv()
+		var asg *pb.Assignment
+		select {
+		case m := <-msgs:
+			asg, err = m.asg, m.err
+		case r := <-relayedIn:
+			if r.Revision <= applied {
+				continue // its own stream was quicker
+			}
+			relayedRev, applied = r.Revision, r.Revision
+			a.mu.Lock()
+			a.revision = max(a.revision, r.Revision)
+			a.mu.Unlock()
+			a.assigned(ctx, run, r)
+			continue
+		}
 		if err == nil {
 			silent.heard(asg.HeartbeatMs)
 		} else if cause := context.Cause(wctx); ctx.Err() == nil && errors.Is(cause, errSilent) {
@@ -696,24 +733,48 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		if asg.LeaseTtlMs > 0 {
 			a.renew(clock.deadline(asg, time.Now()))
 		}
+		a.mu.Lock()
+		a.revision = max(a.revision, asg.Revision)
+		if len(asg.RelayKey) > 0 {
+			a.relayKey = asg.RelayKey
+		}
+		a.mu.Unlock()
 		if len(asg.RelayedRenewals) > 0 {
 			a.forwardRenewals(asg)
 		}
-		a.mu.Lock()
-		a.revision = max(a.revision, asg.Revision)
-		a.mu.Unlock()
-		if !asg.Renewal {
-			a.mu.Lock()
-			a.latest = asg
-			a.mu.Unlock()
-			a.sawAssignment(asg)
-			a.setPoolKeys(asg.GossipKeys)
-			booted := run.apply(ctx, asg)
-			a.stopped(ctx, asg, booted)
-			a.dropHeld(asg.LiveJobs)
-			a.output.Keep(asg.LiveJobs)
+		if !asg.Renewal && asg.Revision > relayedRev {
+			applied = max(applied, asg.Revision)
+			a.assigned(ctx, run, asg)
 		}
 	}
+}
+
+// relayedQueue bounds the assignments through the relay a session has
+// yet to take: a change comes a few times a generation, and one that does
+// not fit is refused to the relay, which then does not report it
+// delivered (the member's stream sends it).
+const relayedQueue = 8
+
+// received is a message of a Watch stream, or why it ended.
+type received struct {
+	asg *pb.Assignment
+	err error
+}
+
+// assigned acts on asg, a new assignment (from the stream or through the
+// node's relay): it is the latest, its generation is the node server's,
+// its ranks run and earlier ones stop, and the held checkpoints and rank
+// output of ended jobs go.
+func (a *Agent) assigned(ctx context.Context, run *runner, asg *pb.Assignment) {
+	a.mu.Lock()
+	a.latest = asg
+	a.mu.Unlock()
+	a.sawAssignment(asg)
+	a.setPoolKeys(asg.GossipKeys)
+	booted := run.apply(ctx, asg)
+	a.stopped(ctx, asg, booted)
+	a.dropHeld(asg.LiveJobs)
+	a.output.Keep(asg.LiveJobs)
 }
 
 // jobDir is where this agent keeps a job's plan files and error files,

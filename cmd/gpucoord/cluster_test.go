@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -168,6 +169,52 @@ func TestClusterWindowThroughRelay(t *testing.T) {
 		if strings.Contains(w.output(), "lease deadline passed") {
 			t.Errorf("an agent stopped its ranks at their deadline:\n%s", w.output())
 		}
+	}
+}
+
+// TestClusterAssignmentsThroughRelay: a job's changes reach the members of
+// a block through its relay (h2, the first by name), over mutual TLS on
+// three hosts: the coordinator sends none of them on the members' own
+// streams. With the relay unable to reach h3's node server (its packets
+// to that port dropped, nothing else), h3's own stream sends each after
+// the relay reported no delivery, h4's still come through the relay, and
+// the job trains to the end all the same.
+func TestClusterAssignmentsThroughRelay(t *testing.T) {
+	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
+	co, workers := b.pool(t)
+	const fallback = "its relay reported no delivery in time"
+	launch := func(id string) {
+		t.Helper()
+		p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--tp", "2",
+			"--checkpoint-replicas", "1", "--json", "--job-id", id, b.job)
+		if code := p.wait(t, 3*time.Minute); code != 0 {
+			t.Fatalf("launch of %s exited %d:\n%s", id, code, p.output())
+		}
+		if n := len(losses(t, p.output())); n != 20 {
+			t.Errorf("%s: %d steps, want 20", id, n)
+		}
+	}
+	launch("through")
+	if strings.Contains(co.output(), fallback) {
+		t.Fatalf("assignments went on the members' own streams with every relay reachable:\n%s", co.output())
+	}
+	// h3's node server, as its agent says where it listens.
+	m := regexp.MustCompile(`msg="node server" .*addr=(\S+)`).FindStringSubmatch(workers[1].output())
+	if m == nil {
+		t.Fatalf("h3's agent names no node server:\n%s", workers[1].output())
+	}
+	_, port, err := net.SplitHostPort(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Host(2).Run(t.Context(), "iptables", "-A", "OUTPUT", "-d", b.Host(3).Addr, "-p", "tcp", "--dport", port, "-j", "DROP")
+	launch("around")
+	out := co.output()
+	if !regexp.MustCompile(fallback + `" .*node=h3 relay=h2 job=around`).MatchString(out) {
+		t.Errorf("h3's own stream did not send its assignment when its relay could not:\n%s", out)
+	}
+	if regexp.MustCompile(fallback + `" .*node=h4`).MatchString(out) {
+		t.Errorf("h4's assignments did not come through its relay:\n%s", out)
 	}
 }
 

@@ -31,5 +31,8 @@ package gpucoordpb
 // agent's connection, and a Watch stream's first message says how often
 // the stream brings one (Assignment.heartbeat_ms): an agent of 10 would
 // not notice a coordinator gone for 30 s, and its compute times
-// (RankTimes) would reach a coordinator empty.
-const ProtocolVersion = 11
+// (RankTimes) would reach a coordinator empty. 12: a job's change reaches
+// a block's members through its relay (RelayedRenewal.assignment, checked
+// by the stream's relay_key): an agent of 11 would forward none, and its
+// members would get each change a second late, from their own streams.
+const ProtocolVersion = 12

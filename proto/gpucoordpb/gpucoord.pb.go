@@ -81,7 +81,7 @@ func (x JobState_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState_Phase.Descriptor instead.
 func (JobState_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40, 0}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41, 0}
 }
 
 // Node is one machine in the pool.
@@ -1639,7 +1639,12 @@ type Assignment struct {
 	// for heartbeat_ms and gpucoordpb.KeepaliveTimeout more for a
 	// coordinator gone, and moves to another: an agent's connection is not
 	// pinged (gpucoordpb.DialAgent), so the stream is what tells it.
-	HeartbeatMs   int64 `protobuf:"varint,19,opt,name=heartbeat_ms,json=heartbeatMs,proto3" json:"heartbeat_ms,omitempty"`
+	HeartbeatMs int64 `protobuf:"varint,19,opt,name=heartbeat_ms,json=heartbeatMs,proto3" json:"heartbeat_ms,omitempty"`
+	// relay_key, on a stream's first message, is the key of the stream's
+	// assignments sent through a relay (RelayedRenewal.mac): the agent
+	// takes one only for that stream, and only with the key's MAC, from
+	// whichever node forwards it.
+	RelayKey      []byte `protobuf:"bytes,20,opt,name=relay_key,json=relayKey,proto3" json:"relay_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1807,6 +1812,13 @@ func (x *Assignment) GetHeartbeatMs() int64 {
 	return 0
 }
 
+func (x *Assignment) GetRelayKey() []byte {
+	if x != nil {
+		return x.RelayKey
+	}
+	return nil
+}
+
 // RelayedRenewal is a renewal of a member's lease through its block's
 // relay (Assignment.relayed_renewals): the member's agent takes it only
 // from its relay (over mutual TLS), for its current stream (session), and
@@ -1822,7 +1834,21 @@ type RelayedRenewal struct {
 	// sent_unix_nanos is set by the relay, from the renewal that carried it.
 	SentUnixNanos int64 `protobuf:"varint,4,opt,name=sent_unix_nanos,json=sentUnixNanos,proto3" json:"sent_unix_nanos,omitempty"`
 	// addr is the member's node server (Node.checkpoint_addr).
-	Addr          string `protobuf:"bytes,5,opt,name=addr,proto3" json:"addr,omitempty"`
+	Addr string `protobuf:"bytes,5,opt,name=addr,proto3" json:"addr,omitempty"`
+	// assignment, when set, is the member's new assignment (an encoded
+	// Assignment), sent through its block's relay in the relay's own
+	// message when the job's changes: one message a block, not one a node.
+	// It comes with mac, and the relay reports which members took it
+	// (Delivered); the member's own stream sends it when no such report
+	// comes in time. lease_ttl_ms may then be 0 (no deadline with it), and
+	// sent_unix_nanos is the coordinator's, not the relay's.
+	Assignment []byte `protobuf:"bytes,6,opt,name=assignment,proto3" json:"assignment,omitempty"`
+	// mac is HMAC-SHA256, with the member's stream's relay_key, of the
+	// session, lease_ttl_ms, sent_unix_nanos and assignment
+	// (gpucoordpb.RelayMAC): what the member checks a relayed assignment
+	// by, instead of the relay's name (its relay in the new generation may
+	// be a node its assignment did not name yet).
+	Mac           []byte `protobuf:"bytes,7,opt,name=mac,proto3" json:"mac,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1890,6 +1916,20 @@ func (x *RelayedRenewal) GetAddr() string {
 		return x.Addr
 	}
 	return ""
+}
+
+func (x *RelayedRenewal) GetAssignment() []byte {
+	if x != nil {
+		return x.Assignment
+	}
+	return nil
+}
+
+func (x *RelayedRenewal) GetMac() []byte {
+	if x != nil {
+		return x.Mac
+	}
+	return nil
 }
 
 // Bootstrap is rank 0's node's report that the generation can start: the
@@ -2883,6 +2923,7 @@ type ReportRequest struct {
 	//	*ReportRequest_Stored
 	//	*ReportRequest_Stopped
 	//	*ReportRequest_Relayed
+	//	*ReportRequest_Delivered
 	Kind          isReportRequest_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3016,6 +3057,15 @@ func (x *ReportRequest) GetRelayed() *Relayed {
 	return nil
 }
 
+func (x *ReportRequest) GetDelivered() *Delivered {
+	if x != nil {
+		if x, ok := x.Kind.(*ReportRequest_Delivered); ok {
+			return x.Delivered
+		}
+	}
+	return nil
+}
+
 type isReportRequest_Kind interface {
 	isReportRequest_Kind()
 }
@@ -3048,6 +3098,10 @@ type ReportRequest_Relayed struct {
 	Relayed *Relayed `protobuf:"bytes,11,opt,name=relayed,proto3,oneof"`
 }
 
+type ReportRequest_Delivered struct {
+	Delivered *Delivered `protobuf:"bytes,12,opt,name=delivered,proto3,oneof"`
+}
+
 func (*ReportRequest_Bootstrap) isReportRequest_Kind() {}
 
 func (*ReportRequest_Step) isReportRequest_Kind() {}
@@ -3061,6 +3115,73 @@ func (*ReportRequest_Stored) isReportRequest_Kind() {}
 func (*ReportRequest_Stopped) isReportRequest_Kind() {}
 
 func (*ReportRequest_Relayed) isReportRequest_Kind() {}
+
+func (*ReportRequest_Delivered) isReportRequest_Kind() {}
+
+// Delivered is a relay's report that members of its block took the
+// assignment of revision through it (RelayedRenewal.assignment), each on
+// its stream session: their own streams send it no more. The report's
+// job and generation are the assignment's; the reporting node is the
+// relay of each member in that generation.
+type Delivered struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Revision      int64                  `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Nodes         []string               `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Sessions      []uint64               `protobuf:"varint,3,rep,packed,name=sessions,proto3" json:"sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Delivered) Reset() {
+	*x = Delivered{}
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Delivered) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Delivered) ProtoMessage() {}
+
+func (x *Delivered) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Delivered.ProtoReflect.Descriptor instead.
+func (*Delivered) Descriptor() ([]byte, []int) {
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *Delivered) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *Delivered) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *Delivered) GetSessions() []uint64 {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
 
 // Relayed is a relay's call for the members of its block (Assignment.relay):
 // their Stored and Times reports, and their Stopped reports at a new
@@ -3076,7 +3197,7 @@ type Relayed struct {
 
 func (x *Relayed) Reset() {
 	*x = Relayed{}
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3088,7 +3209,7 @@ func (x *Relayed) String() string {
 func (*Relayed) ProtoMessage() {}
 
 func (x *Relayed) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[29]
+	mi := &file_proto_gpucoord_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3101,7 +3222,7 @@ func (x *Relayed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Relayed.ProtoReflect.Descriptor instead.
 func (*Relayed) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{29}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Relayed) GetReports() []*ReportRequest {
@@ -3124,7 +3245,7 @@ type Stopped struct {
 
 func (x *Stopped) Reset() {
 	*x = Stopped{}
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3257,7 @@ func (x *Stopped) String() string {
 func (*Stopped) ProtoMessage() {}
 
 func (x *Stopped) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[30]
+	mi := &file_proto_gpucoord_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3270,7 @@ func (x *Stopped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stopped.ProtoReflect.Descriptor instead.
 func (*Stopped) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{30}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Stopped) GetBelow() int64 {
@@ -3172,7 +3293,7 @@ type StoppedBucket struct {
 
 func (x *StoppedBucket) Reset() {
 	*x = StoppedBucket{}
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3184,7 +3305,7 @@ func (x *StoppedBucket) String() string {
 func (*StoppedBucket) ProtoMessage() {}
 
 func (x *StoppedBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[31]
+	mi := &file_proto_gpucoord_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3197,7 +3318,7 @@ func (x *StoppedBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoppedBucket.ProtoReflect.Descriptor instead.
 func (*StoppedBucket) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{31}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StoppedBucket) GetBelow() map[string]int64 {
@@ -3221,7 +3342,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3233,7 +3354,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[32]
+	mi := &file_proto_gpucoord_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3246,7 +3367,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{32}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReportResponse) GetCommitted() int64 {
@@ -3275,7 +3396,7 @@ type RelayedAnswer struct {
 
 func (x *RelayedAnswer) Reset() {
 	*x = RelayedAnswer{}
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3287,7 +3408,7 @@ func (x *RelayedAnswer) String() string {
 func (*RelayedAnswer) ProtoMessage() {}
 
 func (x *RelayedAnswer) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[33]
+	mi := &file_proto_gpucoord_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3300,7 +3421,7 @@ func (x *RelayedAnswer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayedAnswer.ProtoReflect.Descriptor instead.
 func (*RelayedAnswer) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{33}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RelayedAnswer) GetCommitted() int64 {
@@ -3336,7 +3457,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3348,7 +3469,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[34]
+	mi := &file_proto_gpucoord_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3361,7 +3482,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{34}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MembersRequest) GetJob() string {
@@ -3388,7 +3509,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3400,7 +3521,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[35]
+	mi := &file_proto_gpucoord_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3413,7 +3534,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{35}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *MembersResponse) GetGeneration() int64 {
@@ -3440,7 +3561,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3452,7 +3573,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[36]
+	mi := &file_proto_gpucoord_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3465,7 +3586,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{36}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *LeaveRequest) GetNode() string {
@@ -3490,7 +3611,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3502,7 +3623,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[37]
+	mi := &file_proto_gpucoord_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3515,7 +3636,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{37}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
 }
 
 type SubmitRequest struct {
@@ -3527,7 +3648,7 @@ type SubmitRequest struct {
 
 func (x *SubmitRequest) Reset() {
 	*x = SubmitRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3539,7 +3660,7 @@ func (x *SubmitRequest) String() string {
 func (*SubmitRequest) ProtoMessage() {}
 
 func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[38]
+	mi := &file_proto_gpucoord_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3552,7 +3673,7 @@ func (x *SubmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitRequest.ProtoReflect.Descriptor instead.
 func (*SubmitRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{38}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SubmitRequest) GetSpec() *JobSpec {
@@ -3573,7 +3694,7 @@ type SubmitResponse struct {
 
 func (x *SubmitResponse) Reset() {
 	*x = SubmitResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3585,7 +3706,7 @@ func (x *SubmitResponse) String() string {
 func (*SubmitResponse) ProtoMessage() {}
 
 func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[39]
+	mi := &file_proto_gpucoord_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3598,7 +3719,7 @@ func (x *SubmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitResponse.ProtoReflect.Descriptor instead.
 func (*SubmitResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{39}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SubmitResponse) GetDashboard() string {
@@ -3631,7 +3752,7 @@ type JobState struct {
 
 func (x *JobState) Reset() {
 	*x = JobState{}
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3643,7 +3764,7 @@ func (x *JobState) String() string {
 func (*JobState) ProtoMessage() {}
 
 func (x *JobState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[40]
+	mi := &file_proto_gpucoord_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3656,7 +3777,7 @@ func (x *JobState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobState.ProtoReflect.Descriptor instead.
 func (*JobState) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{40}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *JobState) GetPhase() JobState_Phase {
@@ -3728,7 +3849,7 @@ type FollowRequest struct {
 
 func (x *FollowRequest) Reset() {
 	*x = FollowRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3740,7 +3861,7 @@ func (x *FollowRequest) String() string {
 func (*FollowRequest) ProtoMessage() {}
 
 func (x *FollowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[41]
+	mi := &file_proto_gpucoord_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3753,7 +3874,7 @@ func (x *FollowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowRequest.ProtoReflect.Descriptor instead.
 func (*FollowRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{41}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *FollowRequest) GetJob() string {
@@ -3791,7 +3912,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3803,7 +3924,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[42]
+	mi := &file_proto_gpucoord_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3816,7 +3937,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{42}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *JobEvent) GetState() *JobState {
@@ -3864,7 +3985,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3876,7 +3997,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[43]
+	mi := &file_proto_gpucoord_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3889,7 +4010,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{43}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CancelRequest) GetJob() string {
@@ -3917,7 +4038,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3929,7 +4050,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[44]
+	mi := &file_proto_gpucoord_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3942,7 +4063,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{44}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CancelResponse) GetState() *JobState {
@@ -3960,7 +4081,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3972,7 +4093,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[45]
+	mi := &file_proto_gpucoord_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3985,7 +4106,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{45}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
 }
 
 type NodeStatus struct {
@@ -3999,7 +4120,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4011,7 +4132,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[46]
+	mi := &file_proto_gpucoord_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4024,7 +4145,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{46}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *NodeStatus) GetNode() *Node {
@@ -4059,7 +4180,7 @@ type JobStatus struct {
 
 func (x *JobStatus) Reset() {
 	*x = JobStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4071,7 +4192,7 @@ func (x *JobStatus) String() string {
 func (*JobStatus) ProtoMessage() {}
 
 func (x *JobStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[47]
+	mi := &file_proto_gpucoord_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4084,7 +4205,7 @@ func (x *JobStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobStatus.ProtoReflect.Descriptor instead.
 func (*JobStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{47}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *JobStatus) GetSpec() *JobSpec {
@@ -4152,7 +4273,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4164,7 +4285,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[48]
+	mi := &file_proto_gpucoord_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4177,7 +4298,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{48}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *MemberStatus) GetNode() string {
@@ -4223,7 +4344,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4235,7 +4356,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[49]
+	mi := &file_proto_gpucoord_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4248,7 +4369,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{49}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *StatusResponse) GetLeader() string {
@@ -4296,7 +4417,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4308,7 +4429,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[50]
+	mi := &file_proto_gpucoord_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4321,7 +4442,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{50}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -4363,7 +4484,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4375,7 +4496,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[51]
+	mi := &file_proto_gpucoord_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4388,7 +4509,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{51}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -4418,7 +4539,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4430,7 +4551,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[52]
+	mi := &file_proto_gpucoord_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4443,7 +4564,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{52}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CreateTokenRequest) GetTtlSeconds() int64 {
@@ -4478,7 +4599,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[53]
+	mi := &file_proto_gpucoord_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4490,7 +4611,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[53]
+	mi := &file_proto_gpucoord_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4503,7 +4624,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{53}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -4535,7 +4656,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_proto_gpucoord_proto_msgTypes[54]
+	mi := &file_proto_gpucoord_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4547,7 +4668,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[54]
+	mi := &file_proto_gpucoord_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4560,7 +4681,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{54}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -4606,7 +4727,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[55]
+	mi := &file_proto_gpucoord_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4618,7 +4739,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[55]
+	mi := &file_proto_gpucoord_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4631,7 +4752,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{55}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{56}
 }
 
 type ListTokensResponse struct {
@@ -4643,7 +4764,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[56]
+	mi := &file_proto_gpucoord_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4655,7 +4776,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[56]
+	mi := &file_proto_gpucoord_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4668,7 +4789,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{56}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -4687,7 +4808,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[57]
+	mi := &file_proto_gpucoord_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4699,7 +4820,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[57]
+	mi := &file_proto_gpucoord_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4712,7 +4833,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{57}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -4730,7 +4851,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[58]
+	mi := &file_proto_gpucoord_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4742,7 +4863,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[58]
+	mi := &file_proto_gpucoord_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4755,7 +4876,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{58}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{59}
 }
 
 type GossipKeysRequest struct {
@@ -4770,7 +4891,7 @@ type GossipKeysRequest struct {
 
 func (x *GossipKeysRequest) Reset() {
 	*x = GossipKeysRequest{}
-	mi := &file_proto_gpucoord_proto_msgTypes[59]
+	mi := &file_proto_gpucoord_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4782,7 +4903,7 @@ func (x *GossipKeysRequest) String() string {
 func (*GossipKeysRequest) ProtoMessage() {}
 
 func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[59]
+	mi := &file_proto_gpucoord_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4795,7 +4916,7 @@ func (x *GossipKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeysRequest) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{59}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GossipKeysRequest) GetAction() string {
@@ -4816,7 +4937,7 @@ type GossipKeysResponse struct {
 
 func (x *GossipKeysResponse) Reset() {
 	*x = GossipKeysResponse{}
-	mi := &file_proto_gpucoord_proto_msgTypes[60]
+	mi := &file_proto_gpucoord_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4828,7 +4949,7 @@ func (x *GossipKeysResponse) String() string {
 func (*GossipKeysResponse) ProtoMessage() {}
 
 func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_gpucoord_proto_msgTypes[60]
+	mi := &file_proto_gpucoord_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4841,7 +4962,7 @@ func (x *GossipKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeysResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeysResponse) Descriptor() ([]byte, []int) {
-	return file_proto_gpucoord_proto_rawDescGZIP(), []int{60}
+	return file_proto_gpucoord_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GossipKeysResponse) GetFingerprints() []string {
@@ -4992,7 +5113,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aholders\x18\x02 \x03(\tR\aholders\x12\x14\n" +
 	"\x05addrs\x18\x03 \x03(\tR\x05addrs\x12\x1c\n" +
-	"\tinstances\x18\x04 \x03(\tR\tinstances\"\x81\x05\n" +
+	"\tinstances\x18\x04 \x03(\tR\tinstances\"\x9e\x05\n" +
 	"\n" +
 	"Assignment\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12(\n" +
@@ -5020,14 +5141,19 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\breplicas\x18\x10 \x03(\tR\breplicas\x12\x14\n" +
 	"\x05relay\x18\x11 \x01(\tR\x05relay\x12F\n" +
 	"\x10relayed_renewals\x18\x12 \x03(\v2\x1b.gpucoord.v1.RelayedRenewalR\x0frelayedRenewals\x12!\n" +
-	"\fheartbeat_ms\x18\x13 \x01(\x03R\vheartbeatMs\"\x9c\x01\n" +
+	"\fheartbeat_ms\x18\x13 \x01(\x03R\vheartbeatMs\x12\x1b\n" +
+	"\trelay_key\x18\x14 \x01(\fR\brelayKey\"\xce\x01\n" +
 	"\x0eRelayedRenewal\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\asession\x18\x02 \x01(\x04R\asession\x12 \n" +
 	"\flease_ttl_ms\x18\x03 \x01(\x03R\n" +
 	"leaseTtlMs\x12&\n" +
 	"\x0fsent_unix_nanos\x18\x04 \x01(\x03R\rsentUnixNanos\x12\x12\n" +
-	"\x04addr\x18\x05 \x01(\tR\x04addr\"\\\n" +
+	"\x04addr\x18\x05 \x01(\tR\x04addr\x12\x1e\n" +
+	"\n" +
+	"assignment\x18\x06 \x01(\fR\n" +
+	"assignment\x12\x10\n" +
+	"\x03mac\x18\a \x01(\fR\x03mac\"\\\n" +
 	"\tBootstrap\x12\x16\n" +
 	"\x06master\x18\x01 \x01(\tR\x06master\x12\x14\n" +
 	"\x05probe\x18\x02 \x01(\tR\x05probe\x12!\n" +
@@ -5109,7 +5235,7 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +
 	"generation\x12,\n" +
-	"\x05ranks\x18\x02 \x03(\v2\x16.gpucoord.v1.StragglerR\x05ranks\"\xc9\x03\n" +
+	"\x05ranks\x18\x02 \x03(\v2\x16.gpucoord.v1.StragglerR\x05ranks\"\x81\x04\n" +
 	"\rReportRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -5124,8 +5250,13 @@ const file_proto_gpucoord_proto_rawDesc = "" +
 	"\x06stored\x18\b \x01(\v2\x13.gpucoord.v1.StoredH\x00R\x06stored\x120\n" +
 	"\astopped\x18\n" +
 	" \x01(\v2\x14.gpucoord.v1.StoppedH\x00R\astopped\x120\n" +
-	"\arelayed\x18\v \x01(\v2\x14.gpucoord.v1.RelayedH\x00R\arelayedB\x06\n" +
-	"\x04kind\"?\n" +
+	"\arelayed\x18\v \x01(\v2\x14.gpucoord.v1.RelayedH\x00R\arelayed\x126\n" +
+	"\tdelivered\x18\f \x01(\v2\x16.gpucoord.v1.DeliveredH\x00R\tdeliveredB\x06\n" +
+	"\x04kind\"Y\n" +
+	"\tDelivered\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x14\n" +
+	"\x05nodes\x18\x02 \x03(\tR\x05nodes\x12\x1a\n" +
+	"\bsessions\x18\x03 \x03(\x04R\bsessions\"?\n" +
 	"\aRelayed\x124\n" +
 	"\areports\x18\x01 \x03(\v2\x1a.gpucoord.v1.ReportRequestR\areports\"\x1f\n" +
 	"\aStopped\x12\x14\n" +
@@ -5289,7 +5420,7 @@ func file_proto_gpucoord_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_gpucoord_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_proto_gpucoord_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
 var file_proto_gpucoord_proto_goTypes = []any{
 	(JobState_Phase)(0),         // 0: gpucoord.v1.JobState.Phase
 	(*Node)(nil),                // 1: gpucoord.v1.Node
@@ -5321,46 +5452,47 @@ var file_proto_gpucoord_proto_goTypes = []any{
 	(*Straggler)(nil),           // 27: gpucoord.v1.Straggler
 	(*Stragglers)(nil),          // 28: gpucoord.v1.Stragglers
 	(*ReportRequest)(nil),       // 29: gpucoord.v1.ReportRequest
-	(*Relayed)(nil),             // 30: gpucoord.v1.Relayed
-	(*Stopped)(nil),             // 31: gpucoord.v1.Stopped
-	(*StoppedBucket)(nil),       // 32: gpucoord.v1.StoppedBucket
-	(*ReportResponse)(nil),      // 33: gpucoord.v1.ReportResponse
-	(*RelayedAnswer)(nil),       // 34: gpucoord.v1.RelayedAnswer
-	(*MembersRequest)(nil),      // 35: gpucoord.v1.MembersRequest
-	(*MembersResponse)(nil),     // 36: gpucoord.v1.MembersResponse
-	(*LeaveRequest)(nil),        // 37: gpucoord.v1.LeaveRequest
-	(*LeaveResponse)(nil),       // 38: gpucoord.v1.LeaveResponse
-	(*SubmitRequest)(nil),       // 39: gpucoord.v1.SubmitRequest
-	(*SubmitResponse)(nil),      // 40: gpucoord.v1.SubmitResponse
-	(*JobState)(nil),            // 41: gpucoord.v1.JobState
-	(*FollowRequest)(nil),       // 42: gpucoord.v1.FollowRequest
-	(*JobEvent)(nil),            // 43: gpucoord.v1.JobEvent
-	(*CancelRequest)(nil),       // 44: gpucoord.v1.CancelRequest
-	(*CancelResponse)(nil),      // 45: gpucoord.v1.CancelResponse
-	(*StatusRequest)(nil),       // 46: gpucoord.v1.StatusRequest
-	(*NodeStatus)(nil),          // 47: gpucoord.v1.NodeStatus
-	(*JobStatus)(nil),           // 48: gpucoord.v1.JobStatus
-	(*MemberStatus)(nil),        // 49: gpucoord.v1.MemberStatus
-	(*StatusResponse)(nil),      // 50: gpucoord.v1.StatusResponse
-	(*JoinRequest)(nil),         // 51: gpucoord.v1.JoinRequest
-	(*JoinResponse)(nil),        // 52: gpucoord.v1.JoinResponse
-	(*CreateTokenRequest)(nil),  // 53: gpucoord.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil), // 54: gpucoord.v1.CreateTokenResponse
-	(*TokenInfo)(nil),           // 55: gpucoord.v1.TokenInfo
-	(*ListTokensRequest)(nil),   // 56: gpucoord.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),  // 57: gpucoord.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),  // 58: gpucoord.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil), // 59: gpucoord.v1.RevokeTokenResponse
-	(*GossipKeysRequest)(nil),   // 60: gpucoord.v1.GossipKeysRequest
-	(*GossipKeysResponse)(nil),  // 61: gpucoord.v1.GossipKeysResponse
-	nil,                         // 62: gpucoord.v1.JobSpec.EnvEntry
-	nil,                         // 63: gpucoord.v1.StoredBlock.NodesEntry
-	nil,                         // 64: gpucoord.v1.StoppedBucket.BelowEntry
+	(*Delivered)(nil),           // 30: gpucoord.v1.Delivered
+	(*Relayed)(nil),             // 31: gpucoord.v1.Relayed
+	(*Stopped)(nil),             // 32: gpucoord.v1.Stopped
+	(*StoppedBucket)(nil),       // 33: gpucoord.v1.StoppedBucket
+	(*ReportResponse)(nil),      // 34: gpucoord.v1.ReportResponse
+	(*RelayedAnswer)(nil),       // 35: gpucoord.v1.RelayedAnswer
+	(*MembersRequest)(nil),      // 36: gpucoord.v1.MembersRequest
+	(*MembersResponse)(nil),     // 37: gpucoord.v1.MembersResponse
+	(*LeaveRequest)(nil),        // 38: gpucoord.v1.LeaveRequest
+	(*LeaveResponse)(nil),       // 39: gpucoord.v1.LeaveResponse
+	(*SubmitRequest)(nil),       // 40: gpucoord.v1.SubmitRequest
+	(*SubmitResponse)(nil),      // 41: gpucoord.v1.SubmitResponse
+	(*JobState)(nil),            // 42: gpucoord.v1.JobState
+	(*FollowRequest)(nil),       // 43: gpucoord.v1.FollowRequest
+	(*JobEvent)(nil),            // 44: gpucoord.v1.JobEvent
+	(*CancelRequest)(nil),       // 45: gpucoord.v1.CancelRequest
+	(*CancelResponse)(nil),      // 46: gpucoord.v1.CancelResponse
+	(*StatusRequest)(nil),       // 47: gpucoord.v1.StatusRequest
+	(*NodeStatus)(nil),          // 48: gpucoord.v1.NodeStatus
+	(*JobStatus)(nil),           // 49: gpucoord.v1.JobStatus
+	(*MemberStatus)(nil),        // 50: gpucoord.v1.MemberStatus
+	(*StatusResponse)(nil),      // 51: gpucoord.v1.StatusResponse
+	(*JoinRequest)(nil),         // 52: gpucoord.v1.JoinRequest
+	(*JoinResponse)(nil),        // 53: gpucoord.v1.JoinResponse
+	(*CreateTokenRequest)(nil),  // 54: gpucoord.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil), // 55: gpucoord.v1.CreateTokenResponse
+	(*TokenInfo)(nil),           // 56: gpucoord.v1.TokenInfo
+	(*ListTokensRequest)(nil),   // 57: gpucoord.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),  // 58: gpucoord.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),  // 59: gpucoord.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil), // 60: gpucoord.v1.RevokeTokenResponse
+	(*GossipKeysRequest)(nil),   // 61: gpucoord.v1.GossipKeysRequest
+	(*GossipKeysResponse)(nil),  // 62: gpucoord.v1.GossipKeysResponse
+	nil,                         // 63: gpucoord.v1.JobSpec.EnvEntry
+	nil,                         // 64: gpucoord.v1.StoredBlock.NodesEntry
+	nil,                         // 65: gpucoord.v1.StoppedBucket.BelowEntry
 }
 var file_proto_gpucoord_proto_depIdxs = []int32{
 	1,  // 0: gpucoord.v1.RegisterRequest.node:type_name -> gpucoord.v1.Node
 	4,  // 1: gpucoord.v1.RegisterResponse.gossip:type_name -> gpucoord.v1.Gossip
-	62, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
+	63, // 2: gpucoord.v1.JobSpec.env:type_name -> gpucoord.v1.JobSpec.EnvEntry
 	17, // 3: gpucoord.v1.JobSpec.resume_backup:type_name -> gpucoord.v1.Step
 	9,  // 4: gpucoord.v1.JobSpec.replan:type_name -> gpucoord.v1.Replan
 	10, // 5: gpucoord.v1.Generation.members:type_name -> gpucoord.v1.Member
@@ -5373,7 +5505,7 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	13, // 12: gpucoord.v1.Step.copies:type_name -> gpucoord.v1.Copies
 	17, // 13: gpucoord.v1.Step.earlier:type_name -> gpucoord.v1.Step
 	20, // 14: gpucoord.v1.Stored.steps:type_name -> gpucoord.v1.StoredStep
-	63, // 15: gpucoord.v1.StoredBlock.nodes:type_name -> gpucoord.v1.StoredBlock.NodesEntry
+	64, // 15: gpucoord.v1.StoredBlock.nodes:type_name -> gpucoord.v1.StoredBlock.NodesEntry
 	22, // 16: gpucoord.v1.RankExit.hang:type_name -> gpucoord.v1.Hang
 	25, // 17: gpucoord.v1.TimesSummary.slow:type_name -> gpucoord.v1.SlowRank
 	26, // 18: gpucoord.v1.TimesSummary.ranks:type_name -> gpucoord.v1.RankTime
@@ -5383,65 +5515,66 @@ var file_proto_gpucoord_proto_depIdxs = []int32{
 	21, // 22: gpucoord.v1.ReportRequest.exit:type_name -> gpucoord.v1.RankExit
 	23, // 23: gpucoord.v1.ReportRequest.times:type_name -> gpucoord.v1.RankTimes
 	18, // 24: gpucoord.v1.ReportRequest.stored:type_name -> gpucoord.v1.Stored
-	31, // 25: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
-	30, // 26: gpucoord.v1.ReportRequest.relayed:type_name -> gpucoord.v1.Relayed
-	29, // 27: gpucoord.v1.Relayed.reports:type_name -> gpucoord.v1.ReportRequest
-	64, // 28: gpucoord.v1.StoppedBucket.below:type_name -> gpucoord.v1.StoppedBucket.BelowEntry
-	34, // 29: gpucoord.v1.ReportResponse.relayed:type_name -> gpucoord.v1.RelayedAnswer
-	8,  // 30: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
-	0,  // 31: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
-	41, // 32: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
-	11, // 33: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
-	17, // 34: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
-	17, // 35: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
-	41, // 36: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
-	1,  // 37: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
-	8,  // 38: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
-	41, // 39: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
-	11, // 40: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
-	17, // 41: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
-	49, // 42: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
-	27, // 43: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
-	47, // 44: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
-	48, // 45: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
-	55, // 46: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
-	55, // 47: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
-	18, // 48: gpucoord.v1.StoredBlock.NodesEntry.value:type_name -> gpucoord.v1.Stored
-	51, // 49: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
-	53, // 50: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
-	56, // 51: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
-	58, // 52: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
-	60, // 53: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
-	2,  // 54: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
-	7,  // 55: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
-	29, // 56: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
-	37, // 57: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
-	35, // 58: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
-	5,  // 59: gpucoord.v1.Coordinator.PoolReport:input_type -> gpucoord.v1.PoolReportRequest
-	39, // 60: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
-	42, // 61: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
-	44, // 62: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
-	46, // 63: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
-	52, // 64: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
-	54, // 65: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
-	57, // 66: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
-	59, // 67: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
-	61, // 68: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
-	3,  // 69: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
-	14, // 70: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
-	33, // 71: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
-	38, // 72: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
-	36, // 73: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
-	6,  // 74: gpucoord.v1.Coordinator.PoolReport:output_type -> gpucoord.v1.PoolReportResponse
-	40, // 75: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
-	43, // 76: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
-	45, // 77: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
-	50, // 78: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
-	64, // [64:79] is the sub-list for method output_type
-	49, // [49:64] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	32, // 25: gpucoord.v1.ReportRequest.stopped:type_name -> gpucoord.v1.Stopped
+	31, // 26: gpucoord.v1.ReportRequest.relayed:type_name -> gpucoord.v1.Relayed
+	30, // 27: gpucoord.v1.ReportRequest.delivered:type_name -> gpucoord.v1.Delivered
+	29, // 28: gpucoord.v1.Relayed.reports:type_name -> gpucoord.v1.ReportRequest
+	65, // 29: gpucoord.v1.StoppedBucket.below:type_name -> gpucoord.v1.StoppedBucket.BelowEntry
+	35, // 30: gpucoord.v1.ReportResponse.relayed:type_name -> gpucoord.v1.RelayedAnswer
+	8,  // 31: gpucoord.v1.SubmitRequest.spec:type_name -> gpucoord.v1.JobSpec
+	0,  // 32: gpucoord.v1.JobState.phase:type_name -> gpucoord.v1.JobState.Phase
+	42, // 33: gpucoord.v1.JobEvent.state:type_name -> gpucoord.v1.JobState
+	11, // 34: gpucoord.v1.JobEvent.generation:type_name -> gpucoord.v1.Generation
+	17, // 35: gpucoord.v1.JobEvent.step:type_name -> gpucoord.v1.Step
+	17, // 36: gpucoord.v1.JobEvent.commit:type_name -> gpucoord.v1.Step
+	42, // 37: gpucoord.v1.CancelResponse.state:type_name -> gpucoord.v1.JobState
+	1,  // 38: gpucoord.v1.NodeStatus.node:type_name -> gpucoord.v1.Node
+	8,  // 39: gpucoord.v1.JobStatus.spec:type_name -> gpucoord.v1.JobSpec
+	42, // 40: gpucoord.v1.JobStatus.state:type_name -> gpucoord.v1.JobState
+	11, // 41: gpucoord.v1.JobStatus.generation:type_name -> gpucoord.v1.Generation
+	17, // 42: gpucoord.v1.JobStatus.last_step:type_name -> gpucoord.v1.Step
+	50, // 43: gpucoord.v1.JobStatus.members:type_name -> gpucoord.v1.MemberStatus
+	27, // 44: gpucoord.v1.JobStatus.stragglers:type_name -> gpucoord.v1.Straggler
+	48, // 45: gpucoord.v1.StatusResponse.nodes:type_name -> gpucoord.v1.NodeStatus
+	49, // 46: gpucoord.v1.StatusResponse.jobs:type_name -> gpucoord.v1.JobStatus
+	56, // 47: gpucoord.v1.CreateTokenResponse.info:type_name -> gpucoord.v1.TokenInfo
+	56, // 48: gpucoord.v1.ListTokensResponse.tokens:type_name -> gpucoord.v1.TokenInfo
+	18, // 49: gpucoord.v1.StoredBlock.NodesEntry.value:type_name -> gpucoord.v1.Stored
+	52, // 50: gpucoord.v1.Coordinator.Join:input_type -> gpucoord.v1.JoinRequest
+	54, // 51: gpucoord.v1.Coordinator.CreateToken:input_type -> gpucoord.v1.CreateTokenRequest
+	57, // 52: gpucoord.v1.Coordinator.ListTokens:input_type -> gpucoord.v1.ListTokensRequest
+	59, // 53: gpucoord.v1.Coordinator.RevokeToken:input_type -> gpucoord.v1.RevokeTokenRequest
+	61, // 54: gpucoord.v1.Coordinator.GossipKeys:input_type -> gpucoord.v1.GossipKeysRequest
+	2,  // 55: gpucoord.v1.Coordinator.Register:input_type -> gpucoord.v1.RegisterRequest
+	7,  // 56: gpucoord.v1.Coordinator.Watch:input_type -> gpucoord.v1.WatchRequest
+	29, // 57: gpucoord.v1.Coordinator.Report:input_type -> gpucoord.v1.ReportRequest
+	38, // 58: gpucoord.v1.Coordinator.Leave:input_type -> gpucoord.v1.LeaveRequest
+	36, // 59: gpucoord.v1.Coordinator.Members:input_type -> gpucoord.v1.MembersRequest
+	5,  // 60: gpucoord.v1.Coordinator.PoolReport:input_type -> gpucoord.v1.PoolReportRequest
+	40, // 61: gpucoord.v1.Coordinator.Submit:input_type -> gpucoord.v1.SubmitRequest
+	43, // 62: gpucoord.v1.Coordinator.Follow:input_type -> gpucoord.v1.FollowRequest
+	45, // 63: gpucoord.v1.Coordinator.Cancel:input_type -> gpucoord.v1.CancelRequest
+	47, // 64: gpucoord.v1.Coordinator.Status:input_type -> gpucoord.v1.StatusRequest
+	53, // 65: gpucoord.v1.Coordinator.Join:output_type -> gpucoord.v1.JoinResponse
+	55, // 66: gpucoord.v1.Coordinator.CreateToken:output_type -> gpucoord.v1.CreateTokenResponse
+	58, // 67: gpucoord.v1.Coordinator.ListTokens:output_type -> gpucoord.v1.ListTokensResponse
+	60, // 68: gpucoord.v1.Coordinator.RevokeToken:output_type -> gpucoord.v1.RevokeTokenResponse
+	62, // 69: gpucoord.v1.Coordinator.GossipKeys:output_type -> gpucoord.v1.GossipKeysResponse
+	3,  // 70: gpucoord.v1.Coordinator.Register:output_type -> gpucoord.v1.RegisterResponse
+	14, // 71: gpucoord.v1.Coordinator.Watch:output_type -> gpucoord.v1.Assignment
+	34, // 72: gpucoord.v1.Coordinator.Report:output_type -> gpucoord.v1.ReportResponse
+	39, // 73: gpucoord.v1.Coordinator.Leave:output_type -> gpucoord.v1.LeaveResponse
+	37, // 74: gpucoord.v1.Coordinator.Members:output_type -> gpucoord.v1.MembersResponse
+	6,  // 75: gpucoord.v1.Coordinator.PoolReport:output_type -> gpucoord.v1.PoolReportResponse
+	41, // 76: gpucoord.v1.Coordinator.Submit:output_type -> gpucoord.v1.SubmitResponse
+	44, // 77: gpucoord.v1.Coordinator.Follow:output_type -> gpucoord.v1.JobEvent
+	46, // 78: gpucoord.v1.Coordinator.Cancel:output_type -> gpucoord.v1.CancelResponse
+	51, // 79: gpucoord.v1.Coordinator.Status:output_type -> gpucoord.v1.StatusResponse
+	65, // [65:80] is the sub-list for method output_type
+	50, // [50:65] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_proto_gpucoord_proto_init() }
@@ -5457,6 +5590,7 @@ func file_proto_gpucoord_proto_init() {
 		(*ReportRequest_Stored)(nil),
 		(*ReportRequest_Stopped)(nil),
 		(*ReportRequest_Relayed)(nil),
+		(*ReportRequest_Delivered)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -5464,7 +5598,7 @@ func file_proto_gpucoord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_gpucoord_proto_rawDesc), len(file_proto_gpucoord_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   64,
+			NumMessages:   65,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

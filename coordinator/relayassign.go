@@ -1,0 +1,120 @@
+package coordinator
+
+import (
+	"crypto/rand"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+)
+
+// Assignments through relays. When a running job's assignment changes (a
+// new generation, its opening, rank 0's address), every member's stream
+// would send it: 16,384 messages at once, three times for a generation
+// after a loss, each a write on its own connection. Instead a block's
+// relay (Assignment.relay, the first of each pb.RelayBlock members) gets
+// its members' new assignments in its own message (relayed_renewals with
+// an assignment, each with the deadline the member's own stream would have
+// given with it, recorded in the member's grant first), and its agent
+// forwards each to the member's node server; the member checks it by the
+// MAC of its stream's relay key (pb.RelayMAC), since its relay in the new
+// generation may be one its assignment did not name. The relay then says
+// which members took it (Delivered), and their own streams send it no
+// more. A member's stream that hears of no delivery within relayWait
+// sends the assignment itself: a relay that died, cannot reach a member,
+// or whose stream is on another coordinator costs its members that much
+// later, never the assignment. A block so costs one message for a change
+// (a larger one) and a report back, not 32 messages.
+//
+// The rule of which members go through their relay is relayRoute's, asked
+// by both streams; where they disagree (a stream opened or closed between)
+// the member gets it twice or after relayWait, and its agent takes each
+// revision once.
+
+// relayWait is how long a member's stream waits for its relay to deliver
+// an assignment before it sends it itself.
+const relayWait = pb.RelayWait
+
+// newRelayKey is a stream's relay key (Assignment.relay_key).
+func newRelayKey() []byte {
+	k := make([]byte, pb.RelayKeySize)
+	rand.Read(k) // never fails (crypto/rand)
+	return k
+}
+
+// relayRoute is node's relay when node's assignment goes through it: node
+// is a member of a running job's generation, not its block's relay, both
+// have a node server, and the relay's stream is here.
+func (s *server) relayRoute(node string) (string, bool) {
+	relay, ok := s.cache.relayRoute(node)
+	return relay, ok && s.grants.live(relay) != nil
+}
+
+// relayedAssignments are the new assignments of relay's block's members
+// whose streams are here, to carry in the relay's message of the job's
+// assignment changed, sent at now: each with the deadline the member's
+// own stream would give with it (a fence window's, recorded first), and
+// its MAC. None when relay relays no one (relayRoute's rule).
+func (s *server) relayedAssignments(relay string, now time.Time) []*pb.RelayedRenewal {
+	members := s.cache.relayBlock(relay)
+	if len(members) == 0 {
+		return nil
+	}
+	var out []*pb.RelayedRenewal
+	for _, m := range members {
+		g := s.grants.live(m.node)
+		if g == nil {
+			continue
+		}
+		r := &pb.RelayedRenewal{Node: m.node, Session: g.session, Addr: m.addr, Assignment: m.wire, SentUnixNanos: now.UnixNano()}
+		if s.cfg.FenceWindow > 0 {
+			if ttl, ok := g.renewal(s.cfg.FenceWindow, now); ok {
+				r.LeaseTtlMs = ttl.Milliseconds()
+			}
+		}
+		r.Mac = pb.RelayMAC(g.key, r)
+		out = append(out, r)
+	}
+	s.relayedSent.Add(int64(len(out)))
+	return out
+}
+
+// withRelayed is assignment e with rs appended (Assignment.relayed_renewals),
+// in a copy.
+func (e encoded) withRelayed(rs []*pb.RelayedRenewal) encoded {
+	b := append([]byte(nil), e...)
+	for _, r := range rs {
+		m, err := proto.Marshal(r)
+		if err != nil {
+			panic(err) // a message of known fields always encodes
+		}
+		b = protowire.AppendTag(b, 18, protowire.BytesType) // Assignment.relayed_renewals
+		b = protowire.AppendBytes(b, m)
+	}
+	return b
+}
+
+// reportDelivered takes a relay's report that members took an assignment
+// through it (Delivered): each must be a member the reporting node relays
+// in the report's generation; a member's stream of that session stops
+// waiting for it.
+func (s *server) reportDelivered(req *pb.ReportRequest, d *pb.Delivered) (*pb.ReportResponse, error) {
+	if len(d.Nodes) != len(d.Sessions) || len(d.Nodes) > pb.RelayBlock {
+		return nil, status.Errorf(codes.InvalidArgument, "delivered: %d nodes and %d sessions, at most %d", len(d.Nodes), len(d.Sessions), pb.RelayBlock)
+	}
+	for _, n := range d.Nodes {
+		if !s.cache.relays(req.Job, req.Generation, req.Node, n) || n == req.Node {
+			return nil, status.Errorf(codes.PermissionDenied, "delivered: %s is not the relay of %s in job %s generation %d", req.Node, n, req.Job, req.Generation)
+		}
+	}
+	for i, n := range d.Nodes {
+		if g := s.grants.live(n); g != nil && g.session == d.Sessions[i] {
+			g.markDelivered(d.Revision)
+		}
+	}
+	return &pb.ReportResponse{Committed: s.cache.committed(req.Job)}, nil
+}

@@ -1,0 +1,120 @@
+package coordinator
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
+)
+
+// TestRelayedAssignments: a job's change reaches the members of a block
+// through its relay's stream: the relay's message carries each member's
+// new assignment (those with a node server and a stream here), with a
+// window deadline and the MAC of the member's stream's relay key; a
+// member whose delivery the relay reports gets nothing on its own stream,
+// one whose delivery is not reported gets it there after relayWait, and a
+// node without a node server gets it on its own stream at once. Only the
+// relay may report a delivery.
+func TestRelayedAssignments(t *testing.T) {
+	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) {
+		c.FenceWindow, c.relayWait = 600*time.Millisecond, 500*time.Millisecond
+	})
+	c := client(t, co.Addr())
+	chans := map[string]<-chan *pb.Assignment{}
+	leases := map[string]int64{}
+	keys := map[string][]byte{}
+	for i, name := range []string{"n0", "n1", "n2", "n3"} {
+		n := node(name, 4)
+		if name != "n2" {
+			n.CheckpointAddr = fmt.Sprintf("127.0.0.1:%d", 9000+i)
+		}
+		resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, _ := watch(t, c, name, resp.LeaseId, 0)
+		first := next(t, ch, func(*pb.Assignment) bool { return true })
+		if len(first.RelayKey) != pb.RelayKeySize {
+			t.Fatalf("%s's first message has a relay key of %d bytes, want %d", name, len(first.RelayKey), pb.RelayKeySize)
+		}
+		chans[name], leases[name], keys[name] = ch, resp.LeaseId, first.RelayKey
+	}
+	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 4, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	opened := func(a *pb.Assignment) bool { return a.Job == "j" && a.Open && a.Master != "" }
+	// n0 runs rank 0 and is the block's relay: the opening (with rank 0's
+	// address) carries n1's and n3's.
+	a0 := next(t, chans["n0"], opened)
+	relayed := map[string]*pb.RelayedRenewal{}
+	for _, r := range a0.RelayedRenewals {
+		if len(r.Assignment) > 0 {
+			relayed[r.Node] = r
+		}
+	}
+	if len(relayed) != 2 || relayed["n1"] == nil || relayed["n3"] == nil {
+		t.Fatalf("the relay's opening carries assignments of %v, want n1's and n3's", relayed)
+	}
+	for node, r := range relayed {
+		a := &pb.Assignment{}
+		if err := proto.Unmarshal(r.Assignment, a); err != nil {
+			t.Fatal(err)
+		}
+		if !opened(a) || a.Generation.GetNumber() != 1 || a.Revision != a0.Revision || a.Relay != "n0" {
+			t.Errorf("%s's relayed assignment: job %q generation %d open %v master %q revision %d relay %q; want the opening of j's generation 1 at %d through n0",
+				node, a.Job, a.Generation.GetNumber(), a.Open, a.Master, a.Revision, a.Relay, a0.Revision)
+		}
+		if r.LeaseTtlMs <= 0 || r.LeaseTtlMs > 600 || r.SentUnixNanos == 0 {
+			t.Errorf("%s's relayed assignment gives %d ms from %d, want the window's 600 at most", node, r.LeaseTtlMs, r.SentUnixNanos)
+		}
+		if !pb.RelayMACValid(keys[node], r) {
+			t.Errorf("%s's relayed assignment fails its stream's MAC", node)
+		}
+		if g := co.srv.grants.live(node); g == nil || g.session != r.Session {
+			t.Errorf("%s's relayed assignment is for session %d, not its stream's", node, r.Session)
+		}
+	}
+	if pb.RelayMACValid(keys["n3"], relayed["n1"]) {
+		t.Error("n1's relayed assignment passes n3's key")
+	}
+	tampered := proto.Clone(relayed["n1"]).(*pb.RelayedRenewal)
+	tampered.LeaseTtlMs++
+	if pb.RelayMACValid(keys["n1"], tampered) {
+		t.Error("a relayed assignment with another deadline passes the MAC")
+	}
+	delivered := func(from string, nodes ...string) error {
+		var sessions []uint64
+		for _, n := range nodes {
+			sessions = append(sessions, relayed[n].GetSession())
+		}
+		_, err := c.Report(t.Context(), &pb.ReportRequest{Job: "j", Generation: 1, Node: from, LeaseId: leases[from],
+			Kind: &pb.ReportRequest_Delivered{Delivered: &pb.Delivered{Revision: a0.Revision, Nodes: nodes, Sessions: sessions}}})
+		return err
+	}
+	if err := delivered("n2", "n3"); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("n2 reporting n3's delivery: %v, want PermissionDenied (n0 relays n3)", err)
+	}
+	if err := delivered("n0", "n1"); err != nil {
+		t.Fatal(err)
+	}
+	// n2 has no node server: its own stream sends the opening at once. n3's
+	// delivery was not reported: its own stream sends it after relayWait.
+	next(t, chans["n2"], opened)
+	next(t, chans["n3"], opened)
+	if n := co.srv.relayFallbacks.Load(); n != 1 {
+		t.Errorf("%d assignments sent by members' streams after relayWait, want 1 (n3's)", n)
+	}
+	// n1's stream never sends the opening its relay delivered: its next
+	// assignment is the job's end.
+	if _, err := c.Cancel(t.Context(), &pb.CancelRequest{Job: "j"}); err != nil {
+		t.Fatal(err)
+	}
+	if a := next(t, chans["n1"], func(*pb.Assignment) bool { return true }); a.Job != "" {
+		t.Errorf("n1's stream sent job %q (open %v) after its relay delivered it", a.Job, a.Open)
+	}
+}
