@@ -56,8 +56,9 @@ import (
 //     committed once all have); its resident memory, and
 //     its etcd requests and writes per step (from
 //     gpucoord_etcd_requests_total);
-//   - the bytes of the assignments each agent received for generations 1
-//     and 2 (renewals aside);
+//   - the bytes of the assignments the coordinator sent each agent for
+//     generations 1 and 2 (renewals aside): a relay's messages carry its
+//     block's members' (counted as the relay's), which it hands them;
 //   - how often the agents watched again after a stream ended while the
 //     run went on, and registered again because the coordinator said
 //     their lease was gone (simFleet: they come back as real agents do).
@@ -116,13 +117,20 @@ func TestControlPlaneLoad(t *testing.T) {
 // coordinator (GPUCOORD_BENCH_LOAD_DECODE=full does, to show it).
 type slimAssignment struct {
 	job, master   string
-	gen           int64
+	gen, revision int64
 	renewal, open bool
 	size          int // bytes on the wire
+	// relayKey is the stream's (its first message's), and relayed the
+	// members' assignments a relay's message carries (those of its
+	// relayed_renewals that carry one: renewals alone are not read).
+	relayKey []byte
+	relayed  []*pb.RelayedRenewal
 }
 
 // parse reads the fields of pb.Assignment (job 1, generation 3, master 4,
-// renewal 8, open 12) and the generation's number (2), skipping the rest.
+// revision 7, renewal 8, open 12, relay key 20, and the relayed renewals
+// 18 that carry an assignment) and the generation's number (2), skipping
+// the rest.
 func (s *slimAssignment) parse(b []byte) error {
 	*s = slimAssignment{size: len(b)}
 	for len(b) > 0 {
@@ -163,6 +171,20 @@ func (s *slimAssignment) parse(b []byte) error {
 		case num == 12 && typ == protowire.VarintType:
 			x, m := protowire.ConsumeVarint(b)
 			s.open, n = x != 0, m
+		case num == 7 && typ == protowire.VarintType:
+			x, m := protowire.ConsumeVarint(b)
+			s.revision, n = int64(x), m
+		case num == 20 && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			s.relayKey, n = slices.Clone(v), m
+		case num == 18 && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			n = m
+			if r, err := relayedAssignment(v); err != nil {
+				return err
+			} else if r != nil {
+				s.relayed = append(s.relayed, r)
+			}
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 		}
@@ -172,6 +194,30 @@ func (s *slimAssignment) parse(b []byte) error {
 		b = b[n:]
 	}
 	return nil
+}
+
+// relayedAssignment is the pb.RelayedRenewal b encodes when it carries an
+// assignment (field 6), nil when it is a renewal alone: a relay's window
+// renewals are looked through, not decoded.
+func relayedAssignment(b []byte) (*pb.RelayedRenewal, error) {
+	carries := false
+	for v := b; len(v) > 0; {
+		num, typ, k := protowire.ConsumeTag(v)
+		if k < 0 {
+			return nil, protowire.ParseError(k)
+		}
+		v = v[k:]
+		carries = carries || num == 6
+		if k = protowire.ConsumeFieldValue(num, typ, v); k < 0 {
+			return nil, protowire.ParseError(k)
+		}
+		v = v[k:]
+	}
+	if !carries {
+		return nil, nil
+	}
+	r := &pb.RelayedRenewal{}
+	return r, proto.Unmarshal(b, r)
 }
 
 // slimCodec decodes a *slimAssignment with parse, and everything else as
@@ -198,7 +244,14 @@ func watchSlim(ctx context.Context, cc *grpc.ClientConn, req *pb.WatchRequest, f
 			if err != nil {
 				return nil, err
 			}
-			return &slimAssignment{job: a.Job, master: a.Master, gen: a.Generation.GetNumber(), renewal: a.Renewal, open: a.Open, size: proto.Size(a)}, nil
+			s := &slimAssignment{job: a.Job, master: a.Master, gen: a.Generation.GetNumber(), revision: a.Revision, renewal: a.Renewal, open: a.Open,
+				size: proto.Size(a), relayKey: a.RelayKey}
+			for _, r := range a.RelayedRenewals {
+				if len(r.Assignment) > 0 {
+					s.relayed = append(s.relayed, r)
+				}
+			}
+			return s, nil
 		}, nil
 	}
 	cs, err := cc.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, pb.Coordinator_Watch_FullMethodName,
@@ -333,6 +386,14 @@ func (h *holding) received() (mean float64, most int) {
 		}
 	}
 	return float64(total) / float64(max(n, 1)), most
+}
+
+// sawAgain counts the bytes of an assignment agent's stream brought after
+// its relay had: the agent leaves it alone.
+func (h *holding) sawAgain(agent string, a *slimAssignment) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.bytes[agent] += a.size
 }
 
 func (h *holding) saw(agent string, a *slimAssignment) {
@@ -505,11 +566,14 @@ func loadRun(t *testing.T, bin string, n int) string {
 	registering := time.Now()
 	register := func(rctx context.Context, i int) error {
 		name := fmt.Sprintf("n%0*d", width, i)
-		// Each node says it has a node server, as real agents do: with a
-		// fence window, a block's members are then renewed through its
-		// relay (relayed_renewals), one message a block. The simulated
-		// relays forward none (nothing listens there): the members' side
-		// of it is the agents' machines' work, not the coordinator's.
+		// Each node says it has a node server, as real agents do: a
+		// job's changes then reach a block's members through its relay,
+		// and with a fence window they are renewed through it
+		// (relayed_renewals), one message a block. The simulated relays
+		// hand the members their assignments (simFleet.forward) and
+		// forward no renewals (the members keep no deadline): the
+		// members' side of it is the agents' machines' work, not the
+		// coordinator's.
 		node := &pb.Node{Name: name, Host: "127.0.0.1", Gpus: 8, Protocol: loadProtocol, Instance: name, CheckpointAddr: "127.0.0.1:9"}
 		pooled := i >= n-2
 		if pooled {
@@ -545,7 +609,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 			rl = nil
 		}
 		if err := fleet.watch(a, simHooks{rank0: name == rank0, bootstrap: h.bootstrapped, relay: rl, stopped: h.stoppedAnswered,
-			assigned: func(asg *slimAssignment) { h.saw(name, asg) }}); err != nil {
+			assigned: func(asg *slimAssignment) { h.saw(name, asg) }, again: func(asg *slimAssignment) { h.sawAgain(name, asg) }}); err != nil {
 			return err
 		}
 		agents[i] = a

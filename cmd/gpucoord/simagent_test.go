@@ -57,6 +57,9 @@ type simFleet struct {
 	// relayRefused is why the coordinator did not take reports relayed
 	// (simRelay): their nodes then sent them themselves.
 	relayRefused map[codes.Code]*streamEnds
+	// byName are the agents watching, by name: a relay hands its
+	// members their assignments (forward).
+	byName map[string]*simAgent
 }
 
 // refusedRelayed counts a relayed report the coordinator did not take.
@@ -95,7 +98,7 @@ func (f *simFleet) streamEnded(err error) {
 }
 
 func newSimFleet(ctx context.Context, addr string, full bool) *simFleet {
-	return &simFleet{ctx: ctx, addr: addr, full: full, ended: map[codes.Code]*streamEnds{}}
+	return &simFleet{ctx: ctx, addr: addr, full: full, ended: map[codes.Code]*streamEnds{}, byName: map[string]*simAgent{}}
 }
 
 // simAgent is one simulated agent.
@@ -115,6 +118,18 @@ type simAgent struct {
 
 	mu   sync.Mutex
 	drop context.CancelFunc // ends the current stream alone
+
+	hooks simHooks
+	// hmu guards what the agent holds of its assignments, taken from its
+	// stream and, through its block's relay, on the relay's goroutine.
+	hmu      sync.Mutex
+	stopped  int64  // the generation below which this node said it runs nothing
+	booted   int64  // the last generation whose rank 0's address this node reported
+	session  uint64 // the stream open
+	relayKey []byte // its relay key
+	// applied is the newest revision taken, relayedRev the newest taken
+	// through the relay: each revision is taken once, as by a real agent.
+	applied, relayedRev int64
 }
 
 // Lease is the agent's current lease.
@@ -170,8 +185,12 @@ type simHooks struct {
 	// stopped earlier ranks is answered.
 	stopped func()
 	// assigned, if not nil, is called with every assignment but
-	// renewals, on the agent's goroutine, after the agent's own reports.
+	// renewals, after the agent's own reports: on the agent's goroutine,
+	// or its relay's for one that came through it.
 	assigned func(*slimAssignment)
+	// again, if not nil, is called with an assignment the agent's stream
+	// brought after its relay had (the agent leaves it alone).
+	again func(*slimAssignment)
 }
 
 // watch opens the agent's first Watch stream and follows it, and the
@@ -186,15 +205,17 @@ func (f *simFleet) watch(a *simAgent, hooks simHooks) error {
 		a.close()
 		return err
 	}
+	a.hooks = hooks
+	f.mu.Lock()
+	f.byName[a.name] = a
+	f.mu.Unlock()
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
 		defer a.close()
-		var stopped int64 // the generation below which this node said it runs nothing
-		var booted int64  // the last generation whose rank 0's address this node reported
 		register := false // the coordinator said the lease is gone
 		for failed := 0; ; failed++ {
-			received, err := f.follow(a, recv, hooks, &stopped, &booted)
+			received, err := f.follow(a, recv)
 			if a.ctx.Err() != nil {
 				return
 			}
@@ -244,60 +265,141 @@ func (f *simFleet) openWatch(a *simAgent) (func() (*slimAssignment, error), erro
 	a.drop = drop
 	a.mu.Unlock()
 	session := uint64(a.streams.Add(1))
+	a.hmu.Lock()
+	a.session, a.relayKey, a.applied, a.relayedRev = session, nil, 0, 0
+	a.hmu.Unlock()
 	return watchSlim(sctx, a.cc, &pb.WatchRequest{Node: a.name, LeaseId: a.lease.Load(), Session: session}, f.full)
 }
 
 // follow reads one stream until it ends; received says whether it
-// brought anything.
-func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error), hooks simHooks, stopped, booted *int64) (received bool, err error) {
+// brought anything. A relay's message hands its block's members theirs.
+func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error)) (received bool, err error) {
 	for {
 		asg, err := recv()
 		if err != nil {
 			return received, err
 		}
 		received = true
-		if asg.renewal {
-			continue
+		if len(asg.relayKey) > 0 {
+			a.hmu.Lock()
+			a.relayKey = asg.relayKey
+			a.hmu.Unlock()
 		}
-		var boot *pb.ReportRequest
-		if asg.job != "" && asg.master == "" && hooks.rank0 && asg.gen > *booted {
-			// This node runs rank 0: it reports its address once a
-			// generation, opened or not, as a real agent does.
-			*booted = asg.gen
-			if hooks.bootstrap != nil {
-				hooks.bootstrap()
-			}
-			boot = &pb.ReportRequest{Job: asg.job, Generation: asg.gen, Node: a.name,
-				Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: "127.0.0.1:29500"}}}
+		if len(asg.relayed) > 0 {
+			f.forward(a, asg)
 		}
-		if asg.job != "" && !asg.open && asg.gen > *stopped {
-			// A generation that waits for earlier ranks to stop: the node
-			// stops its own and says so, as every real agent does, after
-			// its address when it runs rank 0.
-			*stopped = asg.gen
-			req := &pb.ReportRequest{Job: asg.job, Node: a.name, LeaseId: a.lease.Load(),
-				Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: asg.gen}}}
-			f.wg.Go(func() {
-				if boot != nil {
-					a.report(boot)
-				}
-				if hooks.relay != nil {
-					req.Generation = asg.gen
-					hooks.relay.report(a, req)
-				} else {
-					a.report(req)
-				}
-				if hooks.stopped != nil {
-					hooks.stopped()
-				}
-			})
-		} else if boot != nil {
-			f.wg.Go(func() { a.report(boot) })
-		}
-		if hooks.assigned != nil {
-			hooks.assigned(asg)
+		if !asg.renewal {
+			a.take(f, asg, false)
 		}
 	}
+}
+
+// take acts on a new assignment, from the agent's stream or (relayed)
+// through its relay: once a revision. Like a real agent, the node reports
+// it stopped earlier ranks when a generation waits for them and, for rank
+// 0's node, rank 0's address.
+func (a *simAgent) take(f *simFleet, asg *slimAssignment, relayed bool) {
+	hooks := a.hooks
+	a.hmu.Lock()
+	if relayed && asg.revision <= a.applied || !relayed && asg.revision <= a.relayedRev {
+		a.hmu.Unlock()
+		if !relayed && hooks.again != nil {
+			hooks.again(asg)
+		}
+		return
+	}
+	a.applied = max(a.applied, asg.revision)
+	if relayed {
+		a.relayedRev = asg.revision
+	}
+	var boot *pb.ReportRequest
+	if asg.job != "" && asg.master == "" && hooks.rank0 && asg.gen > a.booted {
+		// This node runs rank 0: it reports its address once a
+		// generation, opened or not, as a real agent does.
+		a.booted = asg.gen
+		if hooks.bootstrap != nil {
+			hooks.bootstrap()
+		}
+		boot = &pb.ReportRequest{Job: asg.job, Generation: asg.gen, Node: a.name,
+			Kind: &pb.ReportRequest_Bootstrap{Bootstrap: &pb.Bootstrap{Master: "127.0.0.1:29500"}}}
+	}
+	stop := asg.job != "" && !asg.open && asg.gen > a.stopped
+	if stop {
+		a.stopped = asg.gen
+	}
+	a.hmu.Unlock()
+	if stop {
+		// A generation that waits for earlier ranks to stop: the node
+		// stops its own and says so, as every real agent does, after
+		// its address when it runs rank 0.
+		req := &pb.ReportRequest{Job: asg.job, Node: a.name, LeaseId: a.lease.Load(),
+			Kind: &pb.ReportRequest_Stopped{Stopped: &pb.Stopped{Below: asg.gen}}}
+		f.wg.Go(func() {
+			if boot != nil {
+				a.report(boot)
+			}
+			if hooks.relay != nil {
+				req.Generation = asg.gen
+				hooks.relay.report(a, req)
+			} else {
+				a.report(req)
+			}
+			if hooks.stopped != nil {
+				hooks.stopped()
+			}
+		})
+	} else if boot != nil {
+		f.wg.Go(func() { a.report(boot) })
+	}
+	if hooks.assigned != nil {
+		hooks.assigned(asg)
+	}
+}
+
+// forward hands the members' assignments relay's message asg carries to
+// them, as a relay's agent posts each to its member's node server, and
+// reports those they took (Delivered). The member checks each as a real
+// agent does (its stream's session, the MAC of its relay key); the hop
+// itself is a call here, as the members' reports to their relay are
+// (simRelay): on a cluster it is the relay's and the member's machines'
+// work, not the coordinator's.
+func (f *simFleet) forward(relay *simAgent, asg *slimAssignment) {
+	var took pb.Delivered
+	for _, r := range asg.relayed {
+		f.mu.Lock()
+		m := f.byName[r.Node]
+		f.mu.Unlock()
+		if m == nil || !m.takeRelayed(f, r) {
+			continue
+		}
+		took.Nodes, took.Sessions = append(took.Nodes, r.Node), append(took.Sessions, r.Session)
+	}
+	if len(took.Nodes) == 0 {
+		return
+	}
+	took.Revision = asg.revision
+	f.wg.Go(func() {
+		relay.cl.Report(relay.ctx, &pb.ReportRequest{Job: asg.job, Generation: asg.gen, Node: relay.name, LeaseId: relay.lease.Load(),
+			Kind: &pb.ReportRequest_Delivered{Delivered: &took}})
+	})
+}
+
+// takeRelayed takes an assignment forwarded by a relay when it is for the
+// stream open and passes its MAC, as a real agent's node server does.
+func (a *simAgent) takeRelayed(f *simFleet, r *pb.RelayedRenewal) bool {
+	a.hmu.Lock()
+	key, session := a.relayKey, a.session
+	a.hmu.Unlock()
+	if r.Session != session || !pb.RelayMACValid(key, r) {
+		return false
+	}
+	asg := &slimAssignment{}
+	if asg.parse(r.Assignment) != nil {
+		return false
+	}
+	asg.size = 0 // the coordinator sent its bytes in the relay's message
+	a.take(f, asg, true)
+	return true
 }
 
 // simRelay is a block's relay (the worker's relay.go) as the simulated
