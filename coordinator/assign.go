@@ -208,6 +208,7 @@ func (c *cache) relayRoute(node string) (string, bool) {
 type blockMember struct {
 	node, addr string
 	wire       encoded
+	rev        int64 // the assignment's revision
 }
 
 // relayBlock is the members whose assignments relay forwards now (relayRoute's
@@ -231,8 +232,8 @@ func (c *cache) relayBlock(relay string) []blockMember {
 		if m.CheckpointAddr == "" || ja.awaitsMaster(m.Node) {
 			continue
 		}
-		_, wire := ja.forNode(m.Node)
-		out = append(out, blockMember{node: m.Node, addr: m.CheckpointAddr, wire: wire})
+		a, wire := ja.forNode(m.Node)
+		out = append(out, blockMember{node: m.Node, addr: m.CheckpointAddr, wire: wire, rev: a.Revision})
 	}
 	return out
 }

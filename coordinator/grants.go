@@ -114,10 +114,26 @@ type grant struct {
 	// it moved.
 	delivered  atomic.Int64
 	deliveries chan struct{}
+	// relayed is the newest revision of an assignment sent through a
+	// relay for this stream: no delivery is taken beyond it.
+	relayed atomic.Int64
 }
 
-// markDelivered records that a relay delivered the assignment of rev.
+// offered records that a relay's message carries the assignment of rev
+// for this stream.
+func (g *grant) offered(rev int64) {
+	for {
+		cur := g.relayed.Load()
+		if rev <= cur || g.relayed.CompareAndSwap(cur, rev) {
+			return
+		}
+	}
+}
+
+// markDelivered records that a relay delivered the assignment of rev, or
+// of the newest one a relay was given when that is older.
 func (g *grant) markDelivered(rev int64) {
+	rev = min(rev, g.relayed.Load())
 	for {
 		cur := g.delivered.Load()
 		if rev <= cur {

@@ -77,6 +77,7 @@ func (s *server) relayedAssignments(relay string, now time.Time) []*pb.RelayedRe
 			}
 		}
 		r.Mac = pb.RelayMAC(g.key, r)
+		g.offered(m.rev)
 		out = append(out, r)
 	}
 	s.relayedSent.Add(int64(len(out)))
@@ -101,7 +102,8 @@ func (e encoded) withRelayed(rs []*pb.RelayedRenewal) encoded {
 // reportDelivered takes a relay's report that members took an assignment
 // through it (Delivered): each must be a member the reporting node relays
 // in the report's generation; a member's stream of that session stops
-// waiting for it.
+// waiting for it, up to the newest revision a relay was given for it (a
+// relay cannot silence assignments it was never given).
 func (s *server) reportDelivered(req *pb.ReportRequest, d *pb.Delivered) (*pb.ReportResponse, error) {
 	if len(d.Nodes) != len(d.Sessions) || len(d.Nodes) > pb.RelayBlock {
 		return nil, status.Errorf(codes.InvalidArgument, "delivered: %d nodes and %d sessions, at most %d", len(d.Nodes), len(d.Sessions), pb.RelayBlock)

@@ -118,3 +118,29 @@ func TestRelayedAssignments(t *testing.T) {
 		t.Errorf("n1's stream sent job %q (open %v) after its relay delivered it", a.Job, a.Open)
 	}
 }
+
+// TestDeliveredCapped: a relay's report of a delivery counts up to the
+// newest revision a relay was given for the stream, never past it: a
+// relay cannot silence a member's later assignments.
+func TestDeliveredCapped(t *testing.T) {
+	for _, c := range []struct {
+		offered, reported []int64
+		want              int64
+	}{
+		{nil, []int64{9}, 0},
+		{[]int64{5}, []int64{100}, 5},
+		{[]int64{5, 7}, []int64{6}, 6},
+		{[]int64{7, 5}, []int64{8, 6}, 7},
+	} {
+		g := &grant{deliveries: make(chan struct{}, 1)}
+		for _, r := range c.offered {
+			g.offered(r)
+		}
+		for _, r := range c.reported {
+			g.markDelivered(r)
+		}
+		if got := g.delivered.Load(); got != c.want {
+			t.Errorf("offered %v, reported %v: delivered %d, want %d", c.offered, c.reported, got, c.want)
+		}
+	}
+}
