@@ -110,10 +110,8 @@ type grant struct {
 	// assignments through a relay are checked by.
 	key []byte
 	// delivered is the newest revision of an assignment a relay
-	// delivered to this stream's agent (Delivered), and deliveries says
-	// it moved.
-	delivered  atomic.Int64
-	deliveries chan struct{}
+	// delivered to this stream's agent (Delivered).
+	delivered atomic.Int64
 	// relayed is the newest revision of an assignment sent through a
 	// relay for this stream: no delivery is taken beyond it.
 	relayed atomic.Int64
@@ -136,16 +134,9 @@ func (g *grant) markDelivered(rev int64) {
 	rev = min(rev, g.relayed.Load())
 	for {
 		cur := g.delivered.Load()
-		if rev <= cur {
+		if rev <= cur || g.delivered.CompareAndSwap(cur, rev) {
 			return
 		}
-		if g.delivered.CompareAndSwap(cur, rev) {
-			break
-		}
-	}
-	select {
-	case g.deliveries <- struct{}{}:
-	default:
 	}
 }
 
@@ -156,7 +147,7 @@ func newGrants() *grants { return &grants{m: map[string]*grant{}} }
 // lease for leaseTTL at renewed.
 func (gs *grants) open(node, conn string, session uint64, lease clientv3.LeaseID, floor, renewed time.Time, leaseTTL time.Duration) *grant {
 	g := &grant{conn: conn, session: session, lease: lease, floor: floor, renewed: renewed, leaseTTL: leaseTTL, tick: make(chan turn, 1),
-		key: newRelayKey(), deliveries: make(chan struct{}, 1)}
+		key: newRelayKey()}
 	gs.mu.Lock()
 	gs.m[node] = g
 	gs.mu.Unlock()

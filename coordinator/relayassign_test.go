@@ -132,7 +132,7 @@ func TestDeliveredCapped(t *testing.T) {
 		{[]int64{5, 7}, []int64{6}, 6},
 		{[]int64{7, 5}, []int64{8, 6}, 7},
 	} {
-		g := &grant{deliveries: make(chan struct{}, 1)}
+		g := &grant{}
 		for _, r := range c.offered {
 			g.offered(r)
 		}

@@ -451,8 +451,10 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 		return send(wire)
 	}
 	// pending is the assignment this stream leaves to the node's relay
-	// (relayRoute), until a delivery is heard of (g.deliveries) or
-	// fallback fires.
+	// (relayRoute) until fallback fires: unless a delivery was reported
+	// by then, the stream sends it itself. A delivery does not wake the
+	// stream: at a new generation that would be every member's stream
+	// once more.
 	var (
 		pending     *pb.Assignment
 		pendingWire encoded
@@ -528,13 +530,12 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			if err := sendAssignment(a, wire); err != nil {
 				return err
 			}
-		case <-g.deliveries:
-			if pending != nil && g.delivered.Load() >= pending.Revision {
-				last, pending = pending, nil
-				fallback.Stop()
-			}
 		case <-fallback.C:
 			if pending == nil {
+				continue
+			}
+			if g.delivered.Load() >= pending.Revision {
+				last, pending = pending, nil
 				continue
 			}
 			s.relayFallbacks.Add(1)

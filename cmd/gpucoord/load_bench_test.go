@@ -463,6 +463,29 @@ var etcdRequestLine = regexp.MustCompile(`^gpucoord_etcd_requests_total\{method=
 
 // etcdRequests scrapes the coordinator's etcd request counters: all, and
 // the writes (Put, Txn, DeleteRange).
+// relayCounts reads the coordinator's counts of the assignments its
+// streams sent through relays and of those a member's own stream then sent
+// (its relay reported no delivery in time); -1 when a build has none.
+func relayCounts(t *testing.T, metrics string) (relayed, fallbacks int64) {
+	t.Helper()
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	relayed, fallbacks = -1, -1
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "gpucoord_relayed_assignments_total "); ok {
+			relayed, _ = strconv.ParseInt(v, 10, 64)
+		}
+		if v, ok := strings.CutPrefix(l, "gpucoord_relay_fallbacks_total "); ok {
+			fallbacks, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return relayed, fallbacks
+}
+
 func etcdRequests(t *testing.T, metrics string) (all, writes float64) {
 	t.Helper()
 	resp, err := http.Get("http://" + metrics + "/metrics")
@@ -758,7 +781,9 @@ func loadRun(t *testing.T, bin string, n int) string {
 	agents[n-1].cancel()
 	waitFor(t, reached, "every surviving agent holding generation 2", h)
 	loss := time.Since(begin)
-	t.Logf("loss to generation 2 in %s (%s); %s", loss.Round(time.Millisecond), h.phases(begin), fleet.counts())
+	relayed, fallbacks := relayCounts(t, metrics)
+	t.Logf("loss to generation 2 in %s (%s); %s; assignments through relays %d, sent on members' own streams after a relay's silence %d",
+		loss.Round(time.Millisecond), h.phases(begin), fleet.counts(), relayed, fallbacks)
 	everyAgent := h.allAt().Sub(begin)
 	bytes2, most2 := h.received()
 	stop()

@@ -378,9 +378,16 @@ func (f *simFleet) forward(relay *simAgent, asg *slimAssignment) {
 		return
 	}
 	took.Revision = asg.revision
+	sent := time.Now()
 	f.wg.Go(func() {
-		relay.cl.Report(relay.ctx, &pb.ReportRequest{Job: asg.job, Generation: asg.gen, Node: relay.name, LeaseId: relay.lease.Load(),
+		_, err := relay.cl.Report(relay.ctx, &pb.ReportRequest{Job: asg.job, Generation: asg.gen, Node: relay.name, LeaseId: relay.lease.Load(),
 			Kind: &pb.ReportRequest_Delivered{Delivered: &took}})
+		switch {
+		case err != nil && relay.ctx.Err() == nil:
+			f.refusedRelayed(status.Code(err), "delivered: "+err.Error())
+		case time.Since(sent) > pb.RelayWait:
+			f.refusedRelayed(codes.DeadlineExceeded, fmt.Sprintf("delivered, answered after %s", time.Since(sent).Round(time.Millisecond)))
+		}
 	})
 }
 
