@@ -113,19 +113,36 @@ type grant struct {
 	// delivered to this stream's agent (Delivered).
 	delivered atomic.Int64
 	// relayed is the newest revision of an assignment sent through a
-	// relay for this stream: no delivery is taken beyond it.
-	relayed atomic.Int64
+	// relay for this stream (no delivery is taken beyond it), and
+	// relayedAt when (Unix nanoseconds).
+	relayed, relayedAt atomic.Int64
 }
 
 // offered records that a relay's message carries the assignment of rev
-// for this stream.
-func (g *grant) offered(rev int64) {
+// for this stream, sent at now.
+func (g *grant) offered(rev int64, now time.Time) {
 	for {
 		cur := g.relayed.Load()
-		if rev <= cur || g.relayed.CompareAndSwap(cur, rev) {
+		if rev < cur {
+			return
+		}
+		if g.relayed.CompareAndSwap(cur, rev) {
+			g.relayedAt.Store(now.UnixNano())
 			return
 		}
 	}
+}
+
+// relayWaitLeft is how much longer a stream that has left the assignment
+// of rev to its relay since it saw it waits for a delivery: until wait
+// has passed since its relay's stream sent it, if it has (a relay's
+// stream busy for a while at a new generation does not count against the
+// relay), else none.
+func (g *grant) relayWaitLeft(rev int64, wait time.Duration, now time.Time) time.Duration {
+	if g.relayed.Load() < rev {
+		return 0
+	}
+	return time.Unix(0, g.relayedAt.Load()).Add(wait).Sub(now)
 }
 
 // markDelivered records that a relay delivered the assignment of rev, or

@@ -77,7 +77,7 @@ func (s *server) relayedAssignments(relay string, now time.Time) []*pb.RelayedRe
 			}
 		}
 		r.Mac = pb.RelayMAC(g.key, r)
-		g.offered(m.rev)
+		g.offered(m.rev, now)
 		out = append(out, r)
 	}
 	s.relayedSent.Add(int64(len(out)))

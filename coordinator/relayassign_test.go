@@ -134,13 +134,40 @@ func TestDeliveredCapped(t *testing.T) {
 	} {
 		g := &grant{}
 		for _, r := range c.offered {
-			g.offered(r)
+			g.offered(r, time.Now())
 		}
 		for _, r := range c.reported {
 			g.markDelivered(r)
 		}
 		if got := g.delivered.Load(); got != c.want {
 			t.Errorf("offered %v, reported %v: delivered %d, want %d", c.offered, c.reported, got, c.want)
+		}
+	}
+}
+
+// TestRelayWaitLeft: a member's stream waits for a delivery until
+// relayWait has passed since its relay's stream sent the assignment, not
+// since the member's stream saw it; with none sent, not at all.
+func TestRelayWaitLeft(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	for _, c := range []struct {
+		offered int64 // the revision sent through the relay at t0 (0: none)
+		rev     int64
+		now     time.Duration // after t0
+		want    time.Duration
+	}{
+		{0, 5, 0, 0},
+		{4, 5, 0, 0},
+		{5, 5, 300 * time.Millisecond, 700 * time.Millisecond},
+		{6, 5, 300 * time.Millisecond, 700 * time.Millisecond},
+		{5, 5, 1200 * time.Millisecond, -200 * time.Millisecond},
+	} {
+		g := &grant{}
+		if c.offered > 0 {
+			g.offered(c.offered, t0)
+		}
+		if got := g.relayWaitLeft(c.rev, time.Second, t0.Add(c.now)); got != c.want {
+			t.Errorf("revision %d sent through the relay at t0, %d waited for at t0+%s: %s left, want %s", c.offered, c.rev, c.now, got, c.want)
 		}
 	}
 }

@@ -538,6 +538,10 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 				last, pending = pending, nil
 				continue
 			}
+			if left := g.relayWaitLeft(pending.Revision, s.relayWait, time.Now()); left > 0 {
+				fallback.Reset(left) // the relay's stream sent it later than this one saw it
+				continue
+			}
 			s.relayFallbacks.Add(1)
 			relay, _ := s.cache.relayRoute(node)
 			s.log.Info("assignment sent on the node's own stream: its relay reported no delivery in time", "node", node, "relay", relay, "job", pending.Job, "revision", pending.Revision)
