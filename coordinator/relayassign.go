@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"cmp"
 	"crypto/rand"
 	"time"
 
@@ -38,6 +39,34 @@ import (
 // relayWait is how long a member's stream waits for its relay to deliver
 // an assignment before it sends it itself.
 const relayWait = pb.RelayWait
+
+// change is what a member's stream does with a changed assignment.
+type change int
+
+const (
+	changeNone      change = iota // nothing new for the node
+	changeDelivered               // its relay delivered it already
+	changeToRelay                 // left to its relay until the fallback
+	changeSend                    // sent on the stream now
+)
+
+// onChange is what a stream does with assignment a, changed, having sent
+// last and left pending (nil for none) to the node's relay, with the
+// newest revision its relay reported delivered, and whether the relay's
+// stream carries it (relayRoute). It compares a with what the node has or
+// is about to have: an assignment back to the last one sent while
+// another is left to the relay goes out again.
+func onChange(a, last, pending *pb.Assignment, delivered int64, relayed bool) change {
+	switch {
+	case sameAssignment(a, cmp.Or(pending, last)):
+		return changeNone
+	case delivered >= a.Revision:
+		return changeDelivered
+	case relayed:
+		return changeToRelay
+	}
+	return changeSend
+}
 
 // newRelayKey is a stream's relay key (Assignment.relay_key).
 func newRelayKey() []byte {

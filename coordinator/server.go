@@ -510,25 +510,21 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			}
 			a, wire, next := s.cache.assignment(node)
 			changed = next
-			if sameAssignment(a, last) {
-				continue
-			}
-			if g.delivered.Load() >= a.Revision {
-				last, pending = a, nil // its relay was quicker than this stream
-				continue
-			}
-			if _, ok := s.relayRoute(node); ok {
-				// Its relay's stream carries it: this one sends it only
-				// if no delivery is heard of in time.
+			_, relayed := s.relayRoute(node)
+			switch onChange(a, last, pending, g.delivered.Load(), relayed) {
+			case changeNone:
+			case changeDelivered:
+				last, pending = a, nil
+			case changeToRelay:
 				if pending == nil {
 					fallback.Reset(s.relayWait)
 				}
 				pending, pendingWire = a, wire
-				continue
-			}
-			pending = nil
-			if err := sendAssignment(a, wire); err != nil {
-				return err
+			case changeSend:
+				pending = nil
+				if err := sendAssignment(a, wire); err != nil {
+					return err
+				}
 			}
 		case <-fallback.C:
 			if pending == nil {
