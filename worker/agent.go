@@ -742,7 +742,7 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 		if len(asg.RelayedRenewals) > 0 {
 			a.forwardRenewals(asg)
 		}
-		if !asg.Renewal && asg.Revision > relayedRev {
+		if !asg.Renewal && (relayedRev == 0 || asg.Revision > relayedRev) {
 			applied = max(applied, asg.Revision)
 			a.assigned(ctx, run, asg)
 		}
