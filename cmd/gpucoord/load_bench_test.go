@@ -48,6 +48,8 @@ import (
 //     ranks, through its block's relay, and rank 0's node its address
 //     before that, as real agents do; and the lost node's own deadline,
 //     its lease or its fence window, must pass: the fence);
+//   - the coordinator process's CPU (seconds, from /proc) over the
+//     rendezvous and over the loss, to the opening;
 //   - the coordinator process's CPU (cores, from /proc) over 5 s of lease
 //     renewals and rank 0's 10 steps a second alone, then over 10 s
 //     (GPUCOORD_BENCH_LOAD_STEADY) of steady state: rank 0 reporting 10
@@ -667,6 +669,7 @@ func loadRun(t *testing.T, bin string, n int) string {
 	// Rendezvous.
 	job := "load"
 	reached := h.expect(job, 1, n)
+	cpuR0, _ := procStat(t, pid)
 	begin := time.Now()
 	if _, err := cl.Submit(ctx, &pb.SubmitRequest{Spec: &pb.JobSpec{Id: job, Nodes: int32(n), GpusPerNode: 8, Tp: 8, Pp: 1,
 		Command: []string{"true"}, MinNodes: 1, MaxRestarts: 3, CheckpointDir: "/shared/ckpt"}}); err != nil {
@@ -674,8 +677,9 @@ func loadRun(t *testing.T, bin string, n int) string {
 	}
 	waitFor(t, reached, "every agent holding generation 1", h)
 	rendezvous := time.Since(begin)
+	cpuR1, _ := procStat(t, pid)
 	bytes1, _ := h.received()
-	t.Logf("rendezvous in %s, %.0f bytes a node (%s)", rendezvous.Round(time.Millisecond), bytes1, h.phases(begin))
+	t.Logf("rendezvous in %s, %.0f bytes a node (%s); the coordinator's CPU %.2f s", rendezvous.Round(time.Millisecond), bytes1, h.phases(begin), (cpuR1 - cpuR0).Seconds())
 
 	// The floor: for 5 s only the leases are renewed (every stream's,
 	// every third of the TTL) and rank 0 reports 10 steps a second.
@@ -776,14 +780,16 @@ func loadRun(t *testing.T, bin string, n int) string {
 	// finds it dead, the coordinator revokes its lease and the leader
 	// makes the next generation.
 	reached = h.expect(job, 2, n-1)
+	cpuL0, _ := procStat(t, pid)
 	begin = time.Now()
 	victim.cmd.Process.Kill()
 	agents[n-1].cancel()
 	waitFor(t, reached, "every surviving agent holding generation 2", h)
 	loss := time.Since(begin)
+	cpuL1, _ := procStat(t, pid)
 	relayed, fallbacks := relayCounts(t, metrics)
-	t.Logf("loss to generation 2 in %s (%s); %s; assignments through relays %d, sent on members' own streams after a relay's silence %d",
-		loss.Round(time.Millisecond), h.phases(begin), fleet.counts(), relayed, fallbacks)
+	t.Logf("loss to generation 2 in %s (%s); %s; assignments through relays %d, sent on members' own streams after a relay's silence %d; the coordinator's CPU from the loss to the opening %.2f s",
+		loss.Round(time.Millisecond), h.phases(begin), fleet.counts(), relayed, fallbacks, (cpuL1 - cpuL0).Seconds())
 	everyAgent := h.allAt().Sub(begin)
 	bytes2, most2 := h.received()
 	stop()
