@@ -55,7 +55,7 @@ func newMetrics(s *server, leader func() bool, requests *requestCounter) *metric
 		}),
 		etcdReqs:  d("etcd_requests_total", "Requests this coordinator sent etcd, by method: a unary call, or a message on a stream (a watch created, a lease renewed).", "method"),
 		relayed:   d("relayed_assignments_total", "Assignments this coordinator's streams sent through the members' block relays (one message a block for a job's change)."),
-		fallbacks: d("relay_fallbacks_total", "Assignments this coordinator's streams sent a node themselves because its relay reported no delivery within a second."),
+		fallbacks: d("relay_fallbacks_total", "Assignments this coordinator's streams sent a node themselves because its relay reported no delivery within two seconds."),
 		nodes:     d("nodes", "Nodes registered and alive in the pool."),
 		busy:      d("nodes_busy", "Nodes running a job's generation."),
 		isLeader:  d("leader", "1 when this coordinator is the elected leader."),

@@ -34,5 +34,5 @@ package gpucoordpb
 // (RankTimes) would reach a coordinator empty. 12: a job's change reaches
 // a block's members through its relay (RelayedRenewal.assignment, checked
 // by the stream's relay_key): an agent of 11 would forward none, and its
-// members would get each change a second late, from their own streams.
+// members would get each change two seconds late, from their own streams.
 const ProtocolVersion = 12
