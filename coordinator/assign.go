@@ -183,25 +183,32 @@ func (c *cache) runningMembers() [][]*pb.Member {
 }
 
 // relayRoute is node's relay in its running job's generation when node's
-// assignment may go through it (relayRoute's rule: node is not the
-// relay, and both have a node server).
+// assignment may go through it: node is not the relay, and both have a
+// node server.
 func (c *cache) relayRoute(node string) (string, bool) {
+	relay, _, _, ok := c.relayedChange(node)
+	return relay, ok
+}
+
+// relayedChange is relayRoute, with the revision of node's assignment
+// and a channel closed when it may change, read at once.
+func (c *cache) relayedChange(node string) (relay string, rev int64, changed <-chan struct{}, ok bool) {
 	c.mu.RLock()
-	ja := c.assigned[c.holder[node]]
+	ja, changed := c.assigned[c.holder[node]], c.changed
 	c.mu.RUnlock()
 	if ja == nil {
-		return "", false
+		return "", 0, changed, false
 	}
 	i, ok := ja.index[node]
 	if !ok {
-		return "", false
+		return "", 0, changed, false
 	}
 	ms := ja.whole.Generation.Members
 	r := pb.Relay(i)
 	if r == i || ms[i].CheckpointAddr == "" || ms[r].CheckpointAddr == "" {
-		return "", false
+		return "", 0, changed, false
 	}
-	return ms[r].Node, true
+	return ms[r].Node, ja.whole.Revision, changed, true
 }
 
 // blockMember is a member a relay forwards the assignment of.
