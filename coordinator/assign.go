@@ -183,32 +183,25 @@ func (c *cache) runningMembers() [][]*pb.Member {
 }
 
 // relayRoute is node's relay in its running job's generation when node's
-// assignment may go through it: node is not the relay, and both have a
-// node server.
+// assignment may go through it (relayRoute's rule: node is not the
+// relay, and both have a node server).
 func (c *cache) relayRoute(node string) (string, bool) {
-	relay, _, _, ok := c.relayedChange(node)
-	return relay, ok
-}
-
-// relayedChange is relayRoute, with the revision of node's assignment
-// and a channel closed when it may change, read at once.
-func (c *cache) relayedChange(node string) (relay string, rev int64, changed <-chan struct{}, ok bool) {
 	c.mu.RLock()
-	ja, changed := c.assigned[c.holder[node]], c.changed
+	ja := c.assigned[c.holder[node]]
 	c.mu.RUnlock()
 	if ja == nil {
-		return "", 0, changed, false
+		return "", false
 	}
 	i, ok := ja.index[node]
 	if !ok {
-		return "", 0, changed, false
+		return "", false
 	}
 	ms := ja.whole.Generation.Members
 	r := pb.Relay(i)
 	if r == i || ms[i].CheckpointAddr == "" || ms[r].CheckpointAddr == "" {
-		return "", 0, changed, false
+		return "", false
 	}
-	return ms[r].Node, ja.whole.Revision, changed, true
+	return ms[r].Node, true
 }
 
 // blockMember is a member a relay forwards the assignment of.

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"cmp"
 	"crypto/rand"
 	"time"
 
@@ -30,8 +31,8 @@ import (
 // later, never the assignment. A block so costs one message for a change
 // (a larger one) and a report back, not 32 messages.
 //
-// The rule of which members go through their relay is the cache's
-// relayRoute, asked by both streams (relayedChange, relayBlock); where they disagree (a stream opened or closed between)
+// The rule of which members go through their relay is relayRoute's, asked
+// by both streams; where they disagree (a stream opened or closed between)
 // the member gets it twice or after relayWait, and its agent takes each
 // revision once.
 
@@ -39,29 +40,32 @@ import (
 // an assignment before it sends it itself.
 const relayWait = pb.RelayWait
 
-// unsent says whether a stream must send the node assignment a, having
-// sent last, with pendingRev left to the node's relay (0: none) and the
-// newest revision its relay reported delivered: not when a relay
-// delivered a or a later one; when one was left to the relay or
-// delivered since last (the node may hold it, or be about to: a, later,
-// goes out, and the agent takes each revision once, the newest); else
-// when a is not last.
-func unsent(a, last *pb.Assignment, pendingRev, delivered int64) bool {
-	switch {
-	case delivered >= a.Revision:
-		return false
-	case pendingRev != 0 || delivered > last.Revision:
-		return true
-	}
-	return !sameAssignment(a, last)
-}
+// change is what a member's stream does with a changed assignment.
+type change int
 
-// relayedChange is the revision of node's assignment when its relay's
-// stream carries it (relayRoute's rule), with a channel closed when it
-// may change; ok is false when the node's own stream is to send it.
-func (s *server) relayedChange(node string) (rev int64, changed <-chan struct{}, ok bool) {
-	relay, rev, changed, ok := s.cache.relayedChange(node)
-	return rev, changed, ok && s.grants.live(relay) != nil
+const (
+	changeNone      change = iota // nothing new for the node
+	changeDelivered               // its relay delivered it already
+	changeToRelay                 // left to its relay until the fallback
+	changeSend                    // sent on the stream now
+)
+
+// onChange is what a stream does with assignment a, changed, having sent
+// last and left pending (nil for none) to the node's relay, with the
+// newest revision its relay reported delivered, and whether the relay's
+// stream carries it (relayRoute). It compares a with what the node has or
+// is about to have: an assignment back to the last one sent while
+// another is left to the relay goes out again.
+func onChange(a, last, pending *pb.Assignment, delivered int64, relayed bool) change {
+	switch {
+	case sameAssignment(a, cmp.Or(pending, last)):
+		return changeNone
+	case delivered >= a.Revision:
+		return changeDelivered
+	case relayed:
+		return changeToRelay
+	}
+	return changeSend
 }
 
 // newRelayKey is a stream's relay key (Assignment.relay_key).
@@ -69,6 +73,14 @@ func newRelayKey() []byte {
 	k := make([]byte, pb.RelayKeySize)
 	rand.Read(k) // never fails (crypto/rand)
 	return k
+}
+
+// relayRoute is node's relay when node's assignment goes through it: node
+// is a member of a running job's generation, not its block's relay, both
+// have a node server, and the relay's stream is here.
+func (s *server) relayRoute(node string) (string, bool) {
+	relay, ok := s.cache.relayRoute(node)
+	return relay, ok && s.grants.live(relay) != nil
 }
 
 // relayedAssignments are the new assignments of relay's block's members

@@ -172,30 +172,33 @@ func TestRelayWaitLeft(t *testing.T) {
 	}
 }
 
-// TestUnsent: when a stream sends the node an assignment itself (its
-// relay's stream does not carry it).
-func TestUnsent(t *testing.T) {
+// TestOnChange: what a member's stream does with a changed assignment.
+func TestOnChange(t *testing.T) {
 	g1, g2 := &pb.Generation{Number: 1}, &pb.Generation{Number: 2}
 	none := &pb.Assignment{Revision: 3}
-	running := &pb.Assignment{Job: "j", Generation: g1, Open: true, Revision: 4}
+	closed := &pb.Assignment{Job: "j", Generation: g2, Revision: 5}
 	opened := &pb.Assignment{Job: "j", Generation: g2, Open: true, Revision: 6}
 	noneAgain := &pb.Assignment{Revision: 7}
+	running := &pb.Assignment{Job: "j", Generation: g1, Open: true, Revision: 4}
 	for _, c := range []struct {
-		what               string
-		a, last            *pb.Assignment
-		pending, delivered int64
-		want               bool
+		what             string
+		a, last, pending *pb.Assignment
+		delivered        int64
+		relayed          bool
+		want             change
 	}{
-		{"the same as sent", running, running, 0, 0, false},
-		{"new", opened, running, 0, 0, true},
-		{"delivered by the relay already", opened, running, 0, 6, false},
-		{"delivered, a later one", opened, running, 0, 9, false},
-		{"back to the one sent, the one between never delivered nor left", noneAgain, none, 0, 0, false},
-		{"back to the one sent while another is left to the relay", noneAgain, none, 6, 0, true},
-		{"back to the one sent after the relay delivered another", noneAgain, none, 0, 6, true},
+		{"the same as sent", running, running, nil, 0, true, changeNone},
+		{"the same as left to the relay", opened, running, opened, 0, true, changeNone},
+		{"new, through the relay", closed, running, nil, 0, true, changeToRelay},
+		{"new, a newer one than left to the relay", opened, running, closed, 0, true, changeToRelay},
+		{"new, delivered already", closed, running, nil, 5, true, changeDelivered},
+		{"new, an older one delivered", opened, running, closed, 5, true, changeToRelay},
+		{"new, no relay", closed, running, nil, 0, false, changeSend},
+		{"back to the one sent while another is left to the relay", noneAgain, none, closed, 0, true, changeToRelay},
+		{"back to the one sent, no relay now", noneAgain, none, closed, 0, false, changeSend},
 	} {
-		if got := unsent(c.a, c.last, c.pending, c.delivered); got != c.want {
-			t.Errorf("%s: %v, want %v", c.what, got, c.want)
+		if got := onChange(c.a, c.last, c.pending, c.delivered, c.relayed); got != c.want {
+			t.Errorf("%s: %d, want %d", c.what, got, c.want)
 		}
 	}
 }

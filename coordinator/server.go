@@ -450,14 +450,15 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 		}
 		return send(wire)
 	}
-	// pendingRev is the revision of the assignment this stream leaves to
-	// the node's relay (relayedChange) until fallback fires: unless a
-	// delivery was reported by then, the stream sends it itself (0: none
-	// left). A delivery does not wake the stream: at a new generation
-	// that would be every member's stream once more. last is the
-	// assignment last sent on the stream; the node may hold a later one
-	// its relay delivered (unsent).
-	var pendingRev int64
+	// pending is the assignment this stream leaves to the node's relay
+	// (relayRoute) until fallback fires: unless a delivery was reported
+	// by then, the stream sends it itself. A delivery does not wake the
+	// stream: at a new generation that would be every member's stream
+	// once more.
+	var (
+		pending     *pb.Assignment
+		pendingWire encoded
+	)
 	fallback := time.NewTimer(time.Hour)
 	fallback.Stop()
 	defer fallback.Stop()
@@ -507,48 +508,42 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 				changed = next
 				continue
 			}
-			if rev, next, ok := s.relayedChange(node); ok {
-				// Its relay's stream carries it, made there: this one
-				// notes the revision, and sends it only if no delivery
-				// is reported in time.
-				changed = next
-				if rev != pendingRev && (pendingRev != 0 || rev != last.Revision) {
-					pendingRev = rev
-					fallback.Reset(s.relayWait)
-				}
-				continue
-			}
 			a, wire, next := s.cache.assignment(node)
 			changed = next
-			d := g.delivered.Load()
-			send := unsent(a, last, pendingRev, d)
-			pendingRev = 0
-			if !send {
-				if d >= a.Revision {
-					last = a
+			_, relayed := s.relayRoute(node)
+			switch onChange(a, last, pending, g.delivered.Load(), relayed) {
+			case changeNone:
+			case changeDelivered:
+				last, pending = a, nil
+			case changeToRelay:
+				if pending == nil {
+					fallback.Reset(s.relayWait)
 				}
-				continue
-			}
-			if err := sendAssignment(a, wire); err != nil {
-				return err
+				pending, pendingWire = a, wire
+			case changeSend:
+				pending = nil
+				if err := sendAssignment(a, wire); err != nil {
+					return err
+				}
 			}
 		case <-fallback.C:
-			if pendingRev == 0 || g.delivered.Load() >= pendingRev {
-				pendingRev = 0
+			if pending == nil {
 				continue
 			}
-			if left := g.relayWaitLeft(pendingRev, s.relayWait, time.Now()); left > 0 {
+			if g.delivered.Load() >= pending.Revision {
+				last, pending = pending, nil
+				continue
+			}
+			if left := g.relayWaitLeft(pending.Revision, s.relayWait, time.Now()); left > 0 {
 				fallback.Reset(left) // the relay's stream sent it later than this one saw it
 				continue
 			}
-			// The node's assignment now (the one left to the relay, or
-			// a later one this stream is about to see).
-			a, wire, _ := s.cache.assignment(node)
 			s.relayFallbacks.Add(1)
 			relay, _ := s.cache.relayRoute(node)
-			s.log.Info("assignment sent on the node's own stream: its relay reported no delivery in time", "node", node, "relay", relay, "job", a.Job, "revision", a.Revision)
-			pendingRev = 0
-			if err := sendAssignment(a, wire); err != nil {
+			s.log.Info("assignment sent on the node's own stream: its relay reported no delivery in time", "node", node, "relay", relay, "job", pending.Job, "revision", pending.Revision)
+			a := pending
+			pending = nil
+			if err := sendAssignment(a, pendingWire); err != nil {
 				return err
 			}
 		}
