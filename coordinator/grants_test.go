@@ -223,6 +223,34 @@ func TestFenceWindow(t *testing.T) {
 	}
 }
 
+// blockNode is a node of blockOfFour: its lease and its stream.
+type blockNode struct {
+	name  string
+	lease int64
+	ch    <-chan *pb.Assignment
+	drop  context.CancelFunc
+}
+
+// blockOfFour registers n0 to n3, each with 4 GPUs and a node server but
+// n2, and watches each: one block, whose relay a job of the four makes n0.
+func blockOfFour(t *testing.T, c pb.CoordinatorClient) []blockNode {
+	t.Helper()
+	var out []blockNode
+	for i, name := range []string{"n0", "n1", "n2", "n3"} {
+		n := node(name, 4)
+		if name != "n2" {
+			n.CheckpointAddr = fmt.Sprintf("127.0.0.1:%d", 9000+i)
+		}
+		resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, drop := watch(t, c, name, resp.LeaseId, 0)
+		out = append(out, blockNode{name, resp.LeaseId, ch, drop})
+	}
+	return out
+}
+
 // TestRelayedRenewals: with a fence window, a running job's members are
 // renewed through their block's relay: the relay's stream carries each
 // member's renewal, given as the member's own (recorded in its grant
@@ -234,17 +262,8 @@ func TestRelayedRenewals(t *testing.T) {
 	c := client(t, co.Addr())
 	var chans []<-chan *pb.Assignment
 	var drop []context.CancelFunc
-	for i, name := range []string{"n0", "n1", "n2", "n3"} {
-		n := node(name, 4)
-		if name != "n2" {
-			n.CheckpointAddr = fmt.Sprintf("127.0.0.1:%d", 9000+i)
-		}
-		resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: n})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ch, cancel := watch(t, c, name, resp.LeaseId, 0)
-		chans, drop = append(chans, ch), append(drop, cancel)
+	for _, n := range blockOfFour(t, c) {
+		chans, drop = append(chans, n.ch), append(drop, n.drop)
 	}
 	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 4, 4)}); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -28,21 +27,12 @@ func TestRelayedAssignments(t *testing.T) {
 	chans := map[string]<-chan *pb.Assignment{}
 	leases := map[string]int64{}
 	keys := map[string][]byte{}
-	for i, name := range []string{"n0", "n1", "n2", "n3"} {
-		n := node(name, 4)
-		if name != "n2" {
-			n.CheckpointAddr = fmt.Sprintf("127.0.0.1:%d", 9000+i)
-		}
-		resp, err := c.Register(t.Context(), &pb.RegisterRequest{Node: n})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ch, _ := watch(t, c, name, resp.LeaseId, 0)
-		first := next(t, ch, func(*pb.Assignment) bool { return true })
+	for _, n := range blockOfFour(t, c) {
+		first := next(t, n.ch, func(*pb.Assignment) bool { return true })
 		if len(first.RelayKey) != pb.RelayKeySize {
-			t.Fatalf("%s's first message has a relay key of %d bytes, want %d", name, len(first.RelayKey), pb.RelayKeySize)
+			t.Fatalf("%s's first message has a relay key of %d bytes, want %d", n.name, len(first.RelayKey), pb.RelayKeySize)
 		}
-		chans[name], leases[name], keys[name] = ch, resp.LeaseId, first.RelayKey
+		chans[n.name], leases[n.name], keys[n.name] = n.ch, n.lease, first.RelayKey
 	}
 	if _, err := c.Submit(t.Context(), &pb.SubmitRequest{Spec: spec("j", 4, 4)}); err != nil {
 		t.Fatal(err)

@@ -463,12 +463,8 @@ func procStat(t *testing.T, pid int) (cpu time.Duration, rssMB float64) {
 
 var etcdRequestLine = regexp.MustCompile(`^gpucoord_etcd_requests_total\{method="(\w+)"\} (\S+)$`)
 
-// etcdRequests scrapes the coordinator's etcd request counters: all, and
-// the writes (Put, Txn, DeleteRange).
-// relayCounts reads the coordinator's counts of the assignments its
-// streams sent through relays and of those a member's own stream then sent
-// (its relay reported no delivery in time); -1 when a build has none.
-func relayCounts(t *testing.T, metrics string) (relayed, fallbacks int64) {
+// metricLines scrapes the coordinator's metrics, a line each.
+func metricLines(t *testing.T, metrics string) []string {
 	t.Helper()
 	resp, err := http.Get("http://" + metrics + "/metrics")
 	if err != nil {
@@ -476,8 +472,16 @@ func relayCounts(t *testing.T, metrics string) (relayed, fallbacks int64) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	return strings.Split(string(b), "\n")
+}
+
+// relayCounts reads the coordinator's counts of the assignments its
+// streams sent through relays and of those a member's own stream then sent
+// (its relay reported no delivery in time); -1 when a build has none.
+func relayCounts(t *testing.T, metrics string) (relayed, fallbacks int64) {
+	t.Helper()
 	relayed, fallbacks = -1, -1
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range metricLines(t, metrics) {
 		if v, ok := strings.CutPrefix(l, "gpucoord_relayed_assignments_total "); ok {
 			relayed, _ = strconv.ParseInt(v, 10, 64)
 		}
@@ -488,15 +492,11 @@ func relayCounts(t *testing.T, metrics string) (relayed, fallbacks int64) {
 	return relayed, fallbacks
 }
 
+// etcdRequests scrapes the coordinator's etcd request counters: all, and
+// the writes (Put, Txn, DeleteRange).
 func etcdRequests(t *testing.T, metrics string) (all, writes float64) {
 	t.Helper()
-	resp, err := http.Get("http://" + metrics + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range metricLines(t, metrics) {
 		if m := etcdRequestLine.FindStringSubmatch(l); m != nil {
 			v, _ := strconv.ParseFloat(m[2], 64)
 			all += v
