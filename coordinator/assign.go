@@ -182,9 +182,16 @@ func (c *cache) runningMembers() [][]*pb.Member {
 	return out
 }
 
+// throughRelay says whether relay, a block's first member, forwards to
+// member of its block (window renewals, assignments): both have a node
+// server. The one place of that rule.
+func throughRelay(relay, member *pb.Member) bool {
+	return relay.CheckpointAddr != "" && member.CheckpointAddr != ""
+}
+
 // relayRoute is node's relay in its running job's generation when node's
-// assignment may go through it (relayRoute's rule: node is not the
-// relay, and both have a node server).
+// assignment may go through it: node is not its block's relay, and the
+// relay forwards to it (throughRelay).
 func (c *cache) relayRoute(node string) (string, bool) {
 	c.mu.RLock()
 	ja := c.assigned[c.holder[node]]
@@ -198,7 +205,7 @@ func (c *cache) relayRoute(node string) (string, bool) {
 	}
 	ms := ja.whole.Generation.Members
 	r := pb.Relay(i)
-	if r == i || ms[i].CheckpointAddr == "" || ms[r].CheckpointAddr == "" {
+	if r == i || !throughRelay(ms[r], ms[i]) {
 		return "", false
 	}
 	return ms[r].Node, true
@@ -211,9 +218,9 @@ type blockMember struct {
 	rev        int64 // the assignment's revision
 }
 
-// relayBlock is the members whose assignments relay forwards now (relayRoute's
-// rule), with their assignments: none unless relay is the first of a block
-// of a running job with a node server. A member that waits for rank 0's
+// relayBlock is the members whose assignments relay forwards now
+// (throughRelay), with their assignments: none unless relay is the first
+// of a block of a running job. A member that waits for rank 0's
 // address (awaitsMaster) is left out: its stream sends nothing yet.
 func (c *cache) relayBlock(relay string) []blockMember {
 	c.mu.RLock()
@@ -224,12 +231,12 @@ func (c *cache) relayBlock(relay string) []blockMember {
 	}
 	i, ok := ja.index[relay]
 	ms := ja.whole.Generation.Members
-	if !ok || pb.Relay(i) != i || ms[i].CheckpointAddr == "" {
+	if !ok || pb.Relay(i) != i {
 		return nil
 	}
 	var out []blockMember
 	for _, m := range ms[i+1 : min(i+pb.RelayBlock, len(ms))] {
-		if m.CheckpointAddr == "" || ja.awaitsMaster(m.Node) {
+		if !throughRelay(ms[i], m) || ja.awaitsMaster(m.Node) {
 			continue
 		}
 		a, wire := ja.forNode(m.Node)

@@ -355,13 +355,12 @@ func (s *server) windowRenewers() map[*grant][]relayedMember {
 		for r := 0; r < len(ms); r += pb.RelayBlock {
 			b := ms[r:min(r+pb.RelayBlock, len(ms))]
 			rg := s.grants.live(b[0].Node)
-			relays := rg != nil && b[0].CheckpointAddr != ""
 			var relayed []relayedMember
 			for _, m := range b[1:] {
 				g := s.grants.live(m.Node)
 				switch {
 				case g == nil:
-				case relays && m.CheckpointAddr != "":
+				case rg != nil && throughRelay(b[0], m):
 					relayed = append(relayed, relayedMember{m, g})
 				default:
 					out[g] = nil

@@ -25,14 +25,14 @@ import (
 // MAC of its stream's relay key (pb.RelayMAC), since its relay in the new
 // generation may be one its assignment did not name. The relay then says
 // which members took it (Delivered), and their own streams send it no
-// more. A member's stream that hears of no delivery within relayWait
-// sends the assignment itself: a relay that died, cannot reach a member,
+// more. A member's stream that hears of no delivery within relayWait of
+// the relay's send sends the assignment itself: a relay that died, cannot reach a member,
 // or whose stream is on another coordinator costs its members that much
 // later, never the assignment. A block so costs one message for a change
 // (a larger one) and a report back, not 32 messages.
 //
-// The rule of which members go through their relay is relayRoute's, asked
-// by both streams; where they disagree (a stream opened or closed between)
+// Which members go through their relay is throughRelay's rule, asked by
+// both streams (relayRoute, relayBlock); where they disagree (a stream opened or closed between)
 // the member gets it twice or after relayWait, and its agent takes each
 // revision once.
 
@@ -89,12 +89,8 @@ func (s *server) relayRoute(node string) (string, bool) {
 // own stream would give with it (a fence window's, recorded first), and
 // its MAC. None when relay relays no one (relayRoute's rule).
 func (s *server) relayedAssignments(relay string, now time.Time) []*pb.RelayedRenewal {
-	members := s.cache.relayBlock(relay)
-	if len(members) == 0 {
-		return nil
-	}
 	var out []*pb.RelayedRenewal
-	for _, m := range members {
+	for _, m := range s.cache.relayBlock(relay) {
 		g := s.grants.live(m.node)
 		if g == nil {
 			continue

@@ -676,10 +676,11 @@ func (a *Agent) session(ctx context.Context, client pb.CoordinatorClient, run *r
 	a.relayKey, a.relayedIn = nil, relayedIn
 	a.mu.Unlock()
 	// The stream's messages and the assignments the node's relay forwards
-	// for it are taken in one place, in the order they come; each revision
-	// once (relayedRev: the newest a relay brought).
-	// The loop below returns only once it has taken the stream's error:
-	// the reader always hands it over, and ends with it.
+	// for it are taken in one place, in the order they come, each revision
+	// once: a relayed one newer than any taken (applied), a stream's
+	// unless a relay brought it or a newer one (relayedRev). The loop
+	// returns only once it has taken the stream's error: the reader
+	// always hands it over, and ends with it.
 	msgs := make(chan received)
 	go func() {
 		for {

@@ -301,7 +301,9 @@ func (f *simFleet) follow(a *simAgent, recv func() (*slimAssignment, error)) (re
 func (a *simAgent) take(f *simFleet, asg *slimAssignment, relayed bool) {
 	hooks := a.hooks
 	a.hmu.Lock()
-	if relayed && asg.revision <= a.applied || !relayed && asg.revision <= a.relayedRev {
+	// The worker's session loop's rule: a relayed one newer than any
+	// taken, a stream's unless a relay brought it or a newer one.
+	if relayed && asg.revision <= a.applied || !relayed && a.relayedRev != 0 && asg.revision <= a.relayedRev {
 		a.hmu.Unlock()
 		if !relayed && hooks.again != nil {
 			hooks.again(asg)
