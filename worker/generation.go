@@ -436,7 +436,7 @@ func (g *generation) output(ctx context.Context) *rankOutput {
 				// of their interruption is noise.
 				return nil
 			}
-			out.tails[rank].add(b)
+			out.tails[rank].add(b, time.Now())
 			text := append([]byte(pre), b...)
 			a.output.Line(asg.Job, gen, rank, text)
 			a.out.Lock()

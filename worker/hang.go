@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -174,16 +175,18 @@ type hungRank struct {
 	stack   *stackCapture
 }
 
-// reportHang asks each stalled rank for its stacks, waits for them (at
-// most stackWait, or until the ranks are gone), kills it (a stopped rank
-// continued to answer must not go on), and reports each rank hung.
+// reportHang asks each stalled rank for its stacks, waits for them all (at
+// most stackWait, or until the ranks are gone), then kills them (a stopped
+// rank continued to answer must not go on), and reports each rank hung.
+// None is killed before every one has answered: a rank's end would end
+// the node's others (localproc stops them) before their stacks are out.
 func (a *Agent) reportHang(ctx context.Context, asg *pb.Assignment, ranks []rankProgress, timeout time.Duration,
 	pid func(rank int) int, tails map[int]*outputTail, exited <-chan struct{}) {
 	native := len(asg.Spec.GetCommand()) == 0
 	now := time.Now()
 	hung := make([]*hungRank, len(ranks))
 	for i, r := range ranks {
-		h := &hungRank{rankProgress: r, pid: pid(r.rank), stack: tails[r.rank].capture()}
+		h := &hungRank{rankProgress: r, pid: pid(r.rank), stack: tails[r.rank].capture(r.last)}
 		h.stopped = h.pid > 0 && processStopped(h.pid)
 		hung[i] = h
 	}
@@ -204,6 +207,11 @@ func (a *Agent) reportHang(ctx context.Context, asg *pb.Assignment, ranks []rank
 	}
 	wg.Wait()
 	for _, h := range hung {
+		if h.pid > 0 {
+			syscall.Kill(-h.pid, syscall.SIGKILL)
+		}
+	}
+	for _, h := range hung {
 		idle := now.Sub(h.last)
 		why := fmt.Sprintf("hung: no progress for %s after step %d (hang timeout %s)", idle.Round(100*time.Millisecond), h.step, timeout)
 		if h.stopped {
@@ -214,12 +222,12 @@ func (a *Agent) reportHang(ctx context.Context, asg *pb.Assignment, ranks []rank
 	}
 }
 
-// askStacks gets one hung rank's stacks into its capture, then kills its
-// process group: py-spy's dump of a program when py-spy is installed;
-// else a signal the rank answers by printing them: SIGQUIT for a native
-// rank (which prints StacksEnd after them), SIGABRT for a program
-// (Python's faulthandler, enabled through PYTHONFAULTHANDLER, prints them
-// and the rank ends). A stopped rank is continued to answer.
+// askStacks gets one hung rank's stacks into its capture: py-spy's dump
+// of a program when py-spy is installed; else a signal the rank answers
+// by printing them: SIGQUIT for a native rank (which prints StacksEnd
+// after them), SIGABRT for a program (Python's faulthandler, enabled
+// through PYTHONFAULTHANDLER, prints them and the rank ends). A stopped
+// rank is continued to answer. reportHang kills it after.
 func askStacks(ctx context.Context, h *hungRank, native bool, pySpy string, exited <-chan struct{}) {
 	defer h.stack.finish()
 	if !native && pySpy != "" {
@@ -227,8 +235,7 @@ func askStacks(ctx context.Context, h *hungRank, native bool, pySpy string, exit
 		out, err := exec.CommandContext(cctx, pySpy, "dump", "--pid", strconv.Itoa(h.pid)).CombinedOutput()
 		cancel()
 		if err == nil {
-			h.stack.set(out)
-			syscall.Kill(-h.pid, syscall.SIGKILL)
+			h.stack.add(out)
 			return
 		}
 	}
@@ -248,7 +255,6 @@ func askStacks(ctx context.Context, h *hungRank, native bool, pySpy string, exit
 	case <-t.C:
 	case <-ctx.Done():
 	}
-	syscall.Kill(-h.pid, syscall.SIGKILL)
 }
 
 // processStopped says whether process pid is stopped (state T or t in
@@ -282,6 +288,11 @@ func (c *stackCapture) line(l []byte) {
 		c.finish()
 		return
 	}
+	c.append(string(l))
+}
+
+// append keeps one line, unless the capture is done or full.
+func (c *stackCapture) append(l string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.isDone() {
@@ -291,15 +302,15 @@ func (c *stackCapture) line(l []byte) {
 		c.over = true
 		return
 	}
-	c.buf = append(c.buf, bytes.TrimRight(l, "\r\n")...)
+	c.buf = append(c.buf, strings.TrimRight(l, "\r\n")...)
 	c.buf = append(c.buf, '\n')
 }
 
-func (c *stackCapture) set(b []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.buf = append(c.buf[:0], b[:min(len(b), maxStack)]...)
-	c.over = len(b) > maxStack
+// add keeps the lines of b (py-spy's dump), as far as they fit.
+func (c *stackCapture) add(b []byte) {
+	for l := range strings.Lines(string(b)) {
+		c.append(l)
+	}
 }
 
 func (c *stackCapture) isDone() bool {

@@ -1,7 +1,10 @@
 package worker
 
 import (
+	"bytes"
+	"os"
 	"os/exec"
+	"os/signal"
 	"strings"
 	"syscall"
 	"testing"
@@ -125,31 +128,68 @@ func TestProcessStopped(t *testing.T) {
 	}
 }
 
-// TestStackCapture keeps what comes after the request up to StacksEnd, and
-// marks a capture cut at maxStack.
+// TestStackCapture keeps what the rank printed since its last progress
+// and what comes after the request, up to StacksEnd, and marks a capture
+// cut at maxStack.
 func TestStackCapture(t *testing.T) {
 	var tail outputTail
-	tail.add([]byte("before\n"))
-	c := tail.capture()
-	tail.add([]byte("goroutine 1 [IO wait]:\n"))
-	tail.add([]byte("main.main()\n"))
-	tail.add([]byte(StacksEnd + "\n"))
-	tail.add([]byte("after\n"))
+	t0 := time.Unix(1000, 0)
+	tail.add([]byte("before\n"), t0)
+	tail.add([]byte("Traceback (most recent call last):\n"), t0.Add(3*time.Second))
+	tail.add([]byte("RuntimeError: Connection closed by peer\n"), t0.Add(3*time.Second))
+	c := tail.capture(t0.Add(time.Second)) // its last progress
+	tail.add([]byte("goroutine 1 [IO wait]:\n"), t0.Add(4*time.Second))
+	tail.add([]byte("main.main()\n"), t0.Add(4*time.Second))
+	tail.add([]byte(StacksEnd+"\n"), t0.Add(4*time.Second))
+	tail.add([]byte("after\n"), t0.Add(5*time.Second))
 	select {
 	case <-c.done:
 	default:
 		t.Fatal("capture not done at StacksEnd")
 	}
-	if got, want := c.String(), "goroutine 1 [IO wait]:\nmain.main()"; got != want {
+	if got, want := c.String(), "Traceback (most recent call last):\nRuntimeError: Connection closed by peer\ngoroutine 1 [IO wait]:\nmain.main()"; got != want {
 		t.Errorf("stacks = %q, want %q", got, want)
 	}
-	big := tail.capture()
+	dump := tail.capture(t0.Add(time.Hour)) // nothing printed since
+	dump.add([]byte("Thread 1 (idle)\n    recv (checkpointed.py:146)\n"))
+	dump.finish()
+	if got, want := dump.String(), "Thread 1 (idle)\n    recv (checkpointed.py:146)"; got != want {
+		t.Errorf("py-spy's dump = %q, want %q", got, want)
+	}
+	big := tail.capture(t0.Add(time.Hour))
 	line := []byte(strings.Repeat("x", 1000) + "\n")
 	for range 20 {
-		tail.add(line)
+		tail.add(line, t0.Add(time.Hour))
 	}
 	big.finish()
 	if s := big.String(); len(s) > maxStack+100 || !strings.HasSuffix(s, "(the rest is in the agent's output)") {
 		t.Errorf("a long capture: %d bytes ending %q", len(s), s[max(0, len(s)-50):])
+	}
+}
+
+// TestAnswerStacks: a SIGQUIT the process took before the rank ends is
+// answered (every goroutine's stack, then StacksEnd) before answerStacks'
+// stop returns, however soon after the signal it is called.
+func TestAnswerStacks(t *testing.T) {
+	// The test's own channel says when the runtime took the signal, and
+	// keeps a SIGQUIT after stop from ending the test binary.
+	seen := make(chan os.Signal, 1)
+	signal.Notify(seen, syscall.SIGQUIT)
+	defer signal.Stop(seen)
+	for i := range 20 {
+		var w bytes.Buffer
+		stop := answerStacks(&w)
+		if err := syscall.Kill(os.Getpid(), syscall.SIGQUIT); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-seen:
+		case <-time.After(time.Minute):
+			t.Fatal("SIGQUIT not taken in a minute")
+		}
+		stop()
+		if out := w.String(); !strings.Contains(out, "TestAnswerStacks") || !strings.HasSuffix(out, StacksEnd+"\n") {
+			t.Fatalf("try %d: no stacks and StacksEnd before stop returned: %q", i, out)
+		}
 	}
 }

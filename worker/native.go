@@ -170,16 +170,7 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 	// The agent sends SIGQUIT to a rank it finds hung: the rank prints
 	// every goroutine's stack and StacksEnd (the agent then kills it), so
 	// that a rank blocked in a collective shows where.
-	quit := make(chan os.Signal, 1)
-	signal.Notify(quit, syscall.SIGQUIT)
-	defer signal.Stop(quit)
-	go func() {
-		for range quit {
-			buf := make([]byte, 1<<20)
-			n := runtime.Stack(buf, true)
-			fmt.Fprintf(stderr, "%s\n%s\n", buf[:n], StacksEnd)
-		}
-	}()
+	defer answerStacks(stderr)()
 	store := net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT"))
 	// Every rank reports its steps: rank 0's lines carry the loss to the
 	// coordinator, every rank's its compute time for straggler detection.
@@ -192,4 +183,45 @@ func RunNativeRank(ctx context.Context, stdout, stderr io.Writer) error {
 		return prog.Step(int64(s.Step), progress.KV{Key: "loss", Value: s.Loss}, progress.KV{Key: "seconds", Value: s.Seconds},
 			progress.KV{Key: "samples_per_sec", Value: s.SamplesPerSec}, progress.KV{Key: "compute_seconds", Value: s.ComputeSeconds})
 	})
+}
+
+// answerStacks prints every goroutine's stack and StacksEnd to w at each
+// SIGQUIT, until the function it returns is called. That function answers
+// a SIGQUIT taken before it was called, and one being answered, before it
+// returns: a stopped rank that its agent continues to ask for its stacks
+// may find at once that its peers are gone (their agents found them hung
+// too, and killed them once they answered), or be told to stop, and its
+// stacks must come out before it ends.
+func answerStacks(w io.Writer) (stop func()) {
+	quit := make(chan os.Signal, 1)
+	signal.Notify(quit, syscall.SIGQUIT)
+	print := func() {
+		buf := make([]byte, 1<<20)
+		n := runtime.Stack(buf, true)
+		fmt.Fprintf(w, "%s\n%s\n", buf[:n], StacksEnd)
+	}
+	stopping, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				print()
+			case <-stopping:
+				// signal.Stop has returned: every SIGQUIT the process
+				// took is in quit, or was answered.
+				select {
+				case <-quit:
+					print()
+				default:
+				}
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(quit)
+		close(stopping)
+		<-done
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
@@ -70,17 +71,32 @@ func rankNode(asg *pb.Assignment, r int32) string {
 // failure. Safe for concurrent use (a rank's stdout and stderr).
 type outputTail struct {
 	mu    sync.Mutex
-	lines []string
+	lines []tailLine
 	stack *stackCapture // what the rank prints once asked for its stacks
 }
 
+// tailLine is one line kept, and when its agent read it.
+type tailLine struct {
+	at   time.Time
+	text string
+}
+
 // capture starts collecting everything the rank prints, for the report
-// of its hang.
-func (t *outputTail) capture() *stackCapture {
+// of its hang, from the lines kept that it printed at or after since (its
+// last progress) on: a hung rank's last words before it was asked, such
+// as the error of a receive whose peer's agent, finding the peer hung
+// too, ended it first.
+func (t *outputTail) capture(since time.Time) *stackCapture {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.stack = &stackCapture{done: make(chan struct{})}
-	return t.stack
+	c := &stackCapture{done: make(chan struct{})}
+	for _, l := range t.lines {
+		if !l.at.Before(since) {
+			c.append(l.text)
+		}
+	}
+	t.stack = c
+	return c
 }
 
 const (
@@ -88,20 +104,18 @@ const (
 	tailLineMax = 240 // bytes kept of each
 )
 
-func (t *outputTail) add(line []byte) {
-	t.mu.Lock()
-	stack := t.stack
-	t.mu.Unlock()
-	if stack != nil {
-		stack.line(line)
-	}
+// add keeps line, which the agent read at at.
+func (t *outputTail) add(line []byte, at time.Time) {
 	l := strings.TrimRight(string(line), "\r\n")
 	if len(l) > tailLineMax {
 		l = l[:tailLineMax] + "..."
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.lines = append(t.lines, l)
+	if t.stack != nil {
+		t.stack.line(line)
+	}
+	t.lines = append(t.lines, tailLine{at: at, text: l})
 	if len(t.lines) > tailLines {
 		t.lines = t.lines[len(t.lines)-tailLines:]
 	}
@@ -111,5 +125,9 @@ func (t *outputTail) add(line []byte) {
 func (t *outputTail) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return strings.Join(t.lines, "\n")
+	texts := make([]string, len(t.lines))
+	for i, l := range t.lines {
+		texts[i] = l.text
+	}
+	return strings.Join(texts, "\n")
 }
