@@ -189,26 +189,75 @@ func throughRelay(relay, member *pb.Member) bool {
 	return relay.CheckpointAddr != "" && member.CheckpointAddr != ""
 }
 
-// relayRoute is node's relay in its running job's generation when node's
-// assignment may go through it: node is not its block's relay, and the
-// relay forwards to it (throughRelay).
-func (c *cache) relayRoute(node string) (string, bool) {
-	c.mu.RLock()
-	ja := c.assigned[c.holder[node]]
-	c.mu.RUnlock()
-	if ja == nil {
-		return "", false
-	}
+// route is how a member of a running job gets its job's changes: job's,
+// through its block's relay via when via is not "" (throughRelay), else
+// on its own stream.
+type route struct {
+	job, via string
+}
+
+// routeOf is node's route in ja's generation: its relay when node's
+// assignment may go through it (node is not its block's relay, and the
+// relay forwards to it).
+func (ja *jobAssignment) routeOf(node string) route {
+	r := route{job: ja.whole.Job}
 	i, ok := ja.index[node]
 	if !ok {
-		return "", false
+		return r
 	}
 	ms := ja.whole.Generation.Members
-	r := pb.Relay(i)
-	if r == i || !throughRelay(ms[r], ms[i]) {
-		return "", false
+	if j := pb.Relay(i); j != i && throughRelay(ms[j], ms[i]) {
+		r.via = ms[j].Node
 	}
-	return ms[r].Node, true
+	return r
+}
+
+// relayRoute is node's relay in its running job's generation when node's
+// assignment may go through it (routeOf).
+func (c *cache) relayRoute(node string) (string, bool) {
+	c.mu.RLock()
+	r := c.routes[node]
+	c.mu.RUnlock()
+	return r.via, r.via != ""
+}
+
+// relayedBy is the members whose route goes through relay (routeOf).
+func (c *cache) relayedBy(relay string) []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	ja := c.assigned[c.holder[relay]]
+	if ja == nil {
+		return nil
+	}
+	i, ok := ja.index[relay]
+	ms := ja.whole.Generation.Members
+	if !ok || pb.Relay(i) != i {
+		return nil
+	}
+	var out []string
+	for _, m := range ms[i+1 : min(i+pb.RelayBlock, len(ms))] {
+		if c.routes[m.Node].via == relay {
+			out = append(out, m.Node)
+		}
+	}
+	return out
+}
+
+// relayedMembers calls f, under the cache's lock, with each member of a
+// running job whose job's changes may go through its relay (routeOf) and
+// the revision of its assignment, but those that wait for rank 0's
+// address (awaitsMaster: nothing is sent them yet).
+func (c *cache) relayedMembers(f func(node string, rev int64)) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for node, r := range c.routes {
+		if r.via == "" {
+			continue
+		}
+		if ja := c.assigned[r.job]; !ja.awaitsMaster(node) {
+			f(node, ja.whole.Revision)
+		}
+	}
 }
 
 // blockMember is a member a relay forwards the assignment of.

@@ -68,6 +68,13 @@ type cache struct {
 	live      []string // the jobs not ended (Assignment.live_jobs)
 	assignRev int64
 	changed   chan struct{} // closed when an assignment may have changed
+	// routes is how each running job's member gets its job's changes
+	// (routeOf), and routeWake the channels of the members' streams that
+	// wait for theirs to change (routeChanged), closed when it does.
+	// routeMu guards routeWake; c.mu is taken before it.
+	routes    map[string]route
+	routeMu   sync.Mutex
+	routeWake map[string]chan struct{}
 	advanced  chan struct{} // closed when rev moves
 	notify    func(jobs []string, pool bool)
 	// ring is the gossip pools' keys.
@@ -410,8 +417,39 @@ func (c *cache) reindex() {
 	}
 	c.live = live
 	c.empty = mustMarshal(&pb.Assignment{Revision: c.assignRev, GossipKeys: keys, LiveJobs: live})
+	routes := make(map[string]route, len(c.routes))
+	for node, id := range c.holder {
+		routes[node] = c.assigned[id].routeOf(node)
+	}
+	c.routeMu.Lock()
+	for node, ch := range c.routeWake {
+		if routes[node] != c.routes[node] {
+			close(ch)
+			delete(c.routeWake, node)
+		}
+	}
+	c.routeMu.Unlock()
+	c.routes = routes
 	close(c.changed)
 	c.changed = make(chan struct{})
+}
+
+// routeChanged is a channel closed once node's route (routeOf) is not
+// what it is now: a member's stream that leaves its job's changes to its
+// relay waits on it, not on every change. The route read again after it
+// was asked tells whether it moved between.
+func (c *cache) routeChanged(node string) <-chan struct{} {
+	c.routeMu.Lock()
+	defer c.routeMu.Unlock()
+	ch := c.routeWake[node]
+	if ch == nil {
+		if c.routeWake == nil {
+			c.routeWake = map[string]chan struct{}{}
+		}
+		ch = make(chan struct{})
+		c.routeWake[node] = ch
+	}
+	return ch
 }
 
 // jobKey splits a key under jobs/ into the job's id and the field; "" for

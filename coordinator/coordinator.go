@@ -237,6 +237,9 @@ type hooks struct {
 	// dropRenewal, when it says so, has a Watch stream send no message
 	// for a renewal of node's lease (as when etcd's renewal is late).
 	dropRenewal func(node string) bool
+	// looked runs when a Watch stream looks at node's assignment after a
+	// change, or late.
+	looked func(node string)
 }
 
 // New binds the listen address and opens etcd, so that a port in use or an
@@ -389,6 +392,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	g.Go(func() error { return c.campaign(gctx) })
 	g.Go(func() error { return c.revokeDead(gctx) })
 	g.Go(func() error { return c.srv.windowLoop(gctx) })
+	g.Go(func() error { return c.srv.relaySweep(gctx) })
 	if c.metrics != nil {
 		g.Go(func() error { return serveMetrics(gctx, c.metrics, c.registry) })
 	}

@@ -116,6 +116,21 @@ type grant struct {
 	// relay for this stream (no delivery is taken beyond it), and
 	// relayedAt when (Unix nanoseconds).
 	relayed, relayedAt atomic.Int64
+	// asleep says the stream leaves its job's changes to its relay and
+	// waits only for its route to change (cache.routeChanged) or late;
+	// late wakes it when its relay has not delivered the newest in time
+	// (relaySweep), or its relay's stream here ended.
+	asleep atomic.Bool
+	late   chan struct{}
+}
+
+// wake has the stream look at its assignment again, unless a wake waits
+// already.
+func (g *grant) wake() {
+	select {
+	case g.late <- struct{}{}:
+	default:
+	}
 }
 
 // offered records that a relay's message carries the assignment of rev
@@ -126,23 +141,13 @@ func (g *grant) offered(rev int64, now time.Time) {
 		if rev < cur {
 			return
 		}
+		// The time first: whoever reads relayed, then relayedAt, sees
+		// this time or a later one with rev.
+		g.relayedAt.Store(now.UnixNano())
 		if g.relayed.CompareAndSwap(cur, rev) {
-			g.relayedAt.Store(now.UnixNano())
 			return
 		}
 	}
-}
-
-// relayWaitLeft is how much longer a stream that has left the assignment
-// of rev to its relay since it saw it waits for a delivery: until wait
-// has passed since its relay's stream sent it, if it has (a relay's
-// stream busy for a while at a new generation does not count against the
-// relay), else none.
-func (g *grant) relayWaitLeft(rev int64, wait time.Duration, now time.Time) time.Duration {
-	if g.relayed.Load() < rev {
-		return 0
-	}
-	return time.Unix(0, g.relayedAt.Load()).Add(wait).Sub(now)
 }
 
 // markDelivered records that a relay delivered the assignment of rev, or
@@ -164,7 +169,7 @@ func newGrants() *grants { return &grants{m: map[string]*grant{}} }
 // lease for leaseTTL at renewed.
 func (gs *grants) open(node, conn string, session uint64, lease clientv3.LeaseID, floor, renewed time.Time, leaseTTL time.Duration) *grant {
 	g := &grant{conn: conn, session: session, lease: lease, floor: floor, renewed: renewed, leaseTTL: leaseTTL, tick: make(chan turn, 1),
-		key: newRelayKey()}
+		key: newRelayKey(), late: make(chan struct{}, 1)}
 	gs.mu.Lock()
 	gs.m[node] = g
 	gs.mu.Unlock()

@@ -1,7 +1,7 @@
 package coordinator
 
 import (
-	"cmp"
+	"context"
 	"crypto/rand"
 	"time"
 
@@ -40,25 +40,34 @@ import (
 // an assignment before it sends it itself.
 const relayWait = pb.RelayWait
 
+// A member's stream whose relay carries its job's changes sleeps: it waits
+// for its route to change (a new relay, its job's end: cache.routeChanged)
+// or to be woken late (grant.wake), not for every change, so that a
+// change of a 16,384-node job wakes the 512 relays' streams, not 16,384.
+// One goroutine (relaySweep) wakes, relayWait after a change, the
+// sleeping streams whose relay has not delivered the newest assignment,
+// and a relay's stream that ends wakes its block's. What the node holds
+// while its stream sleeps is what its relay delivered, which the stream
+// does not follow: after a sleep it compares a change with nothing
+// (onChange's known is nil).
+
 // change is what a member's stream does with a changed assignment.
 type change int
 
 const (
 	changeNone      change = iota // nothing new for the node
 	changeDelivered               // its relay delivered it already
-	changeToRelay                 // left to its relay until the fallback
+	changeToRelay                 // left to its relay (relaySweep wakes the stream if it is late)
 	changeSend                    // sent on the stream now
 )
 
-// onChange is what a stream does with assignment a, changed, having sent
-// last and left pending (nil for none) to the node's relay, with the
-// newest revision its relay reported delivered, and whether the relay's
-// stream carries it (relayRoute). It compares a with what the node has or
-// is about to have: an assignment back to the last one sent while
-// another is left to the relay goes out again.
-func onChange(a, last, pending *pb.Assignment, delivered int64, relayed bool) change {
+// onChange is what a stream does with assignment a, changed, when the node
+// holds known (nil when the stream does not know: it slept), its relay
+// reported the newest revision delivered, and relayed says whether the
+// relay carries it (relayRoute, and not late).
+func onChange(a, known *pb.Assignment, delivered int64, relayed bool) change {
 	switch {
-	case sameAssignment(a, cmp.Or(pending, last)):
+	case known != nil && sameAssignment(a, known):
 		return changeNone
 	case delivered >= a.Revision:
 		return changeDelivered
@@ -66,6 +75,91 @@ func onChange(a, last, pending *pb.Assignment, delivered int64, relayed bool) ch
 		return changeToRelay
 	}
 	return changeSend
+}
+
+// relayLate says whether a sleeping member's stream, whose job's
+// assignment is of revision rev, is to send it itself at now: no delivery
+// of it was reported, and wait has passed since its relay's stream sent
+// it (relayed, at relayedAt), or, when that stream has not, since the
+// change (changedAt). When it is not late yet, at is when it will be
+// (zero: delivered).
+func relayLate(rev, delivered, relayed int64, relayedAt, changedAt time.Time, wait time.Duration, now time.Time) (late bool, at time.Time) {
+	if delivered >= rev {
+		return false, time.Time{}
+	}
+	at = changedAt.Add(wait)
+	if relayed >= rev {
+		at = relayedAt.Add(wait)
+	}
+	if !at.After(now) {
+		return true, time.Time{}
+	}
+	return false, at
+}
+
+// relaySweep wakes the sleeping members' streams whose relay is late
+// (relayLate), looking relayWait after each change of the assignments and
+// then when the next is due, until ctx ends: one clock for the
+// coordinator, not a timer a stream.
+func (s *server) relaySweep(ctx context.Context) error {
+	changed := s.cache.assignmentsChanged()
+	var changedAt time.Time
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	defer t.Stop()
+	armed := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+			changed, changedAt = s.cache.assignmentsChanged(), time.Now()
+			if !armed {
+				t.Reset(s.relayWait)
+				armed = true
+			}
+		case now := <-t.C:
+			armed = false
+			var next time.Time
+			s.cache.relayedMembers(func(node string, rev int64) {
+				g := s.grants.live(node)
+				if g == nil || !g.asleep.Load() {
+					return
+				}
+				relayed := g.relayed.Load() // before its time (offered)
+				late, at := relayLate(rev, g.delivered.Load(), relayed, time.Unix(0, g.relayedAt.Load()), changedAt, s.relayWait, now)
+				if late {
+					g.wake()
+				} else if !at.IsZero() && (next.IsZero() || at.Before(next)) {
+					next = at
+				}
+			})
+			// A stream that did not sleep at this look (it was looking
+			// at a change) is looked at once that change's wait is over.
+			if due := changedAt.Add(s.relayWait); due.After(now) && (next.IsZero() || due.Before(next)) {
+				next = due
+			}
+			if !next.IsZero() {
+				t.Reset(max(next.Sub(now), relaySweepMin))
+				armed = true
+			}
+		}
+	}
+}
+
+// relaySweepMin is the least time between two looks of relaySweep.
+const relaySweepMin = 20 * time.Millisecond
+
+// wakeBlock wakes the streams of the members relay's block carries (its
+// stream here has ended): they look again, and send what their relay no
+// longer will. Those that do not sleep too: one may be about to, having
+// seen the relay's stream before it ended.
+func (s *server) wakeBlock(relay string) {
+	for _, m := range s.cache.relayedBy(relay) {
+		if g := s.grants.live(m); g != nil {
+			g.wake()
+		}
+	}
 }
 
 // newRelayKey is a stream's relay key (Assignment.relay_key).

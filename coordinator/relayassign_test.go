@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +24,18 @@ func TestRelayedAssignments(t *testing.T) {
 	co, _ := testCoordinator(t, testEtcd(t), func(c *Config) {
 		c.FenceWindow, c.relayWait = 600*time.Millisecond, 500*time.Millisecond
 	})
+	var lookMu sync.Mutex
+	looks := map[string]int{} // each stream's looks at a change, or late
+	co.hooks.looked = func(node string) {
+		lookMu.Lock()
+		looks[node]++
+		lookMu.Unlock()
+	}
+	looked := func(node string) int {
+		lookMu.Lock()
+		defer lookMu.Unlock()
+		return looks[node]
+	}
 	c := client(t, co.Addr())
 	chans := map[string]<-chan *pb.Assignment{}
 	leases := map[string]int64{}
@@ -41,6 +54,7 @@ func TestRelayedAssignments(t *testing.T) {
 	// n0 runs rank 0 and is the block's relay: the opening (with rank 0's
 	// address) carries n1's and n3's.
 	a0 := next(t, chans["n0"], opened)
+	n1Looks := looked("n1")
 	relayed := map[string]*pb.RelayedRenewal{}
 	for _, r := range a0.RelayedRenewals {
 		if len(r.Assignment) > 0 {
@@ -99,8 +113,16 @@ func TestRelayedAssignments(t *testing.T) {
 	if n := co.srv.relayFallbacks.Load(); n != 1 {
 		t.Errorf("%d assignments sent by members' streams after relayWait, want 1 (n3's)", n)
 	}
+	// n1's stream sleeps while its relay carries its job's changes: it
+	// has not looked at the opening, or since (it was delivered in time).
+	if n := looked("n1") - n1Looks; n != 0 {
+		t.Errorf("n1's stream looked at its assignment %d times after the relay's opening, want 0: it sleeps", n)
+	}
+	if g := co.srv.grants.live("n1"); g == nil || !g.asleep.Load() {
+		t.Error("n1's stream does not sleep while its relay carries its changes")
+	}
 	// n1's stream never sends the opening its relay delivered: its next
-	// assignment is the job's end.
+	// assignment is the job's end, which wakes it (its route changed).
 	if _, err := c.Cancel(t.Context(), &pb.CancelRequest{Job: "j"}); err != nil {
 		t.Fatal(err)
 	}
@@ -135,60 +157,62 @@ func TestDeliveredCapped(t *testing.T) {
 	}
 }
 
-// TestRelayWaitLeft: a member's stream waits for a delivery until
-// relayWait has passed since its relay's stream sent the assignment, not
-// since the member's stream saw it; with none sent, not at all.
-func TestRelayWaitLeft(t *testing.T) {
-	t0 := time.Unix(1000, 0)
+// TestOnChange: what a member's stream does with a changed assignment.
+func TestOnChange(t *testing.T) {
+	g1, g2 := &pb.Generation{Number: 1}, &pb.Generation{Number: 2}
+	closed := &pb.Assignment{Job: "j", Generation: g2, Revision: 5}
+	running := &pb.Assignment{Job: "j", Generation: g1, Open: true, Revision: 4}
 	for _, c := range []struct {
-		offered int64 // the revision sent through the relay at t0 (0: none)
-		rev     int64
-		now     time.Duration // after t0
-		want    time.Duration
+		what      string
+		a, known  *pb.Assignment
+		delivered int64
+		relayed   bool
+		want      change
 	}{
-		{0, 5, 0, 0},
-		{4, 5, 0, 0},
-		{5, 5, 300 * time.Millisecond, 700 * time.Millisecond},
-		{6, 5, 300 * time.Millisecond, 700 * time.Millisecond},
-		{5, 5, 1200 * time.Millisecond, -200 * time.Millisecond},
+		{"the same as the node holds", running, running, 0, true, changeNone},
+		{"the same, no relay", running, running, 0, false, changeNone},
+		{"new, through the relay", closed, running, 0, true, changeToRelay},
+		{"new, delivered already", closed, running, 5, true, changeDelivered},
+		{"new, an older one delivered", closed, running, 4, true, changeToRelay},
+		{"new, no relay", closed, running, 0, false, changeSend},
+		{"after a sleep, through the relay", running, nil, 0, true, changeToRelay},
+		{"after a sleep, delivered", closed, nil, 5, true, changeDelivered},
+		{"after a sleep, no relay (or late): sent, whatever the node holds", running, nil, 0, false, changeSend},
 	} {
-		g := &grant{}
-		if c.offered > 0 {
-			g.offered(c.offered, t0)
-		}
-		if got := g.relayWaitLeft(c.rev, time.Second, t0.Add(c.now)); got != c.want {
-			t.Errorf("revision %d sent through the relay at t0, %d waited for at t0+%s: %s left, want %s", c.offered, c.rev, c.now, got, c.want)
+		if got := onChange(c.a, c.known, c.delivered, c.relayed); got != c.want {
+			t.Errorf("%s: %d, want %d", c.what, got, c.want)
 		}
 	}
 }
 
-// TestOnChange: what a member's stream does with a changed assignment.
-func TestOnChange(t *testing.T) {
-	g1, g2 := &pb.Generation{Number: 1}, &pb.Generation{Number: 2}
-	none := &pb.Assignment{Revision: 3}
-	closed := &pb.Assignment{Job: "j", Generation: g2, Revision: 5}
-	opened := &pb.Assignment{Job: "j", Generation: g2, Open: true, Revision: 6}
-	noneAgain := &pb.Assignment{Revision: 7}
-	running := &pb.Assignment{Job: "j", Generation: g1, Open: true, Revision: 4}
+// TestRelayLate: a sleeping member's stream is late once relayWait has
+// passed since its relay's stream sent the newest assignment, or since the
+// change when it has not sent it; never once it is delivered.
+func TestRelayLate(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	const wait = time.Second
 	for _, c := range []struct {
-		what             string
-		a, last, pending *pb.Assignment
-		delivered        int64
-		relayed          bool
-		want             change
+		what                    string
+		rev, delivered, relayed int64
+		relayedAt, now          time.Duration // after t0, the change
+		late                    bool
+		next                    time.Duration // when it will be late (-1: never)
 	}{
-		{"the same as sent", running, running, nil, 0, true, changeNone},
-		{"the same as left to the relay", opened, running, opened, 0, true, changeNone},
-		{"new, through the relay", closed, running, nil, 0, true, changeToRelay},
-		{"new, a newer one than left to the relay", opened, running, closed, 0, true, changeToRelay},
-		{"new, delivered already", closed, running, nil, 5, true, changeDelivered},
-		{"new, an older one delivered", opened, running, closed, 5, true, changeToRelay},
-		{"new, no relay", closed, running, nil, 0, false, changeSend},
-		{"back to the one sent while another is left to the relay", noneAgain, none, closed, 0, true, changeToRelay},
-		{"back to the one sent, no relay now", noneAgain, none, closed, 0, false, changeSend},
+		{"delivered", 5, 5, 5, 100 * time.Millisecond, 3 * time.Second, false, -1},
+		{"a newer one delivered", 5, 6, 6, 100 * time.Millisecond, 3 * time.Second, false, -1},
+		{"sent, waiting", 5, 0, 5, 300 * time.Millisecond, time.Second, false, 1300 * time.Millisecond},
+		{"sent, the wait over", 5, 4, 5, 300 * time.Millisecond, 1300 * time.Millisecond, true, -1},
+		{"not sent, waiting", 5, 4, 4, 100 * time.Millisecond, 500 * time.Millisecond, false, time.Second},
+		{"not sent, the wait over", 5, 4, 4, 100 * time.Millisecond, time.Second, true, -1},
 	} {
-		if got := onChange(c.a, c.last, c.pending, c.delivered, c.relayed); got != c.want {
-			t.Errorf("%s: %d, want %d", c.what, got, c.want)
+		late, next := relayLate(c.rev, c.delivered, c.relayed, at(c.relayedAt), t0, wait, at(c.now))
+		want := time.Time{}
+		if c.next >= 0 {
+			want = at(c.next)
+		}
+		if late != c.late || !next.Equal(want) {
+			t.Errorf("%s: late %v next %v, want %v %v", c.what, late, next, c.late, want)
 		}
 	}
 }

@@ -380,6 +380,9 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	// held back by it).
 	leaseTTL := time.Duration(first.TTL) * time.Second
 	before := min(max(time.Duration(req.GetDeadlineLeftMs())*time.Millisecond, 0), leaseTTL)
+	// A relay's stream that ends wakes its block's sleeping streams, once
+	// its grant is closed (this defer runs after close's).
+	defer s.wakeBlock(node)
 	g := s.grants.open(node, conn, req.GetSession(), lease, start.Add(before), renewed, leaseTTL)
 	defer s.grants.close(node, g, 2*leaseTTL)
 	give := func(now time.Time) (ttlMs int64, ok bool) {
@@ -450,19 +453,65 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 		}
 		return send(wire)
 	}
-	// pending is the assignment this stream leaves to the node's relay
-	// (relayRoute) until fallback fires: unless a delivery was reported
-	// by then, the stream sends it itself. A delivery does not wake the
-	// stream: at a new generation that would be every member's stream
-	// once more.
-	var (
-		pending     *pb.Assignment
-		pendingWire encoded
-	)
-	fallback := time.NewTimer(time.Hour)
-	fallback.Stop()
-	defer fallback.Stop()
+	// asleep, while the node's relay carries its job's changes, is what
+	// the stream waits on instead of every change: its route's change
+	// (relayassign.go). known says the stream knows what the node holds
+	// (last): after a sleep it does not.
+	var asleep <-chan struct{}
+	known := true
+	// look looks at the node's assignment after a change, or late: its
+	// relay did not deliver it in time, or its relay's stream here ended.
+	look := func(late bool) error {
+		if s.hooks.looked != nil {
+			s.hooks.looked(node)
+		}
+		relay, relayed := s.relayRoute(node)
+		var sleep <-chan struct{}
+		if relayed {
+			// The route's channel, then the route again: a change from
+			// here on closes the channel. A route that moved between is
+			// not left to: the stream sends itself what its relay may
+			// not (it sleeps only while it leaves it to a relay, and
+			// relaySweep wakes only streams that sleep).
+			sleep = s.cache.routeChanged(node)
+			if r, ok := s.relayRoute(node); !ok || r != relay {
+				relayed, sleep = false, nil
+			}
+		}
+		defer func() {
+			asleep = sleep
+			g.asleep.Store(sleep != nil)
+			known = known && sleep == nil
+		}()
+		if waits, next := s.cache.awaitsMaster(node); waits {
+			changed = next
+			return nil
+		}
+		a, wire, next := s.cache.assignment(node)
+		changed = next
+		var holds *pb.Assignment
+		if known {
+			holds = last
+		}
+		switch onChange(a, holds, g.delivered.Load(), relayed && !late) {
+		case changeNone, changeToRelay:
+		case changeDelivered:
+			last, known = a, true
+		case changeSend:
+			if late && relay != "" {
+				s.relayFallbacks.Add(1)
+				s.log.Info("assignment sent on the node's own stream: its relay reported no delivery in time", "node", node, "relay", relay, "job", a.Job, "revision", a.Revision)
+			}
+			known = true
+			return sendAssignment(a, wire)
+		}
+		return nil
+	}
 	for {
+		wake := changed
+		if asleep != nil {
+			wake = asleep
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -503,47 +552,12 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			if err := renew(t.now, s.relayedRenewals(t.relayed, t.now)); err != nil {
 				return err
 			}
-		case <-changed:
-			if waits, next := s.cache.awaitsMaster(node); waits {
-				changed = next
-				continue
+		case <-wake:
+			if err := look(false); err != nil {
+				return err
 			}
-			a, wire, next := s.cache.assignment(node)
-			changed = next
-			_, relayed := s.relayRoute(node)
-			switch onChange(a, last, pending, g.delivered.Load(), relayed) {
-			case changeNone:
-			case changeDelivered:
-				last, pending = a, nil
-			case changeToRelay:
-				if pending == nil {
-					fallback.Reset(s.relayWait)
-				}
-				pending, pendingWire = a, wire
-			case changeSend:
-				pending = nil
-				if err := sendAssignment(a, wire); err != nil {
-					return err
-				}
-			}
-		case <-fallback.C:
-			if pending == nil {
-				continue
-			}
-			if g.delivered.Load() >= pending.Revision {
-				last, pending = pending, nil
-				continue
-			}
-			if left := g.relayWaitLeft(pending.Revision, s.relayWait, time.Now()); left > 0 {
-				fallback.Reset(left) // the relay's stream sent it later than this one saw it
-				continue
-			}
-			s.relayFallbacks.Add(1)
-			relay, _ := s.cache.relayRoute(node)
-			s.log.Info("assignment sent on the node's own stream: its relay reported no delivery in time", "node", node, "relay", relay, "job", pending.Job, "revision", pending.Revision)
-			a := pending
-			pending = nil
-			if err := sendAssignment(a, pendingWire); err != nil {
+		case <-g.late:
+			if err := look(true); err != nil {
 				return err
 			}
 		}
