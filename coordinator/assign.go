@@ -212,15 +212,6 @@ func (ja *jobAssignment) routeOf(node string) route {
 	return r
 }
 
-// relayRoute is node's relay in its running job's generation when node's
-// assignment may go through it (routeOf).
-func (c *cache) relayRoute(node string) (string, bool) {
-	c.mu.RLock()
-	r := c.routes[node]
-	c.mu.RUnlock()
-	return r.via, r.via != ""
-}
-
 // relayedBy is the members whose route goes through relay (routeOf).
 func (c *cache) relayedBy(relay string) []string {
 	c.mu.RLock()

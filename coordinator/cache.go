@@ -70,7 +70,7 @@ type cache struct {
 	changed   chan struct{} // closed when an assignment may have changed
 	// routes is how each running job's member gets its job's changes
 	// (routeOf), and routeWake the channels of the members' streams that
-	// wait for theirs to change (routeChanged), closed when it does.
+	// wait for theirs to change (memberRoute), closed when it does.
 	// routeMu guards routeWake; c.mu is taken before it.
 	routes    map[string]route
 	routeMu   sync.Mutex
@@ -432,24 +432,6 @@ func (c *cache) reindex() {
 	c.routes = routes
 	close(c.changed)
 	c.changed = make(chan struct{})
-}
-
-// routeChanged is a channel closed once node's route (routeOf) is not
-// what it is now: a member's stream that leaves its job's changes to its
-// relay waits on it, not on every change. The route read again after it
-// was asked tells whether it moved between.
-func (c *cache) routeChanged(node string) <-chan struct{} {
-	c.routeMu.Lock()
-	defer c.routeMu.Unlock()
-	ch := c.routeWake[node]
-	if ch == nil {
-		if c.routeWake == nil {
-			c.routeWake = map[string]chan struct{}{}
-		}
-		ch = make(chan struct{})
-		c.routeWake[node] = ch
-	}
-	return ch
 }
 
 // jobKey splits a key under jobs/ into the job's id and the field; "" for
@@ -955,16 +937,35 @@ func (c *cache) assignment(node string) (*pb.Assignment, encoded, <-chan struct{
 	return a, wire, changed
 }
 
-// awaitsMaster says whether node's job opened before rank 0's node
-// reported its address, and node does not run rank 0 (jobAssignment's
-// awaitsMaster); changed is closed when that may change. Asked before
-// assignment, so that the 16,383 streams of such a job make no part
-// they would not send.
-func (c *cache) awaitsMaster(node string) (bool, <-chan struct{}) {
+// memberRoute is what a member's stream looks at first after a change,
+// all of one moment of the cache: node's relay when its job's changes may
+// go through one (routeOf), and then a channel closed once that route
+// moves (routeWake); whether node's job opened before rank 0's node
+// reported its address and node does not run rank 0 (jobAssignment's
+// awaitsMaster: asked before assignment, so that the 16,383 streams of
+// such a job make no part they would not send); and the channel closed
+// at the next change.
+func (c *cache) memberRoute(node string) (via string, waits bool, moved, changed <-chan struct{}) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	ja := c.assigned[c.holder[node]]
-	return ja != nil && ja.awaitsMaster(node), c.changed
+	r := c.routes[node]
+	if ja := c.assigned[r.job]; ja != nil {
+		waits = ja.awaitsMaster(node)
+	}
+	if r.via == "" {
+		return "", waits, nil, c.changed
+	}
+	c.routeMu.Lock()
+	defer c.routeMu.Unlock()
+	ch := c.routeWake[node]
+	if ch == nil {
+		if c.routeWake == nil {
+			c.routeWake = map[string]chan struct{}{}
+		}
+		ch = make(chan struct{})
+		c.routeWake[node] = ch
+	}
+	return r.via, waits, ch, c.changed
 }
 
 // view is one job and the pool as the cache holds them now, for decide:

@@ -82,7 +82,7 @@ func connPut(r *clientv3.TxnResponse, i int) bool {
 //
 // Every method may be called from any goroutine.
 type grants struct {
-	mu sync.Mutex
+	mu sync.RWMutex // live, every stream's at every look, reads
 	m  map[string]*grant
 	// ver counts the changes of which streams give deadlines (opened,
 	// closed, stopped, forgotten): windowLoop works out its renewers again
@@ -117,7 +117,7 @@ type grant struct {
 	// relayedAt when (Unix nanoseconds).
 	relayed, relayedAt atomic.Int64
 	// asleep says the stream leaves its job's changes to its relay and
-	// waits only for its route to change (cache.routeChanged) or late;
+	// waits only for its route to change (cache.memberRoute) or late;
 	// late wakes it when its relay has not delivered the newest in time
 	// (relaySweep), or its relay's stream here ended.
 	asleep atomic.Bool
@@ -180,9 +180,9 @@ func (gs *grants) open(node, conn string, session uint64, lease clientv3.LeaseID
 // live is node's stream on this coordinator while it gives deadlines;
 // nil for none.
 func (gs *grants) live(node string) *grant {
-	gs.mu.Lock()
+	gs.mu.RLock()
 	g := gs.m[node]
-	gs.mu.Unlock()
+	gs.mu.RUnlock()
 	if g == nil {
 		return nil
 	}

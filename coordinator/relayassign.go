@@ -25,23 +25,24 @@ import (
 // MAC of its stream's relay key (pb.RelayMAC), since its relay in the new
 // generation may be one its assignment did not name. The relay then says
 // which members took it (Delivered), and their own streams send it no
-// more. A member's stream that hears of no delivery within relayWait of
-// the relay's send sends the assignment itself: a relay that died, cannot reach a member,
-// or whose stream is on another coordinator costs its members that much
-// later, never the assignment. A block so costs one message for a change
-// (a larger one) and a report back, not 32 messages.
+// more. A member whose relay reports no delivery within relayWait of the
+// relay's send gets it on its own stream (relaySweep): a relay that died
+// or cannot reach a member costs its members that much later, never the
+// assignment; a member whose relay's stream is not here gets it on its
+// own at once. A block so costs one message for a change (a larger one)
+// and a report back, not 32 messages.
 //
 // Which members go through their relay is throughRelay's rule, asked by
-// both streams (relayRoute, relayBlock); where they disagree (a stream opened or closed between)
-// the member gets it twice or after relayWait, and its agent takes each
-// revision once.
+// both streams (routeOf, relayBlock); where they disagree (a stream
+// opened or closed between) the member gets it twice or after relayWait,
+// and its agent takes each revision once.
 
 // relayWait is how long a member's stream waits for its relay to deliver
 // an assignment before it sends it itself.
 const relayWait = pb.RelayWait
 
 // A member's stream whose relay carries its job's changes sleeps: it waits
-// for its route to change (a new relay, its job's end: cache.routeChanged)
+// for its route to change (a new relay, its job's end: cache.memberRoute)
 // or to be woken late (grant.wake), not for every change, so that a
 // change of a 16,384-node job wakes the 512 relays' streams, not 16,384.
 // One goroutine (relaySweep) wakes, relayWait after a change, the
@@ -64,7 +65,7 @@ const (
 // onChange is what a stream does with assignment a, changed, when the node
 // holds known (nil when the stream does not know: it slept), its relay
 // reported the newest revision delivered, and relayed says whether the
-// relay carries it (relayRoute, and not late).
+// relay carries it (its route, its relay's stream here, and not late).
 func onChange(a, known *pb.Assignment, delivered int64, relayed bool) change {
 	switch {
 	case known != nil && sameAssignment(a, known):
@@ -169,19 +170,11 @@ func newRelayKey() []byte {
 	return k
 }
 
-// relayRoute is node's relay when node's assignment goes through it: node
-// is a member of a running job's generation, not its block's relay, both
-// have a node server, and the relay's stream is here.
-func (s *server) relayRoute(node string) (string, bool) {
-	relay, ok := s.cache.relayRoute(node)
-	return relay, ok && s.grants.live(relay) != nil
-}
-
 // relayedAssignments are the new assignments of relay's block's members
 // whose streams are here, to carry in the relay's message of the job's
 // assignment changed, sent at now: each with the deadline the member's
 // own stream would give with it (a fence window's, recorded first), and
-// its MAC. None when relay relays no one (relayRoute's rule).
+// its MAC. None when relay relays no one (throughRelay).
 func (s *server) relayedAssignments(relay string, now time.Time) []*pb.RelayedRenewal {
 	var out []*pb.RelayedRenewal
 	for _, m := range s.cache.relayBlock(relay) {

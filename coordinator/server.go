@@ -465,26 +465,21 @@ func (s *server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 		if s.hooks.looked != nil {
 			s.hooks.looked(node)
 		}
-		relay, relayed := s.relayRoute(node)
+		relay, waits, moved, next := s.cache.memberRoute(node)
+		changed = next
+		// It sleeps only while it leaves its changes to a relay (and
+		// relaySweep wakes only streams that sleep).
+		relayed := relay != "" && s.grants.live(relay) != nil
 		var sleep <-chan struct{}
 		if relayed {
-			// The route's channel, then the route again: a change from
-			// here on closes the channel. A route that moved between is
-			// not left to: the stream sends itself what its relay may
-			// not (it sleeps only while it leaves it to a relay, and
-			// relaySweep wakes only streams that sleep).
-			sleep = s.cache.routeChanged(node)
-			if r, ok := s.relayRoute(node); !ok || r != relay {
-				relayed, sleep = false, nil
-			}
+			sleep = moved
 		}
 		defer func() {
 			asleep = sleep
 			g.asleep.Store(sleep != nil)
 			known = known && sleep == nil
 		}()
-		if waits, next := s.cache.awaitsMaster(node); waits {
-			changed = next
+		if waits {
 			return nil
 		}
 		a, wire, next := s.cache.assignment(node)
