@@ -212,21 +212,27 @@ func (ja *jobAssignment) routeOf(node string) route {
 	return r
 }
 
-// relayedBy is the members whose route goes through relay (routeOf).
-func (c *cache) relayedBy(relay string) []string {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	ja := c.assigned[c.holder[relay]]
+// block is relay's block's members after it, and relay's entry: none
+// unless relay is the first of a block of ja's generation (ja may be nil).
+func (ja *jobAssignment) block(relay string) (*pb.Member, []*pb.Member) {
 	if ja == nil {
-		return nil
+		return nil, nil
 	}
 	i, ok := ja.index[relay]
 	ms := ja.whole.Generation.Members
 	if !ok || pb.Relay(i) != i {
-		return nil
+		return nil, nil
 	}
+	return ms[i], ms[i+1 : min(i+pb.RelayBlock, len(ms))]
+}
+
+// relayedBy is the members whose route goes through relay (routeOf).
+func (c *cache) relayedBy(relay string) []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	_, members := c.assigned[c.holder[relay]].block(relay)
 	var out []string
-	for _, m := range ms[i+1 : min(i+pb.RelayBlock, len(ms))] {
+	for _, m := range members {
 		if c.routes[m.Node].via == relay {
 			out = append(out, m.Node)
 		}
@@ -266,17 +272,10 @@ func (c *cache) relayBlock(relay string) []blockMember {
 	c.mu.RLock()
 	ja := c.assigned[c.holder[relay]]
 	c.mu.RUnlock()
-	if ja == nil {
-		return nil
-	}
-	i, ok := ja.index[relay]
-	ms := ja.whole.Generation.Members
-	if !ok || pb.Relay(i) != i {
-		return nil
-	}
+	r, members := ja.block(relay)
 	var out []blockMember
-	for _, m := range ms[i+1 : min(i+pb.RelayBlock, len(ms))] {
-		if !throughRelay(ms[i], m) || ja.awaitsMaster(m.Node) {
+	for _, m := range members {
+		if !throughRelay(r, m) || ja.awaitsMaster(m.Node) {
 			continue
 		}
 		a, wire := ja.forNode(m.Node)
