@@ -82,7 +82,7 @@ func connPut(r *clientv3.TxnResponse, i int) bool {
 //
 // Every method may be called from any goroutine.
 type grants struct {
-	mu sync.RWMutex // live, every stream's at every look, reads
+	mu sync.RWMutex // read-locked by live, which every stream asks at every look
 	m  map[string]*grant
 	// ver counts the changes of which streams give deadlines (opened,
 	// closed, stopped, forgotten): windowLoop works out its renewers again
