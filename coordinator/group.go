@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"time"
 
@@ -43,13 +44,22 @@ func newGroupCommit[K comparable, V, R any](bg *sync.WaitGroup, write func(conte
 // add puts item, under name, in k's next group and waits for that group's
 // write (or ctx). A second item of a name in one group replaces the first.
 func (w *groupCommit[K, V, R]) add(ctx context.Context, k K, name string, item V) (R, error) {
+	out, err := w.addAll(ctx, k, map[string]V{name: item})
+	return out[name], err
+}
+
+// addAll puts items (name -> item) in k's next group, all in the same
+// one, and waits once for that group's write (or ctx): a relay's call of
+// 32 reports is one wait, not 32. The outcomes are the group's, by name
+// (read only: every report of the group shares them).
+func (w *groupCommit[K, V, R]) addAll(ctx context.Context, k K, items map[string]V) (map[string]R, error) {
 	w.mu.Lock()
 	g := w.open[k]
 	if g == nil {
-		g = &group[V, R]{items: map[string]V{}, done: make(chan struct{})}
+		g = &group[V, R]{items: make(map[string]V, len(items)), done: make(chan struct{})}
 		w.open[k] = g
 	}
-	g.items[name] = item
+	maps.Copy(g.items, items)
 	lead := !w.busy[k]
 	w.busy[k] = true
 	w.mu.Unlock()
@@ -62,10 +72,9 @@ func (w *groupCommit[K, V, R]) add(ctx context.Context, k K, name string, item V
 	}
 	select {
 	case <-g.done:
-		return g.out[name], nil
+		return g.out, nil
 	case <-ctx.Done():
-		var none R
-		return none, status.FromContextError(ctx.Err()).Err()
+		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 }
 

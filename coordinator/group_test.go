@@ -23,7 +23,7 @@ import (
 // TestGroupCommit: the first item of a key is written at once; the items
 // that arrive while that write is under way go together in the next; each
 // report gets its own outcome; keys are written apart; a report whose
-// context ends stops waiting.
+// context ends stops waiting; the items added together are in one group.
 func TestGroupCommit(t *testing.T) {
 	var bg sync.WaitGroup
 	defer bg.Wait()
@@ -93,6 +93,14 @@ func TestGroupCommit(t *testing.T) {
 	want := [][]string{{"a"}, {"late", "n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7", "n8", "n9"}}
 	if fmt.Sprint(calls["j"]) != fmt.Sprint(want) {
 		t.Errorf("j's writes: %v, want %v", calls["j"], want)
+	}
+	// A call's items (a relay's block) go in one group, waited for once.
+	out, err := w.addAll(t.Context(), "m", map[string]int{"x": 1, "y": 2})
+	if err != nil || out["x"] != "m/x=1" || out["y"] != "m/y=2" {
+		t.Errorf("addAll: %v, %v", out, err)
+	}
+	if fmt.Sprint(calls["m"]) != "[[x y]]" {
+		t.Errorf("m's writes: %v, want one of x and y", calls["m"])
 	}
 }
 

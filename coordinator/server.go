@@ -635,7 +635,10 @@ func (s *server) report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 	case *pb.ReportRequest_Step:
 		err = s.reportStep(ctx, id, gen, k.Step)
 	case *pb.ReportRequest_Stored:
-		committed, err := s.reportStored(ctx, id, gen, req.GetNode(), k.Stored)
+		if err := checkStored(gen, req.GetNode(), k.Stored); err != nil {
+			return nil, err
+		}
+		committed, err := s.reportStored(ctx, id, gen, map[string]*pb.Stored{req.GetNode(): k.Stored})
 		return &pb.ReportResponse{Committed: committed}, err
 	case *pb.ReportRequest_Times:
 		if req.GetNode() == "" {
@@ -666,13 +669,29 @@ func (s *server) report(ctx context.Context, req *pb.ReportRequest) (*pb.ReportR
 // exists is taken (a node that ran an earlier generation need not be in
 // the current one).
 func (s *server) reportStopped(ctx context.Context, req *pb.ReportRequest, st *pb.Stopped) (*pb.ReportResponse, error) {
+	if err := s.checkStopped(ctx, req, st); err != nil {
+		return nil, err
+	}
+	werr, err := s.stopped.add(ctx, req.GetJob(), req.GetNode(), st.Below)
+	if err == nil {
+		err = werr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &pb.ReportResponse{Committed: s.cache.committed(req.GetJob())}, nil
+}
+
+// checkStopped checks a node's Stopped report (reportStopped): the node
+// with its lease, a generation that exists.
+func (s *server) checkStopped(ctx context.Context, req *pb.ReportRequest, st *pb.Stopped) error {
 	node, id := req.GetNode(), req.GetJob()
 	if node == "" || st.GetBelow() < 1 {
-		return nil, status.Error(codes.InvalidArgument, "stopped: want a node and a generation of at least 1")
+		return status.Error(codes.InvalidArgument, "stopped: want a node and a generation of at least 1")
 	}
 	if s.secure || req.GetLeaseId() != 0 {
 		if _, err := s.leaseHolder(ctx, node, clientv3.LeaseID(req.GetLeaseId())); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	// A report speaks of generations that exist: at most the current
@@ -686,31 +705,24 @@ func (s *server) reportStopped(ctx context.Context, req *pb.ReportRequest, st *p
 	if g, _ := s.cache.generation(id); st.Below > g.GetNumber()+1 {
 		resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(s.k.spec(id), clientv3.WithCountOnly()), clientv3.OpGet(s.k.generation(id))).Commit()
 		if err != nil {
-			return nil, etcdErr(err)
+			return etcdErr(err)
 		}
 		if resp.Responses[0].GetResponseRange().GetCount() == 0 {
-			return nil, status.Errorf(codes.NotFound, "no job %q", id)
+			return status.Errorf(codes.NotFound, "no job %q", id)
 		}
 		current := int64(0)
 		if kvs := resp.Responses[1].GetResponseRange().GetKvs(); len(kvs) == 1 {
 			g, err := decodeGeneration(kvs[0].Value)
 			if err != nil {
-				return nil, status.Errorf(codes.Internal, "job %s: generation: %v", id, err)
+				return status.Errorf(codes.Internal, "job %s: generation: %v", id, err)
 			}
 			current = g.Number
 		}
 		if st.Below > current+1 {
-			return nil, status.Errorf(codes.InvalidArgument, "stopped: job %s is at generation %d: a node can say it runs nothing below %d at most, not %d", id, current, current+1, st.Below)
+			return status.Errorf(codes.InvalidArgument, "stopped: job %s is at generation %d: a node can say it runs nothing below %d at most, not %d", id, current, current+1, st.Below)
 		}
 	}
-	werr, err := s.stopped.add(ctx, id, node, st.Below)
-	if err == nil {
-		err = werr
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &pb.ReportResponse{Committed: s.cache.committed(id)}, nil
+	return nil
 }
 
 // The conns keys of the streams that open are written in groups
@@ -1299,96 +1311,147 @@ func memberState(m *pb.Member, n *pb.Node, connected bool, revoked string) strin
 }
 
 // reportRelayed takes the reports a relay forwards for the members of its
-// block (Relayed), each on its own: one of a node the relay does not
-// speak for, of another generation, or of another kind than Stored and
-// Times is refused alone. The Stored reports go in one group
-// (storedWriter): the block's commit is one write.
+// block (Relayed), each checked on its own: one of a node the relay does
+// not speak for, of another generation, or of another kind than Stored,
+// Times and Stopped is refused alone. The call's Stored reports go in one
+// group (storedWriter) and its Stopped reports in one (stoppedWriter),
+// each waited for once: a block's reports are one write and one wait, not
+// a goroutine and a wait a report.
 func (s *server) reportRelayed(ctx context.Context, relay *pb.ReportRequest, rel *pb.Relayed) (*pb.ReportResponse, error) {
 	if len(rel.GetReports()) > 4*pb.RelayBlock {
 		return nil, status.Errorf(codes.InvalidArgument, "relayed: %d reports, want at most %d", len(rel.GetReports()), 4*pb.RelayBlock)
 	}
+	id, gen := relay.GetJob(), relay.GetGeneration()
 	answers := make([]*pb.RelayedAnswer, len(rel.GetReports()))
-	var wg sync.WaitGroup
+	answer := func(i int, committed int64, err error) {
+		if err != nil {
+			st := status.Convert(err)
+			answers[i].Code, answers[i].Error = int32(st.Code()), st.Message()
+			return
+		}
+		answers[i].Committed = committed
+	}
+	// The Stored and Stopped reports by node, with their answers' places
+	// (a node's second report of a kind in one call replaces its first,
+	// as in one group).
+	stored, stopped := map[string]*pb.Stored{}, map[string]int64{}
+	storedAt, stoppedAt := map[string][]int{}, map[string][]int{}
 	for i, r := range rel.GetReports() {
 		answers[i] = &pb.RelayedAnswer{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := s.relayedOne(ctx, relay, r)
-			if err != nil {
-				st := status.Convert(err)
-				answers[i].Code, answers[i].Error = int32(st.Code()), st.Message()
-				return
+		if err := s.relayedCheck(ctx, relay, r); err != nil {
+			answer(i, 0, err)
+			continue
+		}
+		node := r.GetNode()
+		switch k := r.Kind.(type) {
+		case *pb.ReportRequest_Stored:
+			if err := checkStored(gen, node, k.Stored); err != nil {
+				answer(i, 0, err)
+				continue
 			}
-			answers[i].Committed = resp.GetCommitted()
-		}()
+			stored[node], storedAt[node] = k.Stored, append(storedAt[node], i)
+		case *pb.ReportRequest_Stopped:
+			stopped[node], stoppedAt[node] = k.Stopped.GetBelow(), append(stoppedAt[node], i)
+		default:
+			resp, err := s.report(ctx, r)
+			answer(i, resp.GetCommitted(), err)
+		}
+	}
+	var wg sync.WaitGroup
+	if len(stored) > 0 {
+		wg.Go(func() {
+			committed, err := s.reportStored(ctx, id, gen, stored)
+			for _, is := range storedAt {
+				for _, i := range is {
+					answer(i, committed, err)
+				}
+			}
+		})
+	}
+	if len(stopped) > 0 {
+		wg.Go(func() {
+			out, err := s.stopped.addAll(ctx, id, stopped)
+			committed := s.cache.committed(id)
+			for node, is := range stoppedAt {
+				werr := err
+				if werr == nil {
+					werr = out[node]
+				}
+				for _, i := range is {
+					answer(i, committed, werr)
+				}
+			}
+		})
 	}
 	wg.Wait()
-	return &pb.ReportResponse{Committed: s.cache.committed(relay.GetJob()), Relayed: answers}, nil
+	return &pb.ReportResponse{Committed: s.cache.committed(id), Relayed: answers}, nil
 }
 
-// relayedOne takes one report a relay forwarded: a Stored, Times or
+// relayedCheck checks one report a relay forwarded: a Stored, Times or
 // Stopped report of the relay's generation, by a node whose reports the
 // relay forwards in it (its block's), checked as the node's own call
 // would be but for its identity, which the relay checked (mutual TLS).
 // A Stopped report through a relay speaks of the generation the relay
 // forwards for (below it, the node runs no rank).
-func (s *server) relayedOne(ctx context.Context, relay, r *pb.ReportRequest) (*pb.ReportResponse, error) {
+func (s *server) relayedCheck(ctx context.Context, relay, r *pb.ReportRequest) error {
 	stopped := r.GetStopped()
 	switch r.Kind.(type) {
 	case *pb.ReportRequest_Stored, *pb.ReportRequest_Times:
 	case *pb.ReportRequest_Stopped:
 		if stopped.GetBelow() != r.GetGeneration() {
-			return nil, status.Errorf(codes.InvalidArgument, "relayed stopped of node %s: below %d, want its generation, %d", r.GetNode(), stopped.GetBelow(), r.GetGeneration())
+			return status.Errorf(codes.InvalidArgument, "relayed stopped of node %s: below %d, want its generation, %d", r.GetNode(), stopped.GetBelow(), r.GetGeneration())
 		}
 	default:
-		return nil, status.Error(codes.InvalidArgument, "a relay forwards Stored, Times and Stopped reports alone")
+		return status.Error(codes.InvalidArgument, "a relay forwards Stored, Times and Stopped reports alone")
 	}
 	if r.GetJob() != relay.GetJob() || r.GetGeneration() != relay.GetGeneration() {
-		return nil, status.Errorf(codes.InvalidArgument, "relay %s forwards job %s generation %d's reports, not job %s generation %d's",
+		return status.Errorf(codes.InvalidArgument, "relay %s forwards job %s generation %d's reports, not job %s generation %d's",
 			relay.GetNode(), relay.GetJob(), relay.GetGeneration(), r.GetJob(), r.GetGeneration())
 	}
 	if !s.cache.relays(r.GetJob(), r.GetGeneration(), relay.GetNode(), r.GetNode()) {
-		return nil, status.Errorf(codes.PermissionDenied, "node %s does not relay node %s's reports in job %s generation %d", relay.GetNode(), r.GetNode(), r.GetJob(), r.GetGeneration())
+		return status.Errorf(codes.PermissionDenied, "node %s does not relay node %s's reports in job %s generation %d", relay.GetNode(), r.GetNode(), r.GetJob(), r.GetGeneration())
 	}
 	if stopped != nil {
-		return s.reportStopped(ctx, r, stopped)
+		return s.checkStopped(ctx, r, stopped)
 	}
-	if err := s.ownRanks(ctx, r); err != nil {
-		return nil, err
-	}
-	return s.report(ctx, r)
+	return s.ownRanks(ctx, r)
 }
 
 // maxStored bounds the steps one Stored report may name.
 const maxStored = 64
 
-// reportStored records a node's checkpoints of generation gen that no
-// commit covers yet, and commits the newest step every member of the
-// generation has stored (commitOf). The record goes to etcd in this
-// coordinator's next group of the generation's records (storedWriter),
-// written on the generation's revision; then this coordinator's view,
-// once at that write's revision, holds every record written before it
-// (so that of two coordinators storing the last copies at once the later
-// sees both) and counts, per step, the nodes that stored it: only a group
-// that completes a step looks at each member's record. The commit is a
-// second transaction on the generation and the commit's revisions. It
-// returns the job's last committed step.
-func (s *server) reportStored(ctx context.Context, id string, gen int64, node string, st *pb.Stored) (int64, error) {
+// checkStored checks a node's Stored report of generation gen, and marks
+// its steps as of gen. The request's own message, decoded for this call
+// alone (as is a relayed one, inside its relay's), is filled in place: a
+// clone of each was 3% of a 16,384-node coordinator's time.
+func checkStored(gen int64, node string, st *pb.Stored) error {
 	if node == "" || len(st.GetSteps()) == 0 || len(st.GetSteps()) > maxStored {
-		return 0, status.Errorf(codes.InvalidArgument, "stored: want a node and 1 to %d steps", maxStored)
+		return status.Errorf(codes.InvalidArgument, "stored: want a node and 1 to %d steps", maxStored)
 	}
-	// The request's own message, decoded for this call alone (as is a
-	// relayed one, inside its relay's): filled in place. A clone of each
-	// was 3% of a 16,384-node coordinator's time.
-	rec := st
-	for _, x := range rec.Steps {
+	for _, x := range st.Steps {
 		if x.Step < 1 || len(x.Holders) > 64 {
-			return 0, status.Errorf(codes.InvalidArgument, "stored step %d with %d holders", x.Step, len(x.Holders))
+			return status.Errorf(codes.InvalidArgument, "stored step %d with %d holders", x.Step, len(x.Holders))
 		}
 		x.Generation = gen
 	}
+	return nil
+}
+
+// reportStored records nodes' checkpoints of generation gen (recs: node ->
+// record, each checked: checkStored) that no commit covers yet, and
+// commits the newest step every member of the generation has stored
+// (commitOf). The records go to etcd in this coordinator's next group of
+// the generation's records (storedWriter), all in the same one, written
+// on the generation's revision; then this coordinator's view, once at
+// that write's revision, holds every record written before it (so that
+// of two coordinators storing the last copies at once the later sees
+// both) and counts, per step, the nodes that stored it: only a group that
+// completes a step looks at each member's record. The commit is a second
+// transaction on the generation and the commit's revisions. It returns
+// the job's last committed step.
+func (s *server) reportStored(ctx context.Context, id string, gen int64, recs map[string]*pb.Stored) (int64, error) {
 	g, rev := s.cache.generation(id)
+	items := make(map[string]storedItem, len(recs))
 	for range 16 {
 		if g == nil || g.Number != gen {
 			resp, err := s.cli.Get(ctx, s.k.generation(id))
@@ -1406,16 +1469,21 @@ func (s *server) reportStored(ctx context.Context, id string, gen int64, node st
 				return 0, status.Errorf(codes.FailedPrecondition, "job %s: generation %d is not the current one", id, gen)
 			}
 		}
-		o, err := s.stored.add(ctx, storedKey{id, rev}, node, storedItem{g, rec})
+		var one string
+		for node, rec := range recs {
+			items[node], one = storedItem{g, rec}, node
+		}
+		out, err := s.stored.addAll(ctx, storedKey{id, rev}, items)
 		if err != nil {
 			return 0, err
 		}
-		if !o.stale {
+		// A group's outcome is the same for each of its records.
+		if o := out[one]; !o.stale {
 			return o.committed, o.err
 		}
 		g = nil // re-read
 	}
-	return 0, status.Errorf(codes.Aborted, "job %s: stored report of %s kept conflicting", id, node)
+	return 0, status.Errorf(codes.Aborted, "job %s: stored reports kept conflicting", id)
 }
 
 // commitOf is the commit the stored records make in generation g: the
