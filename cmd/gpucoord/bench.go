@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpucoord/gpucoord/internal/bench"
+	"github.com/gpucoord/gpucoord/internal/rankexe"
 )
 
 func init() { subcommands = append(subcommands, newBenchCmd, newBenchWorkerCmd) }
@@ -72,7 +73,7 @@ says how.`,
 				return usageError(fmt.Errorf("bench: --json and --jsonl exclude each other"))
 			}
 			if !cfg.InProc && cfg.Backend != "inmem" {
-				exe, err := rankExecutable()
+				exe, err := rankexe.Path()
 				if err != nil {
 					return err
 				}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/gpucoord/gpucoord/internal/bench"
+	"github.com/gpucoord/gpucoord/internal/e2e"
 )
 
 // benchRecord holds the fields scripts rely on.
@@ -86,7 +87,7 @@ func TestBenchProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	out, err := exec.CommandContext(t.Context(), exe, "bench", "allreduce", "--np", "3", "--sizes", "4K:8K",
 		"--jsonl", "--iters", "3", "--warmup", "1").Output()
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucoord/gpucoord/internal/e2e"
 	"github.com/gpucoord/gpucoord/internal/testcluster"
 )
 
@@ -242,7 +243,7 @@ func TestChaos(t *testing.T) {
 		c.agents[h] = b.worker(t, h, 2)
 	}
 	const steps = 200
-	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	want := e2e.Reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 	client := b.Host(10)
 	launch := func(job string, extra ...string) *proc {
 		args := append([]string{"launch", "--coordinator", "h1:7070,h2:7070", "--job-id", job, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2",
@@ -490,7 +491,7 @@ func (c *chaosCluster) check(h *chaosHistory, jobs map[string]*proc, codes map[s
 			continue
 		}
 		// Not sameLosses, which stops the test: every job is checked.
-		got := losses(t, out)
+		got := e2e.Losses(t, out)
 		t.Logf("(d) %s: %d steps", job, len(got))
 		if len(got) != len(want) {
 			t.Errorf("(d) %s: %d steps printed, want %d", job, len(got), len(want))

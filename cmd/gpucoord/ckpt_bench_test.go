@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucoord/gpucoord/internal/e2e"
 	"github.com/gpucoord/gpucoord/internal/testcluster"
 )
 
@@ -47,7 +48,7 @@ func TestCheckpointCosts(t *testing.T) {
 	if runs < 1 {
 		t.Skip("a benchmark: set GPUCOORD_BENCH_CKPT=RUNS (make bench-checkpoint)")
 	}
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	type config struct {
 		name string
 		args func(dir string) []string

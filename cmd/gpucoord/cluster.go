@@ -23,6 +23,7 @@ import (
 	"github.com/gpucoord/gpucoord/internal/gossip"
 	"github.com/gpucoord/gpucoord/internal/join"
 	"github.com/gpucoord/gpucoord/internal/pki"
+	"github.com/gpucoord/gpucoord/internal/rankexe"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/worker"
 	"github.com/gpucoord/gpucoord/worker/engine"
@@ -405,7 +406,7 @@ names (a build without the race detector under a race-enabled agent).`,
 			}
 			cfg.Token, cfg.TLS, cfg.CredentialsDir, cfg.ConnectTimeout = jc.Token, jc.Files, jc.Dir, auth.connectTimeout
 			cfg.Checkpoints.MaxStepBytes = stepMiB << 20
-			exe, err := rankExecutable()
+			exe, err := rankexe.Path()
 			if err != nil {
 				return err
 			}

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucoord/gpucoord/internal/e2e"
+	"github.com/gpucoord/gpucoord/internal/rankexe"
 	"github.com/gpucoord/gpucoord/internal/testcluster"
 	"github.com/gpucoord/gpucoord/sharding"
 )
@@ -44,12 +46,12 @@ func newBoxCluster(t *testing.T, cfg testcluster.Config) *boxCluster {
 	if testing.Short() {
 		t.Skip("starts hosts in network namespaces")
 	}
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	c := testcluster.New(t, cfg)
 	b := &boxCluster{Cluster: c, exe: c.Install(exe), job: c.Install("testdata/mlp48.yaml"), coord: "h1:7070",
 		local: net.JoinHostPort(c.Host(1).Addr, "7070")}
-	if ranksPath != "" {
-		b.ranks = c.Install(ranksPath)
+	if e2e.Ranks() != "" {
+		b.ranks = c.Install(e2e.Ranks())
 	}
 	return b
 }
@@ -62,7 +64,7 @@ func (b *boxCluster) run(t *testing.T, h *testcluster.Host, args ...string) *pro
 	}
 	cmd := h.Command(t.Context(), b.exe, args...)
 	if b.ranks != "" { // the test's own is under its /tmp, which hosts do not see
-		cmd.Env = append(cmd.Env, rankExecutableEnv+"="+b.ranks)
+		cmd.Env = append(cmd.Env, rankexe.Env+"="+b.ranks)
 	}
 	return startCmd(t, cmd)
 }
@@ -122,7 +124,7 @@ func (b *boxCluster) elasticJob(t *testing.T, every, steps int) *proc {
 // train --np 1.
 func TestClusterNativeJob(t *testing.T) {
 	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
-	want := reference(t, b.exe, "testdata/mlp48.yaml")
+	want := e2e.Reference(t, b.exe, "testdata/mlp48.yaml")
 	_, workers := b.pool(t)
 	for i, w := range workers {
 		if h := b.Host(i + 2); !strings.Contains(w.output(), "host="+h.Addr) {
@@ -134,7 +136,7 @@ func TestClusterNativeJob(t *testing.T) {
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
-	sameLosses(t, losses(t, p.output()), want)
+	e2e.SameLosses(t, e2e.Losses(t, p.output()), want)
 	// Each agent removes the job's files once the job has ended.
 	for i, w := range workers {
 		w.waitLine(t, "job files removed", time.Minute)
@@ -190,7 +192,7 @@ func TestClusterAssignmentsThroughRelay(t *testing.T) {
 		if code := p.wait(t, 3*time.Minute); code != 0 {
 			t.Fatalf("launch of %s exited %d:\n%s", id, code, p.output())
 		}
-		if n := len(losses(t, p.output())); n != 20 {
+		if n := len(e2e.Losses(t, p.output())); n != 20 {
 			t.Errorf("%s: %d steps, want 20", id, n)
 		}
 	}
@@ -223,14 +225,14 @@ func TestClusterAssignmentsThroughRelay(t *testing.T) {
 // every rank ends with the same parameters, as launch shows from the
 // ranks' output on the other hosts (over mutual TLS to their agents).
 func TestClusterTorchDDP(t *testing.T) {
-	py := torchPython(t)
+	py := e2e.TorchPython(t)
 	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
 	b.pool(t)
 	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "3", "--gpus-per-node", "2", "--", py, b.Install("../../examples/pytorch/ddp.py"))
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
-	sameParams(t, p.output(), 6)
+	e2e.SameParams(t, p.output(), 6)
 }
 
 // TestClusterCheckpointDirNotShared: a --checkpoint-dir that is each host's
@@ -255,7 +257,7 @@ func TestClusterCheckpointDirNotShared(t *testing.T) {
 	if code := p.wait(t, 2*time.Minute); code != 0 {
 		t.Fatalf("launch with a shared directory exited %d:\n%s", code, p.output())
 	}
-	if n := len(losses(t, p.output())); n != 20 {
+	if n := len(e2e.Losses(t, p.output())); n != 20 {
 		t.Errorf("%d steps, want 20", n)
 	}
 	// Of the checkpoints of steps 5, 10, 15 and 20, the last two are kept
@@ -326,7 +328,7 @@ func TestClusterIPv6(t *testing.T) {
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
-	if n := len(losses(t, p.output())); n != 20 {
+	if n := len(e2e.Losses(t, p.output())); n != 20 {
 		t.Errorf("%d steps, want 20", n)
 	}
 }
@@ -344,7 +346,7 @@ func TestClusterHostLost(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			const steps = 150
 			b := newBoxCluster(t, testcluster.Config{Hosts: 5, Shared: true})
-			want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+			want := e2e.Reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 			// One of the four agents is a spare: the rendezvous may take
 			// any three, so the lost host (the second member) and the
 			// spare come from generation 1's line.
@@ -378,7 +380,7 @@ func TestClusterHostLost(t *testing.T) {
 			if code := p.wait(t, 3*time.Minute); code != 0 {
 				t.Fatalf("launch exited %d:\n%s", code, p.output())
 			}
-			sameLosses(t, losses(t, p.output()), want)
+			e2e.SameLosses(t, e2e.Losses(t, p.output()), want)
 			if s := fmt.Sprintf("generation 2: 3 nodes (%s, %s, %s), 6 ranks, tp 2 pp 1 dp 3 (node lost: %s (ranks 2-3); spare nodes joined: %s; resuming after step",
 				members[0], members[2], spareName, members[1], spareName); !strings.Contains(p.output(), s) {
 				t.Errorf("launch's output lacks %q:\n%s", s, p.output())
@@ -405,7 +407,7 @@ func TestClusterPartition(t *testing.T) {
 		cut   = 45 * time.Second
 	)
 	b := newBoxCluster(t, testcluster.Config{Hosts: 5, Shared: true})
-	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	want := e2e.Reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 	_, workers := b.pool(t)
 	p := b.elasticJob(t, 10, steps)
 	p.waitLine(t, `{"step":20,`, time.Minute)
@@ -432,7 +434,7 @@ func TestClusterPartition(t *testing.T) {
 	if code := p.wait(t, 5*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
-	sameLosses(t, losses(t, p.output()), want)
+	e2e.SameLosses(t, e2e.Losses(t, p.output()), want)
 	st := b.run(t, b.Host(1), "status", "--coordinator", b.local)
 	st.wait(t, time.Minute)
 	if !strings.Contains(st.output(), "  h3 ") {
@@ -459,7 +461,7 @@ func TestClusterCoordinatorFailover(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			const steps = 200
 			b := newBoxCluster(t, testcluster.Config{Hosts: 5, Shared: true})
-			want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+			want := e2e.Reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 			h1 := b.Host(1)
 			client := "http://" + net.JoinHostPort(h1.Addr, "2379")
 			etcd := startCmd(t, h1.Command(t.Context(), etcdBin, "--name", "e", "--data-dir", "/tmp/etcd-data",
@@ -520,7 +522,7 @@ func TestClusterCoordinatorFailover(t *testing.T) {
 			if !strings.Contains(p.output()[led:], `{"step":`) {
 				t.Fatalf("no step after the standby led: the failover went untested:\n%s", p.output())
 			}
-			sameLosses(t, losses(t, p.output()), want)
+			e2e.SameLosses(t, e2e.Losses(t, p.output()), want)
 			if strings.Contains(p.output(), "generation 2") {
 				t.Errorf("the failover made a new generation:\n%s", p.output())
 			}
@@ -566,7 +568,7 @@ func TestClusterWAN(t *testing.T) {
 		length = time.Minute
 	)
 	b := newBoxCluster(t, testcluster.Config{Hosts: 3, Relay: true})
-	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	want := e2e.Reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 	for _, h := range b.Hosts() {
 		h.Delay(150 * time.Millisecond) // each way through each host's link: 4 x 150 ms between two hosts
 	}
@@ -578,7 +580,7 @@ func TestClusterWAN(t *testing.T) {
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
-	sameLosses(t, losses(t, p.output()), want)
+	e2e.SameLosses(t, e2e.Losses(t, p.output()), want)
 	time.Sleep(length - time.Since(start)) // the scenario's length: a minute of delayed links
 	for _, bad := range []string{"failed its gossip probes", "node disconnected", "node lost"} {
 		if strings.Contains(co.output(), bad) {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpucoord/gpucoord/internal/e2e"
 )
 
 // TestDashboardScraped: a real Prometheus (Debian's prometheus, started
@@ -34,7 +36,7 @@ func TestDashboardScraped(t *testing.T) {
 	if err := json.Unmarshal(b, &dash); err != nil {
 		t.Fatalf("the dashboard is not JSON: %v", err)
 	}
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	metrics := freeAddr(t)
 	_, addr := coordinatorProc(t, exe, "--metrics", metrics)
 	workerProc(t, exe, addr, "w0", 2)

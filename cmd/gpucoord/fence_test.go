@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucoord/gpucoord/internal/e2e"
 	"github.com/gpucoord/gpucoord/internal/testcluster"
 )
 
@@ -156,7 +157,7 @@ func partitionFenced(t *testing.T, held bool, at int) {
 		hosts, nodes = 4, 2
 	}
 	b := newBoxCluster(t, testcluster.Config{Hosts: hosts, Shared: !held})
-	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	want := e2e.Reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 	b.coordinator(t, b.Host(1), b.local)
 	var workers []*proc
 	for _, h := range b.Hosts()[1:] {
@@ -204,7 +205,7 @@ func partitionFenced(t *testing.T, held bool, at int) {
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
-	sameLosses(t, losses(t, p.output()), want)
+	e2e.SameLosses(t, e2e.Losses(t, p.output()), want)
 	checkNoOverlap(t, o)
 }
 
@@ -261,7 +262,7 @@ func logTime(t *testing.T, line, field string) time.Time {
 // started with args, and checks that generation 2 runs without the frozen
 // agent's ranks and never beside them; it returns the coordinator.
 func frozenFencedBy(t *testing.T, args ...string) *proc {
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	co, addr := coordinatorProc(t, exe, args...)
 	workerProc(t, exe, addr, "w0", 2)
 	w1, dir1 := workerProc(t, exe, addr, "w1", 2)
@@ -296,8 +297,8 @@ func frozenFencedBy(t *testing.T, args ...string) *proc {
 // broken step is never tried twice.
 func TestRestoreFallback(t *testing.T) {
 	const steps = 40
-	exe := buildBinary(t)
-	want := reference(t, exe, "--steps", strconv.Itoa(steps), "../../examples/jobs/mlp.yaml")
+	exe := e2e.Binary(t)
+	want := e2e.Reference(t, exe, "--steps", strconv.Itoa(steps), "../../examples/jobs/mlp.yaml")
 	// A long fence margin: the test breaks the step while generation 2
 	// waits to open.
 	_, addr := coordinatorProc(t, exe, "--fence-margin", "20s")
@@ -343,5 +344,5 @@ func TestRestoreFallback(t *testing.T) {
 	if n := strings.Count(out, fmt.Sprintf("resuming after step %d)", broken)); n != 1 {
 		t.Errorf("%d generations resumed after the broken step %d, want 1 (generation 2 alone):\n%s", n, broken, out)
 	}
-	sameLosses(t, losses(t, out), want)
+	e2e.SameLosses(t, e2e.Losses(t, out), want)
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucoord/gpucoord/internal/e2e"
 	"github.com/gpucoord/gpucoord/internal/testcluster"
 )
 
@@ -63,7 +63,7 @@ func TestClusterHeldStress(t *testing.T) {
 func heldKill(t *testing.T, victim string, at int) {
 	const steps = 60
 	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
-	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	want := e2e.Reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 	b.coordinator(t, b.Host(1), b.local)
 	b.worker(t, b.Host(2), 2)
 	b.worker(t, b.Host(3), 2)
@@ -88,7 +88,7 @@ func heldKill(t *testing.T, victim string, at int) {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
 	out := p.output()
-	sameLosses(t, losses(t, out), want)
+	e2e.SameLosses(t, e2e.Losses(t, out), want)
 	resume := atMostOneRedone(t, out)
 	var committed int64
 	for _, c := range commits(out) {
@@ -117,7 +117,7 @@ func TestClusterHeldPaused(t *testing.T) {
 	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
 	const steps = 40
 	b := newBoxCluster(t, testcluster.Config{Hosts: 4})
-	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	want := e2e.Reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 	b.coordinator(t, b.Host(1), b.local)
 	b.worker(t, b.Host(2), 2)
 	b.worker(t, b.Host(3), 2)
@@ -130,7 +130,7 @@ func TestClusterHeldPaused(t *testing.T) {
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
-	sameLosses(t, losses(t, p.output()), want)
+	e2e.SameLosses(t, e2e.Losses(t, p.output()), want)
 	atMostOneRedone(t, p.output())
 }
 
@@ -162,7 +162,7 @@ func TestClusterReplicasLost(t *testing.T) {
 			const steps = 60
 			backup := tc == "killed, with backup"
 			b := newBoxCluster(t, testcluster.Config{Hosts: 4, Shared: backup})
-			want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+			want := e2e.Reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 			b.pool(t)
 			// Restarts to spare: under make test's load a starved agent
 			// was once found dead after the heal, and the job, out of
@@ -191,7 +191,7 @@ func TestClusterReplicasLost(t *testing.T) {
 					t.Fatalf("launch exited %d:\n%s", code, out)
 				}
 				t.Logf("%s", regexp.MustCompile(`[^\n]*waiting for its holders[^\n]*`).FindString(out))
-				sameLosses(t, losses(t, out), want)
+				e2e.SameLosses(t, e2e.Losses(t, out), want)
 				return
 			}
 			b.Host(2).Kill()
@@ -220,19 +220,9 @@ func TestClusterReplicasLost(t *testing.T) {
 			if n, _ := strconv.Atoi(gen[2]); n%5 != 0 || n < 5 {
 				t.Errorf("resumed from the backup tier's step %d, want a multiple of --backup-every 5", n)
 			}
-			sameLosses(t, losses(t, out), want)
+			e2e.SameLosses(t, e2e.Losses(t, out), want)
 		})
 	}
-}
-
-// torchPython is Debian's python3 with torch (make deps installs it).
-func torchPython(t *testing.T) string {
-	t.Helper()
-	const py = "/usr/bin/python3"
-	if err := exec.Command(py, "-c", "import torch").Run(); err != nil {
-		t.Fatalf("%s cannot import torch (make deps installs python3-torch): %v", py, err)
-	}
-	return py
 }
 
 var resumedLine = regexp.MustCompile(`rank (\d+)/(\d+) resumed after step (\d+) \((dcp|shards)\)`)
@@ -246,7 +236,7 @@ var resumedLine = regexp.MustCompile(`rank (\d+)/(\d+) resumed after step (\d+) 
 // at full size with every rank's parameters equal.
 func TestClusterTorchCheckpointed(t *testing.T) {
 	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
-	py := torchPython(t)
+	py := e2e.TorchPython(t)
 	b := newBoxCluster(t, testcluster.Config{Hosts: 3})
 	b.Install("../../examples/pytorch/gpucoord_progress.py") // beside the program, which imports it
 	b.coordinator(t, b.Host(1), b.local)
@@ -283,7 +273,7 @@ func TestClusterTorchCheckpointed(t *testing.T) {
 			t.Errorf("%d ranks of world %d resumed after step %s, want every rank:\n%s", len(ranks), g.world, m[1], out)
 		}
 	}
-	sameParams(t, out, 4)
+	e2e.SameParams(t, out, 4)
 }
 
 // TestHangPythonRecv: a Python rank blocks in a receive no rank sends to,
@@ -291,7 +281,7 @@ func TestClusterTorchCheckpointed(t *testing.T) {
 // named hung (the lowest step) with its Python stack from faulthandler,
 // and the job goes on from the last commit to the end.
 func TestHangPythonRecv(t *testing.T) {
-	py := torchPython(t)
+	py := e2e.TorchPython(t)
 	b := newBoxCluster(t, testcluster.Config{Hosts: 3})
 	b.Install("../../examples/pytorch/gpucoord_progress.py")
 	b.coordinator(t, b.Host(1), b.local)
@@ -313,7 +303,7 @@ func TestHangPythonRecv(t *testing.T) {
 	if !strings.Contains(stacks, "in recv") || !strings.Contains(stacks, "checkpointed.py") {
 		t.Errorf("no Python stack of rank 1 in the receive:\n%.3000s", stacks)
 	}
-	sameParams(t, w0.output()+w1.output(), 4)
+	e2e.SameParams(t, w0.output()+w1.output(), 4)
 }
 
 // TestHangNativeStopped: a native rank sent SIGSTOP stops making progress;
@@ -324,7 +314,7 @@ func TestHangPythonRecv(t *testing.T) {
 func TestHangNativeStopped(t *testing.T) {
 	const steps = 80
 	b := newBoxCluster(t, testcluster.Config{Hosts: 3})
-	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	want := e2e.Reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 	b.coordinator(t, b.Host(1), b.local)
 	b.worker(t, b.Host(2), 2)
 	b.worker(t, b.Host(3), 2)
@@ -349,7 +339,7 @@ func TestHangNativeStopped(t *testing.T) {
 	if !strings.Contains(stacks, "goroutine ") || !strings.Contains(stacks, "worker.RunNativeRank") {
 		t.Errorf("no goroutine stacks of rank 3 after the generation line:\n%.3000s", stacks)
 	}
-	sameLosses(t, losses(t, out), want)
+	e2e.SameLosses(t, e2e.Losses(t, out), want)
 }
 
 // stacksShown is what launch printed from the stacks of the rank that

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpucoord/gpucoord/internal/e2e"
 )
 
 // TestLaunchDetachFollowCancel: launch --detach submits and prints the
@@ -19,7 +21,7 @@ import (
 // follow exits 130 saying so; a second cancel reports the end; an unknown
 // job is named.
 func TestLaunchDetachFollowCancel(t *testing.T) {
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	_, addr := coordinatorProc(t, exe)
 	workerProc(t, exe, addr, "w0", 2)
 	d := start(t, exe, "launch", "--coordinator", addr, "--nodes", "1", "--gpus-per-node", "2", "--job-id", "long", "--detach",
@@ -80,7 +82,7 @@ func TestLaunchDetachFollowCancel(t *testing.T) {
 // one line, no log line, and leaves nothing in its temporary directory or
 // in /dev/shm.
 func TestLaunchHangupCancels(t *testing.T) {
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	shm := func() []string {
 		m, _ := filepath.Glob("/dev/shm/gpucoord/checkpoints/gpucoord-standalone-*")
 		return m
@@ -130,8 +132,8 @@ func startEnv(t *testing.T, env []string, name string, args ...string) *proc {
 // file torchrun's TORCHELASTIC_ERROR_FILE names) and without it (the
 // traceback's last line).
 func TestLaunchPythonFailureCause(t *testing.T) {
-	py := torchPython(t)
-	exe := buildBinary(t)
+	py := e2e.TorchPython(t)
+	exe := e2e.Binary(t)
 	for name, prog := range map[string]string{
 		"record": `import os
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -162,7 +164,7 @@ if os.environ["RANK"] == "1":
 // alone (rank0), or only a failed rank's last lines (failed); gpucoord logs
 // reads a rank's lines back from its agent.
 func TestLaunchOutput(t *testing.T) {
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	_, addr := coordinatorProc(t, exe)
 	workerProc(t, exe, addr, "w0", 2)
 	launch := func(id, output, script string) (int, string) {
@@ -219,7 +221,7 @@ func TestLaunchOutput(t *testing.T) {
 // connections and never answers, within --connect-timeout; a refused
 // connection); worker tries again with growing pauses.
 func TestUnreachableCoordinators(t *testing.T) {
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	k8s "github.com/gpucoord/gpucoord/deploy/kubernetes"
+	"github.com/gpucoord/gpucoord/internal/e2e"
+	"github.com/gpucoord/gpucoord/internal/rankexe"
 	"github.com/gpucoord/gpucoord/internal/testcluster"
 )
 
@@ -207,7 +209,7 @@ func (b *boxCluster) boxPod(t *testing.T, h *testcluster.Host, p *pod, hosts str
 	cmd.Env = append(cmd.Env, p.env...)
 	cmd.Env = append(cmd.Env, "HOME=/var/lib/gpucoord", "TMPDIR=/tmp", "POD_HOSTNAME="+p.hostname, "POD_HOSTS="+hosts)
 	if b.ranks != "" {
-		cmd.Env = append(cmd.Env, rankExecutableEnv+"="+b.ranks)
+		cmd.Env = append(cmd.Env, rankexe.Env+"="+b.ranks)
 	}
 	return startCmd(t, cmd)
 }
@@ -250,7 +252,7 @@ func TestKubernetesEntrypoints(t *testing.T) {
 	if _, err := exec.LookPath("openssl"); err != nil {
 		t.Fatal("openssl is not installed (scripts/deps.sh installs it)")
 	}
-	want := reference(t, b.exe, "testdata/mlp48.yaml")
+	want := e2e.Reference(t, b.exe, "testdata/mlp48.yaml")
 
 	// The CA Secret, made as docs/KUBERNETES.md says.
 	dir := t.TempDir()
@@ -341,5 +343,5 @@ func TestKubernetesEntrypoints(t *testing.T) {
 	if code := l.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, l.output())
 	}
-	sameLosses(t, losses(t, l.output()), want)
+	e2e.SameLosses(t, e2e.Losses(t, l.output()), want)
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/gpucoord/gpucoord/coordinator"
 	"github.com/gpucoord/gpucoord/internal/inproc"
 	"github.com/gpucoord/gpucoord/internal/pki"
+	"github.com/gpucoord/gpucoord/internal/rankexe"
 	"github.com/gpucoord/gpucoord/internal/slurm"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 	"github.com/gpucoord/gpucoord/schedule"
@@ -629,7 +630,7 @@ func (f *launchFlags) run(c *cobra.Command, spec *pb.JobSpec) error {
 		if logPath != "" {
 			fmt.Fprintf(progress, "logs of the standalone cluster: %s\n", logPath)
 		}
-		exe, err := rankExecutable()
+		exe, err := rankexe.Path()
 		if err != nil {
 			return err
 		}

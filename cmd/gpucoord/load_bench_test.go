@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucoord/gpucoord/internal/e2e"
 	"github.com/gpucoord/gpucoord/internal/gossip"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
@@ -91,7 +92,7 @@ func TestControlPlaneLoad(t *testing.T) {
 	// protocol version it speaks.
 	bin := os.Getenv("GPUCOORD_BENCH_LOAD_BIN")
 	if bin == "" {
-		bin = buildBinary(t)
+		bin = e2e.Binary(t)
 	}
 	if v := os.Getenv("GPUCOORD_BENCH_LOAD_PROTOCOL"); v != "" {
 		p, err := strconv.Atoi(v)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpucoord/gpucoord/collectives/nccl"
 	"github.com/gpucoord/gpucoord/collectives/nccl/nccltest"
+	"github.com/gpucoord/gpucoord/internal/e2e"
 )
 
 var (
@@ -65,7 +66,7 @@ func TestNCCLWithoutGPU(t *testing.T) {
 	if n, err := nccl.Devices(nccl.DefaultConfig()); err == nil {
 		t.Skipf("NCCL and %d GPUs are here; scripts/gpu_nccl.sh runs the commands", n)
 	}
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	job := filepath.Join(t.TempDir(), "tiny.yaml")
 	if err := os.WriteFile(job, []byte(tinyJob), 0o644); err != nil {
 		t.Fatal(err)
@@ -112,7 +113,7 @@ func TestNCCLWithoutGPU(t *testing.T) {
 // rank; ranks of several processes need a GPU (scripts/gpu_nccl.sh).
 func TestBenchNCCLProcessOnFakes(t *testing.T) {
 	f := buildFakeNCCL(t)
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	for _, op := range []string{"allreduce", "broadcast"} {
 		cmd := exec.CommandContext(t.Context(), exe, "bench", op, "--backend", "nccl", "--np", "1", "--sizes", "4K,64K",
 			"--jsonl", "--iters", "3", "--warmup", "1")
@@ -148,7 +149,7 @@ func TestBenchNCCLProcessOnFakes(t *testing.T) {
 // with several processes by scripts/gpu_nccl.sh.
 func TestTrainNCCLProcessOnFakes(t *testing.T) {
 	f := buildFakeNCCL(t)
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	job := filepath.Join(t.TempDir(), "tiny.yaml")
 	if err := os.WriteFile(job, []byte(tinyJob), 0o644); err != nil {
 		t.Fatal(err)

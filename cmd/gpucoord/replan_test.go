@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucoord/gpucoord/internal/e2e"
 	"github.com/gpucoord/gpucoord/internal/testcluster"
 )
 
@@ -68,7 +69,7 @@ var genLine = regexp.MustCompile(`generation (\d+): (\d+) nodes? \(([^)]*)\), \d
 func replanRun(t *testing.T, victims []int, at int, back bool) {
 	steps := max(100, at+80) // room to grow back before the end
 	b := newBoxCluster(t, testcluster.Config{Hosts: 5})
-	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	want := e2e.Reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 	left := 4 - len(victims)
 	shrunk, shrunkStep := plannerBest(t, b.exe, left)
 	full, fullStep := plannerBest(t, b.exe, 4)
@@ -147,7 +148,7 @@ func replanRun(t *testing.T, victims []int, at int, back bool) {
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
-	sameLosses(t, losses(t, p.output()), want)
+	e2e.SameLosses(t, e2e.Losses(t, p.output()), want)
 }
 
 // TestClusterReplan: the native job at tp 2, pp 2, dp 2 on four hosts
@@ -168,7 +169,7 @@ func TestClusterReplanDP1(t *testing.T) {
 	t.Parallel()
 	const steps = 60
 	b := newBoxCluster(t, testcluster.Config{Hosts: 3})
-	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	want := e2e.Reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 	one, _ := plannerBest(t, b.exe, 1)
 	b.pool(t)
 	p := b.run(t, b.Host(1), append(append([]string{"launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--pp", "2",
@@ -179,7 +180,7 @@ func TestClusterReplanDP1(t *testing.T) {
 	if code := p.wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d:\n%s", code, p.output())
 	}
-	sameLosses(t, losses(t, p.output()), want)
+	e2e.SameLosses(t, e2e.Losses(t, p.output()), want)
 }
 
 // killH3ReplannedOnH2 kills h3 of a job at tp 2 pp 2 dp 1 on h2 and h3
@@ -245,7 +246,7 @@ func gptSteps(out string) map[int]float64 {
 // the one-process run's within 1e-5.
 func TestClusterTorchGPT3DReplan(t *testing.T) {
 	t.Parallel()
-	py := torchPython(t)
+	py := e2e.TorchPython(t)
 	const steps = 30
 	one := exec.CommandContext(t.Context(), py, "../../examples/pytorch/gpt3d.py")
 	one.Env = append(os.Environ(), "GPT3D_DTYPE=float64", "GPT3D_STEPS="+strconv.Itoa(steps))

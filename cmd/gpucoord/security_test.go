@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucoord/gpucoord/internal/e2e"
 	"github.com/gpucoord/gpucoord/internal/gossip"
 	"github.com/gpucoord/gpucoord/internal/pki"
 	"github.com/gpucoord/gpucoord/internal/testcluster"
@@ -63,7 +64,7 @@ func TestClusterStrangers(t *testing.T) {
 	t.Parallel() // a cluster of its own: runs beside the others (make test's -parallel)
 	const steps = 300
 	b := newBoxCluster(t, testcluster.Config{Hosts: 5})
-	want := reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
+	want := e2e.Reference(t, b.exe, "--steps", strconv.Itoa(steps), "testdata/mlp48.yaml")
 	co := b.coordinator(t, b.Host(1), b.local)
 	workers := map[string]*proc{"h2": b.worker(t, b.Host(2), 2), "h3": b.worker(t, b.Host(3), 2)}
 	p := b.run(t, b.Host(1), "launch", "--coordinator", b.local, "--nodes", "2", "--gpus-per-node", "2", "--tp", "2",
@@ -206,5 +207,5 @@ func TestClusterStrangers(t *testing.T) {
 	if strings.Contains(p.output(), "generation 2") {
 		t.Errorf("a stranger made a new generation:\n%s", p.output())
 	}
-	sameLosses(t, losses(t, p.output()), want)
+	e2e.SameLosses(t, e2e.Losses(t, p.output()), want)
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gpucoord/gpucoord/internal/backoff"
+	"github.com/gpucoord/gpucoord/internal/e2e"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
@@ -518,7 +519,7 @@ func (f *simFleet) counts() string {
 // coordinator restarts; once the fleet's context ends, every goroutine
 // of theirs ends.
 func TestSimAgentsComeBack(t *testing.T) {
-	bin := buildBinary(t)
+	bin := e2e.Binary(t)
 	addr, data := freeAddr(t), t.TempDir()
 	coordinator := func() *proc {
 		co := start(t, bin, "coordinator", "--listen", addr, "--data-dir", data, "--log-level", "warn")

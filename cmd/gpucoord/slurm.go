@@ -30,6 +30,7 @@ import (
 	"github.com/gpucoord/gpucoord/internal/gossip"
 	"github.com/gpucoord/gpucoord/internal/inproc"
 	"github.com/gpucoord/gpucoord/internal/pki"
+	"github.com/gpucoord/gpucoord/internal/rankexe"
 	"github.com/gpucoord/gpucoord/internal/slurm"
 	"github.com/gpucoord/gpucoord/internal/slurmboot"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
@@ -380,7 +381,7 @@ func (t *slurmTask) nodeConfig(spec *pb.JobSpec, g slurmboot.Grant, self *slurmb
 	if err := nodeCreds.Save(nodeDir); err != nil {
 		return nc, nil, nil, err
 	}
-	exe, err := rankExecutable()
+	exe, err := rankexe.Path()
 	if err != nil {
 		return nc, nil, nil, err
 	}

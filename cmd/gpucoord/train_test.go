@@ -11,9 +11,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/gpucoord/gpucoord/internal/e2e"
 	"github.com/gpucoord/gpucoord/schedule"
 	"github.com/gpucoord/gpucoord/worker/engine"
 )
@@ -27,57 +27,6 @@ optimizer: {lr: 0.01}
 steps: 20
 seed: 7
 `
-
-// buildBinary compiles gpucoord once per test run, so that commands can
-// re-exec it as real child processes: the end-to-end tier, skipped with
-// -short. Under the race detector the binary is built with it too, so the
-// coordinator, agents and launch processes run checked; the native ranks
-// run a second build without it (GPUCOORD_RANK_EXECUTABLE), as the
-// detector slows their arithmetic tenfold and checks nothing of the
-// control plane there. The binaries live until the process ends (TestMain
-// removes their directory).
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("end-to-end: starts gpucoord processes (runs without -short)")
-	}
-	binOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "gpucoord-test-bin-")
-		if err != nil {
-			binErr = err
-			return
-		}
-		binDir, binPath = dir, filepath.Join(dir, "gpucoord")
-		build := func(out string, race bool) error {
-			args := []string{"build", "-o", out}
-			if race {
-				args = append(args, "-race")
-			}
-			if b, err := exec.Command("go", append(args, ".")...).CombinedOutput(); err != nil {
-				return fmt.Errorf("go build: %v\n%s", err, b)
-			}
-			return nil
-		}
-		if binErr = build(binPath, raceEnabled); binErr != nil || !raceEnabled {
-			return
-		}
-		ranksPath = filepath.Join(dir, "gpucoord-ranks")
-		if binErr = build(ranksPath, false); binErr == nil {
-			binErr = os.Setenv(rankExecutableEnv, ranksPath)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
-}
-
-var (
-	binOnce         sync.Once
-	binDir, binPath string
-	ranksPath       string // the ranks' binary without the race detector; "" when the tests run without it
-	binErr          error
-)
 
 func TestMain(m *testing.M) {
 	if os.Getenv(strangerEnv) != "" {
@@ -93,35 +42,10 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	// Standalone launches log to the cache directory: the tests' own,
-	// removed at the end. Go's build cache stays where it is (it lives
-	// under the same directory by default): buildBinary's builds reuse
-	// what compiling the tests left there instead of starting cold.
-	if os.Getenv("GOCACHE") == "" {
-		if dir, err := os.UserCacheDir(); err == nil {
-			os.Setenv("GOCACHE", filepath.Join(dir, "go-build"))
-		}
-	}
-	cache, err := os.MkdirTemp("", "gpucoord-test-cache-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Setenv("XDG_CACHE_HOME", cache)
-	// A race-enabled process sleeps a second at exit (GORACE
-	// atexit_sleep_ms, 1000 by default) so that late reports can be
-	// printed; the tests start hundreds of such processes (a race found
-	// is still reported, and fails its process with status 66).
-	if os.Getenv("GORACE") == "" {
-		os.Setenv("GORACE", "atexit_sleep_ms=0")
-	}
-	code := m.Run()
-	for _, dir := range []string{binDir, fakeNCCLDir, cache} {
-		if dir != "" {
-			os.RemoveAll(dir)
-		}
-	}
-	os.Exit(code)
+	// The gpucoord binaries the tests start (e2e.Binary: under the race
+	// detector, the control plane race-checked and the ranks not) and
+	// their environment; the fake NCCL library's directory removed too.
+	e2e.Main(m, &fakeNCCLDir)
 }
 
 // TestTrainOverTCPMatchesSingleProcess is the headline test over real TCP
@@ -151,7 +75,7 @@ func TestTrainOverTCPMatchesSingleProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	type layout struct {
 		tp, pp, dp, zero int
 		sched            string

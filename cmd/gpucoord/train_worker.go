@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpucoord/gpucoord/collectives/nccl"
 	"github.com/gpucoord/gpucoord/internal/localproc"
+	"github.com/gpucoord/gpucoord/internal/rankexe"
 	"github.com/gpucoord/gpucoord/worker/engine"
 )
 
@@ -20,28 +21,13 @@ func init() { subcommands = append(subcommands, newTrainWorkerCmd) }
 // trainWorkerCmd is the hidden child of train: one rank of a TCP world.
 const trainWorkerCmd = "train-worker"
 
-// rankExecutableEnv names the binary that runs native ranks (train's,
-// bench's and an agent's), when it is not this one: the tests run the
-// control plane under the race detector and the ranks, whose arithmetic it
-// slows tenfold, without it.
-const rankExecutableEnv = "GPUCOORD_RANK_EXECUTABLE"
-
-// rankExecutable is the binary that runs native ranks: $GPUCOORD_RANK_EXECUTABLE,
-// or this one.
-func rankExecutable() (string, error) {
-	if exe := os.Getenv(rankExecutableEnv); exe != "" {
-		return exe, nil
-	}
-	return os.Executable()
-}
-
 // launchTrain runs the job as cfg.World() child processes of this binary
 // joined over TCP on 127.0.0.1 (internal/localproc). Rank 0 writes its step
 // results to its stdout as JSON lines, which are handed to report. With
 // --backend nccl, rank r is placed on one of the machine's devices GPUs by
 // nccl.PlaceLocal (its --device and its NCCL_HOSTID).
 func launchTrain(ctx context.Context, stderr io.Writer, cfg *engine.Config, f *trainFlags, jobPath string, devices int, report func(engine.StepResult) error) error {
-	exe, err := rankExecutable()
+	exe, err := rankexe.Path()
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucoord/gpucoord/internal/e2e"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
@@ -50,7 +51,7 @@ func userFiles(t *testing.T, dirs ...string) (check func(when string)) {
 // job's directory of the id "..") and inside it survive, as they do a good
 // job run after. A node name is held to the same rule.
 func TestLaunchBadJobID(t *testing.T) {
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	_, addr := coordinatorProc(t, exe)
 	base := t.TempDir()
 	state := filepath.Join(base, "state")
@@ -93,7 +94,7 @@ func TestLaunchBadJobID(t *testing.T) {
 // for launch --standalone, whose ranks otherwise inherit launch's
 // environment.
 func TestRankEnvNoToken(t *testing.T) {
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
 	_, addr := coordinatorProc(t, exe, "--token-file", tokenFile)
@@ -185,7 +186,7 @@ func entries(t *testing.T, dir string) []string {
 // old agent took every directory of --checkpoint-local for a job's and
 // removed datasets/ when a job's held files were dropped.
 func TestUserFilesSurvive(t *testing.T) {
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	_, addr := coordinatorProc(t, exe)
 	base := t.TempDir()
 	dir := func(name string) string { return filepath.Join(base, name) }
@@ -288,11 +289,11 @@ func TestRankUser(t *testing.T) {
 	if err != nil {
 		t.Skip("no user nobody here")
 	}
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	// The ranks' user runs the ranks' binary and reaches the agents'
 	// directories, as it would those of an installed gpucoord.
 	dir := t.TempDir()
-	for _, d := range []string{binDir, filepath.Dir(dir), dir} {
+	for _, d := range []string{filepath.Dir(exe), filepath.Dir(dir), dir} {
 		if err := os.Chmod(d, 0o755); err != nil {
 			t.Fatal(err)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/gpucoord/gpucoord/internal/e2e"
 	pb "github.com/gpucoord/gpucoord/proto/gpucoordpb"
 )
 
@@ -56,7 +57,7 @@ func TestWebLoad(t *testing.T) {
 	if sizes == "" {
 		t.Skip("a benchmark: set GPUCOORD_BENCH_WEB=2048")
 	}
-	bin := buildBinary(t)
+	bin := e2e.Binary(t)
 	for _, s := range strings.Split(sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 2 {

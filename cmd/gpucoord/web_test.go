@@ -19,6 +19,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/gpucoord/gpucoord/coordinator"
+	"github.com/gpucoord/gpucoord/internal/e2e"
 )
 
 // chromium is Debian's Chromium, which scripts/deps.sh installs.
@@ -124,7 +125,7 @@ func sameJSONText(t *testing.T, a, b string) bool {
 //
 // With GPUCOORD_WEB_SHOTS=DIR it writes the screenshots of docs/web there.
 func TestWebDashboard(t *testing.T) {
-	exe := buildBinary(t)
+	exe := e2e.Binary(t)
 	shots := os.Getenv("GPUCOORD_WEB_SHOTS")
 	// Leases of 4 s, not 2: on a loaded machine an agent whose renewal is
 	// late stops its ranks at its deadline, and that, not the hang, would
