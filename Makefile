@@ -30,9 +30,15 @@ plan-demo: ## The planner's worked example: gpt-13b on 32 H100s (tp 8, pp 4, ZeR
 deps: ## Install the Debian packages the tests use (etcd-server, python3-torch) when missing
 	scripts/deps.sh
 
+# -p 3: cmd/gpucoord's clusters (hours of CPU squeezed onto two cores),
+# the Slurm package's one box (mostly waiting on Slurm's timers) and the
+# other packages one after the other. With -p 2 the Slurm package took the
+# second place first, and the others ran after it, beside cmd/gpucoord's
+# busiest minutes, where two coordinator tests with timeouts of their own
+# failed (2026-11-28).
 .PHONY: test
-test: deps ## Run every test with the race detector (installs what the tests need first); the clusters in a box run 4 at a time
-	$(GO) test -race -count=1 -timeout 25m -parallel 4 $(PKGS)
+test: deps ## Run every test with the race detector (installs what the tests need first); the clusters in a box run 4 at a time, the Slurm box beside them, the other packages beside both
+	$(GO) test -race -count=1 -timeout 25m -parallel 4 -p 3 $(PKGS)
 
 .PHONY: test-short
 test-short: ## The unit and integration tests alone (-short: no cluster in a box, no chaos), with the race detector: the edit loop
