@@ -38,9 +38,9 @@ func Binary(t *testing.T) string {
 			return
 		}
 		bin.dir, bin.path = dir, filepath.Join(dir, "gpucoord")
-		build := func(out string, race bool) error {
+		build := func(out string, checked bool) error {
 			args := []string{"build", "-o", out}
-			if race {
+			if checked {
 				args = append(args, "-race")
 			}
 			if b, err := exec.Command("go", append(args, "github.com/gpucoord/gpucoord/cmd/gpucoord")...).CombinedOutput(); err != nil {
@@ -48,7 +48,7 @@ func Binary(t *testing.T) string {
 			}
 			return nil
 		}
-		if bin.err = build(bin.path, Race); bin.err != nil || !Race {
+		if bin.err = build(bin.path, race); bin.err != nil || !race {
 			return
 		}
 		bin.ranks = filepath.Join(dir, "gpucoord-ranks")

@@ -2,5 +2,5 @@
 
 package e2e
 
-// Race says whether the tests run with the race detector.
-const Race = true
+// race says whether the tests run with the race detector.
+const race = true
