@@ -978,7 +978,12 @@ func TestStragglerEvicted(t *testing.T) {
 	p.waitLine(t, "stragglers evicted: w1", time.Minute)
 	close(stop)
 	<-done
-	if code := p.wait(t, 2*time.Minute); code != 0 {
+	if i := strings.LastIndex(p.output(), "step "); i >= 0 {
+		t.Logf("evicted at %s", strings.SplitN(p.output()[i:], "\n", 2)[0])
+	}
+	// The steps left (527 of 600 alone on 2026-11-28) run on w0 alone: a
+	// bound against a hang, not a measure of speed.
+	if code := p.wait(t, 5*time.Minute); code != 0 {
 		t.Fatalf("launch exited %d", code)
 	}
 }
