@@ -26,7 +26,7 @@ var replanArgs = []string{"--plan-model", "gpt-1.7b", "--plan-cluster", "dgx-h10
 // plannerBest is the layout `gpucoord plan --auto` ranks first for the
 // re-planning tests' native job on nodes nodes of 2 GPUs ("tp 2 pp 1 dp
 // 2") and its estimated step. The search fixes what a re-plan keeps
-// (micro-batch, recomputation, vpp, zero, schedule); mlp48's hidden (256)
+// (micro-batch, recomputation, vpp, zero, schedule); mlp48's hidden (64)
 // and blocks (8) allow every tp and pp up to 2 GPUs a node and 8 nodes.
 func plannerBest(t *testing.T, exe string, nodes int) (string, float64) {
 	return plannerBestOf(t, exe, nodes, 2, 48, 4)
