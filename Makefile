@@ -30,7 +30,7 @@ plan-demo: ## The planner's worked example: gpt-13b on 32 H100s (tp 8, pp 4, ZeR
 deps: ## Install the Debian packages the tests use (etcd-server, python3-torch) when missing
 	scripts/deps.sh
 
-# -p 3: cmd/gpucoord's clusters (about 25 minutes of CPU on two cores),
+# -p 3: cmd/gpucoord's clusters (about 13 minutes of CPU alone),
 # the Slurm package's one box (mostly waiting on Slurm's timers) and the
 # other packages one after the other. With -p 2 the Slurm package took the
 # second place first, and the others ran after it, beside cmd/gpucoord's
