@@ -166,6 +166,15 @@ func TestClusterStrangers(t *testing.T) {
 		}
 	}
 
+	// The job must outlive the strangers and the rotation, or they were
+	// tried against a finished job.
+	select {
+	case <-p.done:
+		t.Fatalf("the job ended before the strangers and the key's rotation were done (raise steps):\n%s", p.output())
+	default:
+	}
+	t.Logf("strangers and rotation done at %d of %d steps", strings.Count(p.output(), `{"step":`), steps)
+
 	// The coordinator's port speaks TLS and shows its certificate.
 	ossl := b.Host(4).Command(t.Context(), "openssl", "s_client", "-connect", b.coord, "-servername", "h1", "-showcerts")
 	ossl.Stdin = strings.NewReader("")
