@@ -933,6 +933,7 @@ func TestElasticPreemption(t *testing.T) {
 			committed = max(committed, c.Committed)
 		}
 	}
+	t.Logf("preempted after step 10 was printed: generation 2 resumed after step %d of %d", resume, steps)
 	if resume != int64(lastGen1.Step) || committed != resume {
 		t.Errorf("generation 2 resumed after step %d; generation 1's last step was %+v, its last commit %d: want all three equal", resume, lastGen1, committed)
 	}
