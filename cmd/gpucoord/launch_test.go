@@ -979,8 +979,8 @@ func TestStragglerEvicted(t *testing.T) {
 	p.waitLine(t, "stragglers evicted: w1", time.Minute)
 	close(stop)
 	<-done
-	if i := strings.LastIndex(p.output(), "step "); i >= 0 {
-		t.Logf("evicted at %s", strings.SplitN(p.output()[i:], "\n", 2)[0])
+	if i := strings.LastIndex(p.output(), "resuming after step "); i >= 0 {
+		t.Logf("evicted: %s", strings.TrimSuffix(strings.SplitN(p.output()[i:], "\n", 2)[0], ")"))
 	}
 	// The steps left (527 of 600 alone on 2026-11-28) run on w0 alone: a
 	// bound against a hang, not a measure of speed.
