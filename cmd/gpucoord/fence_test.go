@@ -195,8 +195,11 @@ func partitionFenced(t *testing.T, held bool, at int) {
 	for range 3 {
 		w.waitLine(t, "no coordinator answered", time.Minute)
 	}
+	// What the agent printed from here on: nothing in the cut says a
+	// coordinator takes connections again.
+	before := len(w.output())
 	h.Heal()
-	healed, before := time.Now(), len(w.output())
+	healed := time.Now()
 	w.waitLine(t, "msg=registered ", time.Minute)
 	t.Logf("%s registered again %s after the heal", victim, time.Since(healed).Round(time.Millisecond))
 	// The pause in progress at the heal ends when the coordinator takes a
